@@ -1,0 +1,128 @@
+package cluster
+
+import (
+	"slices"
+	"time"
+)
+
+// BrokerInfo is stored at BrokerKey, bound to the broker's lease: the key
+// disappearing is how the controller learns the broker is gone.
+type BrokerInfo struct {
+	Node      string    `json:"node"`
+	Address   string    `json:"address"`
+	StartTime time.Time `json:"start_time"`
+}
+
+// Role of a copy.
+const (
+	RoleOwner    = "owner"
+	RoleFollower = "follower"
+	RoleSealed   = "sealed"
+)
+
+// CopyTails is what a broker publishes about one copy in its heartbeat.
+type CopyTails struct {
+	Epoch            uint64 `json:"epoch"`
+	Role             string `json:"role"`
+	Head             uint64 `json:"head"`
+	RecordTail       uint64 `json:"record_tail"`
+	CursorEventTail  uint64 `json:"cursor_event_tail"`
+	ConfirmWatermark uint64 `json:"confirm_watermark"`
+	SealEpoch        uint64 `json:"seal_epoch,omitempty"`
+	// Suspect names an owner this copy could not follow (eager failover).
+	Suspect string `json:"suspect,omitempty"`
+	// ChainMismatch is set when the copy's prefix disagrees with its owner's.
+	ChainMismatch bool `json:"chain_mismatch,omitempty"`
+}
+
+// Heartbeat is stored at HeartbeatKey, bound to the broker's lease.
+type Heartbeat struct {
+	Node    string               `json:"node"`
+	Time    time.Time            `json:"time"`
+	Streams map[string]CopyTails `json:"streams"`
+}
+
+// Retention bounds a stream's retained log; zero values mean unbounded.
+type Retention struct {
+	MaxRecords uint64        `json:"max_records,omitempty"`
+	MaxBytes   uint64        `json:"max_bytes,omitempty"`
+	MaxAge     time.Duration `json:"max_age,omitempty"`
+}
+
+// StreamSpec is stored at StreamKey.
+type StreamSpec struct {
+	Name      string    `json:"name"`
+	Copies    int       `json:"copies"`
+	Policy    Policy    `json:"policy"`
+	Retention Retention `json:"retention"`
+	Created   time.Time `json:"created"`
+}
+
+// Assignment is stored at AssignmentKey: who holds the stream at which epoch.
+type Assignment struct {
+	Stream    string   `json:"stream"`
+	Epoch     uint64   `json:"epoch"`
+	Owner     string   `json:"owner"`
+	Followers []string `json:"followers"`
+	// Policy is the confirm policy stamped by the controller. An assignment
+	// placed before streams had a policy carries the zero Policy, which the
+	// one rule for W reads as local_durable (seed, "One rule for W").
+	Policy Policy `json:"policy"`
+	// Retention travels with the assignment so brokers need not read specs.
+	Retention Retention `json:"retention"`
+}
+
+// Members returns the owner followed by the followers.
+func (a Assignment) Members() []string {
+	return append([]string{a.Owner}, a.Followers...)
+}
+
+// Copies is E, the number of copies of the assignment.
+func (a Assignment) Copies() int { return 1 + len(a.Followers) }
+
+// Includes reports whether node holds a copy under this assignment.
+func (a Assignment) Includes(node string) bool {
+	return a.Owner == node || slices.Contains(a.Followers, node)
+}
+
+// Recovery is stored at RecoveryKey: a pending recovery the recoverer must
+// finish (seed, "Stream failover").
+type Recovery struct {
+	Stream        string   `json:"stream"`
+	FromEpoch     uint64   `json:"from_epoch"`
+	FenceEpoch    uint64   `json:"fence_epoch"`
+	TransitionID  string   `json:"transition_id"`
+	OldOwner      string   `json:"old_owner"`
+	OldFollowers  []string `json:"old_followers"`
+	ProposedOwner string   `json:"proposed_owner"`
+	AddedMembers  []string `json:"added_members,omitempty"`
+	// Policy is the policy the recovered assignment will carry.
+	Policy  Policy    `json:"policy"`
+	Reason  string    `json:"reason"`
+	Created time.Time `json:"created"`
+}
+
+// OldMembers returns every copy of the old assignment.
+func (r Recovery) OldMembers() []string {
+	return append([]string{r.OldOwner}, r.OldFollowers...)
+}
+
+// HistoryStart records where an owner's history starts at an epoch: its
+// record and cursor event tails when it took over (seed, "The confirmed prefix").
+type HistoryStart struct {
+	Epoch           uint64 `json:"epoch"`
+	RecordTail      uint64 `json:"record_tail"`
+	CursorEventTail uint64 `json:"cursor_event_tail"`
+	Node            string `json:"node"`
+}
+
+// HistoryStarts is stored at HistoryKey, ordered by epoch.
+type HistoryStarts []HistoryStart
+
+// Latest returns the start with the highest epoch.
+func (h HistoryStarts) Latest() (HistoryStart, bool) {
+	if len(h) == 0 {
+		return HistoryStart{}, false
+	}
+	return h[len(h)-1], true
+}

@@ -1,0 +1,47 @@
+// Package logging builds the zerolog loggers every Strand service uses and
+// names the field keys, so logs stay greppable across services.
+package logging
+
+import (
+	"io"
+	"os"
+	"strings"
+
+	"github.com/rs/zerolog"
+)
+
+// Field keys used across services.
+const (
+	Service         = "service"
+	Node            = "node"
+	Stream          = "stream"
+	Epoch           = "epoch"
+	FenceEpoch      = "fence_epoch"
+	Transition      = "transition_id"
+	RecordTail      = "record_tail"
+	CursorEventTail = "cursor_event_tail"
+	Owner           = "owner"
+	Followers       = "followers"
+	Policy          = "policy"
+	Addr            = "addr"
+	Reason          = "reason"
+	Who             = "who"
+	Why             = "why"
+)
+
+// New returns a logger for service writing JSON to w at level ("debug",
+// "info", "warn", "error"; info when empty or unknown). STRAND_LOG_FORMAT=console
+// switches to human-readable output.
+func New(w io.Writer, service, level string) zerolog.Logger {
+	if w == nil {
+		w = os.Stderr
+	}
+	if strings.EqualFold(os.Getenv("STRAND_LOG_FORMAT"), "console") {
+		w = zerolog.ConsoleWriter{Out: w, TimeFormat: "15:04:05.000"}
+	}
+	lvl, err := zerolog.ParseLevel(strings.ToLower(level))
+	if err != nil || level == "" {
+		lvl = zerolog.InfoLevel
+	}
+	return zerolog.New(w).Level(lvl).With().Timestamp().Str(Service, service).Logger()
+}
