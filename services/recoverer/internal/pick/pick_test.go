@@ -1,0 +1,337 @@
+package pick
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/strandhq/strand/internal/cluster"
+)
+
+// assignment returns an assignment of E copies n1..nE, n1 the owner.
+func assignment(e int, policy cluster.Policy) cluster.Assignment {
+	a := cluster.Assignment{Stream: "orders", Epoch: 4, Owner: "n1", Policy: policy}
+	for i := 2; i <= e; i++ {
+		a.Followers = append(a.Followers, fmt.Sprintf("n%d", i))
+	}
+	return a
+}
+
+func majority() cluster.Policy { return cluster.Policy{Name: cluster.MajorityDurable} }
+
+// The seal threshold R for E = 1..7 and every policy (seed, "Tests": "the
+// seal threshold for E and W combinations"). Each row lists R for E = 1..7.
+func TestThresholdTable(t *testing.T) {
+	rows := []struct {
+		policy cluster.Policy
+		r      [7]int
+	}{
+		{cluster.Policy{}, [7]int{1, 1, 1, 1, 1, 1, 1}},
+		{cluster.Policy{Name: cluster.LocalDurable}, [7]int{1, 1, 1, 1, 1, 1, 1}},
+		{cluster.Policy{Name: cluster.MajorityDurable}, [7]int{1, 1, 2, 2, 3, 3, 4}},
+		{cluster.Policy{Name: cluster.ReplicaDurable, Nodes: 1}, [7]int{1, 2, 3, 4, 5, 6, 7}},
+		{cluster.Policy{Name: cluster.ReplicaAccepted, Nodes: 1}, [7]int{1, 2, 3, 4, 5, 6, 7}},
+		{cluster.Policy{Name: cluster.ReplicaDurable, Nodes: 2}, [7]int{1, 1, 2, 3, 4, 5, 6}},
+		{cluster.Policy{Name: cluster.ReplicaAccepted, Nodes: 2}, [7]int{1, 1, 2, 3, 4, 5, 6}},
+		{cluster.Policy{Name: cluster.ReplicaDurable, Nodes: 3}, [7]int{1, 1, 1, 2, 3, 4, 5}},
+		{cluster.Policy{Name: cluster.ReplicaDurable, Nodes: 9}, [7]int{1, 1, 1, 1, 1, 1, 1}},
+		{cluster.Policy{Name: cluster.ReplicaAccepted, Nodes: 9}, [7]int{1, 1, 1, 1, 1, 1, 1}},
+		{cluster.Policy{Name: "bogus"}, [7]int{1, 1, 1, 1, 1, 1, 1}},
+	}
+	for _, row := range rows {
+		for e := 1; e <= 7; e++ {
+			if got := Threshold(assignment(e, row.policy)); got != row.r[e-1] {
+				t.Errorf("%v E=%d: R=%d, want %d", row.policy, e, got, row.r[e-1])
+			}
+		}
+	}
+}
+
+// The furthest copy and its tie-break (seed, "Stream failover": highest
+// record tail, then highest cursor event tail, then lowest node id).
+func TestFurthestTable(t *testing.T) {
+	cases := []struct {
+		name    string
+		answers []Answer
+		want    string
+	}{
+		{"record tail wins over cursor event tail", []Answer{{"a", 10, 99}, {"b", 11, 0}}, "b"},
+		{"record tail wins over node id", []Answer{{"b", 7, 1}, {"a", 6, 1}, {"c", 5, 9}}, "b"},
+		{"cursor event tail breaks a record tail tie", []Answer{{"a", 10, 3}, {"b", 10, 4}}, "b"},
+		{"lowest node id breaks a full tie", []Answer{{"c", 10, 4}, {"b", 10, 4}, {"d", 10, 4}}, "b"},
+		{"node ids compare byte-wise", []Answer{{"broker-2", 1, 1}, {"broker-10", 1, 1}}, "broker-10"},
+		{"upper case sorts before lower case", []Answer{{"a", 1, 1}, {"B", 1, 1}}, "B"},
+		{"a single answer", []Answer{{"z", 0, 0}}, "z"},
+		{"all empty copies tie on node id", []Answer{{"n3", 0, 0}, {"n2", 0, 0}}, "n2"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			got, ok := Furthest(c.answers)
+			if !ok || got.Node != c.want {
+				t.Fatalf("Furthest = %+v, %v; want %s", got, ok, c.want)
+			}
+			// The order is total: the answers in reverse pick the same copy.
+			rev := slices.Clone(c.answers)
+			slices.Reverse(rev)
+			if got2, _ := Furthest(rev); got2 != got {
+				t.Fatalf("reversed answers picked %+v, want %+v", got2, got)
+			}
+		})
+	}
+	if _, ok := Furthest(nil); ok {
+		t.Fatal("Furthest(nil) reported a pick")
+	}
+}
+
+// Waiting when fewer than R copies answer (seed, "Safety argument": "If they
+// cannot, the stream waits, as a queue does, instead of guessing").
+func TestDecideQuorumTable(t *testing.T) {
+	cases := []struct {
+		name        string
+		old         cluster.Assignment
+		answers     []Answer
+		want        Verdict
+		wantPick    string
+		wantSealed  []string
+		wantMissing []string
+	}{
+		{
+			name:        "majority of 3, both followers answer",
+			old:         assignment(3, majority()),
+			answers:     []Answer{{"n2", 5, 1}, {"n3", 6, 0}},
+			want:        Promote,
+			wantPick:    "n3",
+			wantSealed:  []string{"n2", "n3"},
+			wantMissing: []string{"n1"},
+		},
+		{
+			name:        "majority of 3, one follower answers",
+			old:         assignment(3, majority()),
+			answers:     []Answer{{"n2", 5, 1}},
+			want:        WaitQuorum,
+			wantSealed:  []string{"n2"},
+			wantMissing: []string{"n1", "n3"},
+		},
+		{
+			name:        "majority of 3, nobody answers",
+			old:         assignment(3, majority()),
+			want:        WaitQuorum,
+			wantMissing: []string{"n1", "n2", "n3"},
+		},
+		{
+			name:        "every copy confirms, any survivor is enough",
+			old:         assignment(3, cluster.Policy{Name: cluster.LocalDurable}),
+			answers:     []Answer{{"n3", 2, 0}},
+			want:        Promote,
+			wantPick:    "n3",
+			wantSealed:  []string{"n3"},
+			wantMissing: []string{"n1", "n2"},
+		},
+		{
+			name:        "a duplicate answer counts once",
+			old:         assignment(3, majority()),
+			answers:     []Answer{{"n2", 5, 1}, {"n2", 9, 9}},
+			want:        WaitQuorum,
+			wantSealed:  []string{"n2"},
+			wantMissing: []string{"n1", "n3"},
+		},
+		{
+			name:        "an answer from a node that held no copy does not count",
+			old:         assignment(3, majority()),
+			answers:     []Answer{{"n2", 5, 1}, {"stranger", 99, 99}},
+			want:        WaitQuorum,
+			wantSealed:  []string{"n2"},
+			wantMissing: []string{"n1", "n3"},
+		},
+		{
+			name:        "replica_durable(1) of 3 needs every copy",
+			old:         assignment(3, cluster.Policy{Name: cluster.ReplicaDurable, Nodes: 1}),
+			answers:     []Answer{{"n2", 5, 1}, {"n3", 5, 1}},
+			want:        WaitQuorum,
+			wantSealed:  []string{"n2", "n3"},
+			wantMissing: []string{"n1"},
+		},
+		{
+			name:        "more than R answers: the furthest of the larger set",
+			old:         assignment(5, majority()),
+			answers:     []Answer{{"n5", 3, 0}, {"n1", 9, 2}, {"n2", 9, 2}, {"n4", 1, 0}},
+			want:        Promote,
+			wantPick:    "n1",
+			wantSealed:  []string{"n1", "n2", "n4", "n5"},
+			wantMissing: []string{"n3"},
+		},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			d := Decide(c.old, nil, c.answers)
+			if d.Verdict != c.want {
+				t.Fatalf("verdict %v, want %v", d.Verdict, c.want)
+			}
+			if c.want == Promote && d.Pick.Node != c.wantPick {
+				t.Fatalf("pick %q, want %q", d.Pick.Node, c.wantPick)
+			}
+			if !slices.Equal(d.Sealed, c.wantSealed) || !slices.Equal(d.Missing, c.wantMissing) {
+				t.Fatalf("sealed %v missing %v, want %v and %v", d.Sealed, d.Missing, c.wantSealed, c.wantMissing)
+			}
+			if d.R != Threshold(c.old) {
+				t.Fatalf("R %d, want %d", d.R, Threshold(c.old))
+			}
+		})
+	}
+}
+
+// A second owner loss waits for the confirmed prefix and promotes once a
+// copy at the start answers (seed, "The confirmed prefix" and "Tests").
+func TestDecideConfirmedPrefix(t *testing.T) {
+	// n1 took over at epoch 4 with 100 records, the only copy holding them;
+	// it is lost before n2 and n3 catch up.
+	old := assignment(3, majority())
+	history := cluster.HistoryStarts{
+		{Epoch: 2, RecordTail: 40, CursorEventTail: 3, Node: "n2"},
+		{Epoch: 4, RecordTail: 100, CursorEventTail: 7, Node: "n1"},
+	}
+	steps := []struct {
+		name     string
+		answers  []Answer
+		want     Verdict
+		wantPick string
+	}{
+		{"followers behind the start wait", []Answer{{"n2", 90, 9}, {"n3", 80, 9}}, WaitPrefix, "n2"},
+		{"fewer than R still waits for a quorum first", []Answer{{"n2", 100, 9}}, WaitQuorum, "n2"},
+		{"a follower just below the start waits", []Answer{{"n2", 99, 99}, {"n3", 99, 99}}, WaitPrefix, "n2"},
+		{"the old owner answers at the start", []Answer{{"n2", 90, 9}, {"n3", 80, 9}, {"n1", 100, 7}}, Promote, "n1"},
+		{"a follower caught up exactly to the start", []Answer{{"n2", 100, 2}, {"n3", 80, 9}}, Promote, "n2"},
+		{"a copy past the start", []Answer{{"n3", 120, 0}, {"n2", 90, 9}}, Promote, "n3"},
+	}
+	for _, s := range steps {
+		t.Run(s.name, func(t *testing.T) {
+			d := Decide(old, history, s.answers)
+			if d.Verdict != s.want || d.Pick.Node != s.wantPick {
+				t.Fatalf("verdict %v pick %q, want %v %q", d.Verdict, d.Pick.Node, s.want, s.wantPick)
+			}
+			if !d.HasStart || d.Start != history[1] {
+				t.Fatalf("start %+v (%v), want the latest %+v", d.Start, d.HasStart, history[1])
+			}
+		})
+	}
+	// A stream with no history yet has no prefix to wait for.
+	if d := Decide(old, nil, []Answer{{"n2", 0, 0}, {"n3", 0, 0}}); d.Verdict != Promote || d.HasStart {
+		t.Fatalf("no history: verdict %v has start %v, want promote without a start", d.Verdict, d.HasStart)
+	}
+}
+
+// The new assignment's members (seed, "Stream failover": "The owner is the
+// chosen copy, the other sealed copies follow it, and members the proposal
+// added that held no copy join as followers too"; left-out copies stay out).
+func TestFollowersTable(t *testing.T) {
+	cases := []struct {
+		name    string
+		policy  cluster.Policy
+		added   []string
+		answers []Answer
+		want    []string
+	}{
+		{"sealed copies follow the pick", majority(), nil, []Answer{{"n2", 5, 0}, {"n3", 6, 0}, {"n1", 1, 0}}, []string{"n1", "n2"}},
+		{"a left-out copy is excluded", majority(), nil, []Answer{{"n2", 5, 0}, {"n3", 6, 0}}, []string{"n2"}},
+		{"an added member that held no copy joins", majority(), []string{"n4"}, []Answer{{"n2", 5, 0}, {"n3", 6, 0}}, []string{"n2", "n4"}},
+		{"an added old member that was left out stays out", majority(), []string{"n1", "n4"}, []Answer{{"n2", 5, 0}, {"n3", 6, 0}}, []string{"n2", "n4"}},
+		{"an added member listed twice joins once", majority(), []string{"n5", "n4", "n5"}, []Answer{{"n2", 5, 0}, {"n3", 6, 0}}, []string{"n2", "n5", "n4"}},
+		{"followers keep the old assignment's order", majority(), nil, []Answer{{"n3", 1, 0}, {"n2", 1, 0}, {"n1", 9, 0}}, []string{"n2", "n3"}},
+		{"the pick alone has no followers", cluster.Policy{Name: cluster.LocalDurable}, nil, []Answer{{"n2", 5, 0}}, []string{}},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			old := assignment(3, c.policy)
+			rec := cluster.Recovery{Stream: "orders", FromEpoch: 4, FenceEpoch: 5, OldOwner: "n1", OldFollowers: []string{"n2", "n3"}, AddedMembers: c.added}
+			d := Decide(old, nil, c.answers)
+			if d.Verdict != Promote {
+				t.Fatalf("verdict %v, want promote", d.Verdict)
+			}
+			got := Followers(old, rec, d)
+			if !slices.Equal(got, c.want) {
+				t.Fatalf("followers %v, want %v", got, c.want)
+			}
+			if slices.Contains(got, d.Pick.Node) {
+				t.Fatalf("the pick %s is also a follower", d.Pick.Node)
+			}
+		})
+	}
+}
+
+// The guarded commit's values: epoch = fence, owner = pick, policy from the
+// proposal or else the old one, retention kept, the pick's start appended.
+func TestCommit(t *testing.T) {
+	old := assignment(3, majority())
+	old.Retention = cluster.Retention{MaxRecords: 1000, MaxAge: time.Hour}
+	history := cluster.HistoryStarts{{Epoch: 2, RecordTail: 40, CursorEventTail: 3, Node: "n2"}}
+	rec := cluster.Recovery{Stream: "orders", FromEpoch: 4, FenceEpoch: 5, OldOwner: "n1", OldFollowers: []string{"n2", "n3"}, AddedMembers: []string{"n4"}}
+	d := Decide(old, history, []Answer{{"n2", 50, 6}, {"n3", 50, 8}})
+	if d.Verdict != Promote {
+		t.Fatalf("verdict %v, want promote", d.Verdict)
+	}
+
+	for _, c := range []struct {
+		name       string
+		recPolicy  cluster.Policy
+		wantPolicy cluster.Policy
+	}{
+		{"the old policy when the proposal carries none", cluster.Policy{}, majority()},
+		{"the proposal's policy", cluster.Policy{Name: cluster.ReplicaDurable, Nodes: 2}, cluster.Policy{Name: cluster.ReplicaDurable, Nodes: 2}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			rec := rec
+			rec.Policy = c.recPolicy
+			next, starts := Commit(old, rec, history, d)
+			want := cluster.Assignment{Stream: "orders", Epoch: 5, Owner: "n3", Followers: []string{"n2", "n4"}, Policy: c.wantPolicy, Retention: old.Retention}
+			if fmt.Sprint(next) != fmt.Sprint(want) {
+				t.Fatalf("assignment %+v, want %+v", next, want)
+			}
+			wantStarts := cluster.HistoryStarts{history[0], {Epoch: 5, RecordTail: 50, CursorEventTail: 8, Node: "n3"}}
+			if !slices.Equal(starts, wantStarts) {
+				t.Fatalf("starts %+v, want %+v", starts, wantStarts)
+			}
+		})
+	}
+	if len(history) != 1 {
+		t.Fatalf("Commit changed the history it was given: %+v", history)
+	}
+}
+
+// A recovery that does not match the assignment read with it is stale and
+// left for the controller.
+func TestCheckTable(t *testing.T) {
+	old := assignment(3, majority())
+	good := cluster.Recovery{Stream: "orders", FromEpoch: 4, FenceEpoch: 5, OldOwner: "n1", OldFollowers: []string{"n2", "n3"}}
+	cases := []struct {
+		name    string
+		edit    func(*cluster.Recovery)
+		history cluster.HistoryStarts
+		stale   bool
+	}{
+		{"matching", func(*cluster.Recovery) {}, nil, false},
+		{"old members in another order", func(r *cluster.Recovery) { r.OldOwner, r.OldFollowers = "n3", []string{"n2", "n1"} }, nil, false},
+		{"history below the fence", func(*cluster.Recovery) {}, cluster.HistoryStarts{{Epoch: 4, RecordTail: 9}}, false},
+		{"from an older epoch", func(r *cluster.Recovery) { r.FromEpoch = 3 }, nil, true},
+		{"from a newer epoch", func(r *cluster.Recovery) { r.FromEpoch = 5; r.FenceEpoch = 6 }, nil, true},
+		{"fence not past the epoch", func(r *cluster.Recovery) { r.FenceEpoch = 4 }, nil, true},
+		{"a missing old member", func(r *cluster.Recovery) { r.OldFollowers = []string{"n2"} }, nil, true},
+		{"a foreign old member", func(r *cluster.Recovery) { r.OldFollowers = []string{"n2", "n9"} }, nil, true},
+		{"history already at the fence", func(*cluster.Recovery) {}, cluster.HistoryStarts{{Epoch: 5, RecordTail: 9}}, true},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			rec := good
+			rec.OldFollowers = slices.Clone(good.OldFollowers)
+			c.edit(&rec)
+			err := Check(old, rec, c.history)
+			if c.stale != (err != nil) {
+				t.Fatalf("Check = %v, want stale %v", err, c.stale)
+			}
+			if err != nil && !errors.Is(err, ErrStale) {
+				t.Fatalf("Check = %v, want ErrStale", err)
+			}
+		})
+	}
+}
