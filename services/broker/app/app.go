@@ -1,0 +1,252 @@
+// Package app is the embeddable broker: tests, strandctl dev and main start
+// it through Start, never by copying its wiring.
+package app
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"sync"
+	"time"
+
+	"github.com/rs/zerolog"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
+
+	"github.com/strandhq/strand/internal/cluster"
+	"github.com/strandhq/strand/internal/gen/strand/v1/strandv1connect"
+	"github.com/strandhq/strand/internal/logging"
+	"github.com/strandhq/strand/internal/rpcserver"
+	"github.com/strandhq/strand/services/broker/internal/api"
+	"github.com/strandhq/strand/services/broker/internal/coord"
+	"github.com/strandhq/strand/services/broker/internal/replica"
+	"github.com/strandhq/strand/services/broker/internal/storage"
+)
+
+// Config configures a broker.
+type Config struct {
+	Node           string
+	Listen         string
+	Advertise      string
+	DataDir        string
+	Etcd           []string
+	Prefix         string
+	Heartbeat      time.Duration
+	LeaseTTL       time.Duration
+	ConfirmTimeout time.Duration
+	MaxRecordBytes int
+	MaxBatchBytes  int
+	// MaxInflightBytes bounds unacknowledged bytes per follower.
+	MaxInflightBytes int
+	Logger           *zerolog.Logger
+	LogLevel         string
+}
+
+func (c *Config) defaults() error {
+	if err := cluster.ValidateNodeName(c.Node); err != nil {
+		return fmt.Errorf("broker: --node: %w", err)
+	}
+	if c.DataDir == "" {
+		return errors.New("broker: --data-dir is required")
+	}
+	if c.Listen == "" {
+		c.Listen = "127.0.0.1:7110"
+	}
+	if len(c.Etcd) == 0 {
+		c.Etcd = []string{"http://127.0.0.1:2379"}
+	}
+	if c.Heartbeat <= 0 {
+		c.Heartbeat = time.Second
+	}
+	if c.LeaseTTL <= 0 {
+		c.LeaseTTL = 3 * time.Second
+	}
+	if c.ConfirmTimeout <= 0 {
+		c.ConfirmTimeout = 5 * time.Second
+	}
+	return nil
+}
+
+// App is a running broker.
+type App struct {
+	cfg     Config
+	log     zerolog.Logger
+	etcd    *clientv3.Client
+	db      *storage.DB
+	manager *replica.Manager
+	coord   *coord.Coord
+	server  *rpcserver.Server
+
+	coordCancel context.CancelFunc
+	coordDone   chan struct{}
+	ready       chan struct{}
+	errc        chan error
+	closeOnce   sync.Once
+	closeErr    error
+}
+
+// Start opens storage, serves the Connect services and registers in etcd.
+func Start(ctx context.Context, cfg Config) (*App, error) {
+	if err := cfg.defaults(); err != nil {
+		return nil, err
+	}
+	log := logging.New(os.Stderr, "broker", cfg.LogLevel).With().Str(logging.Node, cfg.Node).Logger()
+	if cfg.Logger != nil {
+		log = cfg.Logger.With().Str(logging.Node, cfg.Node).Logger()
+	}
+	a := &App{cfg: cfg, log: log, ready: make(chan struct{}), errc: make(chan error, 1), coordDone: make(chan struct{})}
+	ok := false
+	defer func() {
+		if !ok {
+			_ = a.Close()
+		}
+	}()
+	ln, err := rpcserver.Listen(cfg.Listen)
+	if err != nil {
+		return nil, fmt.Errorf("broker: listen: %w", err)
+	}
+	if a.cfg.Advertise == "" {
+		a.cfg.Advertise = ln.Addr().String()
+	}
+	a.db, err = storage.Open(storage.Options{Dir: cfg.DataDir, Logger: log})
+	if err != nil {
+		_ = ln.Close()
+		return nil, fmt.Errorf("broker: storage: %w", err)
+	}
+	a.etcd, err = clientv3.New(clientv3.Config{Endpoints: cfg.Etcd, DialTimeout: 5 * time.Second, Logger: zap.NewNop(), Context: ctx})
+	if err != nil {
+		_ = ln.Close()
+		return nil, fmt.Errorf("broker: etcd: %w", err)
+	}
+	schema := cluster.NewSchema(cfg.Prefix)
+	httpClient := rpcserver.HTTPClient()
+	var co *coord.Coord
+	a.manager, err = replica.NewManager(replica.Config{
+		Node:             cfg.Node,
+		Storage:          a.db,
+		Logger:           log,
+		ConfirmTimeout:   cfg.ConfirmTimeout,
+		MaxInflightBytes: cfg.MaxInflightBytes,
+		History: func(ctx context.Context, stream string) (cluster.HistoryStarts, error) {
+			return co.History(ctx, stream)
+		},
+		Dial: func(addr string) strandv1connect.ReplicationServiceClient {
+			return strandv1connect.NewReplicationServiceClient(httpClient, rpcserver.BaseURL(addr))
+		},
+	})
+	if err != nil {
+		_ = ln.Close()
+		return nil, fmt.Errorf("broker: copies: %w", err)
+	}
+	co = coord.New(coord.Config{
+		Client: a.etcd, Schema: schema, Node: cfg.Node, Address: a.cfg.Advertise,
+		Heartbeat: cfg.Heartbeat, LeaseTTL: cfg.LeaseTTL, Logger: log, Manager: a.manager,
+	})
+	a.coord = co
+
+	mux, _ := rpcserver.Mux(strandv1connect.StreamServiceName, strandv1connect.ReplicationServiceName)
+	mux.Handle(strandv1connect.NewStreamServiceHandler(api.NewStreamService(a.manager, api.Limits{
+		MaxRecordBytes: cfg.MaxRecordBytes, MaxBatchBytes: cfg.MaxBatchBytes,
+	}, log)))
+	mux.Handle(strandv1connect.NewReplicationServiceHandler(api.NewReplicationService(a.manager, log)))
+	a.server = rpcserver.Serve(ln, mux)
+
+	cctx, cancel := context.WithCancel(context.Background())
+	a.coordCancel = cancel
+	go func() {
+		defer close(a.coordDone)
+		if err := co.Run(cctx); err != nil {
+			a.fail(err)
+		}
+	}()
+	go func() {
+		select {
+		case <-co.Ready():
+			close(a.ready)
+			log.Info().Str(logging.Addr, a.cfg.Advertise).Msg("broker ready")
+		case <-cctx.Done():
+		}
+	}()
+	go func() {
+		if err := <-a.server.Done(); err != nil {
+			a.fail(err)
+		}
+	}()
+	ok = true
+	return a, nil
+}
+
+func (a *App) fail(err error) {
+	select {
+	case a.errc <- err:
+	default:
+	}
+}
+
+// Addr is the address the broker serves on.
+func (a *App) Addr() string { return a.cfg.Advertise }
+
+// Node is the broker's node id.
+func (a *App) Node() string { return a.cfg.Node }
+
+// Ready is closed once the broker is registered and serving.
+func (a *App) Ready() <-chan struct{} { return a.ready }
+
+// Err delivers a fatal error after Start.
+func (a *App) Err() <-chan error { return a.errc }
+
+// Close shuts down in order: stop taking publishes, revoke the lease so the
+// controller fails over at once (eager failover), drain in-flight requests,
+// stop the copies, close storage.
+func (a *App) Close() error {
+	a.closeOnce.Do(func() {
+		if a.manager != nil {
+			a.manager.StopPublishes()
+		}
+		if a.coord != nil {
+			rctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+			if err := a.coord.Revoke(rctx); err != nil {
+				a.log.Warn().Err(err).Msg("lease revoke failed; the controller will wait for the lease TTL")
+			}
+			cancel()
+		}
+		if a.coordCancel != nil {
+			a.coordCancel()
+			<-a.coordDone
+		}
+		if a.server != nil {
+			sctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+			_ = a.server.Shutdown(sctx)
+			cancel()
+		}
+		if a.manager != nil {
+			a.manager.Close()
+		}
+		if a.db != nil {
+			a.closeErr = a.db.Close()
+		}
+		if a.etcd != nil {
+			_ = a.etcd.Close()
+		}
+		a.log.Info().Msg("broker stopped")
+	})
+	return a.closeErr
+}
+
+// Run starts the broker and serves until ctx ends or a fatal error.
+func Run(ctx context.Context, cfg Config) error {
+	a, err := Start(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	var runErr error
+	select {
+	case <-ctx.Done():
+	case runErr = <-a.Err():
+	}
+	if err := a.Close(); err != nil && runErr == nil {
+		runErr = err
+	}
+	return runErr
+}

@@ -1,0 +1,66 @@
+package api
+
+import (
+	"context"
+
+	"connectrpc.com/connect"
+	"github.com/rs/zerolog"
+
+	"github.com/strandhq/strand/internal/cluster"
+	strandv1 "github.com/strandhq/strand/internal/gen/strand/v1"
+	"github.com/strandhq/strand/internal/gen/strand/v1/strandv1connect"
+	"github.com/strandhq/strand/internal/rpcerr"
+	"github.com/strandhq/strand/services/broker/internal/replica"
+)
+
+// ReplicationService implements strand.v1.ReplicationService for peers.
+type ReplicationService struct {
+	strandv1connect.UnimplementedReplicationServiceHandler
+	m   *replica.Manager
+	log zerolog.Logger
+}
+
+// NewReplicationService returns the peer-facing handler.
+func NewReplicationService(m *replica.Manager, log zerolog.Logger) *ReplicationService {
+	return &ReplicationService{m: m, log: log}
+}
+
+func (s *ReplicationService) Follow(ctx context.Context, stream *connect.BidiStream[strandv1.FollowRequest, strandv1.FollowResponse]) error {
+	first, err := stream.Receive()
+	if err != nil {
+		return err
+	}
+	if err := validStream(first.GetStream()); err != nil {
+		return err
+	}
+	if err := cluster.ValidateNodeName(first.GetNode()); err != nil {
+		return rpcerr.InvalidArgument("node", "invalid node id %q", first.GetNode())
+	}
+	return toConnect(s.m.ServeFollow(ctx, first, stream))
+}
+
+func (s *ReplicationService) Seal(ctx context.Context, req *connect.Request[strandv1.SealRequest]) (*connect.Response[strandv1.SealResponse], error) {
+	msg := req.Msg
+	if err := validStream(msg.GetStream()); err != nil {
+		return nil, err
+	}
+	if msg.GetFenceEpoch() == 0 {
+		return nil, rpcerr.InvalidArgument("fence_epoch", "must be at least 1")
+	}
+	if msg.GetTransitionId() == "" || len(msg.GetTransitionId()) > 128 {
+		return nil, rpcerr.InvalidArgument("transition_id", "must be 1..128 bytes")
+	}
+	st, err := s.m.Seal(ctx, msg.GetStream(), msg.GetFenceEpoch(), msg.GetTransitionId())
+	if err != nil {
+		return nil, toConnect(err)
+	}
+	resp := &strandv1.SealResponse{
+		Node:            s.m.Node(),
+		FenceEpoch:      msg.GetFenceEpoch(),
+		RecordTail:      st.RecordTail,
+		CursorEventTail: st.CursorEventTail,
+		LogEpochs:       replica.LogEpochsToProto(st.SealedLogEpochs),
+		Chain:           st.Chain,
+	}
+	return connect.NewResponse(resp), nil
+}

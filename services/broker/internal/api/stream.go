@@ -1,0 +1,231 @@
+package api
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"connectrpc.com/connect"
+	"github.com/rs/zerolog"
+
+	"github.com/strandhq/strand/internal/cluster"
+	strandv1 "github.com/strandhq/strand/internal/gen/strand/v1"
+	"github.com/strandhq/strand/internal/gen/strand/v1/strandv1connect"
+	"github.com/strandhq/strand/internal/rpcerr"
+	"github.com/strandhq/strand/services/broker/internal/replica"
+	"github.com/strandhq/strand/services/broker/internal/storage"
+)
+
+// Limits bounds what a client may send.
+type Limits struct {
+	MaxRecordBytes int
+	MaxBatchBytes  int
+	// MaxReadRecords and MaxReadBytes bound one Read or Subscribe message.
+	MaxReadRecords int
+	MaxReadBytes   int
+}
+
+const (
+	maxCursorName = 256
+	maxHeaderKey  = 256
+)
+
+// StreamService implements strand.v1.StreamService.
+type StreamService struct {
+	strandv1connect.UnimplementedStreamServiceHandler
+	m      *replica.Manager
+	limits Limits
+	log    zerolog.Logger
+}
+
+// NewStreamService returns the client-facing handler.
+func NewStreamService(m *replica.Manager, limits Limits, log zerolog.Logger) *StreamService {
+	if limits.MaxRecordBytes <= 0 {
+		limits.MaxRecordBytes = 1 << 20
+	}
+	if limits.MaxBatchBytes <= 0 {
+		limits.MaxBatchBytes = 16 << 20
+	}
+	if limits.MaxReadRecords <= 0 {
+		limits.MaxReadRecords = 1000
+	}
+	if limits.MaxReadBytes <= 0 {
+		limits.MaxReadBytes = 4 << 20
+	}
+	return &StreamService{m: m, limits: limits, log: log}
+}
+
+func validStream(name string) error {
+	if err := cluster.ValidateStreamName(name); err != nil {
+		return rpcerr.InvalidArgument("stream", "must match [a-z0-9][a-z0-9._-]{0,127}, got %q", name)
+	}
+	return nil
+}
+
+func (s *StreamService) Publish(ctx context.Context, req *connect.Request[strandv1.PublishRequest]) (*connect.Response[strandv1.PublishResponse], error) {
+	msg := req.Msg
+	if err := validStream(msg.GetStream()); err != nil {
+		return nil, err
+	}
+	if len(msg.GetRecords()) == 0 {
+		return nil, rpcerr.InvalidArgument("records", "a publish needs at least one record")
+	}
+	total := 0
+	recs := make([]storage.Record, 0, len(msg.GetRecords()))
+	for i, r := range msg.GetRecords() {
+		size := len(r.GetPayload())
+		for k, v := range r.GetHeaders() {
+			if k == "" || len(k) > maxHeaderKey {
+				return nil, rpcerr.InvalidArgument(fmt.Sprintf("records[%d].headers", i), "header keys must be 1..%d bytes", maxHeaderKey)
+			}
+			size += len(k) + len(v)
+		}
+		if size > s.limits.MaxRecordBytes {
+			return nil, connect.NewError(connect.CodeResourceExhausted, fmt.Errorf("records[%d]: %d bytes exceeds the record limit of %d", i, size, s.limits.MaxRecordBytes))
+		}
+		total += size
+		if r.GetSequence() != 0 && r.GetProducerId() == "" {
+			return nil, rpcerr.InvalidArgument(fmt.Sprintf("records[%d].producer_id", i), "a sequence needs a producer id")
+		}
+		recs = append(recs, storage.Record{Payload: r.GetPayload(), Headers: r.GetHeaders(), ProducerID: r.GetProducerId(), Sequence: r.GetSequence()})
+	}
+	if total > s.limits.MaxBatchBytes {
+		return nil, connect.NewError(connect.CodeResourceExhausted, fmt.Errorf("records: batch of %d bytes exceeds the batch limit of %d", total, s.limits.MaxBatchBytes))
+	}
+	stored, epoch, err := s.m.Publish(ctx, msg.GetStream(), recs)
+	if err != nil {
+		return nil, toConnect(err)
+	}
+	resp := &strandv1.PublishResponse{Epoch: epoch, Offsets: make([]uint64, len(stored)), Duplicate: make([]bool, len(stored))}
+	for i, r := range stored {
+		resp.Offsets[i] = r.Offset
+	}
+	return connect.NewResponse(resp), nil
+}
+
+func (s *StreamService) readLimits(maxRecords, maxBytes uint32) (int, int) {
+	n, b := int(maxRecords), int(maxBytes)
+	if n <= 0 || n > s.limits.MaxReadRecords {
+		n = s.limits.MaxReadRecords
+	}
+	if b <= 0 || b > s.limits.MaxReadBytes {
+		b = s.limits.MaxReadBytes
+	}
+	return n, b
+}
+
+func (s *StreamService) Read(ctx context.Context, req *connect.Request[strandv1.ReadRequest]) (*connect.Response[strandv1.ReadResponse], error) {
+	msg := req.Msg
+	if err := validStream(msg.GetStream()); err != nil {
+		return nil, err
+	}
+	n, b := s.readLimits(msg.GetMaxRecords(), msg.GetMaxBytes())
+	res, err := s.m.Read(msg.GetStream(), msg.GetFromOffset(), n, b)
+	if err != nil {
+		return nil, toConnect(err)
+	}
+	out := &strandv1.ReadResponse{Head: res.Head, ConfirmWatermark: res.Watermark, NextOffset: res.Next}
+	for _, r := range res.Records {
+		out.Records = append(out.Records, replica.ToProto(r))
+	}
+	return connect.NewResponse(out), nil
+}
+
+func (s *StreamService) Subscribe(ctx context.Context, req *connect.Request[strandv1.SubscribeRequest], stream *connect.ServerStream[strandv1.SubscribeResponse]) error {
+	msg := req.Msg
+	if err := validStream(msg.GetStream()); err != nil {
+		return err
+	}
+	var from uint64
+	switch msg.GetStart() {
+	case strandv1.StartPosition_START_POSITION_UNSPECIFIED, strandv1.StartPosition_START_POSITION_EARLIEST:
+		from = 0
+	case strandv1.StartPosition_START_POSITION_LATEST:
+		from = ^uint64(0)
+	case strandv1.StartPosition_START_POSITION_OFFSET:
+		from = msg.GetOffset()
+	case strandv1.StartPosition_START_POSITION_CURSOR:
+		if err := validCursor(msg.GetCursor(), "cursor"); err != nil {
+			return err
+		}
+		pos, _, err := s.m.LocalCursor(msg.GetStream(), msg.GetCursor())
+		if err != nil {
+			return toConnect(err)
+		}
+		from = pos
+	default:
+		return rpcerr.InvalidArgument("start", "unknown start position %d", msg.GetStart())
+	}
+	n, b := s.readLimits(msg.GetMaxBatch(), 0)
+	sub, err := s.m.Subscribe(msg.GetStream(), from)
+	if err != nil {
+		return toConnect(err)
+	}
+	for {
+		recs, wm, err := sub.Next(ctx, n, b)
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			return toConnect(err)
+		}
+		out := &strandv1.SubscribeResponse{ConfirmWatermark: wm}
+		for _, r := range recs {
+			out.Records = append(out.Records, replica.ToProto(r))
+		}
+		if err := stream.Send(out); err != nil {
+			return err
+		}
+	}
+}
+
+func validCursor(name, field string) error {
+	if name == "" || len(name) > maxCursorName {
+		return rpcerr.InvalidArgument(field, "cursor names must be 1..%d bytes", maxCursorName)
+	}
+	return nil
+}
+
+func (s *StreamService) CommitCursor(ctx context.Context, req *connect.Request[strandv1.CommitCursorRequest]) (*connect.Response[strandv1.CommitCursorResponse], error) {
+	msg := req.Msg
+	if err := validStream(msg.GetStream()); err != nil {
+		return nil, err
+	}
+	if err := validCursor(msg.GetCursor(), "cursor"); err != nil {
+		return nil, err
+	}
+	ev, err := s.m.CommitCursor(ctx, msg.GetStream(), msg.GetCursor(), msg.GetOffset())
+	if err != nil {
+		return nil, toConnect(err)
+	}
+	return connect.NewResponse(&strandv1.CommitCursorResponse{Offset: ev.Position, CursorEventOffset: ev.Offset}), nil
+}
+
+func (s *StreamService) GetCursor(ctx context.Context, req *connect.Request[strandv1.GetCursorRequest]) (*connect.Response[strandv1.GetCursorResponse], error) {
+	msg := req.Msg
+	if err := validStream(msg.GetStream()); err != nil {
+		return nil, err
+	}
+	if err := validCursor(msg.GetCursor(), "cursor"); err != nil {
+		return nil, err
+	}
+	pos, found, err := s.m.Cursor(msg.GetStream(), msg.GetCursor())
+	if err != nil {
+		return nil, toConnect(err)
+	}
+	return connect.NewResponse(&strandv1.GetCursorResponse{Offset: pos, Found: found}), nil
+}
+
+func (s *StreamService) Locate(ctx context.Context, req *connect.Request[strandv1.LocateRequest]) (*connect.Response[strandv1.LocateResponse], error) {
+	if err := validStream(req.Msg.GetStream()); err != nil {
+		return nil, err
+	}
+	resp, err := s.m.Locate(req.Msg.GetStream())
+	if err != nil {
+		if errors.Is(err, replica.ErrUnknownStream) {
+			return nil, connect.NewError(connect.CodeNotFound, fmt.Errorf("stream %q not found", req.Msg.GetStream()))
+		}
+		return nil, toConnect(err)
+	}
+	return connect.NewResponse(resp), nil
+}

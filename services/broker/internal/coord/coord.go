@@ -1,0 +1,244 @@
+// Package coord is the broker's side of coordination through etcd: it
+// registers the broker on a lease, publishes its copies' tails in
+// heartbeats, and watches assignments and brokers, handing what it sees to
+// the replica manager.
+package coord
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync/atomic"
+	"time"
+
+	"github.com/rs/zerolog"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.etcd.io/etcd/client/v3/concurrency"
+
+	"github.com/strandhq/strand/internal/cluster"
+	"github.com/strandhq/strand/internal/logging"
+	"github.com/strandhq/strand/services/broker/internal/replica"
+)
+
+// Config configures coordination.
+type Config struct {
+	Client    *clientv3.Client
+	Schema    cluster.Schema
+	Node      string
+	Address   string
+	Heartbeat time.Duration
+	LeaseTTL  time.Duration
+	Logger    zerolog.Logger
+	Manager   *replica.Manager
+}
+
+// Coord runs registration, heartbeats and watches.
+type Coord struct {
+	cfg   Config
+	log   zerolog.Logger
+	start time.Time
+
+	session atomic.Pointer[concurrency.Session]
+	closing atomic.Bool
+	ready   chan struct{}
+	errc    chan error
+}
+
+// New returns a Coord; Run starts it.
+func New(cfg Config) *Coord {
+	if cfg.Heartbeat <= 0 {
+		cfg.Heartbeat = time.Second
+	}
+	if cfg.LeaseTTL <= 0 {
+		cfg.LeaseTTL = 3 * time.Second
+	}
+	return &Coord{cfg: cfg, log: cfg.Logger, start: time.Now(), ready: make(chan struct{}), errc: make(chan error, 1)}
+}
+
+// Ready is closed once the broker is registered and has applied the initial
+// assignment listing.
+func (c *Coord) Ready() <-chan struct{} { return c.ready }
+
+// History reads a stream's history starts. A missing key is an empty list;
+// an unreadable one is an error, so the caller withholds the assignment
+// (seed, "Copies with a longer tail").
+func (c *Coord) History(ctx context.Context, stream string) (cluster.HistoryStarts, error) {
+	resp, err := c.cfg.Client.Get(ctx, c.cfg.Schema.HistoryKey(stream))
+	if err != nil {
+		return nil, err
+	}
+	if len(resp.Kvs) == 0 {
+		return nil, nil
+	}
+	return cluster.Decode[cluster.HistoryStarts](resp.Kvs[0].Value)
+}
+
+// Run registers and serves until ctx ends. A lost session (partition, lease
+// expiry) is replaced by a new one: the broker's copies are fenced by seals,
+// not by this process's belief about its lease.
+func (c *Coord) Run(ctx context.Context) error {
+	readyOnce := false
+	for {
+		err := c.runSession(ctx, &readyOnce)
+		if ctx.Err() != nil || c.closing.Load() {
+			return nil
+		}
+		c.log.Warn().Err(err).Msg("etcd session lost; registering again")
+		t := time.NewTimer(200 * time.Millisecond)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return nil
+		case <-t.C:
+		}
+	}
+}
+
+func (c *Coord) runSession(ctx context.Context, readyOnce *bool) error {
+	ttl := int((c.cfg.LeaseTTL + time.Second - 1) / time.Second)
+	sess, err := concurrency.NewSession(c.cfg.Client, concurrency.WithTTL(max(ttl, 1)), concurrency.WithContext(ctx))
+	if err != nil {
+		return fmt.Errorf("coord: session: %w", err)
+	}
+	c.session.Store(sess)
+	defer func() { _ = sess.Close() }()
+	info := cluster.BrokerInfo{Node: c.cfg.Node, Address: c.cfg.Address, StartTime: c.start}
+	if _, err := c.cfg.Client.Put(ctx, c.cfg.Schema.BrokerKey(c.cfg.Node), cluster.Encode(info), clientv3.WithLease(sess.Lease())); err != nil {
+		return fmt.Errorf("coord: register: %w", err)
+	}
+	if err := c.putHeartbeat(ctx, sess.Lease()); err != nil {
+		return err
+	}
+	wctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	watchErr := make(chan error, 2)
+	synced := make(chan struct{}, 2)
+	go func() { watchErr <- c.watchBrokers(wctx, synced) }()
+	go func() { watchErr <- c.watchAssignments(wctx, synced) }()
+	for range 2 {
+		select {
+		case <-synced:
+		case err := <-watchErr:
+			return err
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	if !*readyOnce {
+		*readyOnce = true
+		close(c.ready)
+	}
+	c.log.Info().Str(logging.Node, c.cfg.Node).Str(logging.Addr, c.cfg.Address).Int64("lease", int64(sess.Lease())).Msg("broker registered")
+	t := time.NewTicker(c.cfg.Heartbeat)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-sess.Done():
+			return errors.New("coord: lease expired")
+		case err := <-watchErr:
+			return err
+		case <-t.C:
+			if err := c.putHeartbeat(ctx, sess.Lease()); err != nil {
+				c.log.Warn().Err(err).Msg("heartbeat failed; will retry")
+			}
+		}
+	}
+}
+
+func (c *Coord) putHeartbeat(ctx context.Context, lease clientv3.LeaseID) error {
+	hb := cluster.Heartbeat{Node: c.cfg.Node, Time: time.Now(), Streams: c.cfg.Manager.Tails()}
+	pctx, cancel := context.WithTimeout(ctx, c.cfg.Heartbeat+time.Second)
+	defer cancel()
+	_, err := c.cfg.Client.Put(pctx, c.cfg.Schema.HeartbeatKey(c.cfg.Node), cluster.Encode(hb), clientv3.WithLease(lease))
+	return err
+}
+
+// Revoke ends the lease at once and stops registering again: clean shutdown is eager failover, the
+// controller sees the broker gone without waiting for the TTL.
+func (c *Coord) Revoke(ctx context.Context) error {
+	c.closing.Store(true)
+	sess := c.session.Load()
+	if sess == nil {
+		return nil
+	}
+	_, err := c.cfg.Client.Revoke(ctx, sess.Lease())
+	return err
+}
+
+func (c *Coord) watchBrokers(ctx context.Context, synced chan<- struct{}) error {
+	dir := c.cfg.Schema.BrokersDir()
+	resp, err := c.cfg.Client.Get(ctx, dir, clientv3.WithPrefix())
+	if err != nil {
+		return err
+	}
+	for _, kv := range resp.Kvs {
+		if info, err := cluster.Decode[cluster.BrokerInfo](kv.Value); err == nil {
+			c.cfg.Manager.SetBroker(info)
+		}
+	}
+	synced <- struct{}{}
+	wch := c.cfg.Client.Watch(clientv3.WithRequireLeader(ctx), dir, clientv3.WithPrefix(), clientv3.WithRev(resp.Header.Revision+1))
+	for wr := range wch {
+		if err := wr.Err(); err != nil {
+			return fmt.Errorf("coord: watch brokers: %w", err)
+		}
+		for _, ev := range wr.Events {
+			node, err := cluster.NameIn(dir, string(ev.Kv.Key))
+			if err != nil {
+				continue
+			}
+			if ev.Type == clientv3.EventTypeDelete {
+				c.cfg.Manager.DeleteBroker(node)
+				continue
+			}
+			if info, err := cluster.Decode[cluster.BrokerInfo](ev.Kv.Value); err == nil {
+				c.cfg.Manager.SetBroker(info)
+			}
+		}
+	}
+	return ctx.Err()
+}
+
+func (c *Coord) watchAssignments(ctx context.Context, synced chan<- struct{}) error {
+	dir := c.cfg.Schema.AssignmentsDir()
+	resp, err := c.cfg.Client.Get(ctx, dir, clientv3.WithPrefix())
+	if err != nil {
+		return err
+	}
+	all := make(map[string]cluster.Assignment, len(resp.Kvs))
+	for _, kv := range resp.Kvs {
+		a, err := cluster.Decode[cluster.Assignment](kv.Value)
+		if err != nil {
+			c.log.Error().Err(err).Str("key", string(kv.Key)).Msg("unreadable assignment skipped")
+			continue
+		}
+		all[a.Stream] = a
+	}
+	c.cfg.Manager.SyncAssignments(all)
+	synced <- struct{}{}
+	wch := c.cfg.Client.Watch(clientv3.WithRequireLeader(ctx), dir, clientv3.WithPrefix(), clientv3.WithRev(resp.Header.Revision+1))
+	for wr := range wch {
+		if err := wr.Err(); err != nil {
+			return fmt.Errorf("coord: watch assignments: %w", err)
+		}
+		for _, ev := range wr.Events {
+			stream, err := cluster.NameIn(dir, string(ev.Kv.Key))
+			if err != nil {
+				continue
+			}
+			if ev.Type == clientv3.EventTypeDelete {
+				c.cfg.Manager.DeleteAssignment(stream)
+				continue
+			}
+			a, err := cluster.Decode[cluster.Assignment](ev.Kv.Value)
+			if err != nil {
+				c.log.Error().Err(err).Str(logging.Stream, stream).Msg("unreadable assignment skipped")
+				continue
+			}
+			c.cfg.Manager.SetAssignment(a)
+		}
+	}
+	return ctx.Err()
+}

@@ -1,0 +1,54 @@
+package replica
+
+import (
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	strandv1 "github.com/strandhq/strand/internal/gen/strand/v1"
+	"github.com/strandhq/strand/services/broker/internal/storage"
+)
+
+// ToProto converts a stored record for the wire.
+func ToProto(r storage.Record) *strandv1.StoredRecord {
+	return &strandv1.StoredRecord{
+		Offset:      r.Offset,
+		Epoch:       r.Epoch,
+		Payload:     r.Payload,
+		Headers:     r.Headers,
+		PublishTime: timestamppb.New(r.PublishTime),
+		ProducerId:  r.ProducerID,
+		Sequence:    r.Sequence,
+		Chain:       r.Chain,
+	}
+}
+
+// FromProto converts a replicated record from the wire. The publish time is
+// kept exactly so every copy holds the same bytes.
+func FromProto(r *strandv1.StoredRecord) storage.Record {
+	return storage.Record{
+		Offset:      r.GetOffset(),
+		Epoch:       r.GetEpoch(),
+		Payload:     r.GetPayload(),
+		Headers:     r.GetHeaders(),
+		PublishTime: r.GetPublishTime().AsTime(),
+		ProducerID:  r.GetProducerId(),
+		Sequence:    r.GetSequence(),
+		Chain:       r.GetChain(),
+	}
+}
+
+func eventToProto(e storage.CursorEvent) *strandv1.CursorEvent {
+	return &strandv1.CursorEvent{Offset: e.Offset, Epoch: e.Epoch, Cursor: e.Cursor, Position: e.Position}
+}
+
+func eventFromProto(e *strandv1.CursorEvent) storage.CursorEvent {
+	return storage.CursorEvent{Offset: e.GetOffset(), Epoch: e.GetEpoch(), Cursor: e.GetCursor(), Position: e.GetPosition()}
+}
+
+// LogEpochsToProto converts log epochs for the wire.
+func LogEpochsToProto(les []storage.LogEpoch) []*strandv1.LogEpoch {
+	out := make([]*strandv1.LogEpoch, 0, len(les))
+	for _, le := range les {
+		out = append(out, &strandv1.LogEpoch{Epoch: le.Epoch, RecordStart: le.RecordStart, CursorEventStart: le.CursorEventStart})
+	}
+	return out
+}

@@ -1,0 +1,380 @@
+package replica
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/strandhq/strand/internal/cluster"
+	"github.com/strandhq/strand/internal/logging"
+	"github.com/strandhq/strand/services/broker/internal/storage"
+)
+
+// Copy is this broker's copy of one stream.
+type Copy struct {
+	m    *Manager
+	name string
+	st   *storage.Stream
+
+	kick chan struct{}
+	done chan struct{}
+
+	mu      sync.Mutex
+	desired *cluster.Assignment
+	deleted bool
+	// applied is the last assignment whose role this copy took.
+	applied cluster.Assignment
+	role    string
+	// roleCtx ends when the role ends; waiters on the role select on it.
+	roleCtx    context.Context
+	roleCancel context.CancelFunc
+	roleWG     sync.WaitGroup
+	tracker    *confirmTracker
+	// follower side: the owner's watermark as last received, capped at the
+	// copy's own tail, and a channel closed when it moves.
+	followerWM      uint64
+	followerWMCh    chan struct{}
+	suspect         string
+	chainMismatch   bool
+	cursorNotify    chan struct{}
+	lastApplyErrLog time.Time
+}
+
+func newCopy(m *Manager, name string, st *storage.Stream) *Copy {
+	c := &Copy{
+		m:            m,
+		name:         name,
+		st:           st,
+		kick:         make(chan struct{}, 1),
+		done:         make(chan struct{}),
+		followerWMCh: make(chan struct{}),
+		cursorNotify: make(chan struct{}),
+	}
+	c.roleCtx, c.roleCancel = context.WithCancel(context.Background())
+	c.roleCancel()
+	s := st.State()
+	if s.SealEpoch != 0 {
+		c.role = cluster.RoleSealed
+	}
+	c.followerWM = s.ConfirmWatermark
+	return c
+}
+
+func (c *Copy) setDesired(a *cluster.Assignment) {
+	c.mu.Lock()
+	if a == nil {
+		c.deleted = true
+	} else {
+		cp := *a
+		c.desired = &cp
+	}
+	c.mu.Unlock()
+	select {
+	case c.kick <- struct{}{}:
+	default:
+	}
+}
+
+// reconcileLoop applies the latest desired assignment, retrying with backoff
+// while it cannot (history unreadable, storage error): an assignment is
+// withheld rather than applied on a guess (seed, "Copies with a longer tail").
+func (c *Copy) reconcileLoop(ctx context.Context) {
+	defer close(c.done)
+	retry := time.Duration(0)
+	for {
+		var timer <-chan time.Time
+		if retry > 0 {
+			t := time.NewTimer(retry)
+			timer = t.C
+			select {
+			case <-ctx.Done():
+				t.Stop()
+				return
+			case <-c.kick:
+				t.Stop()
+			case <-timer:
+			}
+		} else {
+			select {
+			case <-ctx.Done():
+				return
+			case <-c.kick:
+			}
+		}
+		dropped, err := c.reconcile(ctx)
+		if dropped {
+			return
+		}
+		if err != nil {
+			if ctx.Err() != nil {
+				return
+			}
+			retry = min(max(2*retry, 50*time.Millisecond), 2*time.Second)
+			c.mu.Lock()
+			logIt := time.Since(c.lastApplyErrLog) > 5*time.Second
+			if logIt {
+				c.lastApplyErrLog = time.Now()
+			}
+			c.mu.Unlock()
+			if logIt {
+				c.m.log.Warn().Err(err).Str(logging.Stream, c.name).Msg("assignment withheld; retrying")
+			}
+			continue
+		}
+		retry = 0
+	}
+}
+
+func (c *Copy) reconcile(ctx context.Context) (dropped bool, err error) {
+	c.mu.Lock()
+	deleted, desired := c.deleted, c.desired
+	c.mu.Unlock()
+	if deleted {
+		c.endRole("")
+		c.m.removeCopy(c)
+		if err := c.m.cfg.Storage.Drop(c.name); err != nil {
+			c.m.log.Error().Err(err).Str(logging.Stream, c.name).Msg("drop of deleted stream failed; data stays on disk")
+		} else {
+			c.m.log.Info().Str(logging.Stream, c.name).Msg("stream deleted; copy dropped")
+		}
+		return true, nil
+	}
+	if desired == nil {
+		return false, nil
+	}
+	a := *desired
+	node := c.m.cfg.Node
+	state := c.st.State()
+	if !a.Includes(node) {
+		// Left out: stop serving. A sealed copy stays sealed until a later
+		// assignment includes it (seed, "Stream failover").
+		c.mu.Lock()
+		role := c.role
+		c.mu.Unlock()
+		if role == cluster.RoleOwner || role == cluster.RoleFollower {
+			c.endRole("")
+			c.m.log.Info().Str(logging.Stream, c.name).Uint64(logging.Epoch, a.Epoch).Msg("copy left out of the assignment; stopped")
+		}
+		return false, nil
+	}
+	sealed := state.SealEpoch != 0
+	if a.Epoch < state.Epoch {
+		// The copy is fenced past this assignment (a seal for a pending
+		// recovery); it waits for the recovered assignment.
+		return false, nil
+	}
+	newEpoch := a.Epoch > state.Epoch || (sealed && a.Epoch >= state.SealEpoch)
+	if newEpoch {
+		if err := c.bringOntoHistory(ctx, state, a.Epoch); err != nil {
+			return false, err
+		}
+		c.endRole("")
+		if err := c.st.AdvanceEpoch(a.Epoch); err != nil {
+			return false, fmt.Errorf("advance epoch: %w", err)
+		}
+	}
+	wantRole := cluster.RoleFollower
+	if a.Owner == node {
+		wantRole = cluster.RoleOwner
+	}
+	c.mu.Lock()
+	same := !newEpoch && c.role == wantRole && c.applied.Epoch == a.Epoch && c.applied.Owner == a.Owner
+	if same {
+		// A fast-path change at the same epoch: followers added or W lowered.
+		c.applied = a
+		if c.tracker != nil {
+			c.tracker.setMembers(cluster.StreamConfirmPolicy(a.Policy, a.Copies()), a.Followers)
+		}
+		c.mu.Unlock()
+		return false, nil
+	}
+	c.mu.Unlock()
+	c.endRole("")
+	c.startRole(a, wantRole)
+	return false, nil
+}
+
+// bringOntoHistory cuts the copy back to the history of target before the
+// role change (seed, "Copies with a longer tail"). A sealed copy judges by
+// the epochs its seal replaced, since the seal advanced them without data.
+func (c *Copy) bringOntoHistory(ctx context.Context, state storage.State, target uint64) error {
+	own := state.LogEpochs
+	if state.SealEpoch != 0 {
+		own = state.SealedLogEpochs
+	}
+	if len(own) == 0 && state.RecordTail == 0 && state.CursorEventTail == 0 {
+		return nil // an empty copy has no history to leave
+	}
+	hctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	history, err := c.m.cfg.History(hctx, c.name)
+	if err != nil {
+		return fmt.Errorf("read history starts: %w", err)
+	}
+	cut, ok, err := cutPoint(own, state.RecordTail, state.CursorEventTail, history, target)
+	if err != nil || !ok {
+		return err
+	}
+	if cut.RecordTail < state.Head {
+		c.m.log.Warn().Str(logging.Stream, c.name).Uint64("cut", cut.RecordTail).Uint64("head", state.Head).
+			Msg("history start below the retained head; cutting at the head")
+	}
+	if err := c.st.Cut(cut.RecordTail, cut.CursorEventTail); err != nil {
+		return fmt.Errorf("cut: %w", err)
+	}
+	c.m.log.Warn().Str(logging.Stream, c.name).Uint64(logging.Epoch, target).
+		Uint64("from_record_tail", state.RecordTail).Uint64(logging.RecordTail, cut.RecordTail).
+		Uint64(logging.CursorEventTail, cut.CursorEventTail).Str("start_node", cut.Node).
+		Msg("copy held records past the new history start; cut them (none was confirmed)")
+	return nil
+}
+
+func (c *Copy) startRole(a cluster.Assignment, role string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.applied = a
+	c.role = role
+	c.suspect = ""
+	c.chainMismatch = false
+	c.roleCtx, c.roleCancel = context.WithCancel(c.m.ctx)
+	state := c.st.State()
+	log := c.m.log.Info().Str(logging.Stream, c.name).Uint64(logging.Epoch, a.Epoch).Str(logging.Owner, a.Owner).
+		Uint64(logging.RecordTail, state.RecordTail).Uint64(logging.CursorEventTail, state.CursorEventTail)
+	switch role {
+	case cluster.RoleOwner:
+		rule := cluster.StreamConfirmPolicy(a.Policy, a.Copies())
+		c.tracker = newConfirmTracker(rule, a.Followers, state.RecordTail, state.ConfirmWatermark)
+		log.Int("w", rule.W).Msg("owner at its own tails")
+	case cluster.RoleFollower:
+		c.tracker = nil
+		ctx := c.roleCtx
+		c.roleWG.Add(1)
+		go func() {
+			defer c.roleWG.Done()
+			c.runFollower(ctx, a.Owner, a.Epoch)
+		}()
+		log.Msg("following the owner")
+	}
+}
+
+// endRole stops the current role's workers and wakes its waiters; newRole
+// is what the copy is afterwards ("" or sealed).
+func (c *Copy) endRole(newRole string) {
+	c.mu.Lock()
+	c.roleCancel()
+	c.mu.Unlock()
+	c.roleWG.Wait()
+	c.mu.Lock()
+	c.role = newRole
+	c.tracker = nil
+	c.mu.Unlock()
+}
+
+func (c *Copy) stop() {
+	c.endRole("")
+	<-c.done
+}
+
+// visible returns the watermark below which readers may see records, a
+// channel closed when it moves, and the role's context.
+func (c *Copy) visible() (uint64, <-chan struct{}, context.Context) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.role == cluster.RoleOwner && c.tracker != nil {
+		wm, ch := c.tracker.get()
+		return wm, ch, c.roleCtx
+	}
+	return c.followerWM, c.followerWMCh, c.roleCtx
+}
+
+func (c *Copy) setFollowerWatermark(wm uint64) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if wm > c.followerWM {
+		c.followerWM = wm
+		close(c.followerWMCh)
+		c.followerWMCh = make(chan struct{})
+	}
+}
+
+func (c *Copy) tails() (cluster.CopyTails, bool) {
+	s := c.st.State()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	role := c.role
+	if s.SealEpoch != 0 {
+		role = cluster.RoleSealed
+	}
+	wm := c.followerWM
+	if c.tracker != nil {
+		wm, _ = c.tracker.get()
+	}
+	return cluster.CopyTails{
+		Epoch:            s.Epoch,
+		Role:             role,
+		Head:             s.Head,
+		RecordTail:       s.RecordTail,
+		CursorEventTail:  s.CursorEventTail,
+		ConfirmWatermark: wm,
+		SealEpoch:        s.SealEpoch,
+		Suspect:          c.suspect,
+		ChainMismatch:    c.chainMismatch,
+	}, true
+}
+
+func (c *Copy) applyRetention(now time.Time) {
+	c.mu.Lock()
+	role, r := c.role, c.applied.Retention
+	c.mu.Unlock()
+	if role != cluster.RoleOwner && role != cluster.RoleFollower {
+		return
+	}
+	if r.MaxRecords == 0 && r.MaxBytes == 0 && r.MaxAge == 0 {
+		return
+	}
+	if _, err := c.st.ApplyRetention(storage.Retention{MaxRecords: r.MaxRecords, MaxBytes: r.MaxBytes, MaxAge: r.MaxAge}, now); err != nil && !errors.Is(err, storage.ErrClosed) {
+		c.m.log.Warn().Err(err).Str(logging.Stream, c.name).Msg("retention failed; will retry")
+	}
+}
+
+// ownerRole returns the owner's state if this copy is the owner.
+func (c *Copy) ownerRole() (cluster.Assignment, *confirmTracker, context.Context, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.role != cluster.RoleOwner || c.tracker == nil {
+		return cluster.Assignment{}, nil, nil, false
+	}
+	return c.applied, c.tracker, c.roleCtx, true
+}
+
+func (c *Copy) notifyCursor() {
+	c.mu.Lock()
+	close(c.cursorNotify)
+	c.cursorNotify = make(chan struct{})
+	c.mu.Unlock()
+}
+
+func (c *Copy) cursorChanged() <-chan struct{} {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.cursorNotify
+}
+
+func (c *Copy) setSuspect(owner string) {
+	c.mu.Lock()
+	c.suspect = owner
+	c.mu.Unlock()
+}
+
+func (c *Copy) setChainMismatch() {
+	c.mu.Lock()
+	c.chainMismatch = true
+	c.mu.Unlock()
+}
+
+func isFollowerOf(a cluster.Assignment, node string) bool {
+	return slices.Contains(a.Followers, node)
+}

@@ -1,0 +1,46 @@
+package replica
+
+import (
+	"fmt"
+
+	"github.com/strandhq/strand/internal/cluster"
+	"github.com/strandhq/strand/services/broker/internal/storage"
+)
+
+// cutPoint decides where a copy must be cut before a role change at target
+// (seed, "Copies with a longer tail"). own are the copy's log epochs (for a
+// sealed copy, the epochs its seal replaced). The cut is the lowest history
+// start recorded for an epoch after the copy's own and up to target; ok is
+// false when nothing needs cutting: the copy is already on the target
+// history, no start lies in range, or the copy ends at or below the start.
+//
+// An out-of-order list is an error: the caller withholds the role change
+// rather than cutting on a guess.
+func cutPoint(own []storage.LogEpoch, recordTail, cursorEventTail uint64, history cluster.HistoryStarts, target uint64) (cluster.HistoryStart, bool, error) {
+	for i := 1; i < len(history); i++ {
+		if history[i].Epoch <= history[i-1].Epoch {
+			return cluster.HistoryStart{}, false, fmt.Errorf("replica: history starts out of order at epoch %d", history[i].Epoch)
+		}
+	}
+	var ownEpoch uint64
+	if len(own) > 0 {
+		ownEpoch = own[len(own)-1].Epoch
+	}
+	if ownEpoch >= target {
+		return cluster.HistoryStart{}, false, nil
+	}
+	var cut cluster.HistoryStart
+	found := false
+	for _, h := range history {
+		if h.Epoch <= ownEpoch || h.Epoch > target {
+			continue
+		}
+		if !found || h.RecordTail < cut.RecordTail {
+			cut, found = h, true
+		}
+	}
+	if !found || (recordTail <= cut.RecordTail && cursorEventTail <= cut.CursorEventTail) {
+		return cluster.HistoryStart{}, false, nil
+	}
+	return cut, true, nil
+}

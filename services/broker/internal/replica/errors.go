@@ -1,0 +1,38 @@
+package replica
+
+import (
+	"errors"
+	"fmt"
+
+	strandv1 "github.com/strandhq/strand/internal/gen/strand/v1"
+)
+
+var (
+	// ErrUnknownStream: no assignment names the stream and no copy is held.
+	ErrUnknownStream = errors.New("replica: unknown stream")
+	// ErrUnavailable: the copy cannot serve right now (recovering, sealed,
+	// shutting down, role changing); a client should re-locate and retry.
+	ErrUnavailable = errors.New("replica: unavailable")
+	// ErrConfirmTimeout: W copies did not hold the records in time. The
+	// records may remain, unconfirmed.
+	ErrConfirmTimeout = errors.New("replica: confirm timeout")
+	// ErrNotMember: a follow request from a node the assignment does not name.
+	ErrNotMember = errors.New("replica: not a member of the assignment")
+	// ErrEpochMismatch: a follow request at an epoch other than the owner's.
+	ErrEpochMismatch = errors.New("replica: epoch mismatch")
+	// ErrPastTail: a follower claims more than the owner holds.
+	ErrPastTail = errors.New("replica: past the owner's tail")
+	// ErrChainMismatch: the follower's prefix disagrees with the owner's.
+	ErrChainMismatch = errors.New("replica: chain mismatch")
+	// ErrStaleFence: a seal below the copy's epoch.
+	ErrStaleFence = errors.New("replica: stale fence epoch")
+)
+
+// NotOwnerError says this broker does not own the stream, and who does.
+type NotOwnerError struct {
+	Hint *strandv1.OwnerHint
+}
+
+func (e *NotOwnerError) Error() string {
+	return fmt.Sprintf("replica: stream %q not owned here (owner %q at epoch %d)", e.Hint.GetStream(), e.Hint.GetNode(), e.Hint.GetEpoch())
+}

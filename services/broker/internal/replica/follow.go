@@ -1,0 +1,208 @@
+package replica
+
+import (
+	"context"
+	"fmt"
+	"sync"
+
+	strandv1 "github.com/strandhq/strand/internal/gen/strand/v1"
+	"github.com/strandhq/strand/services/broker/internal/storage"
+)
+
+const (
+	followBatchRecords = 512
+	followBatchBytes   = 1 << 20
+	followBatchEvents  = 512
+)
+
+// FollowStream is the owner's side of one Follow call.
+type FollowStream interface {
+	Receive() (*strandv1.FollowRequest, error)
+	Send(*strandv1.FollowResponse) error
+}
+
+// ServeFollow serves one follower on the owner: it checks the follower's
+// position against the owner's log, then sends records and cursor events at
+// the owner's offsets, each with its epoch, and the confirm watermark. The
+// follower's acknowledgements on the same stream advance the watermark.
+func (m *Manager) ServeFollow(ctx context.Context, first *strandv1.FollowRequest, fs FollowStream) error {
+	c := m.copy(first.GetStream())
+	if c == nil {
+		return m.notHere(first.GetStream())
+	}
+	a, tracker, roleCtx, ok := c.ownerRole()
+	if !ok {
+		return m.notHere(first.GetStream())
+	}
+	node := first.GetNode()
+	if !isFollowerOf(a, node) {
+		return fmt.Errorf("%w: node %q is not a follower of %q at epoch %d", ErrNotMember, node, c.name, a.Epoch)
+	}
+	// Fencing: the owner refuses a follower of another epoch (and the
+	// follower refuses an owner of another epoch).
+	if first.GetEpoch() != a.Epoch {
+		return fmt.Errorf("%w: follower at epoch %d, owner at epoch %d", ErrEpochMismatch, first.GetEpoch(), a.Epoch)
+	}
+	s := c.st.State()
+	pos, cpos := first.GetRecordTail(), first.GetCursorEventTail()
+	if pos > s.RecordTail || cpos > s.CursorEventTail {
+		return fmt.Errorf("%w: follower tails %d/%d, owner tails %d/%d", ErrPastTail, pos, cpos, s.RecordTail, s.CursorEventTail)
+	}
+	var head, chainAtHead uint64
+	if pos < s.Head {
+		// Below the retained window: the follower starts at the head.
+		chain, err := c.st.ChainAt(s.Head)
+		if err != nil {
+			return err
+		}
+		head, chainAtHead, pos = s.Head, chain, s.Head
+	} else {
+		chain, err := c.st.ChainAt(pos)
+		if err != nil {
+			return err
+		}
+		if chain != first.GetChain() {
+			return fmt.Errorf("%w: at offset %d follower chain %x, owner chain %x", ErrChainMismatch, pos, first.GetChain(), chain)
+		}
+	}
+
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	stop := context.AfterFunc(roleCtx, cancel)
+	defer stop()
+
+	fc := &flowControl{max: m.cfg.MaxInflightBytes, acked: make(chan struct{}, 1)}
+	recvErr := make(chan error, 1)
+	go func() {
+		for {
+			req, err := fs.Receive()
+			if err != nil {
+				recvErr <- err
+				cancel()
+				return
+			}
+			// Count only what was sent on this stream: a follower cannot
+			// claim records it was never given.
+			tail := min(req.GetRecordTail(), fc.sentTail())
+			fc.ack(tail)
+			tracker.followerDurable(node, tail)
+		}
+	}()
+
+	fc.setSent(pos, 0)
+	var lastWM uint64
+	first0 := true
+	for {
+		if ctx.Err() != nil {
+			select {
+			case err := <-recvErr:
+				return err
+			default:
+			}
+			if roleCtx.Err() != nil {
+				return fmt.Errorf("%w: owner role ended", ErrUnavailable)
+			}
+			return ctx.Err()
+		}
+		wm, wmChanged := tracker.get()
+		s := c.st.State()
+		tailCh := c.st.WaitTail(s.RecordTail)
+		cursorCh := c.cursorChanged()
+		var recs []storage.Record
+		if pos < s.RecordTail && fc.room() {
+			var err error
+			recs, err = c.st.Read(pos, followBatchRecords, followBatchBytes)
+			if err != nil {
+				return err
+			}
+		}
+		var evs []storage.CursorEvent
+		if cpos < s.CursorEventTail {
+			var err error
+			evs, err = c.st.ReadCursorEvents(cpos, followBatchEvents)
+			if err != nil {
+				return err
+			}
+		}
+		if len(recs) > 0 || len(evs) > 0 || wm != lastWM || first0 {
+			resp := &strandv1.FollowResponse{Epoch: a.Epoch, ConfirmWatermark: wm, Head: head, ChainAtHead: chainAtHead}
+			size := 0
+			for _, r := range recs {
+				resp.Records = append(resp.Records, ToProto(r))
+				size += len(r.Payload)
+			}
+			for _, e := range evs {
+				resp.CursorEvents = append(resp.CursorEvents, eventToProto(e))
+			}
+			if n := len(recs); n > 0 {
+				pos = recs[n-1].Offset + 1
+			}
+			if n := len(evs); n > 0 {
+				cpos = evs[n-1].Offset + 1
+			}
+			fc.setSent(pos, size)
+			if err := fs.Send(resp); err != nil {
+				return err
+			}
+			lastWM, first0, head, chainAtHead = wm, false, 0, 0
+			continue
+		}
+		select {
+		case <-ctx.Done():
+		case <-tailCh:
+		case <-wmChanged:
+		case <-cursorCh:
+		case <-fc.acked:
+		}
+	}
+}
+
+// flowControl bounds record bytes sent to a follower and not acknowledged.
+type flowControl struct {
+	mu       sync.Mutex
+	max      int
+	inflight []sentBatch
+	bytes    int
+	tail     uint64
+	acked    chan struct{}
+}
+
+type sentBatch struct {
+	end   uint64
+	bytes int
+}
+
+func (f *flowControl) setSent(tail uint64, bytes int) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.tail = tail
+	if bytes > 0 {
+		f.inflight = append(f.inflight, sentBatch{end: tail, bytes: bytes})
+		f.bytes += bytes
+	}
+}
+
+func (f *flowControl) sentTail() uint64 {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.tail
+}
+
+func (f *flowControl) room() bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.bytes < f.max
+}
+
+func (f *flowControl) ack(tail uint64) {
+	f.mu.Lock()
+	for len(f.inflight) > 0 && f.inflight[0].end <= tail {
+		f.bytes -= f.inflight[0].bytes
+		f.inflight = f.inflight[1:]
+	}
+	f.mu.Unlock()
+	select {
+	case f.acked <- struct{}{}:
+	default:
+	}
+}

@@ -1,0 +1,303 @@
+package replica
+
+import (
+	"context"
+	"errors"
+	"maps"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/rs/zerolog"
+
+	"github.com/strandhq/strand/internal/cluster"
+	strandv1 "github.com/strandhq/strand/internal/gen/strand/v1"
+	"github.com/strandhq/strand/internal/gen/strand/v1/strandv1connect"
+	"github.com/strandhq/strand/internal/logging"
+	"github.com/strandhq/strand/services/broker/internal/storage"
+)
+
+// Config configures a Manager.
+type Config struct {
+	Node    string
+	Storage *storage.DB
+	Logger  zerolog.Logger
+	// ConfirmTimeout bounds how long Publish waits for W copies.
+	ConfirmTimeout time.Duration
+	// MaxInflightBytes bounds record bytes sent to one follower and not yet
+	// acknowledged.
+	MaxInflightBytes int
+	// MaxConcurrentSeals bounds seals served at once.
+	MaxConcurrentSeals int
+	// RetentionInterval is how often retention runs on every copy.
+	RetentionInterval time.Duration
+	// History reads a stream's history starts from etcd.
+	History func(ctx context.Context, stream string) (cluster.HistoryStarts, error)
+	// Dial returns a replication client for a peer address.
+	Dial func(addr string) strandv1connect.ReplicationServiceClient
+}
+
+// Manager holds every copy on this broker and what the broker knows of the
+// cluster (assignments, broker addresses) to answer Locate and follow owners.
+type Manager struct {
+	cfg Config
+	log zerolog.Logger
+
+	ctx    context.Context
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+
+	stopping atomic.Bool
+	seals    chan struct{}
+
+	mu          sync.RWMutex
+	copies      map[string]*Copy
+	assignments map[string]cluster.Assignment
+	brokers     map[string]cluster.BrokerInfo
+}
+
+// NewManager opens every stream storage already holds, so a restarted broker
+// reports its copies' tails before any assignment arrives.
+func NewManager(cfg Config) (*Manager, error) {
+	if cfg.ConfirmTimeout <= 0 {
+		cfg.ConfirmTimeout = 5 * time.Second
+	}
+	if cfg.MaxInflightBytes <= 0 {
+		cfg.MaxInflightBytes = 8 << 20
+	}
+	if cfg.MaxConcurrentSeals <= 0 {
+		cfg.MaxConcurrentSeals = 64
+	}
+	if cfg.RetentionInterval <= 0 {
+		cfg.RetentionInterval = 2 * time.Second
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	m := &Manager{
+		cfg:         cfg,
+		log:         cfg.Logger,
+		ctx:         ctx,
+		cancel:      cancel,
+		seals:       make(chan struct{}, cfg.MaxConcurrentSeals),
+		copies:      make(map[string]*Copy),
+		assignments: make(map[string]cluster.Assignment),
+		brokers:     make(map[string]cluster.BrokerInfo),
+	}
+	names, err := cfg.Storage.Streams()
+	if err != nil {
+		cancel()
+		return nil, err
+	}
+	for _, name := range names {
+		if _, err := m.openCopy(name); err != nil {
+			cancel()
+			return nil, err
+		}
+	}
+	m.wg.Add(1)
+	go m.retentionLoop()
+	return m, nil
+}
+
+// Node is this broker's node id.
+func (m *Manager) Node() string { return m.cfg.Node }
+
+// StopPublishes makes every copy refuse new publishes: the first step of a
+// clean shutdown, before the lease is revoked (eager failover).
+func (m *Manager) StopPublishes() { m.stopping.Store(true) }
+
+// Close stops every copy's workers.
+func (m *Manager) Close() {
+	m.stopping.Store(true)
+	m.cancel()
+	m.mu.RLock()
+	copies := slices.Collect(maps.Values(m.copies))
+	m.mu.RUnlock()
+	for _, c := range copies {
+		c.stop()
+	}
+	m.wg.Wait()
+}
+
+func (m *Manager) openCopy(name string) (*Copy, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if c, ok := m.copies[name]; ok {
+		return c, nil
+	}
+	st, err := m.cfg.Storage.Open(name)
+	if err != nil {
+		return nil, err
+	}
+	c := newCopy(m, name, st)
+	m.copies[name] = c
+	m.wg.Add(1)
+	go func() {
+		defer m.wg.Done()
+		c.reconcileLoop(m.ctx)
+	}()
+	return c, nil
+}
+
+func (m *Manager) copy(name string) *Copy {
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	return m.copies[name]
+}
+
+// SetBroker records a live broker's address.
+func (m *Manager) SetBroker(info cluster.BrokerInfo) {
+	m.mu.Lock()
+	m.brokers[info.Node] = info
+	m.mu.Unlock()
+}
+
+// DeleteBroker forgets a broker whose lease is gone.
+func (m *Manager) DeleteBroker(node string) {
+	m.mu.Lock()
+	delete(m.brokers, node)
+	m.mu.Unlock()
+}
+
+// BrokerAddr returns a live broker's address, or "".
+func (m *Manager) BrokerAddr(node string) string {
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	return m.brokers[node].Address
+}
+
+// SetAssignment records an assignment and, when it names this broker or this
+// broker holds a copy, hands it to the copy to apply.
+func (m *Manager) SetAssignment(a cluster.Assignment) {
+	m.mu.Lock()
+	m.assignments[a.Stream] = a
+	c := m.copies[a.Stream]
+	m.mu.Unlock()
+	if c == nil && a.Includes(m.cfg.Node) {
+		var err error
+		if c, err = m.openCopy(a.Stream); err != nil {
+			m.log.Error().Err(err).Str(logging.Stream, a.Stream).Msg("open copy failed; assignment not applied")
+			return
+		}
+	}
+	if c != nil {
+		c.setDesired(&a)
+	}
+}
+
+// DeleteAssignment handles a deleted stream: its copy's data is dropped.
+func (m *Manager) DeleteAssignment(stream string) {
+	m.mu.Lock()
+	delete(m.assignments, stream)
+	c := m.copies[stream]
+	m.mu.Unlock()
+	if c != nil {
+		c.setDesired(nil)
+	}
+}
+
+// SyncAssignments replaces what the broker knows with a full listing (after
+// a watch restart). Copies whose stream no longer has an assignment are
+// dropped: the stream was deleted while this broker was away.
+func (m *Manager) SyncAssignments(all map[string]cluster.Assignment) {
+	m.mu.Lock()
+	m.assignments = maps.Clone(all)
+	var gone []*Copy
+	for name, c := range m.copies {
+		if _, ok := all[name]; !ok {
+			gone = append(gone, c)
+		}
+	}
+	m.mu.Unlock()
+	for _, c := range gone {
+		c.setDesired(nil)
+	}
+	for _, a := range all {
+		m.SetAssignment(a)
+	}
+}
+
+func (m *Manager) removeCopy(c *Copy) {
+	m.mu.Lock()
+	if m.copies[c.name] == c {
+		delete(m.copies, c.name)
+	}
+	m.mu.Unlock()
+}
+
+// Hint says who owns a stream as far as this broker knows.
+func (m *Manager) Hint(stream string) (*strandv1.OwnerHint, bool) {
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	a, ok := m.assignments[stream]
+	if !ok {
+		return &strandv1.OwnerHint{Stream: stream}, false
+	}
+	return &strandv1.OwnerHint{Stream: stream, Node: a.Owner, Address: m.brokers[a.Owner].Address, Epoch: a.Epoch}, true
+}
+
+// Locate answers who owns a stream.
+func (m *Manager) Locate(stream string) (*strandv1.LocateResponse, error) {
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	a, ok := m.assignments[stream]
+	if !ok {
+		return nil, ErrUnknownStream
+	}
+	return &strandv1.LocateResponse{
+		Owner:     &strandv1.OwnerHint{Stream: stream, Node: a.Owner, Address: m.brokers[a.Owner].Address, Epoch: a.Epoch},
+		Followers: slices.Clone(a.Followers),
+		Policy:    &strandv1.ConfirmPolicy{Name: a.Policy.Name, Nodes: uint32(a.Policy.Nodes)},
+	}, nil
+}
+
+func (m *Manager) notHere(stream string) error {
+	hint, ok := m.Hint(stream)
+	if !ok {
+		return ErrUnknownStream
+	}
+	return &NotOwnerError{Hint: hint}
+}
+
+// Tails reports every copy for the heartbeat.
+func (m *Manager) Tails() map[string]cluster.CopyTails {
+	m.mu.RLock()
+	copies := slices.Collect(maps.Values(m.copies))
+	m.mu.RUnlock()
+	out := make(map[string]cluster.CopyTails, len(copies))
+	for _, c := range copies {
+		if t, ok := c.tails(); ok {
+			out[c.name] = t
+		}
+	}
+	return out
+}
+
+func (m *Manager) retentionLoop() {
+	defer m.wg.Done()
+	t := time.NewTicker(m.cfg.RetentionInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-m.ctx.Done():
+			return
+		case <-t.C:
+		}
+		m.mu.RLock()
+		copies := slices.Collect(maps.Values(m.copies))
+		m.mu.RUnlock()
+		for _, c := range copies {
+			c.applyRetention(time.Now())
+		}
+	}
+}
+
+// errorsIsAny reports whether err matches any target.
+func errorsIsAny(err error, targets ...error) bool {
+	for _, t := range targets {
+		if errors.Is(err, t) {
+			return true
+		}
+	}
+	return false
+}

@@ -1,0 +1,217 @@
+package replica
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/strandhq/strand/services/broker/internal/storage"
+)
+
+// Publish appends records on the owner and returns once the stream's
+// confirm rule holds for all of them (W copies durable, owner included).
+// After the confirm timeout it returns ErrConfirmTimeout; the records may
+// remain, unconfirmed.
+func (m *Manager) Publish(ctx context.Context, stream string, recs []storage.Record) ([]storage.Record, uint64, error) {
+	if m.stopping.Load() {
+		return nil, 0, fmt.Errorf("%w: broker shutting down", ErrUnavailable)
+	}
+	c := m.copy(stream)
+	if c == nil {
+		return nil, 0, m.notHere(stream)
+	}
+	a, tracker, roleCtx, ok := c.ownerRole()
+	if !ok {
+		if s := c.st.State(); s.SealEpoch != 0 {
+			return nil, 0, fmt.Errorf("%w: stream %q sealed at epoch %d for recovery", ErrUnavailable, stream, s.SealEpoch)
+		}
+		return nil, 0, m.notHere(stream)
+	}
+	stored, err := c.st.Append(ctx, a.Epoch, recs)
+	if err != nil {
+		if errorsIsAny(err, storage.ErrSealed, storage.ErrFenced) {
+			return nil, 0, fmt.Errorf("%w: %v", ErrUnavailable, err)
+		}
+		return nil, 0, err
+	}
+	if len(stored) == 0 {
+		return stored, a.Epoch, nil
+	}
+	tail := stored[len(stored)-1].Offset + 1
+	tracker.ownerDurable(tail)
+	if err := waitConfirmed(ctx, roleCtx, tracker, tail, m.cfg.ConfirmTimeout); err != nil {
+		return stored, a.Epoch, err
+	}
+	return stored, a.Epoch, nil
+}
+
+func waitConfirmed(ctx, roleCtx context.Context, tracker *confirmTracker, tail uint64, timeout time.Duration) error {
+	timer := time.NewTimer(timeout)
+	defer timer.Stop()
+	for {
+		wm, changed := tracker.get()
+		if wm >= tail {
+			return nil
+		}
+		select {
+		case <-changed:
+		case <-roleCtx.Done():
+			return fmt.Errorf("%w: owner role ended before the records were confirmed", ErrUnavailable)
+		case <-timer.C:
+			return fmt.Errorf("%w: fewer than W copies held offset %d after %s", ErrConfirmTimeout, tail-1, timeout)
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+}
+
+// ReadResult is a read bounded by the confirm watermark.
+type ReadResult struct {
+	Records   []storage.Record
+	Head      uint64
+	Watermark uint64
+	Next      uint64
+}
+
+// Read returns confirmed records from any copy this broker holds; readers
+// only ever see records below the confirm watermark.
+func (m *Manager) Read(stream string, from uint64, maxRecords, maxBytes int) (ReadResult, error) {
+	c := m.copy(stream)
+	if c == nil {
+		return ReadResult{}, m.notHere(stream)
+	}
+	wm, _, _ := c.visible()
+	return c.readBelow(from, wm, maxRecords, maxBytes)
+}
+
+func (c *Copy) readBelow(from, wm uint64, maxRecords, maxBytes int) (ReadResult, error) {
+	s := c.st.State()
+	if from < s.Head {
+		return ReadResult{}, fmt.Errorf("%w: from_offset %d is below the retained head %d", storage.ErrOutOfRange, from, s.Head)
+	}
+	if from > s.RecordTail {
+		return ReadResult{}, fmt.Errorf("%w: from_offset %d is past the record tail %d", storage.ErrOutOfRange, from, s.RecordTail)
+	}
+	res := ReadResult{Head: s.Head, Watermark: wm, Next: from}
+	if from >= wm {
+		return res, nil
+	}
+	limit := int(min(uint64(maxRecords), wm-from))
+	recs, err := c.st.Read(from, limit, maxBytes)
+	if err != nil {
+		return ReadResult{}, err
+	}
+	res.Records = recs
+	if n := len(recs); n > 0 {
+		res.Next = recs[n-1].Offset + 1
+	}
+	return res, nil
+}
+
+// Subscription reads confirmed records from a copy and waits for more.
+type Subscription struct {
+	c    *Copy
+	next uint64
+}
+
+// Subscribe starts a subscription at from on any copy this broker holds.
+// from of ^uint64(0) means the latest confirmed position.
+func (m *Manager) Subscribe(stream string, from uint64) (*Subscription, error) {
+	c := m.copy(stream)
+	if c == nil {
+		return nil, m.notHere(stream)
+	}
+	s := c.st.State()
+	if from == ^uint64(0) {
+		wm, _, _ := c.visible()
+		from = wm
+	}
+	if from > s.RecordTail {
+		return nil, fmt.Errorf("%w: offset %d is past the record tail %d", storage.ErrOutOfRange, from, s.RecordTail)
+	}
+	return &Subscription{c: c, next: max(from, s.Head)}, nil
+}
+
+// Next blocks until confirmed records at or past the subscription's position
+// exist, then returns up to maxRecords of them. It never polls: it waits on
+// the watermark moving.
+func (s *Subscription) Next(ctx context.Context, maxRecords, maxBytes int) ([]storage.Record, uint64, error) {
+	for {
+		wm, changed, _ := s.c.visible()
+		head := s.c.st.State().Head
+		if s.next < head {
+			// Retention passed the reader: continue at the head, as a
+			// Kafka consumer with auto.offset.reset=earliest does.
+			s.next = head
+		}
+		if s.next < wm {
+			res, err := s.c.readBelow(s.next, wm, maxRecords, maxBytes)
+			if err != nil {
+				if errors.Is(err, storage.ErrOutOfRange) {
+					continue
+				}
+				return nil, wm, err
+			}
+			if len(res.Records) > 0 {
+				s.next = res.Next
+				return res.Records, wm, nil
+			}
+		}
+		select {
+		case <-changed:
+		case <-s.c.done:
+			return nil, wm, fmt.Errorf("%w: copy closed", ErrUnavailable)
+		case <-ctx.Done():
+			return nil, wm, ctx.Err()
+		}
+	}
+}
+
+// CommitCursor moves a named cursor on the owner.
+func (m *Manager) CommitCursor(ctx context.Context, stream, cursor string, position uint64) (storage.CursorEvent, error) {
+	if m.stopping.Load() {
+		return storage.CursorEvent{}, fmt.Errorf("%w: broker shutting down", ErrUnavailable)
+	}
+	c := m.copy(stream)
+	if c == nil {
+		return storage.CursorEvent{}, m.notHere(stream)
+	}
+	a, _, _, ok := c.ownerRole()
+	if !ok {
+		return storage.CursorEvent{}, m.notHere(stream)
+	}
+	ev, err := c.st.CommitCursor(ctx, a.Epoch, cursor, position)
+	if err != nil {
+		if errorsIsAny(err, storage.ErrSealed, storage.ErrFenced) {
+			return storage.CursorEvent{}, fmt.Errorf("%w: %v", ErrUnavailable, err)
+		}
+		return storage.CursorEvent{}, err
+	}
+	c.notifyCursor()
+	return ev, nil
+}
+
+// Cursor returns a named cursor's position from the owner's copy.
+func (m *Manager) Cursor(stream, cursor string) (uint64, bool, error) {
+	c := m.copy(stream)
+	if c == nil {
+		return 0, false, m.notHere(stream)
+	}
+	if _, _, _, ok := c.ownerRole(); !ok {
+		return 0, false, m.notHere(stream)
+	}
+	pos, ok := c.st.Cursor(cursor)
+	return pos, ok, nil
+}
+
+// LocalCursor returns a cursor from whatever copy is here (for Subscribe
+// from a cursor on a follower).
+func (m *Manager) LocalCursor(stream, cursor string) (uint64, bool, error) {
+	c := m.copy(stream)
+	if c == nil {
+		return 0, false, m.notHere(stream)
+	}
+	pos, ok := c.st.Cursor(cursor)
+	return pos, ok, nil
+}

@@ -1,0 +1,43 @@
+// Command strand-broker holds stream copies: publish/read for clients,
+// follow and seal for peers. See docs/CONTRACTS.md for flags.
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+
+	"github.com/strandhq/strand/internal/cluster"
+	"github.com/strandhq/strand/services/broker/app"
+)
+
+func main() {
+	var cfg app.Config
+	var etcd string
+	fs := flag.NewFlagSet("strand-broker", flag.ExitOnError)
+	fs.StringVar(&cfg.Node, "node", "", "node id (required)")
+	fs.StringVar(&cfg.Listen, "listen", "127.0.0.1:7110", "address to serve on")
+	fs.StringVar(&cfg.Advertise, "advertise", "", "address peers and clients use (default: the listen address)")
+	fs.StringVar(&cfg.DataDir, "data-dir", "", "directory for the Badger store (required)")
+	fs.StringVar(&etcd, "etcd", "http://127.0.0.1:2379", "etcd endpoints, comma separated")
+	fs.StringVar(&cfg.Prefix, "prefix", cluster.DefaultPrefix, "etcd key prefix")
+	fs.DurationVar(&cfg.Heartbeat, "heartbeat", 1e9, "heartbeat interval")
+	fs.DurationVar(&cfg.LeaseTTL, "lease-ttl", 3e9, "lease TTL; the broker is lost this long after it stops")
+	fs.DurationVar(&cfg.ConfirmTimeout, "confirm-timeout", 5e9, "how long a publish waits for W copies")
+	fs.IntVar(&cfg.MaxRecordBytes, "max-record-bytes", 1<<20, "largest record accepted")
+	fs.IntVar(&cfg.MaxBatchBytes, "max-batch-bytes", 16<<20, "largest publish batch accepted")
+	fs.IntVar(&cfg.MaxInflightBytes, "max-inflight-bytes", 8<<20, "unacknowledged bytes in flight per follower")
+	fs.StringVar(&cfg.LogLevel, "log-level", "info", "debug, info, warn or error")
+	_ = fs.Parse(os.Args[1:])
+	cfg.Etcd = strings.Split(etcd, ",")
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := app.Run(ctx, cfg); err != nil {
+		fmt.Fprintln(os.Stderr, "strand-broker:", err)
+		os.Exit(1)
+	}
+}
