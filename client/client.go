@@ -1,0 +1,306 @@
+package client
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"net/http"
+	"slices"
+	"sync"
+	"time"
+
+	"connectrpc.com/connect"
+
+	strandv1 "github.com/strandhq/strand/internal/gen/strand/v1"
+	"github.com/strandhq/strand/internal/gen/strand/v1/strandv1connect"
+	"github.com/strandhq/strand/internal/rpcserver"
+)
+
+// Defaults for Config fields left zero.
+const (
+	DefaultRetryBudget     = 30 * time.Second
+	DefaultAttemptTimeout  = 10 * time.Second
+	DefaultLocateTimeout   = time.Second
+	DefaultProbeAfter      = time.Second
+	DefaultBackoffMin      = 20 * time.Millisecond
+	DefaultBackoffMax      = 500 * time.Millisecond
+	DefaultMaxBatchRecords = 1024
+	DefaultMaxBatchBytes   = 4 << 20
+)
+
+// Config configures a Client. Zero fields take the defaults above.
+type Config struct {
+	// Controller is the controller's address (host:port or URL), used by
+	// Admin and to discover brokers when Brokers is empty.
+	Controller string
+	// Brokers are broker addresses to locate owners with; owners and hints
+	// learned later are added to them.
+	Brokers []string
+	// HTTPClient defaults to rpcserver.HTTPClient (h2c).
+	HTTPClient *http.Client
+	// Options are passed to every Connect client.
+	Options []connect.ClientOption
+
+	// Idempotent stamps a producer id and per-stream sequences on published
+	// records so retries are stored once. nil means true.
+	Idempotent *bool
+	// ProducerID is the producer id to stamp; empty picks a random one.
+	ProducerID string
+
+	// RetryBudget bounds retries of a call whose context has no deadline.
+	RetryBudget time.Duration
+	// AttemptTimeout bounds one attempt of a unary call, so a broker that
+	// stopped answering (SIGSTOP, partition) is given up on.
+	AttemptTimeout time.Duration
+	// LocateTimeout bounds one Locate call against one broker.
+	LocateTimeout time.Duration
+	// ProbeAfter is how long an attempt runs before the client also asks
+	// another broker who owns the stream; if the owner moved, the attempt is
+	// abandoned and retried at the new owner.
+	ProbeAfter time.Duration
+	// BackoffMin and BackoffMax bound the jittered exponential backoff.
+	BackoffMin time.Duration
+	BackoffMax time.Duration
+	// MaxBatchRecords and MaxBatchBytes bound the requests an idempotent
+	// client merges concurrent publishes into. A single Publish call larger
+	// than them is still sent whole.
+	MaxBatchRecords int
+	MaxBatchBytes   int
+}
+
+// Bool returns a pointer to v, for Config.Idempotent.
+func Bool(v bool) *bool { return &v }
+
+// ErrNoBrokers is returned when the client knows no broker to ask.
+var ErrNoBrokers = errors.New("client: no broker addresses (set Config.Brokers or Config.Controller)")
+
+// ErrClosed is returned by calls on a closed Client.
+var ErrClosed = errors.New("client: closed")
+
+// Client talks to a Strand cluster. It is safe for concurrent use.
+type Client struct {
+	cfg        Config
+	httpClient *http.Client
+	idempotent bool
+	admin      *adminClient
+
+	// ctx is cancelled by Close; background publish batches run under it.
+	ctx    context.Context
+	cancel context.CancelFunc
+
+	mu        sync.Mutex
+	brokers   []string // known broker addresses, in the order to try them
+	next      int      // rotates the first broker asked by Locate
+	owners    map[string]string
+	streams   map[string]strandv1connect.StreamServiceClient
+	producers map[string]*producer
+}
+
+// New returns a client for the cluster cfg describes. It does not dial.
+func New(cfg Config) (*Client, error) {
+	if cfg.Controller == "" && len(cfg.Brokers) == 0 {
+		return nil, ErrNoBrokers
+	}
+	if cfg.HTTPClient == nil {
+		cfg.HTTPClient = rpcserver.HTTPClient()
+	}
+	setDefault(&cfg.RetryBudget, DefaultRetryBudget)
+	setDefault(&cfg.AttemptTimeout, DefaultAttemptTimeout)
+	setDefault(&cfg.LocateTimeout, DefaultLocateTimeout)
+	setDefault(&cfg.ProbeAfter, DefaultProbeAfter)
+	setDefault(&cfg.BackoffMin, DefaultBackoffMin)
+	setDefault(&cfg.BackoffMax, DefaultBackoffMax)
+	setDefault(&cfg.MaxBatchRecords, DefaultMaxBatchRecords)
+	setDefault(&cfg.MaxBatchBytes, DefaultMaxBatchBytes)
+	if cfg.ProducerID == "" {
+		cfg.ProducerID = randomID()
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	c := &Client{
+		cfg:        cfg,
+		httpClient: cfg.HTTPClient,
+		idempotent: cfg.Idempotent == nil || *cfg.Idempotent,
+		ctx:        ctx,
+		cancel:     cancel,
+		owners:     make(map[string]string),
+		streams:    make(map[string]strandv1connect.StreamServiceClient),
+		producers:  make(map[string]*producer),
+	}
+	for _, b := range cfg.Brokers {
+		c.learnBroker(b)
+	}
+	c.admin = newAdminClient(c)
+	return c, nil
+}
+
+// Close stops background publish batches; calls waiting on them fail with
+// ErrClosed. It does not close the HTTP client's idle connections.
+func (c *Client) Close() error {
+	c.cancel()
+	return nil
+}
+
+// ProducerID is the producer id the client stamps on records of streams that
+// have not had a failed publish (after one, that stream gets a fresh id).
+func (c *Client) ProducerID() string { return c.cfg.ProducerID }
+
+func setDefault[T comparable](v *T, def T) {
+	var zero T
+	if *v == zero {
+		*v = def
+	}
+}
+
+func randomID() string {
+	var b [12]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
+
+// stream returns the StreamService client for a broker address.
+func (c *Client) stream(addr string) strandv1connect.StreamServiceClient {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	sc, ok := c.streams[addr]
+	if !ok {
+		sc = strandv1connect.NewStreamServiceClient(c.httpClient, rpcserver.BaseURL(addr), c.cfg.Options...)
+		c.streams[addr] = sc
+	}
+	return sc
+}
+
+func (c *Client) learnBroker(addr string) {
+	if addr == "" {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !slices.Contains(c.brokers, addr) {
+		c.brokers = append(c.brokers, addr)
+	}
+}
+
+// cachedOwner returns the cached owner address of stream, if any.
+func (c *Client) cachedOwner(stream string) string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.owners[stream]
+}
+
+func (c *Client) setOwner(stream, addr string) {
+	c.learnBroker(addr)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.owners[stream] = addr
+}
+
+// forgetOwner drops the cached owner if it is still addr.
+func (c *Client) forgetOwner(stream, addr string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.owners[stream] == addr {
+		delete(c.owners, stream)
+	}
+}
+
+// brokerOrder returns the known brokers, rotated so successive locates spread
+// over them, with avoid (a broker just suspected) moved last.
+func (c *Client) brokerOrder(avoid string) []string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	n := len(c.brokers)
+	out := make([]string, 0, n)
+	var last []string
+	for i := range n {
+		b := c.brokers[(c.next+i)%n]
+		if b == avoid {
+			last = append(last, b)
+			continue
+		}
+		out = append(out, b)
+	}
+	if n > 0 {
+		c.next = (c.next + 1) % n
+	}
+	return append(out, last...)
+}
+
+// errNoOwner is a retryable condition: the brokers know no owner right now
+// (the stream is being placed or recovered).
+var errNoOwner = errors.New("client: no owner known for the stream")
+
+// Locate asks the known brokers, in turn, who owns stream. It does not retry
+// beyond one pass over the brokers and does not touch the owner cache.
+func (c *Client) Locate(ctx context.Context, stream string) (*strandv1.LocateResponse, error) {
+	return c.locateOnce(ctx, stream, "")
+}
+
+func (c *Client) locateOnce(ctx context.Context, stream, avoid string) (*strandv1.LocateResponse, error) {
+	brokers := c.brokerOrder(avoid)
+	if len(brokers) == 0 {
+		if err := c.discoverBrokers(ctx); err != nil {
+			return nil, err
+		}
+		brokers = c.brokerOrder(avoid)
+	}
+	var errs []error
+	for _, b := range brokers {
+		actx, cancel := context.WithTimeout(ctx, c.cfg.LocateTimeout)
+		res, err := c.stream(b).Locate(actx, connect.NewRequest(&strandv1.LocateRequest{Stream: stream}))
+		cancel()
+		if err == nil {
+			return res.Msg, nil
+		}
+		if ctx.Err() != nil {
+			return nil, errors.Join(ctx.Err(), err)
+		}
+		if !retryable(ctx, err) {
+			// NotFound, InvalidArgument: every broker would say the same.
+			return nil, err
+		}
+		errs = append(errs, fmt.Errorf("%s: %w", b, err))
+	}
+	return nil, errors.Join(errs...)
+}
+
+// discoverBrokers fills the broker list from the controller.
+func (c *Client) discoverBrokers(ctx context.Context) error {
+	if c.cfg.Controller == "" {
+		return ErrNoBrokers
+	}
+	res, err := c.admin.ListBrokers(ctx, connect.NewRequest(&strandv1.ListBrokersRequest{}))
+	if err != nil {
+		return fmt.Errorf("client: discover brokers from the controller: %w", err)
+	}
+	for _, b := range res.Msg.GetBrokers() {
+		if b.GetLive() || b.GetAddress() != "" {
+			c.learnBroker(b.GetAddress())
+		}
+	}
+	c.mu.Lock()
+	n := len(c.brokers)
+	c.mu.Unlock()
+	if n == 0 {
+		return ErrNoBrokers
+	}
+	return nil
+}
+
+// owner returns the owner address for stream, from the cache or by locating.
+func (c *Client) owner(ctx context.Context, stream, avoid string) (string, error) {
+	if addr := c.cachedOwner(stream); addr != "" {
+		return addr, nil
+	}
+	res, err := c.locateOnce(ctx, stream, avoid)
+	if err != nil {
+		return "", err
+	}
+	addr := res.GetOwner().GetAddress()
+	if addr == "" {
+		return "", errNoOwner
+	}
+	c.setOwner(stream, addr)
+	return addr, nil
+}

@@ -1,0 +1,615 @@
+package client
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"connectrpc.com/connect"
+
+	strandv1 "github.com/strandhq/strand/internal/gen/strand/v1"
+	"github.com/strandhq/strand/internal/gen/strand/v1/strandv1connect"
+	"github.com/strandhq/strand/internal/rpcerr"
+	"github.com/strandhq/strand/internal/rpcserver"
+)
+
+// fakeBroker is a StreamService over real loopback HTTP whose answers the
+// test scripts. Unscripted methods answer Unimplemented.
+type fakeBroker struct {
+	strandv1connect.UnimplementedStreamServiceHandler
+	addr string
+
+	locate    func(*strandv1.LocateRequest) (*strandv1.LocateResponse, error)
+	publish   func(*strandv1.PublishRequest) (*strandv1.PublishResponse, error)
+	read      func(*strandv1.ReadRequest) (*strandv1.ReadResponse, error)
+	subscribe func(context.Context, *strandv1.SubscribeRequest, *connect.ServerStream[strandv1.SubscribeResponse]) error
+
+	mu        sync.Mutex
+	published []*strandv1.PublishRequest
+	inflight  int
+	maxFlight int
+}
+
+func startFake(t *testing.T, f *fakeBroker) *fakeBroker {
+	t.Helper()
+	ln, err := rpcserver.Listen("127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	mux := http.NewServeMux()
+	mux.Handle(strandv1connect.NewStreamServiceHandler(f))
+	srv := rpcserver.Serve(ln, mux)
+	t.Cleanup(func() { _ = srv.Close() })
+	f.addr = srv.Addr()
+	return f
+}
+
+func (f *fakeBroker) Locate(_ context.Context, req *connect.Request[strandv1.LocateRequest]) (*connect.Response[strandv1.LocateResponse], error) {
+	if f.locate == nil {
+		return nil, connect.NewError(connect.CodeUnimplemented, errors.New("no locate"))
+	}
+	res, err := f.locate(req.Msg)
+	if err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(res), nil
+}
+
+func (f *fakeBroker) Publish(_ context.Context, req *connect.Request[strandv1.PublishRequest]) (*connect.Response[strandv1.PublishResponse], error) {
+	f.mu.Lock()
+	f.published = append(f.published, req.Msg)
+	f.inflight++
+	f.maxFlight = max(f.maxFlight, f.inflight)
+	f.mu.Unlock()
+	defer func() {
+		f.mu.Lock()
+		f.inflight--
+		f.mu.Unlock()
+	}()
+	if f.publish == nil {
+		return nil, connect.NewError(connect.CodeUnimplemented, errors.New("no publish"))
+	}
+	res, err := f.publish(req.Msg)
+	if err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(res), nil
+}
+
+func (f *fakeBroker) Read(_ context.Context, req *connect.Request[strandv1.ReadRequest]) (*connect.Response[strandv1.ReadResponse], error) {
+	res, err := f.read(req.Msg)
+	if err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(res), nil
+}
+
+func (f *fakeBroker) Subscribe(ctx context.Context, req *connect.Request[strandv1.SubscribeRequest], stream *connect.ServerStream[strandv1.SubscribeResponse]) error {
+	return f.subscribe(ctx, req.Msg, stream)
+}
+
+func (f *fakeBroker) requests() []*strandv1.PublishRequest {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return append([]*strandv1.PublishRequest(nil), f.published...)
+}
+
+func ownedBy(addr string) func(*strandv1.LocateRequest) (*strandv1.LocateResponse, error) {
+	return func(req *strandv1.LocateRequest) (*strandv1.LocateResponse, error) {
+		return &strandv1.LocateResponse{Owner: &strandv1.OwnerHint{Stream: req.GetStream(), Node: "n", Address: addr, Epoch: 1}}, nil
+	}
+}
+
+// appendLog returns a publish handler that stores records at dense offsets.
+func appendLog() func(*strandv1.PublishRequest) (*strandv1.PublishResponse, error) {
+	var mu sync.Mutex
+	var tail uint64
+	return func(req *strandv1.PublishRequest) (*strandv1.PublishResponse, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		res := &strandv1.PublishResponse{Epoch: 1}
+		for range req.GetRecords() {
+			res.Offsets = append(res.Offsets, tail)
+			tail++
+		}
+		return res, nil
+	}
+}
+
+func newTestClient(t *testing.T, cfg Config) *Client {
+	t.Helper()
+	if cfg.BackoffMin == 0 {
+		cfg.BackoffMin, cfg.BackoffMax = time.Millisecond, 10*time.Millisecond
+	}
+	c, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Close() })
+	return c
+}
+
+func recs(payloads ...string) []*strandv1.Record {
+	out := make([]*strandv1.Record, len(payloads))
+	for i, p := range payloads {
+		out[i] = &strandv1.Record{Payload: []byte(p)}
+	}
+	return out
+}
+
+func TestPublishFollowsOwnerHint(t *testing.T) {
+	owner := startFake(t, &fakeBroker{publish: appendLog()})
+	// The first broker believes it owns the stream (a stale view) and, asked
+	// to publish, answers the not-owner hint naming the real owner.
+	stale := startFake(t, &fakeBroker{})
+	stale.locate = ownedBy(stale.addr)
+	stale.publish = func(req *strandv1.PublishRequest) (*strandv1.PublishResponse, error) {
+		return nil, rpcerr.NotOwner(&strandv1.OwnerHint{Stream: req.GetStream(), Node: "b", Address: owner.addr, Epoch: 2})
+	}
+	c := newTestClient(t, Config{Brokers: []string{stale.addr}})
+
+	res, err := c.Publish(context.Background(), "s", recs("a", "b"))
+	if err != nil {
+		t.Fatalf("publish: %v", err)
+	}
+	if got := res.GetOffsets(); len(got) != 2 || got[0] != 0 || got[1] != 1 {
+		t.Fatalf("offsets = %v, want [0 1]", got)
+	}
+	if n := len(stale.requests()); n != 1 {
+		t.Fatalf("stale broker saw %d publishes, want 1", n)
+	}
+	got := owner.requests()
+	if len(got) != 1 {
+		t.Fatalf("owner saw %d publishes, want 1", len(got))
+	}
+	// The redirected attempt carries the same producer id and sequences as
+	// the refused one: a retry is the same publish.
+	first := stale.requests()[0].GetRecords()
+	for i, r := range got[0].GetRecords() {
+		if r.GetProducerId() != c.ProducerID() || r.GetSequence() != uint64(i+1) {
+			t.Errorf("record %d: producer %q seq %d, want %q seq %d", i, r.GetProducerId(), r.GetSequence(), c.ProducerID(), i+1)
+		}
+		if first[i].GetSequence() != r.GetSequence() || first[i].GetProducerId() != r.GetProducerId() {
+			t.Errorf("record %d: retry changed (producer, sequence) from (%q,%d) to (%q,%d)", i, first[i].GetProducerId(), first[i].GetSequence(), r.GetProducerId(), r.GetSequence())
+		}
+	}
+	if c.cachedOwner("s") != owner.addr {
+		t.Fatalf("owner cache = %q, want %q", c.cachedOwner("s"), owner.addr)
+	}
+}
+
+func TestPublishRelocatesOnHintWithoutAddress(t *testing.T) {
+	var locates atomic.Int32
+	owner := startFake(t, &fakeBroker{publish: appendLog()})
+	b := startFake(t, &fakeBroker{})
+	// First Locate says b owns it; b refuses with an address-less hint (it
+	// knows it lost the stream, not who has it); the next Locate is right.
+	b.locate = func(req *strandv1.LocateRequest) (*strandv1.LocateResponse, error) {
+		if locates.Add(1) == 1 {
+			return ownedBy(b.addr)(req)
+		}
+		return ownedBy(owner.addr)(req)
+	}
+	b.publish = func(req *strandv1.PublishRequest) (*strandv1.PublishResponse, error) {
+		return nil, rpcerr.NotOwner(&strandv1.OwnerHint{Stream: req.GetStream()})
+	}
+	c := newTestClient(t, Config{Brokers: []string{b.addr}})
+	if _, err := c.Publish(context.Background(), "s", recs("x")); err != nil {
+		t.Fatalf("publish: %v", err)
+	}
+	if n := locates.Load(); n < 2 {
+		t.Fatalf("located %d times, want a second locate after the address-less hint", n)
+	}
+	if n := len(owner.requests()); n != 1 {
+		t.Fatalf("owner saw %d publishes, want 1", n)
+	}
+}
+
+func TestPublishRetriesUnavailableUntilSuccess(t *testing.T) {
+	var calls atomic.Int32
+	log := appendLog()
+	f := startFake(t, &fakeBroker{})
+	f.locate = ownedBy(f.addr)
+	f.publish = func(req *strandv1.PublishRequest) (*strandv1.PublishResponse, error) {
+		if calls.Add(1) <= 3 {
+			return nil, connect.NewError(connect.CodeUnavailable, errors.New("recovering"))
+		}
+		return log(req)
+	}
+	c := newTestClient(t, Config{Brokers: []string{f.addr}})
+	res, err := c.Publish(context.Background(), "s", recs("r"))
+	if err != nil {
+		t.Fatalf("publish: %v", err)
+	}
+	if len(res.GetOffsets()) != 1 || res.GetOffsets()[0] != 0 {
+		t.Fatalf("offsets = %v, want [0]", res.GetOffsets())
+	}
+	reqs := f.requests()
+	if len(reqs) != 4 {
+		t.Fatalf("broker saw %d attempts, want 4", len(reqs))
+	}
+	for i, r := range reqs {
+		rec := r.GetRecords()[0]
+		if rec.GetProducerId() != c.ProducerID() || rec.GetSequence() != 1 {
+			t.Errorf("attempt %d: (producer, seq) = (%q, %d), want (%q, 1)", i, rec.GetProducerId(), rec.GetSequence(), c.ProducerID())
+		}
+	}
+}
+
+func TestPublishRetriesConnectionRefused(t *testing.T) {
+	// A broker that died: nothing listens at its address any more. Locate
+	// names it once, then the live owner.
+	ln, err := rpcserver.Listen("127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	deadAddr := ln.Addr().String()
+	_ = ln.Close()
+	owner := startFake(t, &fakeBroker{publish: appendLog()})
+	var locates atomic.Int32
+	owner.locate = func(req *strandv1.LocateRequest) (*strandv1.LocateResponse, error) {
+		if locates.Add(1) == 1 {
+			return ownedBy(deadAddr)(req)
+		}
+		return ownedBy(owner.addr)(req)
+	}
+	c := newTestClient(t, Config{Brokers: []string{owner.addr}})
+	if _, err := c.Publish(context.Background(), "s", recs("x")); err != nil {
+		t.Fatalf("publish: %v", err)
+	}
+	if n := locates.Load(); n != 2 {
+		t.Fatalf("located %d times, want 2", n)
+	}
+	if n := len(owner.requests()); n != 1 {
+		t.Fatalf("owner saw %d publishes, want 1", n)
+	}
+}
+
+func TestPublishDeadlineSurfacesLastError(t *testing.T) {
+	f := startFake(t, &fakeBroker{})
+	f.locate = ownedBy(f.addr)
+	f.publish = func(*strandv1.PublishRequest) (*strandv1.PublishResponse, error) {
+		return nil, connect.NewError(connect.CodeUnavailable, errors.New("cannot reach W"))
+	}
+	c := newTestClient(t, Config{Brokers: []string{f.addr}})
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	_, err := c.Publish(ctx, "s", recs("r"))
+	if err == nil {
+		t.Fatal("publish succeeded against a broker that is always unavailable")
+	}
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("error %v does not wrap context.DeadlineExceeded", err)
+	}
+	if elapsed := time.Since(start); elapsed > 3*time.Second {
+		t.Errorf("publish returned after %v, want about the 300ms deadline", elapsed)
+	}
+	if len(f.requests()) < 2 {
+		t.Errorf("broker saw %d attempts, want retries before the deadline", len(f.requests()))
+	}
+}
+
+func TestBatchDeadlineSurfacesLastErrorCode(t *testing.T) {
+	// The same through the direct (non-idempotent) path, where the retry
+	// loop's own error reaches the caller: both the deadline and the last
+	// broker answer are visible.
+	f := startFake(t, &fakeBroker{})
+	f.locate = ownedBy(f.addr)
+	f.publish = func(*strandv1.PublishRequest) (*strandv1.PublishResponse, error) {
+		return nil, connect.NewError(connect.CodeUnavailable, errors.New("cannot reach W"))
+	}
+	c := newTestClient(t, Config{Brokers: []string{f.addr}, Idempotent: Bool(false)})
+	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel()
+	_, err := c.Publish(ctx, "s", recs("r"))
+	if !errors.Is(err, context.DeadlineExceeded) || connect.CodeOf(err) != connect.CodeUnavailable {
+		t.Fatalf("err = %v (code %v), want deadline exceeded wrapping Unavailable", err, connect.CodeOf(err))
+	}
+	if r := f.requests()[0].GetRecords()[0]; r.GetProducerId() != "" || r.GetSequence() != 0 {
+		t.Fatalf("non-idempotent client stamped (%q, %d)", r.GetProducerId(), r.GetSequence())
+	}
+}
+
+func TestPublishDoesNotRetryInvalidArgument(t *testing.T) {
+	f := startFake(t, &fakeBroker{})
+	f.locate = ownedBy(f.addr)
+	f.publish = func(*strandv1.PublishRequest) (*strandv1.PublishResponse, error) {
+		return nil, rpcerr.InvalidArgument("records", "record too large")
+	}
+	c := newTestClient(t, Config{Brokers: []string{f.addr}})
+	_, err := c.Publish(context.Background(), "s", recs("r"))
+	if connect.CodeOf(err) != connect.CodeInvalidArgument {
+		t.Fatalf("err = %v, want InvalidArgument", err)
+	}
+	if n := len(f.requests()); n != 1 {
+		t.Fatalf("broker saw %d attempts, want 1", n)
+	}
+	// A failed batch gives the stream a fresh producer id so the next
+	// publish starts a new sequence rather than leaving a gap.
+	f.publish = appendLog()
+	if _, err := c.Publish(context.Background(), "s", recs("r2")); err != nil {
+		t.Fatal(err)
+	}
+	r := f.requests()[1].GetRecords()[0]
+	if r.GetProducerId() == c.ProducerID() || r.GetProducerId() == "" || r.GetSequence() != 1 {
+		t.Fatalf("after a failed batch: (producer, seq) = (%q, %d), want a new producer at 1", r.GetProducerId(), r.GetSequence())
+	}
+}
+
+func TestConcurrentPublishesKeepSequencesInOrder(t *testing.T) {
+	release := make(chan struct{})
+	log := appendLog()
+	var first atomic.Bool
+	f := startFake(t, &fakeBroker{})
+	f.locate = ownedBy(f.addr)
+	f.publish = func(req *strandv1.PublishRequest) (*strandv1.PublishResponse, error) {
+		if first.CompareAndSwap(false, true) {
+			<-release // hold the first batch so the others queue up behind it
+		}
+		return log(req)
+	}
+	c := newTestClient(t, Config{Brokers: []string{f.addr}})
+	const n = 64
+	var wg sync.WaitGroup
+	offsets := make([]uint64, n)
+	errs := make([]error, n)
+	for i := range n {
+		wg.Go(func() {
+			res, err := c.Publish(context.Background(), "s", recs(fmt.Sprint(i)))
+			errs[i] = err
+			if err == nil {
+				offsets[i] = res.GetOffsets()[0]
+			}
+		})
+	}
+	// Wait until the first request is in flight and the others queued.
+	waitFor(t, 5*time.Second, "publishes queued behind the first batch", func() bool {
+		reqs := f.requests()
+		return len(reqs) == 1 && queued(c, "s") == n-len(reqs[0].GetRecords())
+	})
+	close(release)
+	wg.Wait()
+	seen := map[uint64]bool{}
+	for i, err := range errs {
+		if err != nil {
+			t.Fatalf("publish %d: %v", i, err)
+		}
+		if seen[offsets[i]] {
+			t.Fatalf("offset %d returned twice", offsets[i])
+		}
+		seen[offsets[i]] = true
+	}
+	reqs := f.requests()
+	if len(reqs) >= n {
+		t.Errorf("%d requests for %d concurrent publishes: nothing was batched", len(reqs), n)
+	}
+	var want uint64 = 1
+	for _, r := range reqs {
+		for _, rec := range r.GetRecords() {
+			if rec.GetSequence() != want {
+				t.Fatalf("sequence %d on the wire, want %d", rec.GetSequence(), want)
+			}
+			want++
+		}
+	}
+	f.mu.Lock()
+	maxFlight := f.maxFlight
+	f.mu.Unlock()
+	if maxFlight != 1 {
+		t.Fatalf("%d publish requests in flight at once, want 1", maxFlight)
+	}
+}
+
+func queued(c *Client, stream string) int {
+	p := c.producer(stream)
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return len(p.queue)
+}
+
+// waitFor polls cond until it holds or the deadline passes.
+func waitFor(t *testing.T, within time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	tick := time.NewTicker(time.Millisecond)
+	defer tick.Stop()
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		<-tick.C
+	}
+}
+
+func TestReadFollowsHint(t *testing.T) {
+	owner := startFake(t, &fakeBroker{})
+	owner.read = func(req *strandv1.ReadRequest) (*strandv1.ReadResponse, error) {
+		return &strandv1.ReadResponse{Records: []*strandv1.StoredRecord{{Offset: req.GetFromOffset(), Payload: []byte("x")}}, NextOffset: req.GetFromOffset() + 1}, nil
+	}
+	stale := startFake(t, &fakeBroker{})
+	stale.locate = ownedBy(stale.addr)
+	stale.read = func(req *strandv1.ReadRequest) (*strandv1.ReadResponse, error) {
+		return nil, rpcerr.NotOwner(&strandv1.OwnerHint{Stream: req.GetStream(), Node: "o", Address: owner.addr, Epoch: 3})
+	}
+	c := newTestClient(t, Config{Brokers: []string{stale.addr}})
+	res, err := c.Read(context.Background(), &strandv1.ReadRequest{Stream: "s", FromOffset: 7})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res.GetRecords()) != 1 || res.GetRecords()[0].GetOffset() != 7 {
+		t.Fatalf("read = %v, want one record at 7", res.GetRecords())
+	}
+}
+
+func TestSubscribeResumesWithoutGapsOrDuplicates(t *testing.T) {
+	var mu sync.Mutex
+	var starts []*strandv1.SubscribeRequest
+	f := startFake(t, &fakeBroker{})
+	f.locate = ownedBy(f.addr)
+	f.subscribe = func(ctx context.Context, req *strandv1.SubscribeRequest, stream *connect.ServerStream[strandv1.SubscribeResponse]) error {
+		mu.Lock()
+		starts = append(starts, req)
+		n := len(starts)
+		mu.Unlock()
+		send := func(from, to uint64) error {
+			msg := &strandv1.SubscribeResponse{ConfirmWatermark: to}
+			for o := from; o < to; o++ {
+				msg.Records = append(msg.Records, &strandv1.StoredRecord{Offset: o, Payload: fmt.Appendf(nil, "r%d", o)})
+			}
+			return stream.Send(msg)
+		}
+		switch n {
+		case 1:
+			// 0..4, then the owner goes away.
+			if err := send(0, 5); err != nil {
+				return err
+			}
+			return connect.NewError(connect.CodeUnavailable, errors.New("owner lost"))
+		case 2:
+			// A new owner that repeats from 3 (a resumed reader may see
+			// records again) and carries on to 10.
+			if err := send(3, 10); err != nil {
+				return err
+			}
+			<-ctx.Done()
+			return ctx.Err()
+		}
+		return connect.NewError(connect.CodeInternal, errors.New("unexpected third subscribe"))
+	}
+	c := newTestClient(t, Config{Brokers: []string{f.addr}})
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	sub := c.Subscribe(ctx, "s", SubscribeOptions{Start: strandv1.StartPosition_START_POSITION_EARLIEST})
+	defer sub.Close()
+	var got []uint64
+	for len(got) < 10 {
+		batch, err := sub.Recv()
+		if err != nil {
+			t.Fatalf("recv after %v: %v", got, err)
+		}
+		for _, r := range batch {
+			got = append(got, r.GetOffset())
+		}
+	}
+	for i, o := range got {
+		if o != uint64(i) {
+			t.Fatalf("delivered offsets %v, want 0..9 once each", got)
+		}
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(starts) != 2 {
+		t.Fatalf("%d subscribes, want 2", len(starts))
+	}
+	if s := starts[1]; s.GetStart() != strandv1.StartPosition_START_POSITION_OFFSET || s.GetOffset() != 5 {
+		t.Fatalf("resumed with %v, want START_POSITION_OFFSET at 5", s)
+	}
+}
+
+// fakeController is an AdminService whose ListBrokers the test scripts.
+type fakeController struct {
+	strandv1connect.UnimplementedAdminServiceHandler
+	listBrokers func() (*strandv1.ListBrokersResponse, error)
+	calls       atomic.Int32
+}
+
+func (f *fakeController) ListBrokers(context.Context, *connect.Request[strandv1.ListBrokersRequest]) (*connect.Response[strandv1.ListBrokersResponse], error) {
+	f.calls.Add(1)
+	res, err := f.listBrokers()
+	if err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(res), nil
+}
+
+func startController(t *testing.T, f *fakeController) string {
+	t.Helper()
+	ln, err := rpcserver.Listen("127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	mux := http.NewServeMux()
+	mux.Handle(strandv1connect.NewAdminServiceHandler(f))
+	srv := rpcserver.Serve(ln, mux)
+	t.Cleanup(func() { _ = srv.Close() })
+	return srv.Addr()
+}
+
+func TestAdminFollowsControllerLeader(t *testing.T) {
+	leader := &fakeController{listBrokers: func() (*strandv1.ListBrokersResponse, error) {
+		return &strandv1.ListBrokersResponse{Brokers: []*strandv1.Broker{{Node: "broker-1", Address: "127.0.0.1:1", Live: true}}}, nil
+	}}
+	leaderAddr := startController(t, leader)
+	follower := &fakeController{listBrokers: func() (*strandv1.ListBrokersResponse, error) {
+		return nil, connect.NewError(connect.CodeUnavailable, fmt.Errorf("not the controller leader; leader is at %s", leaderAddr))
+	}}
+	followerAddr := startController(t, follower)
+	c := newTestClient(t, Config{Controller: followerAddr})
+	res, err := c.Admin().ListBrokers(context.Background(), connect.NewRequest(&strandv1.ListBrokersRequest{}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res.Msg.GetBrokers()) != 1 || res.Msg.GetBrokers()[0].GetNode() != "broker-1" {
+		t.Fatalf("brokers = %v", res.Msg.GetBrokers())
+	}
+	if follower.calls.Load() != 1 || leader.calls.Load() != 1 {
+		t.Fatalf("calls: follower %d leader %d, want 1 and 1", follower.calls.Load(), leader.calls.Load())
+	}
+}
+
+func TestBrokersDiscoveredFromController(t *testing.T) {
+	f := startFake(t, &fakeBroker{publish: appendLog()})
+	f.locate = ownedBy(f.addr)
+	ctrl := startController(t, &fakeController{listBrokers: func() (*strandv1.ListBrokersResponse, error) {
+		return &strandv1.ListBrokersResponse{Brokers: []*strandv1.Broker{{Node: "broker-1", Address: f.addr, Live: true}}}, nil
+	}})
+	c := newTestClient(t, Config{Controller: ctrl})
+	if _, err := c.Publish(context.Background(), "s", recs("x")); err != nil {
+		t.Fatal(err)
+	}
+	if n := len(f.requests()); n != 1 {
+		t.Fatalf("broker saw %d publishes, want 1", n)
+	}
+}
+
+func TestBackoffBounds(t *testing.T) {
+	b := &backoff{min: 20 * time.Millisecond, max: 500 * time.Millisecond}
+	prevCap := time.Duration(0)
+	for i := range 20 {
+		d := b.next()
+		if d < b.cur/2 || d > b.cur {
+			t.Fatalf("step %d: wait %v outside [%v, %v]", i, d, b.cur/2, b.cur)
+		}
+		if b.cur < prevCap || b.cur > 500*time.Millisecond {
+			t.Fatalf("step %d: cap %v after %v", i, b.cur, prevCap)
+		}
+		prevCap = b.cur
+	}
+	if b.cur != 500*time.Millisecond {
+		t.Fatalf("cap %v after 20 steps, want 500ms", b.cur)
+	}
+}
+
+func TestLeaderHint(t *testing.T) {
+	for _, c := range []struct {
+		err  error
+		want string
+		ok   bool
+	}{
+		{connect.NewError(connect.CodeUnavailable, errors.New("not the controller leader; leader is at 10.0.0.1:7102")), "10.0.0.1:7102", true},
+		{connect.NewError(connect.CodeUnavailable, errors.New("not the controller leader; leader is at ")), "", false},
+		{connect.NewError(connect.CodeFailedPrecondition, errors.New("leader is at x:1")), "", false},
+		{errors.New("leader is at x:1"), "", false},
+	} {
+		got, ok := LeaderHint(c.err)
+		if got != c.want || ok != c.ok {
+			t.Errorf("LeaderHint(%v) = %q, %v; want %q, %v", c.err, got, ok, c.want, c.ok)
+		}
+	}
+}

@@ -1,0 +1,198 @@
+package client
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"connectrpc.com/connect"
+
+	strandv1 "github.com/strandhq/strand/internal/gen/strand/v1"
+	"github.com/strandhq/strand/internal/gen/strand/v1/strandv1connect"
+)
+
+// Publish appends records to stream and returns once the stream's confirm
+// policy holds for all of them; res.Offsets[i] is the offset of records[i].
+// The records are not modified. With Config.Idempotent (the default) the
+// client stamps each record that has no producer id of its own, and a
+// duplicate answer (res.Duplicate[i]) means the record had been stored by an
+// earlier attempt, at res.Offsets[i].
+//
+// An error after the retry budget leaves the outcome unknown: some records
+// may be stored. The client then gives the stream a fresh producer id, so the
+// next publish cannot trip over a sequence the broker never saw.
+func (c *Client) Publish(ctx context.Context, stream string, records []*strandv1.Record) (*strandv1.PublishResponse, error) {
+	if len(records) == 0 {
+		return nil, connect.NewError(connect.CodeInvalidArgument, errors.New("records: empty batch"))
+	}
+	if !c.idempotent {
+		return c.publishBatch(ctx, stream, records)
+	}
+	p := c.producer(stream)
+	pp := &pendingPublish{ctx: ctx, res: make(chan publishResult, 1)}
+	pp.records = make([]*strandv1.Record, len(records))
+	for i, r := range records {
+		// A shallow copy: the stamp must not race with a caller that
+		// reuses its records; payload and headers are only read.
+		pp.records[i] = &strandv1.Record{
+			Payload:    r.GetPayload(),
+			Headers:    r.GetHeaders(),
+			ProducerId: r.GetProducerId(),
+			Sequence:   r.GetSequence(),
+		}
+		pp.bytes += len(r.GetPayload())
+	}
+	p.enqueue(pp)
+	select {
+	case r := <-pp.res:
+		return r.res, r.err
+	case <-ctx.Done():
+		return nil, fmt.Errorf("client: publish %q: %w (the records may still be stored)", stream, ctx.Err())
+	case <-c.ctx.Done():
+		return nil, ErrClosed
+	}
+}
+
+// publishBatch sends one publish request with retries.
+func (c *Client) publishBatch(ctx context.Context, stream string, records []*strandv1.Record) (*strandv1.PublishResponse, error) {
+	var out *strandv1.PublishResponse
+	err := c.call(ctx, "publish", stream, func(ctx context.Context, sc strandv1connect.StreamServiceClient) error {
+		res, err := sc.Publish(ctx, connect.NewRequest(&strandv1.PublishRequest{Stream: stream, Records: records}))
+		if err != nil {
+			return err
+		}
+		if n := len(res.Msg.GetOffsets()); n != len(records) {
+			return connect.NewError(connect.CodeInternal, fmt.Errorf("client: publish answered %d offsets for %d records", n, len(records)))
+		}
+		out = res.Msg
+		return nil
+	})
+	return out, err
+}
+
+type publishResult struct {
+	res *strandv1.PublishResponse
+	err error
+}
+
+// pendingPublish is one Publish call waiting for its batch.
+type pendingPublish struct {
+	ctx     context.Context
+	records []*strandv1.Record
+	bytes   int
+	res     chan publishResult // buffered: the sender never blocks on a caller that left
+}
+
+// producer orders one stream's idempotent publishes: sequences are assigned
+// when a batch is formed and only one batch is in flight, so the broker sees
+// each producer's sequences in order and a retried batch carries the same
+// sequences as the first attempt (issue 7).
+type producer struct {
+	c      *Client
+	stream string
+
+	mu      sync.Mutex
+	id      string
+	seq     uint64 // last sequence assigned
+	queue   []*pendingPublish
+	sending bool
+}
+
+func (c *Client) producer(stream string) *producer {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	p, ok := c.producers[stream]
+	if !ok {
+		p = &producer{c: c, stream: stream, id: c.cfg.ProducerID}
+		c.producers[stream] = p
+	}
+	return p
+}
+
+func (p *producer) enqueue(pp *pendingPublish) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.queue = append(p.queue, pp)
+	if !p.sending {
+		p.sending = true
+		go p.run()
+	}
+}
+
+// run sends batches until the queue is empty.
+func (p *producer) run() {
+	for {
+		batch, records, deadline := p.take()
+		if len(batch) == 0 {
+			return
+		}
+		ctx, cancel := context.WithDeadline(p.c.ctx, deadline)
+		res, err := p.c.publishBatch(ctx, p.stream, records)
+		cancel()
+		if err != nil {
+			p.mu.Lock()
+			p.id, p.seq = randomID(), 0
+			p.mu.Unlock()
+			for _, pp := range batch {
+				pp.res <- publishResult{err: err}
+			}
+			continue
+		}
+		i := 0
+		for _, pp := range batch {
+			n := len(pp.records)
+			part := &strandv1.PublishResponse{Offsets: res.GetOffsets()[i : i+n], Epoch: res.GetEpoch()}
+			if d := res.GetDuplicate(); len(d) == len(res.GetOffsets()) {
+				part.Duplicate = d[i : i+n]
+			}
+			pp.res <- publishResult{res: part}
+			i += n
+		}
+	}
+}
+
+// take forms the next batch from whole Publish calls within the batch
+// limits, stamps it, and returns the latest deadline among its callers. It
+// clears sending when there is nothing left, under the same lock as enqueue.
+func (p *producer) take() (batch []*pendingPublish, records []*strandv1.Record, deadline time.Time) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	cfg := p.c.cfg
+	bytes := 0
+	rest := p.queue[:0]
+	for i, pp := range p.queue {
+		if err := pp.ctx.Err(); err != nil {
+			pp.res <- publishResult{err: err}
+			continue
+		}
+		if len(batch) > 0 && (len(records)+len(pp.records) > cfg.MaxBatchRecords || bytes+pp.bytes > cfg.MaxBatchBytes) {
+			rest = append(rest, p.queue[i:]...)
+			break
+		}
+		batch = append(batch, pp)
+		records = append(records, pp.records...)
+		bytes += pp.bytes
+		d, ok := pp.ctx.Deadline()
+		if !ok {
+			d = time.Now().Add(cfg.RetryBudget)
+		}
+		if d.After(deadline) {
+			deadline = d
+		}
+	}
+	clear(p.queue[len(rest):])
+	p.queue = rest
+	if len(batch) == 0 {
+		p.sending = false
+		return nil, nil, time.Time{}
+	}
+	for _, r := range records {
+		if r.ProducerId == "" {
+			p.seq++
+			r.ProducerId, r.Sequence = p.id, p.seq
+		}
+	}
+	return batch, records, deadline
+}
