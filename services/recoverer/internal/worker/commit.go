@@ -1,0 +1,53 @@
+package worker
+
+import (
+	"context"
+	"fmt"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/strandhq/strand/internal/cluster"
+)
+
+// commit writes a promotion with one guarded transaction (seed, "Stream
+// failover": "One guarded consensus write commits the new assignment, clears
+// the pending recovery and appends where the new owner's history starts").
+//
+// It compares the mod revisions snap was read at (the assignment, the
+// recovery, and the history starts, which must still be absent if they
+// were) and the leader key's create revision. So exactly one writer wins:
+// a racing recoverer, a controller change or an operator action in between
+// makes it fail, and the loser reads again; a deposed leader cannot commit.
+//
+// committed is false when a compare failed; err is errDeposed when the
+// failed compare was the leader key's.
+func commit(ctx context.Context, cli *clientv3.Client, schema cluster.Schema, snap snapshot, leader Leader, next cluster.Assignment, starts cluster.HistoryStarts) (committed bool, err error) {
+	aKey, rKey, hKey := schema.AssignmentKey(snap.stream), schema.RecoveryKey(snap.stream), schema.HistoryKey(snap.stream)
+	history := clientv3.Compare(clientv3.ModRevision(hKey), "=", snap.historyRev)
+	if snap.historyRev == 0 {
+		history = clientv3.Compare(clientv3.CreateRevision(hKey), "=", 0)
+	}
+	resp, err := cli.Txn(ctx).If(
+		clientv3.Compare(clientv3.ModRevision(aKey), "=", snap.assignmentRev),
+		clientv3.Compare(clientv3.ModRevision(rKey), "=", snap.recoveryRev),
+		history,
+		leader.guard(),
+	).Then(
+		clientv3.OpPut(aKey, cluster.Encode(next)),
+		clientv3.OpDelete(rKey),
+		clientv3.OpPut(hKey, cluster.Encode(starts)),
+	).Else(
+		clientv3.OpGet(leader.Key),
+	).Commit()
+	if err != nil {
+		return false, fmt.Errorf("worker: commit %s: %w", snap.stream, err)
+	}
+	if resp.Succeeded {
+		return true, nil
+	}
+	kvs := resp.Responses[0].GetResponseRange().GetKvs()
+	if len(kvs) == 0 || kvs[0].CreateRevision != leader.Rev {
+		return false, errDeposed
+	}
+	return false, nil
+}

@@ -1,0 +1,84 @@
+package worker
+
+import (
+	"context"
+	"fmt"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/strandhq/strand/internal/cluster"
+)
+
+// snapshot is what one recovery attempt reads: the assignment, the pending
+// recovery and the history starts at ONE etcd revision, with the mod
+// revisions the guarded commit compares. The starts must come from the same
+// snapshot the commit checks, or a start recorded in between could be
+// missed (seed, "The confirmed prefix").
+type snapshot struct {
+	stream string
+	// rev is the revision everything was read at.
+	rev int64
+
+	assignment    cluster.Assignment
+	assignmentRev int64 // mod revision; 0 when there is no assignment
+	recovery      cluster.Recovery
+	recoveryRev   int64 // mod revision; 0 when no recovery is pending
+	history       cluster.HistoryStarts
+	historyRev    int64 // mod revision; 0 when the stream has no starts yet
+
+	// brokers maps registered node ids to their addresses. Addresses only
+	// say where to send seals, so they carry no safety weight, but reading
+	// them here costs nothing.
+	brokers map[string]string
+}
+
+func (s snapshot) hasRecovery() bool   { return s.recoveryRev != 0 }
+func (s snapshot) hasAssignment() bool { return s.assignmentRev != 0 }
+
+// readSnapshot reads one stream's recovery state in a single transaction, so
+// every value is from the same revision.
+func readSnapshot(ctx context.Context, cli *clientv3.Client, schema cluster.Schema, stream string) (snapshot, error) {
+	resp, err := cli.Txn(ctx).Then(
+		clientv3.OpGet(schema.AssignmentKey(stream)),
+		clientv3.OpGet(schema.RecoveryKey(stream)),
+		clientv3.OpGet(schema.HistoryKey(stream)),
+		clientv3.OpGet(schema.BrokersDir(), clientv3.WithPrefix()),
+	).Commit()
+	if err != nil {
+		return snapshot{}, fmt.Errorf("worker: read %s: %w", stream, err)
+	}
+	snap := snapshot{stream: stream, rev: resp.Header.Revision, brokers: map[string]string{}}
+	if kvs := resp.Responses[0].GetResponseRange().GetKvs(); len(kvs) == 1 {
+		if snap.assignment, err = cluster.Decode[cluster.Assignment](kvs[0].Value); err != nil {
+			return snapshot{}, fmt.Errorf("worker: assignment of %s: %w", stream, err)
+		}
+		snap.assignmentRev = kvs[0].ModRevision
+	}
+	if kvs := resp.Responses[1].GetResponseRange().GetKvs(); len(kvs) == 1 {
+		if snap.recovery, err = cluster.Decode[cluster.Recovery](kvs[0].Value); err != nil {
+			return snapshot{}, fmt.Errorf("worker: recovery of %s: %w", stream, err)
+		}
+		snap.recoveryRev = kvs[0].ModRevision
+	}
+	if kvs := resp.Responses[2].GetResponseRange().GetKvs(); len(kvs) == 1 {
+		// An unreadable list withholds the commit: without it the confirmed
+		// prefix cannot be checked (seed, "Copies with a longer tail").
+		if snap.history, err = cluster.Decode[cluster.HistoryStarts](kvs[0].Value); err != nil {
+			return snapshot{}, fmt.Errorf("worker: history starts of %s: %w", stream, err)
+		}
+		snap.historyRev = kvs[0].ModRevision
+	}
+	for _, kv := range resp.Responses[3].GetResponseRange().GetKvs() {
+		node, err := cluster.NameIn(schema.BrokersDir(), string(kv.Key))
+		if err != nil {
+			continue
+		}
+		info, err := cluster.Decode[cluster.BrokerInfo](kv.Value)
+		if err != nil || info.Address == "" {
+			// A broker we cannot reach simply does not answer its seal.
+			continue
+		}
+		snap.brokers[node] = info.Address
+	}
+	return snap, nil
+}
