@@ -1,0 +1,315 @@
+// Package app is the embeddable strand-controller: Start serves the admin
+// API and campaigns for leadership; only the leader serves AdminService and
+// runs the liveness loop (docs/CONTRACTS.md, "Controller leadership").
+package app
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"sync"
+	"time"
+
+	"connectrpc.com/grpchealth"
+	"github.com/rs/zerolog"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.etcd.io/etcd/client/v3/concurrency"
+	"go.uber.org/zap"
+
+	"github.com/strandhq/strand/internal/cluster"
+	"github.com/strandhq/strand/internal/gen/strand/v1/strandv1connect"
+	"github.com/strandhq/strand/internal/logging"
+	"github.com/strandhq/strand/internal/rpcserver"
+	"github.com/strandhq/strand/services/controller/internal/admin"
+	"github.com/strandhq/strand/services/controller/internal/leader"
+	"github.com/strandhq/strand/services/controller/internal/liveness"
+)
+
+// Config configures a controller. Zero fields take the defaults of
+// docs/CONTRACTS.md.
+type Config struct {
+	// Name identifies this controller in logs (default: hostname).
+	Name string
+	// Listen is the address to serve on (default 127.0.0.1:7102).
+	Listen string
+	// Advertise is the address other parties reach this controller at,
+	// the value it campaigns with (default: the bound listen address).
+	Advertise string
+	// Etcd lists the etcd endpoints (default http://127.0.0.1:2379).
+	Etcd []string
+	// Prefix roots the etcd schema (default /strand).
+	Prefix string
+	// DefaultPolicy is the cluster assignment policy (default majority_durable).
+	DefaultPolicy cluster.Policy
+	// OwnerProbeGrace bounds the probe of a suspected owner (default 300ms).
+	OwnerProbeGrace time.Duration
+	// SessionTTL is the election lease TTL in seconds (default 3).
+	SessionTTL int
+	// LogLevel and LogWriter configure logging (info, stderr).
+	LogLevel  string
+	LogWriter io.Writer
+	// Probe overrides the owner probe (tests).
+	Probe liveness.Prober
+}
+
+func (c *Config) fill() error {
+	if c.Name == "" {
+		c.Name, _ = os.Hostname()
+	}
+	if c.Listen == "" {
+		c.Listen = "127.0.0.1:7102"
+	}
+	if len(c.Etcd) == 0 {
+		c.Etcd = []string{"http://127.0.0.1:2379"}
+	}
+	if c.Prefix == "" {
+		c.Prefix = cluster.DefaultPrefix
+	}
+	if c.DefaultPolicy == (cluster.Policy{}) {
+		c.DefaultPolicy = cluster.DefaultPolicy
+	}
+	if err := c.DefaultPolicy.Validate(); err != nil {
+		return fmt.Errorf("controller: default policy: %w", err)
+	}
+	if c.OwnerProbeGrace <= 0 {
+		c.OwnerProbeGrace = 300 * time.Millisecond
+	}
+	if c.SessionTTL <= 0 {
+		c.SessionTTL = 3
+	}
+	return nil
+}
+
+// App is a running controller.
+type App struct {
+	cfg     Config
+	log     zerolog.Logger
+	cli     *clientv3.Client
+	schema  cluster.Schema
+	gate    *leader.Gate
+	checker *grpchealth.StaticChecker
+	srv     *rpcserver.Server
+	addr    string
+
+	ready     chan struct{}
+	readyOnce sync.Once
+	errc      chan error
+	cancel    context.CancelFunc
+	campaign  chan struct{}
+	closeOnce sync.Once
+	closeErr  error
+}
+
+// Start connects to etcd, serves on the listen address and campaigns for
+// leadership in the background.
+func Start(ctx context.Context, cfg Config) (*App, error) {
+	if err := cfg.fill(); err != nil {
+		return nil, err
+	}
+	log := logging.New(cfg.LogWriter, "controller", cfg.LogLevel).With().Str("name", cfg.Name).Logger()
+	cli, err := clientv3.New(clientv3.Config{Endpoints: cfg.Etcd, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+	if err != nil {
+		return nil, fmt.Errorf("controller: etcd client: %w", err)
+	}
+	ln, err := rpcserver.Listen(cfg.Listen)
+	if err != nil {
+		_ = cli.Close()
+		return nil, fmt.Errorf("controller: listen: %w", err)
+	}
+	addr := ln.Addr().String()
+	if cfg.Advertise == "" {
+		cfg.Advertise = advertiseOf(addr)
+	}
+	schema := cluster.NewSchema(cfg.Prefix)
+	a := &App{
+		cfg: cfg, log: log, cli: cli, schema: schema, addr: addr,
+		gate:     leader.NewGate(cli, schema.ControllerElection()),
+		ready:    make(chan struct{}),
+		errc:     make(chan error, 1),
+		campaign: make(chan struct{}),
+	}
+	svc := admin.New(admin.Config{Client: cli, Schema: schema, Gate: a.gate, DefaultPolicy: cfg.DefaultPolicy, Log: log})
+	mux, checker := rpcserver.Mux(strandv1connect.AdminServiceName)
+	checker.SetStatus(strandv1connect.AdminServiceName, grpchealth.StatusNotServing)
+	a.checker = checker
+	mux.Handle(strandv1connect.NewAdminServiceHandler(svc))
+	a.srv = rpcserver.Serve(ln, mux)
+
+	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	a.cancel = cancel
+	go a.watchServer()
+	go a.campaignLoop(runCtx)
+	log.Info().Str(logging.Addr, addr).Str("advertise", cfg.Advertise).Msg("controller serving; campaigning for leadership")
+	return a, nil
+}
+
+// advertiseOf turns a bound address into one peers can dial: an unspecified
+// host becomes loopback.
+func advertiseOf(addr string) string {
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return addr
+	}
+	if ip := net.ParseIP(host); ip == nil || ip.IsUnspecified() {
+		host = "127.0.0.1"
+	}
+	return net.JoinHostPort(host, port)
+}
+
+// Addr is the address the controller serves on.
+func (a *App) Addr() string { return a.addr }
+
+// Ready is closed once the controller serves and has joined the election.
+func (a *App) Ready() <-chan struct{} { return a.ready }
+
+// Err delivers a fatal error after Start.
+func (a *App) Err() <-chan error { return a.errc }
+
+// Leading reports whether this controller currently leads.
+func (a *App) Leading() bool { return a.gate.Term() != nil }
+
+func (a *App) fail(err error) {
+	select {
+	case a.errc <- err:
+	default:
+	}
+}
+
+func (a *App) watchServer() {
+	if err := <-a.srv.Done(); err != nil {
+		a.fail(fmt.Errorf("controller: serve: %w", err))
+	}
+}
+
+// errLostLeadership ends a term that ended on its own.
+var errLostLeadership = errors.New("controller: leadership lost")
+
+// campaignLoop campaigns, leads until the term ends, and campaigns again.
+func (a *App) campaignLoop(ctx context.Context) {
+	defer close(a.campaign)
+	backoff := 100 * time.Millisecond
+	for ctx.Err() == nil {
+		err := a.lead(ctx)
+		if ctx.Err() != nil {
+			return
+		}
+		a.log.Warn().Err(err).Dur("backoff", backoff).Msg("controller term ended; campaigning again")
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(backoff):
+		}
+		backoff = min(2*backoff, 2*time.Second)
+	}
+}
+
+// lead runs one session: campaign, then lead until the session, the
+// election key or ctx ends.
+func (a *App) lead(ctx context.Context) error {
+	sess, err := concurrency.NewSession(a.cli, concurrency.WithTTL(a.cfg.SessionTTL), concurrency.WithContext(ctx))
+	if err != nil {
+		return fmt.Errorf("controller: election session: %w", err)
+	}
+	// Revoking the session's lease deletes the election key, so another
+	// controller takes over at once. The session's own Close would revoke
+	// with ctx, which is already cancelled when the controller closes.
+	defer func() {
+		sess.Orphan()
+		rctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		_, _ = a.cli.Revoke(rctx, sess.Lease())
+	}()
+	a.readyOnce.Do(func() { close(a.ready) })
+
+	cctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go func() {
+		select {
+		case <-sess.Done():
+			cancel()
+		case <-cctx.Done():
+		}
+	}()
+	el := concurrency.NewElection(sess, a.schema.ControllerElection())
+	if err := el.Campaign(cctx, a.cfg.Advertise); err != nil {
+		return fmt.Errorf("controller: campaign: %w", err)
+	}
+
+	done := make(chan struct{})
+	term := leader.NewTerm(a.cli, el.Key(), el.Rev(), done)
+	a.gate.Set(term)
+	a.checker.SetStatus(strandv1connect.AdminServiceName, grpchealth.StatusServing)
+	a.log.Info().Str(logging.Addr, a.cfg.Advertise).Msg("controller leads")
+
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		_ = liveness.Run(cctx, liveness.Config{
+			Client: a.cli, Schema: a.schema, Log: a.log, ProbeGrace: a.cfg.OwnerProbeGrace, Probe: a.cfg.Probe,
+		}, term)
+	})
+	// The term also ends if the election key goes away by other means.
+	wch := a.cli.Watch(cctx, el.Key(), clientv3.WithRev(el.Rev()+1))
+	err = errLostLeadership
+	for ended := false; !ended; {
+		select {
+		case <-cctx.Done():
+			ended = true
+			if ctx.Err() != nil {
+				err = nil
+			}
+		case resp, ok := <-wch:
+			if !ok {
+				ended = true
+				break
+			}
+			for _, ev := range resp.Events {
+				if ev.Type == clientv3.EventTypeDelete {
+					ended = true
+				}
+			}
+		}
+	}
+	close(done)
+	a.gate.Set(nil)
+	a.checker.SetStatus(strandv1connect.AdminServiceName, grpchealth.StatusNotServing)
+	cancel()
+	wg.Wait()
+	a.log.Info().Msg("controller stopped leading")
+	return err
+}
+
+// Close stops leading (revoking the election lease, so another controller
+// takes over at once), then stops serving and closes the etcd client.
+func (a *App) Close() error {
+	a.closeOnce.Do(func() {
+		a.cancel()
+		<-a.campaign
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		a.closeErr = a.srv.Shutdown(ctx)
+		if err := a.cli.Close(); err != nil && a.closeErr == nil {
+			a.closeErr = err
+		}
+	})
+	return a.closeErr
+}
+
+// Run starts the controller and runs it until ctx ends or it fails.
+func Run(ctx context.Context, cfg Config) error {
+	a, err := Start(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	var runErr error
+	select {
+	case <-ctx.Done():
+	case runErr = <-a.Err():
+	}
+	if err := a.Close(); err != nil && runErr == nil {
+		runErr = err
+	}
+	return runErr
+}

@@ -1,0 +1,298 @@
+// Package admin serves strand.v1.AdminService on the controller leader:
+// stream lifecycle and placement, status, attention and operator actions.
+// Every write is a guarded etcd transaction that also compares the leader's
+// election key, so a deposed leader changes nothing; bad input is rejected
+// before anything is written.
+package admin
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	"connectrpc.com/connect"
+	"github.com/rs/zerolog"
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/strandhq/strand/internal/cluster"
+	strandv1 "github.com/strandhq/strand/internal/gen/strand/v1"
+	"github.com/strandhq/strand/internal/gen/strand/v1/strandv1connect"
+	"github.com/strandhq/strand/internal/logging"
+	"github.com/strandhq/strand/internal/rpcerr"
+	"github.com/strandhq/strand/services/controller/internal/attention"
+	"github.com/strandhq/strand/services/controller/internal/leader"
+	"github.com/strandhq/strand/services/controller/internal/placement"
+	"github.com/strandhq/strand/services/controller/internal/state"
+	"github.com/strandhq/strand/services/controller/internal/transition"
+)
+
+// MaxCopies bounds E.
+const MaxCopies = 7
+
+// Config is what the admin service needs.
+type Config struct {
+	Client        *clientv3.Client
+	Schema        cluster.Schema
+	Gate          *leader.Gate
+	DefaultPolicy cluster.Policy
+	Log           zerolog.Logger
+	// Now defaults to time.Now.
+	Now func() time.Time
+}
+
+// Service implements strandv1connect.AdminServiceHandler.
+type Service struct {
+	cli    *clientv3.Client
+	schema cluster.Schema
+	gate   *leader.Gate
+	policy cluster.Policy
+	log    zerolog.Logger
+	now    func() time.Time
+}
+
+var _ strandv1connect.AdminServiceHandler = (*Service)(nil)
+
+// New returns the service.
+func New(cfg Config) *Service {
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	return &Service{cli: cfg.Client, schema: cfg.Schema, gate: cfg.Gate, policy: cfg.DefaultPolicy, log: cfg.Log, now: cfg.Now}
+}
+
+// lead returns the current term and a snapshot, or the Unavailable a
+// non-leader answers (docs/CONTRACTS.md, "Controller leadership").
+func (s *Service) lead(ctx context.Context) (*leader.Term, *state.Snapshot, error) {
+	term := s.gate.Term()
+	if term == nil {
+		addr, err := s.gate.LeaderAddr(ctx)
+		switch {
+		case err != nil || addr == "":
+			return nil, nil, connect.NewError(connect.CodeUnavailable, errors.New("not the controller leader; no leader is elected yet"))
+		default:
+			return nil, nil, connect.NewError(connect.CodeUnavailable, fmt.Errorf("not the controller leader; leader is at %s", addr))
+		}
+	}
+	snap, err := state.Load(ctx, s.cli, s.schema)
+	if err != nil {
+		return nil, nil, s.toConnect(err)
+	}
+	return term, snap, nil
+}
+
+func (s *Service) committer(t *leader.Term) transition.Committer {
+	return transition.Committer{Term: t, Schema: s.schema}
+}
+
+func validateName(field, name string) error {
+	if err := cluster.ValidateStreamName(name); err != nil {
+		return rpcerr.InvalidArgument(field, "%v", err)
+	}
+	return nil
+}
+
+func validateCopies(c uint32) error {
+	if c > MaxCopies {
+		return rpcerr.InvalidArgument("copies", "must be between 1 and %d, got %d", MaxCopies, c)
+	}
+	return nil
+}
+
+// requestPolicy reads an optional policy field: nil when absent.
+func requestPolicy(p *strandv1.ConfirmPolicy) (*cluster.Policy, error) {
+	if p == nil || (p.GetName() == "" && p.GetNodes() == 0) {
+		return nil, nil
+	}
+	pol := policyFromProto(p)
+	if pol.Name == "" {
+		return nil, rpcerr.InvalidArgument("policy", "a nodes count needs a policy name")
+	}
+	if err := pol.Validate(); err != nil {
+		return nil, rpcerr.InvalidArgument("policy", "%v", err)
+	}
+	return &pol, nil
+}
+
+// CreateStream places a new stream and writes its spec and epoch-1
+// assignment in one transaction guarded by the stream key being absent.
+func (s *Service) CreateStream(ctx context.Context, req *connect.Request[strandv1.CreateStreamRequest]) (*connect.Response[strandv1.CreateStreamResponse], error) {
+	m := req.Msg
+	if err := validateName("name", m.GetName()); err != nil {
+		return nil, err
+	}
+	if err := validateCopies(m.GetCopies()); err != nil {
+		return nil, err
+	}
+	copies := max(1, int(m.GetCopies()))
+	pol, err := requestPolicy(m.GetPolicy())
+	if err != nil {
+		return nil, err
+	}
+	policy := s.policy
+	if pol != nil {
+		policy = *pol
+	}
+	if age := m.GetRetention().GetMaxAge(); age != nil && (age.CheckValid() != nil || age.AsDuration() < 0) {
+		return nil, rpcerr.InvalidArgument("retention.max_age", "must be a non-negative duration")
+	}
+	retention := retentionFromProto(m.GetRetention())
+
+	name := m.GetName()
+	for attempt := 0; ; attempt++ {
+		term, snap, err := s.lead(ctx)
+		if err != nil {
+			return nil, err
+		}
+		_, hasSpec := snap.Streams[name]
+		_, hasAsg := snap.Assignments[name]
+		if hasSpec || hasAsg {
+			return nil, connect.NewError(connect.CodeAlreadyExists, fmt.Errorf("stream %q already exists", name))
+		}
+		live := snap.LiveBrokers()
+		if copies > len(live) {
+			return nil, fieldPrecondition("copies", "%d copies need %d live brokers, %d are live", copies, copies, len(live))
+		}
+		owner, followers, err := placement.Place(transition.LoadOf(snap), copies)
+		if err != nil {
+			return nil, fieldPrecondition("copies", "%v", err)
+		}
+		spec := cluster.StreamSpec{Name: name, Copies: copies, Policy: policy, Retention: retention, Created: s.now().UTC()}
+		asg := cluster.Assignment{Stream: name, Epoch: 1, Owner: owner, Followers: followers, Policy: policy, Retention: retention}
+		cmps := []clientv3.Cmp{
+			clientv3.Compare(clientv3.CreateRevision(s.schema.StreamKey(name)), "=", 0),
+			clientv3.Compare(clientv3.CreateRevision(s.schema.AssignmentKey(name)), "=", 0),
+		}
+		// The chosen brokers must still be live when the placement commits.
+		for _, n := range asg.Members() {
+			cmps = append(cmps, clientv3.Compare(clientv3.CreateRevision(s.schema.BrokerKey(n)), ">", 0))
+		}
+		resp, err := term.Txn(ctx, cmps, []clientv3.Op{
+			clientv3.OpPut(s.schema.StreamKey(name), cluster.Encode(spec)),
+			clientv3.OpPut(s.schema.AssignmentKey(name), cluster.Encode(asg)),
+			// A recreated stream must not inherit the history starts or a
+			// pending recovery of the one deleted before it.
+			clientv3.OpDelete(s.schema.HistoryKey(name)),
+			clientv3.OpDelete(s.schema.RecoveryKey(name)),
+		}, nil)
+		if err != nil {
+			return nil, s.toConnect(err)
+		}
+		if resp.Succeeded {
+			s.log.Info().Str(logging.Stream, name).Str(logging.Owner, owner).Strs(logging.Followers, followers).
+				Str(logging.Policy, policy.String()).Msg("stream created")
+			return connect.NewResponse(&strandv1.CreateStreamResponse{Spec: specToProto(spec), Assignment: assignmentToProto(asg)}), nil
+		}
+		if attempt == 2 {
+			return nil, s.toConnect(fmt.Errorf("%w: placing %s", transition.ErrConflict, name))
+		}
+	}
+}
+
+// DeleteStream drops the stream's spec, assignment, pending recovery and
+// history starts in one transaction (seed: history starts of a stream that no
+// longer has an assignment are dropped).
+func (s *Service) DeleteStream(ctx context.Context, req *connect.Request[strandv1.DeleteStreamRequest]) (*connect.Response[strandv1.DeleteStreamResponse], error) {
+	name := req.Msg.GetName()
+	if err := validateName("name", name); err != nil {
+		return nil, err
+	}
+	term, snap, err := s.lead(ctx)
+	if err != nil {
+		return nil, err
+	}
+	spec, hasSpec := snap.Streams[name]
+	asg, hasAsg := snap.Assignments[name]
+	if !hasSpec && !hasAsg {
+		return nil, s.toConnect(fmt.Errorf("%w: %q", transition.ErrNoStream, name))
+	}
+	resp, err := term.Txn(ctx, []clientv3.Cmp{
+		clientv3.Compare(clientv3.ModRevision(s.schema.StreamKey(name)), "=", spec.ModRev),
+		clientv3.Compare(clientv3.ModRevision(s.schema.AssignmentKey(name)), "=", asg.ModRev),
+	}, []clientv3.Op{
+		clientv3.OpDelete(s.schema.StreamKey(name)),
+		clientv3.OpDelete(s.schema.AssignmentKey(name)),
+		clientv3.OpDelete(s.schema.RecoveryKey(name)),
+		clientv3.OpDelete(s.schema.HistoryKey(name)),
+	}, nil)
+	if err != nil {
+		return nil, s.toConnect(err)
+	}
+	if !resp.Succeeded {
+		return nil, s.toConnect(fmt.Errorf("%w: deleting %s", transition.ErrConflict, name))
+	}
+	s.log.Info().Str(logging.Stream, name).Msg("stream deleted")
+	return connect.NewResponse(&strandv1.DeleteStreamResponse{}), nil
+}
+
+// GetStream reports one stream.
+func (s *Service) GetStream(ctx context.Context, req *connect.Request[strandv1.GetStreamRequest]) (*connect.Response[strandv1.GetStreamResponse], error) {
+	name := req.Msg.GetName()
+	if err := validateName("name", name); err != nil {
+		return nil, err
+	}
+	_, snap, err := s.lead(ctx)
+	if err != nil {
+		return nil, err
+	}
+	out, ok := streamStatus(snap, name, attention.Judge(snap))
+	if !ok {
+		return nil, s.toConnect(fmt.Errorf("%w: %q", transition.ErrNoStream, name))
+	}
+	return connect.NewResponse(out), nil
+}
+
+// ListStreams reports every stream, ordered by name.
+func (s *Service) ListStreams(ctx context.Context, _ *connect.Request[strandv1.ListStreamsRequest]) (*connect.Response[strandv1.ListStreamsResponse], error) {
+	_, snap, err := s.lead(ctx)
+	if err != nil {
+		return nil, err
+	}
+	entries := attention.Judge(snap)
+	out := &strandv1.ListStreamsResponse{}
+	for _, name := range snap.StreamNames() {
+		if st, ok := streamStatus(snap, name, entries); ok {
+			out.Streams = append(out.Streams, st)
+		}
+	}
+	return connect.NewResponse(out), nil
+}
+
+// ListBrokers reports registered brokers (live) and brokers that hold copies
+// but are not registered (not live), ordered by node id.
+func (s *Service) ListBrokers(ctx context.Context, _ *connect.Request[strandv1.ListBrokersRequest]) (*connect.Response[strandv1.ListBrokersResponse], error) {
+	_, snap, err := s.lead(ctx)
+	if err != nil {
+		return nil, err
+	}
+	out := &strandv1.ListBrokersResponse{}
+	for _, n := range snap.LiveBrokers() {
+		out.Brokers = append(out.Brokers, brokerToProto(snap.Brokers[n], true))
+	}
+	copies, _ := snap.CopyCounts()
+	var down []string
+	for n := range copies {
+		if !snap.Live(n) {
+			down = append(down, n)
+		}
+	}
+	slices.Sort(down)
+	for _, n := range down {
+		out.Brokers = append(out.Brokers, brokerToProto(cluster.BrokerInfo{Node: n}, false))
+	}
+	return connect.NewResponse(out), nil
+}
+
+// ListAttention reports everything waiting, ordered by stream and kind.
+func (s *Service) ListAttention(ctx context.Context, _ *connect.Request[strandv1.ListAttentionRequest]) (*connect.Response[strandv1.ListAttentionResponse], error) {
+	_, snap, err := s.lead(ctx)
+	if err != nil {
+		return nil, err
+	}
+	out := &strandv1.ListAttentionResponse{}
+	for _, e := range attention.Judge(snap) {
+		out.Entries = append(out.Entries, attentionToProto(e))
+	}
+	return connect.NewResponse(out), nil
+}

@@ -1,0 +1,97 @@
+package admin
+
+import (
+	"time"
+
+	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/strandhq/strand/internal/cluster"
+	strandv1 "github.com/strandhq/strand/internal/gen/strand/v1"
+	"github.com/strandhq/strand/services/controller/internal/attention"
+)
+
+func policyFromProto(p *strandv1.ConfirmPolicy) cluster.Policy {
+	return cluster.Policy{Name: p.GetName(), Nodes: int(p.GetNodes())}
+}
+
+func policyToProto(p cluster.Policy) *strandv1.ConfirmPolicy {
+	name := p.Name
+	if name == "" {
+		name = cluster.LocalDurable
+	}
+	return &strandv1.ConfirmPolicy{Name: name, Nodes: uint32(p.Nodes)}
+}
+
+func retentionFromProto(r *strandv1.Retention) cluster.Retention {
+	var age time.Duration
+	if r.GetMaxAge() != nil {
+		age = r.GetMaxAge().AsDuration()
+	}
+	return cluster.Retention{MaxRecords: r.GetMaxRecords(), MaxBytes: r.GetMaxBytes(), MaxAge: age}
+}
+
+func retentionToProto(r cluster.Retention) *strandv1.Retention {
+	out := &strandv1.Retention{MaxRecords: r.MaxRecords, MaxBytes: r.MaxBytes}
+	if r.MaxAge != 0 {
+		out.MaxAge = durationpb.New(r.MaxAge)
+	}
+	return out
+}
+
+func specToProto(s cluster.StreamSpec) *strandv1.StreamSpec {
+	return &strandv1.StreamSpec{
+		Name:      s.Name,
+		Copies:    uint32(s.Copies),
+		Policy:    policyToProto(s.Policy),
+		Retention: retentionToProto(s.Retention),
+	}
+}
+
+func assignmentToProto(a cluster.Assignment) *strandv1.Assignment {
+	return &strandv1.Assignment{
+		Stream:    a.Stream,
+		Epoch:     a.Epoch,
+		Owner:     a.Owner,
+		Followers: append([]string(nil), a.Followers...),
+		Policy:    policyToProto(a.Policy),
+	}
+}
+
+func recoveryToProto(r cluster.Recovery) *strandv1.Recovery {
+	return &strandv1.Recovery{
+		Stream:        r.Stream,
+		FromEpoch:     r.FromEpoch,
+		FenceEpoch:    r.FenceEpoch,
+		TransitionId:  r.TransitionID,
+		OldOwner:      r.OldOwner,
+		OldFollowers:  append([]string(nil), r.OldFollowers...),
+		ProposedOwner: r.ProposedOwner,
+		AddedMembers:  append([]string(nil), r.AddedMembers...),
+		Reason:        r.Reason,
+	}
+}
+
+func startToProto(h cluster.HistoryStart) *strandv1.HistoryStart {
+	return &strandv1.HistoryStart{Epoch: h.Epoch, RecordTail: h.RecordTail, CursorEventTail: h.CursorEventTail, Node: h.Node}
+}
+
+func attentionToProto(e attention.Entry) *strandv1.AttentionEntry {
+	return &strandv1.AttentionEntry{
+		Stream:          e.Stream,
+		Kind:            e.Kind,
+		Reason:          e.Reason,
+		Missing:         append([]string(nil), e.Missing...),
+		StartRecordTail: e.StartRecordTail,
+		StartNode:       e.StartNode,
+		Node:            e.Node,
+	}
+}
+
+func brokerToProto(b cluster.BrokerInfo, live bool) *strandv1.Broker {
+	out := &strandv1.Broker{Node: b.Node, Address: b.Address, Live: live}
+	if !b.StartTime.IsZero() {
+		out.StartTime = timestamppb.New(b.StartTime)
+	}
+	return out
+}

@@ -1,0 +1,139 @@
+// Package attention judges what in the cluster waits on something an operator
+// may want to see: pending recoveries that cannot finish yet, single-copy
+// streams whose owner is down, brokers down that hold copies, eager-failover
+// suspects and chain mismatches. It is a pure function of a snapshot.
+package attention
+
+import (
+	"cmp"
+	"fmt"
+	"slices"
+	"strings"
+
+	"github.com/strandhq/strand/internal/cluster"
+	"github.com/strandhq/strand/services/controller/internal/state"
+)
+
+// Kinds of attention entries, as named in admin.proto.
+const (
+	RecoveryWaitingCopies = "recovery_waiting_copies"
+	RecoveryWaitingPrefix = "recovery_waiting_prefix"
+	SingleCopyOwnerDown   = "single_copy_owner_down"
+	BrokerDown            = "broker_down"
+	FailoverSuspect       = "failover_suspect"
+	ChainMismatch         = "chain_mismatch"
+)
+
+// Entry is one thing waiting.
+type Entry struct {
+	Stream          string
+	Kind            string
+	Reason          string
+	Missing         []string
+	StartRecordTail uint64
+	StartNode       string
+	Node            string
+}
+
+// Judge lists every attention entry of the snapshot, ordered by stream, kind
+// and node.
+func Judge(s *state.Snapshot) []Entry {
+	var out []Entry
+	for name, av := range s.Assignments {
+		a := av.Value
+		if rec, ok := s.Recoveries[name]; ok {
+			if e, wait := judgeRecovery(s, a, rec.Value, s.History[name].Value); wait {
+				out = append(out, e)
+			}
+		}
+		for _, m := range a.Members() {
+			if s.Live(m) {
+				continue
+			}
+			if a.Copies() == 1 {
+				out = append(out, Entry{
+					Stream: name, Kind: SingleCopyOwnerDown, Node: m,
+					Reason: fmt.Sprintf("single-copy stream waits for its owner %s; accept the loss to move it", m),
+				})
+				continue
+			}
+			role := cluster.RoleFollower
+			if m == a.Owner {
+				role = cluster.RoleOwner
+			}
+			out = append(out, Entry{
+				Stream: name, Kind: BrokerDown, Node: m,
+				Reason: fmt.Sprintf("broker %s holding the %s copy at epoch %d is down", m, role, a.Epoch),
+			})
+		}
+		suspects := map[string][]string{}
+		for node, hb := range s.Heartbeats {
+			t, ok := hb.Streams[name]
+			if !ok {
+				continue
+			}
+			if t.Suspect != "" && t.Suspect == a.Owner {
+				suspects[t.Suspect] = append(suspects[t.Suspect], node)
+			}
+			if t.ChainMismatch {
+				out = append(out, Entry{
+					Stream: name, Kind: ChainMismatch, Node: node,
+					Reason: fmt.Sprintf("copy on %s disagrees with its owner's checksum chain at epoch %d; it stopped following", node, t.Epoch),
+				})
+			}
+		}
+		for owner, by := range suspects {
+			slices.Sort(by)
+			out = append(out, Entry{
+				Stream: name, Kind: FailoverSuspect, Node: owner,
+				Reason: fmt.Sprintf("owner %s suspected by %s", owner, strings.Join(by, ", ")),
+			})
+		}
+	}
+	slices.SortFunc(out, func(x, y Entry) int {
+		return cmp.Or(cmp.Compare(x.Stream, y.Stream), cmp.Compare(x.Kind, y.Kind), cmp.Compare(x.Node, y.Node))
+	})
+	return out
+}
+
+// judgeRecovery says whether a pending recovery waits, and on what (seed,
+// "The confirmed prefix"). It judges from heartbeats: a copy whose heartbeat
+// is absent cannot answer a seal. With fewer than R such copies the recovery
+// waits for copies. Otherwise it waits for the confirmed prefix when every
+// live old copy published a record tail below the latest history start; it
+// stays quiet while a live copy has published nothing for the stream, since
+// that copy may hold the prefix.
+func judgeRecovery(s *state.Snapshot, a cluster.Assignment, rec cluster.Recovery, history cluster.HistoryStarts) (Entry, bool) {
+	old := rec.OldMembers()
+	rule := cluster.StreamConfirmPolicy(a.Policy, len(old))
+	var live, missing []string
+	for _, m := range old {
+		if _, ok := s.Heartbeats[m]; ok {
+			live = append(live, m)
+		} else {
+			missing = append(missing, m)
+		}
+	}
+	if len(live) < rule.R() {
+		return Entry{
+			Stream: rec.Stream, Kind: RecoveryWaitingCopies, Missing: missing,
+			Reason: fmt.Sprintf("recovery to epoch %d has %d of the %d copies it must seal; missing %s",
+				rec.FenceEpoch, len(live), rule.R(), strings.Join(missing, ", ")),
+		}, true
+	}
+	start, ok := history.Latest()
+	if !ok {
+		return Entry{}, false
+	}
+	for _, m := range live {
+		t, published := s.Tails(m, rec.Stream)
+		if !published || t.RecordTail >= start.RecordTail {
+			return Entry{}, false
+		}
+	}
+	return Entry{
+		Stream: rec.Stream, Kind: RecoveryWaitingPrefix, StartRecordTail: start.RecordTail, StartNode: start.Node,
+		Reason: fmt.Sprintf("recovery to epoch %d waits for a copy holding the confirmed prefix: %d records, taken over by %s at epoch %d",
+			rec.FenceEpoch, start.RecordTail, start.Node, start.Epoch),
+	}, true
+}

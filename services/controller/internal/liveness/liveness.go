@@ -1,0 +1,276 @@
+// Package liveness is the controller leader's loop over the cluster: it
+// notices a lost owner and records a pending recovery for a replicated stream
+// (seed, "Stream failover"), and brings an under-replicated stream back to its
+// copies by the fast path, preferring a copy left out of the assignment that
+// is live again, so an old owner rejoins as a follower without another
+// recovery.
+package liveness
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"connectrpc.com/grpchealth"
+	"github.com/rs/zerolog"
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/strandhq/strand/internal/cluster"
+	"github.com/strandhq/strand/internal/logging"
+	"github.com/strandhq/strand/internal/rpcserver"
+	"github.com/strandhq/strand/services/controller/internal/leader"
+	"github.com/strandhq/strand/services/controller/internal/placement"
+	"github.com/strandhq/strand/services/controller/internal/state"
+	"github.com/strandhq/strand/services/controller/internal/transition"
+)
+
+// Prober checks whether a broker at addr serves; an error means it does not.
+type Prober func(ctx context.Context, addr string) error
+
+// HealthProber probes with a gRPC health check over Connect.
+func HealthProber() Prober {
+	hc := rpcserver.HTTPClient()
+	return func(ctx context.Context, addr string) error {
+		resp, err := grpchealth.NewClient(hc, rpcserver.BaseURL(addr)).Check(ctx, &grpchealth.CheckRequest{})
+		if err != nil {
+			return err
+		}
+		if resp.Status != grpchealth.StatusServing {
+			return fmt.Errorf("liveness: broker at %s is %v", addr, resp.Status)
+		}
+		return nil
+	}
+}
+
+// Config is what the loop needs.
+type Config struct {
+	Client *clientv3.Client
+	Schema cluster.Schema
+	Log    zerolog.Logger
+	// ProbeGrace bounds the probe of a suspected owner.
+	ProbeGrace time.Duration
+	// Probe defaults to HealthProber.
+	Probe Prober
+	// Resync re-reads the cluster this often even without changes, so a
+	// failed probe or a conflicting write is retried (default 1s).
+	Resync time.Duration
+	Now    func() time.Time
+}
+
+// Run runs the loop while term leads; it returns when ctx ends.
+func Run(ctx context.Context, cfg Config, term *leader.Term) error {
+	if cfg.Probe == nil {
+		cfg.Probe = HealthProber()
+	}
+	if cfg.Resync <= 0 {
+		cfg.Resync = time.Second
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	l := &loop{cfg: cfg, commit: transition.Committer{Term: term, Schema: cfg.Schema}}
+	tick := time.NewTicker(cfg.Resync)
+	defer tick.Stop()
+	var wch clientv3.WatchChan
+	for {
+		snap, err := state.Load(ctx, cfg.Client, cfg.Schema)
+		if err != nil {
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			cfg.Log.Warn().Err(err).Msg("liveness: cannot read the cluster; retrying at the next resync")
+		} else {
+			if wch == nil {
+				wctx := clientv3.WithRequireLeader(ctx)
+				wch = cfg.Client.Watch(wctx, cfg.Schema.Prefix()+"/", clientv3.WithPrefix(), clientv3.WithRev(snap.Rev+1))
+			}
+			l.reconcile(ctx, snap)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-tick.C:
+		case resp, ok := <-wch:
+			if !ok || resp.Err() != nil {
+				// Compacted or cancelled: the next read starts a new watch.
+				wch = nil
+			}
+		}
+	}
+}
+
+type loop struct {
+	cfg    Config
+	commit transition.Committer
+}
+
+func (l *loop) reconcile(ctx context.Context, s *state.Snapshot) {
+	lost := l.lostOwners(ctx, s)
+	for _, stream := range slices.Sorted(maps.Keys(s.Assignments)) {
+		if _, pending := s.Recoveries[stream]; pending {
+			continue
+		}
+		if reason, ok := lost[stream]; ok {
+			l.recordRecovery(ctx, s, stream, reason)
+			continue
+		}
+		l.replenish(ctx, s, stream)
+	}
+}
+
+// lostOwners decides which streams lost their owner: its broker key is gone
+// (lease expired or revoked on clean shutdown), or a follower reports it
+// suspect and the controller's own probe of it fails too (eager failover).
+func (l *loop) lostOwners(ctx context.Context, s *state.Snapshot) map[string]string {
+	lost := map[string]string{}
+	suspected := map[string][]string{} // owner -> streams
+	for stream, av := range s.Assignments {
+		a := av.Value
+		if !s.Live(a.Owner) {
+			lost[stream] = fmt.Sprintf("owner %s lost: its broker lease ended", a.Owner)
+			continue
+		}
+		if by := Suspecting(s, a); len(by) > 0 {
+			suspected[a.Owner] = append(suspected[a.Owner], stream)
+		}
+	}
+	failed := l.probe(ctx, s, slices.Collect(maps.Keys(suspected)))
+	for owner, streams := range suspected {
+		if !failed[owner] {
+			continue
+		}
+		for _, stream := range streams {
+			by := Suspecting(s, s.Assignments[stream].Value)
+			lost[stream] = fmt.Sprintf("owner %s lost: suspected by %s and failed the controller's probe", owner, strings.Join(by, ", "))
+		}
+	}
+	return lost
+}
+
+// Suspecting returns the live members of a whose heartbeat reports a's owner
+// as suspect at a's epoch.
+func Suspecting(s *state.Snapshot, a cluster.Assignment) []string {
+	var by []string
+	for _, f := range a.Followers {
+		if t, ok := s.Tails(f, a.Stream); ok && t.Suspect == a.Owner && t.Epoch == a.Epoch {
+			by = append(by, f)
+		}
+	}
+	return by
+}
+
+// probe checks the owners concurrently, each within the probe grace, and
+// returns those that failed.
+func (l *loop) probe(ctx context.Context, s *state.Snapshot, owners []string) map[string]bool {
+	failed := map[string]bool{}
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	for _, owner := range owners {
+		wg.Go(func() {
+			pctx, cancel := context.WithTimeout(ctx, l.cfg.ProbeGrace)
+			defer cancel()
+			err := l.cfg.Probe(pctx, s.Brokers[owner].Address)
+			if err != nil && ctx.Err() == nil {
+				mu.Lock()
+				failed[owner] = true
+				mu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+	return failed
+}
+
+// recordRecovery records a pending recovery for a replicated stream whose
+// owner is lost; a single-copy stream waits for its owner under attention.
+func (l *loop) recordRecovery(ctx context.Context, s *state.Snapshot, stream, reason string) {
+	a := s.Assignments[stream].Value
+	if a.Copies() == 1 {
+		return
+	}
+	rec, err := transition.ProposeRecovery(s, stream, []string{a.Owner}, reason)
+	if err != nil {
+		l.cfg.Log.Warn().Err(err).Str(logging.Stream, stream).Msg("liveness: cannot propose a recovery; retrying at the next change")
+		return
+	}
+	rec = transition.Stamp(rec, l.cfg.Now())
+	if err := l.commit.WriteRecovery(ctx, s.Assignments[stream].ModRev, rec); err != nil {
+		l.logWriteError(err, stream, "liveness: recovery not recorded; re-reading")
+		return
+	}
+	l.cfg.Log.Info().Str(logging.Stream, stream).Uint64(logging.Epoch, rec.FromEpoch).Uint64(logging.FenceEpoch, rec.FenceEpoch).
+		Str(logging.Transition, rec.TransitionID).Str(logging.Owner, rec.OldOwner).Str("proposed_owner", rec.ProposedOwner).
+		Strs("added_members", rec.AddedMembers).Str(logging.Reason, reason).Msg("owner lost; pending recovery recorded")
+}
+
+// replenish adds followers to a stream with fewer copies than its spec asks
+// for, while the change stays on the fast path: first copies left out of
+// the assignment whose broker is live and still reports the stream (the
+// furthest first), then brokers placement picks.
+func (l *loop) replenish(ctx context.Context, s *state.Snapshot, stream string) {
+	spec, ok := s.Streams[stream]
+	av := s.Assignments[stream]
+	if !ok || spec.Value.Copies <= av.Value.Copies() {
+		return
+	}
+	next, added := Replenish(s, av.Value, spec.Value.Copies)
+	if len(added) == 0 {
+		return
+	}
+	if err := l.commit.FastPath(ctx, av, next); err != nil {
+		l.logWriteError(err, stream, "liveness: follower not added; re-reading")
+		return
+	}
+	l.cfg.Log.Info().Str(logging.Stream, stream).Uint64(logging.Epoch, next.Epoch).Strs("added", added).
+		Strs(logging.Followers, next.Followers).Msg("followers added on the fast path")
+}
+
+// Replenish returns a with followers added toward copies, one at a time
+// while IsFastPath holds: returning copies (live, not members, still
+// reporting the stream in their heartbeat; furthest first), then brokers
+// placement picks.
+func Replenish(s *state.Snapshot, a cluster.Assignment, copies int) (cluster.Assignment, []string) {
+	var returning []transition.Candidate
+	for node, hb := range s.Heartbeats {
+		if _, ok := hb.Streams[a.Stream]; ok && s.Live(node) && !a.Includes(node) {
+			returning = append(returning, transition.Candidates(s, a.Stream, []string{node})...)
+		}
+	}
+	slices.SortFunc(returning, transition.Better)
+	order := make([]string, 0, len(returning))
+	for _, c := range returning {
+		order = append(order, c.Node)
+	}
+	need := copies - a.Copies()
+	order = append(order, placement.PickUpTo(transition.LoadOf(s), need, append(a.Members(), order...))...)
+
+	next := a
+	next.Followers = slices.Clone(a.Followers)
+	var added []string
+	for _, node := range order {
+		if len(added) == need {
+			break
+		}
+		try := next
+		try.Followers = append(slices.Clone(next.Followers), node)
+		if !cluster.IsFastPath(a, try) {
+			break
+		}
+		next = try
+		added = append(added, node)
+	}
+	return next, added
+}
+
+func (l *loop) logWriteError(err error, stream, msg string) {
+	if errors.Is(err, transition.ErrConflict) || errors.Is(err, leader.ErrNotLeader) {
+		l.cfg.Log.Debug().Err(err).Str(logging.Stream, stream).Msg(msg)
+		return
+	}
+	l.cfg.Log.Warn().Err(err).Str(logging.Stream, stream).Msg(msg)
+}

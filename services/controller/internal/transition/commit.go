@@ -1,0 +1,112 @@
+package transition
+
+import (
+	"context"
+	"fmt"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/strandhq/strand/internal/cluster"
+	"github.com/strandhq/strand/services/controller/internal/leader"
+	"github.com/strandhq/strand/services/controller/internal/state"
+)
+
+// Committer writes transitions with guarded transactions, only while term
+// leads.
+type Committer struct {
+	Term   *leader.Term
+	Schema cluster.Schema
+}
+
+// WriteRecovery records a pending recovery, guarded by the assignment's mod
+// revision (nothing moved since the proposal was made) and the recovery key
+// being absent (one pending recovery per stream). It never moves the stream:
+// the recoverer seals and commits (DESIGN.md, "The failover path").
+func (c Committer) WriteRecovery(ctx context.Context, asgModRev int64, rec cluster.Recovery, extra ...clientv3.Op) error {
+	ops := append([]clientv3.Op{clientv3.OpPut(c.Schema.RecoveryKey(rec.Stream), cluster.Encode(rec))}, extra...)
+	resp, err := c.Term.Txn(ctx, []clientv3.Cmp{
+		clientv3.Compare(clientv3.ModRevision(c.Schema.AssignmentKey(rec.Stream)), "=", asgModRev),
+		clientv3.Compare(clientv3.CreateRevision(c.Schema.RecoveryKey(rec.Stream)), "=", 0),
+	}, ops, nil)
+	if err != nil {
+		return err
+	}
+	if !resp.Succeeded {
+		return fmt.Errorf("%w: recovery of %s", ErrConflict, rec.Stream)
+	}
+	return nil
+}
+
+// FastPath commits next in place of old when IsFastPath holds, keeping the
+// epoch: nothing is sealed or fenced, and brokers apply the new follower set
+// and policy from their assignment watch (seed: such a change "commits
+// without recovery"). It is guarded by the assignment's mod revision and by
+// no recovery being pending, which would otherwise act on a stale member list.
+func (c Committer) FastPath(ctx context.Context, old state.Versioned[cluster.Assignment], next cluster.Assignment, extra ...clientv3.Op) error {
+	next.Epoch = old.Value.Epoch
+	if !cluster.IsFastPath(old.Value, next) {
+		return ErrNotFastPath
+	}
+	ops := append([]clientv3.Op{clientv3.OpPut(c.Schema.AssignmentKey(next.Stream), cluster.Encode(next))}, extra...)
+	resp, err := c.Term.Txn(ctx, []clientv3.Cmp{
+		clientv3.Compare(clientv3.ModRevision(c.Schema.AssignmentKey(next.Stream)), "=", old.ModRev),
+		clientv3.Compare(clientv3.CreateRevision(c.Schema.RecoveryKey(next.Stream)), "=", 0),
+	}, ops, nil)
+	if err != nil {
+		return err
+	}
+	if !resp.Succeeded {
+		return fmt.Errorf("%w: assignment of %s", ErrConflict, next.Stream)
+	}
+	return nil
+}
+
+// AcceptLoss commits an accepted owner loss read from s: the new assignment,
+// the start appended to the history starts (when there is one) and the
+// cleared pending recovery, in one transaction comparing the mod revisions
+// s read.
+func (c Committer) AcceptLoss(ctx context.Context, s *state.Snapshot, out AcceptedLoss) error {
+	stream := out.Assignment.Stream
+	asgKey, recKey, histKey := c.Schema.AssignmentKey(stream), c.Schema.RecoveryKey(stream), c.Schema.HistoryKey(stream)
+	cmps := []clientv3.Cmp{
+		clientv3.Compare(clientv3.ModRevision(asgKey), "=", s.Assignments[stream].ModRev),
+		clientv3.Compare(clientv3.ModRevision(recKey), "=", s.Recoveries[stream].ModRev),
+		clientv3.Compare(clientv3.ModRevision(histKey), "=", s.History[stream].ModRev),
+	}
+	ops := []clientv3.Op{
+		clientv3.OpPut(asgKey, cluster.Encode(out.Assignment)),
+		clientv3.OpDelete(recKey),
+	}
+	if out.Start != nil {
+		starts := append(cluster.HistoryStarts{}, s.History[stream].Value...)
+		starts = append(starts, *out.Start)
+		ops = append(ops, clientv3.OpPut(histKey, cluster.Encode(starts)))
+	}
+	resp, err := c.Term.Txn(ctx, cmps, ops, nil)
+	if err != nil {
+		return err
+	}
+	if !resp.Succeeded {
+		return fmt.Errorf("%w: accepted loss of %s", ErrConflict, stream)
+	}
+	return nil
+}
+
+// WithdrawRecovery deletes the pending recovery read in s, guarded by its
+// mod revision so a recovery recorded since is not withdrawn unseen.
+func (c Committer) WithdrawRecovery(ctx context.Context, s *state.Snapshot, stream string) error {
+	rv, ok := s.Recoveries[stream]
+	if !ok {
+		return fmt.Errorf("%w: %s", ErrNoRecovery, stream)
+	}
+	key := c.Schema.RecoveryKey(stream)
+	resp, err := c.Term.Txn(ctx, []clientv3.Cmp{clientv3.Compare(clientv3.ModRevision(key), "=", rv.ModRev)},
+		[]clientv3.Op{clientv3.OpDelete(key)}, nil)
+	if err != nil {
+		return err
+	}
+	if !resp.Succeeded {
+		return fmt.Errorf("%w: recovery of %s", ErrConflict, stream)
+	}
+	return nil
+}

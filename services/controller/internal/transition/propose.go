@@ -1,0 +1,207 @@
+// Package transition decides and commits changes to a stream's assignment:
+// proposing a pending recovery when the owner is lost (seed, "Stream
+// failover"), fast-path changes that commit without recovery, and an
+// operator's accepted owner loss. Decisions are pure functions of a
+// snapshot; commits are guarded etcd transactions.
+package transition
+
+import (
+	"cmp"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/strandhq/strand/internal/cluster"
+	"github.com/strandhq/strand/services/controller/internal/placement"
+	"github.com/strandhq/strand/services/controller/internal/state"
+)
+
+// Errors of the transition package; the RPC edge maps them to codes.
+var (
+	ErrNoStream       = errors.New("transition: no such stream")
+	ErrPending        = errors.New("transition: a recovery is already pending")
+	ErrNoRecovery     = errors.New("transition: no pending recovery")
+	ErrNoCandidate    = errors.New("transition: no live copy to promote")
+	ErrOwnerLive      = errors.New("transition: owner is live")
+	ErrNotCopy        = errors.New("transition: node holds no copy of the stream")
+	ErrNotLive        = errors.New("transition: node is not live")
+	ErrNotFastPath    = errors.New("transition: change needs recovery")
+	ErrSingleCopy     = errors.New("transition: single-copy stream has no copy to fail over to")
+	ErrConflict       = errors.New("transition: state changed while committing")
+	ErrDroppingCopies = errors.New("transition: dropping copies is not supported")
+)
+
+// Candidate is a copy that could be promoted, with the tails its broker last
+// published in a heartbeat (zero when it published none).
+type Candidate struct {
+	Node            string
+	RecordTail      uint64
+	CursorEventTail uint64
+}
+
+// Better orders candidates as the seal pick does: highest record tail, then
+// highest cursor event tail, then lowest node id (byte-wise), so the choice
+// is deterministic (seed, "Stream failover").
+func Better(a, b Candidate) int {
+	return cmp.Or(
+		-cmp.Compare(a.RecordTail, b.RecordTail),
+		-cmp.Compare(a.CursorEventTail, b.CursorEventTail),
+		cmp.Compare(a.Node, b.Node),
+	)
+}
+
+// Furthest returns the best candidate by Better.
+func Furthest(cands []Candidate) (Candidate, bool) {
+	if len(cands) == 0 {
+		return Candidate{}, false
+	}
+	return slices.MinFunc(cands, Better), true
+}
+
+// Candidates returns the live copies among nodes with their published tails.
+func Candidates(s *state.Snapshot, stream string, nodes []string) []Candidate {
+	var out []Candidate
+	for _, n := range nodes {
+		if !s.Live(n) {
+			continue
+		}
+		t, _ := s.Tails(n, stream)
+		out = append(out, Candidate{Node: n, RecordTail: t.RecordTail, CursorEventTail: t.CursorEventTail})
+	}
+	return out
+}
+
+// LoadOf is what placement needs from a snapshot.
+func LoadOf(s *state.Snapshot) placement.Load {
+	copies, owned := s.CopyCounts()
+	return placement.Load{Live: s.LiveBrokers(), Copies: copies, Owned: owned}
+}
+
+// ProposeRecovery builds the pending recovery for stream, whose current
+// owner is to be replaced: lost lists members known lost beyond those whose
+// broker key is gone (an owner whose probe failed). The proposed owner is the
+// furthest live follower by its heartbeat tails; each lost member is replaced
+// by a live non-member placement picks, while one exists. TransitionID and
+// Created are left for the caller.
+func ProposeRecovery(s *state.Snapshot, stream string, lost []string, reason string) (cluster.Recovery, error) {
+	av, ok := s.Assignments[stream]
+	if !ok {
+		return cluster.Recovery{}, ErrNoStream
+	}
+	a := av.Value
+	if _, ok := s.Recoveries[stream]; ok {
+		return cluster.Recovery{}, ErrPending
+	}
+	if a.Copies() < 2 {
+		return cluster.Recovery{}, ErrSingleCopy
+	}
+	down := func(n string) bool { return !s.Live(n) || slices.Contains(lost, n) }
+	var proposed string
+	if best, ok := Furthest(slices.DeleteFunc(Candidates(s, stream, a.Followers), func(c Candidate) bool { return down(c.Node) })); ok {
+		proposed = best.Node
+	} else {
+		// No follower is live: propose the lowest follower; the recovery
+		// waits under attention until enough copies answer its seals.
+		proposed = slices.Min(a.Followers)
+	}
+	var gone int
+	for _, m := range a.Members() {
+		if down(m) {
+			gone++
+		}
+	}
+	added := placement.PickUpTo(LoadOf(s), gone, a.Members())
+	policy := a.Policy
+	if spec, ok := s.Streams[stream]; ok {
+		policy = spec.Value.Policy
+	}
+	return cluster.Recovery{
+		Stream:        stream,
+		FromEpoch:     a.Epoch,
+		FenceEpoch:    a.Epoch + 1,
+		OldOwner:      a.Owner,
+		OldFollowers:  slices.Clone(a.Followers),
+		ProposedOwner: proposed,
+		AddedMembers:  added,
+		Policy:        policy,
+		Reason:        reason,
+	}, nil
+}
+
+// NewTransitionID returns a random transition id.
+func NewTransitionID() string {
+	var b [8]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
+
+// Stamp fills a proposed recovery's transition id and creation time.
+func Stamp(r cluster.Recovery, now time.Time) cluster.Recovery {
+	r.TransitionID = NewTransitionID()
+	r.Created = now.UTC()
+	return r
+}
+
+// AcceptedLoss is the outcome of an operator accepting owner loss.
+type AcceptedLoss struct {
+	Assignment cluster.Assignment
+	// Start is the history start recorded for the new epoch; nil when the
+	// new owner had published no tails for the stream.
+	Start *cluster.HistoryStart
+}
+
+// AcceptLoss moves stream to node (or, when node is empty, the best live
+// copy) without sealing (seed, "Known limits"): epoch + 1, the old owner left
+// out, the other copies following. The start recorded is the new owner's tails
+// as last published in its heartbeat, at the new epoch; none if it published
+// nothing. A stream whose copies are all down moves to a live broker
+// placement picks, starting empty: that is the loss the operator accepts.
+func AcceptLoss(s *state.Snapshot, stream, node string) (AcceptedLoss, error) {
+	av, ok := s.Assignments[stream]
+	if !ok {
+		return AcceptedLoss{}, ErrNoStream
+	}
+	a := av.Value
+	if s.Live(a.Owner) {
+		return AcceptedLoss{}, fmt.Errorf("%w: %s; fail over instead", ErrOwnerLive, a.Owner)
+	}
+	switch {
+	case node != "":
+		if !s.Live(node) {
+			return AcceptedLoss{}, fmt.Errorf("%w: %s", ErrNotLive, node)
+		}
+		if !a.Includes(node) && a.Copies() > 1 {
+			return AcceptedLoss{}, fmt.Errorf("%w: %s", ErrNotCopy, node)
+		}
+	default:
+		if best, ok := Furthest(Candidates(s, stream, a.Followers)); ok {
+			node = best.Node
+		} else {
+			picked, err := placement.Pick(LoadOf(s), 1, a.Members())
+			if err != nil {
+				return AcceptedLoss{}, ErrNoCandidate
+			}
+			node = picked[0]
+		}
+	}
+	next := a
+	next.Epoch = a.Epoch + 1
+	if r, ok := s.Recoveries[stream]; ok {
+		// Copies may already be sealed at the fence epoch; the new
+		// assignment must be at or past it for them to release their seal.
+		next.Epoch = max(next.Epoch, r.Value.FenceEpoch)
+	}
+	next.Owner = node
+	next.Followers = slices.DeleteFunc(slices.Clone(a.Followers), func(f string) bool { return f == node })
+	if spec, ok := s.Streams[stream]; ok {
+		next.Policy = spec.Value.Policy
+	}
+	out := AcceptedLoss{Assignment: next}
+	if t, ok := s.Tails(node, stream); ok {
+		out.Start = &cluster.HistoryStart{Epoch: next.Epoch, RecordTail: t.RecordTail, CursorEventTail: t.CursorEventTail, Node: node}
+	}
+	return out, nil
+}

@@ -1,0 +1,63 @@
+// Command strand-controller runs Strand's controller: stream lifecycle and
+// placement, broker liveness, owner-loss detection and the admin API, with one
+// active leader elected through etcd.
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/strandhq/strand/internal/cluster"
+	"github.com/strandhq/strand/services/controller/app"
+)
+
+func main() {
+	if err := run(os.Args[1:]); err != nil {
+		fmt.Fprintln(os.Stderr, "strand-controller:", err)
+		os.Exit(1)
+	}
+}
+
+func run(args []string) error {
+	var cfg app.Config
+	var etcd, policy string
+	var nodes int
+	host, _ := os.Hostname()
+	fs := flag.NewFlagSet("strand-controller", flag.ContinueOnError)
+	fs.StringVar(&cfg.Name, "name", host, "controller name in logs")
+	fs.StringVar(&cfg.Listen, "listen", "127.0.0.1:7102", "address to serve on")
+	fs.StringVar(&cfg.Advertise, "advertise", "", "address clients reach this controller at (default: the listen address)")
+	fs.StringVar(&etcd, "etcd", "http://127.0.0.1:2379", "etcd endpoints, comma separated")
+	fs.StringVar(&cfg.Prefix, "prefix", cluster.DefaultPrefix, "etcd key prefix")
+	fs.StringVar(&policy, "default-policy", cluster.MajorityDurable, "cluster assignment policy: local_durable, majority_durable, replica_durable or replica_accepted")
+	fs.IntVar(&nodes, "default-policy-nodes", 0, "copies count for replica_durable and replica_accepted")
+	fs.DurationVar(&cfg.OwnerProbeGrace, "owner-probe-grace", 300*time.Millisecond, "how long the probe of a suspected owner may take")
+	fs.StringVar(&cfg.LogLevel, "log-level", "info", "debug, info, warn or error")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	name, count, ok := strings.Cut(policy, ":")
+	if ok {
+		if _, err := fmt.Sscanf(count, "%d", &nodes); err != nil {
+			return fmt.Errorf("--default-policy %q: want name or name:nodes", policy)
+		}
+	}
+	cfg.DefaultPolicy = cluster.Policy{Name: name, Nodes: nodes}
+	if err := cfg.DefaultPolicy.Validate(); err != nil {
+		return fmt.Errorf("--default-policy: %w", err)
+	}
+	for _, e := range strings.Split(etcd, ",") {
+		if e = strings.TrimSpace(e); e != "" {
+			cfg.Etcd = append(cfg.Etcd, e)
+		}
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	return app.Run(ctx, cfg)
+}
