@@ -81,9 +81,9 @@ func (k *task) wait(ctx context.Context, d time.Duration) bool {
 type taskState struct {
 	recoveryRev int64
 	// started is the recovery revision whose start was logged.
-	started int64
-	waitKey     string
-	waitLogged  time.Time
+	started    int64
+	waitKey    string
+	waitLogged time.Time
 }
 
 // noteWait reports whether a wait described by key should be logged: when it
