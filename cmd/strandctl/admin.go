@@ -1,0 +1,220 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/user"
+	"strings"
+	"time"
+
+	"connectrpc.com/connect"
+
+	strandv1 "github.com/strandhq/strand/internal/gen/strand/v1"
+)
+
+// who names the operator in AcceptOwnerLoss, WithdrawRecovery and Failover.
+func who() string {
+	name := "unknown"
+	if u, err := user.Current(); err == nil && u.Username != "" {
+		name = u.Username
+	}
+	host, _ := os.Hostname()
+	if host == "" {
+		return "strandctl:" + name
+	}
+	return "strandctl:" + name + "@" + host
+}
+
+func adminCommands() []*command {
+	var (
+		node       string
+		why        string
+		failoverWy string
+	)
+	return []*command{
+		{
+			name: "brokers", summary: "list brokers and whether they are live",
+			run: func(ctx context.Context, e *env, _ *flag.FlagSet, args []string) error {
+				if err := needArgs(args, 0, 0, "no arguments"); err != nil {
+					return err
+				}
+				c, err := e.admin()
+				if err != nil {
+					return err
+				}
+				ctx, cancel := e.withTimeout(ctx)
+				defer cancel()
+				res, err := c.Admin().ListBrokers(ctx, connect.NewRequest(&strandv1.ListBrokersRequest{}))
+				if err != nil {
+					return err
+				}
+				if e.g.json {
+					for _, b := range res.Msg.GetBrokers() {
+						if err := printMessage(e.stdout, b); err != nil {
+							return err
+						}
+					}
+					return nil
+				}
+				t := newTable(e.stdout, "NODE", "ADDRESS", "LIVE", "STARTED")
+				for _, b := range res.Msg.GetBrokers() {
+					started := "-"
+					if b.GetStartTime() != nil {
+						started = b.GetStartTime().AsTime().Local().Format(time.DateTime)
+					}
+					t.row(b.GetNode(), dash(b.GetAddress()), yesNo(b.GetLive()), started)
+				}
+				t.flush()
+				return nil
+			},
+		},
+		{
+			name: "attention", summary: "list what needs an operator's attention",
+			run: func(ctx context.Context, e *env, _ *flag.FlagSet, args []string) error {
+				if err := needArgs(args, 0, 0, "no arguments"); err != nil {
+					return err
+				}
+				c, err := e.admin()
+				if err != nil {
+					return err
+				}
+				ctx, cancel := e.withTimeout(ctx)
+				defer cancel()
+				res, err := c.Admin().ListAttention(ctx, connect.NewRequest(&strandv1.ListAttentionRequest{}))
+				if err != nil {
+					return err
+				}
+				if e.g.json {
+					for _, a := range res.Msg.GetEntries() {
+						if err := printMessage(e.stdout, a); err != nil {
+							return err
+						}
+					}
+					return nil
+				}
+				if len(res.Msg.GetEntries()) == 0 {
+					fmt.Fprintln(e.stdout, "nothing needs attention")
+					return nil
+				}
+				printAttention(e.stdout, res.Msg.GetEntries(), true)
+				return nil
+			},
+		},
+		{
+			name: "accept-loss", args: "NAME", summary: "move a stream to a live copy without sealing, accepting what the lost owner held",
+			flags: func(fs *flag.FlagSet) {
+				fs.StringVar(&node, "node", "", "copy to promote (default: the best live copy)")
+				fs.StringVar(&why, "why", "", "reason, recorded with who ran it (required)")
+			},
+			run: func(ctx context.Context, e *env, _ *flag.FlagSet, args []string) error {
+				if err := needArgs(args, 1, 1, "NAME"); err != nil {
+					return err
+				}
+				if strings.TrimSpace(why) == "" {
+					return usagef("--why is required: say why the loss is accepted")
+				}
+				c, err := e.admin()
+				if err != nil {
+					return err
+				}
+				ctx, cancel := e.withTimeout(ctx)
+				defer cancel()
+				res, err := c.Admin().AcceptOwnerLoss(ctx, connect.NewRequest(&strandv1.AcceptOwnerLossRequest{Stream: args[0], Node: node, Who: who(), Why: why}))
+				if err != nil {
+					return err
+				}
+				if e.g.json {
+					return printMessage(e.stdout, res.Msg)
+				}
+				a := res.Msg.GetAssignment()
+				fmt.Fprintf(e.stdout, "stream %s now at epoch %d, owner %s, followers %s\n", args[0], a.GetEpoch(), dash(a.GetOwner()), dash(strings.Join(a.GetFollowers(), ",")))
+				if s := res.Msg.GetStart(); s != nil {
+					fmt.Fprintf(e.stdout, "history start: epoch %d at record tail %d, cursor event tail %d (%s)\n", s.GetEpoch(), s.GetRecordTail(), s.GetCursorEventTail(), s.GetNode())
+				} else {
+					fmt.Fprintln(e.stdout, "no history start recorded: the new owner had published no tails")
+				}
+				return nil
+			},
+		},
+		{
+			name: "withdraw-recovery", args: "NAME", summary: "remove a stream's pending recovery (the controller records a new one)",
+			flags: func(fs *flag.FlagSet) {
+				fs.StringVar(&why, "why", "", "reason, recorded with who ran it (required)")
+			},
+			run: func(ctx context.Context, e *env, _ *flag.FlagSet, args []string) error {
+				if err := needArgs(args, 1, 1, "NAME"); err != nil {
+					return err
+				}
+				if strings.TrimSpace(why) == "" {
+					return usagef("--why is required: say why the recovery is withdrawn")
+				}
+				c, err := e.admin()
+				if err != nil {
+					return err
+				}
+				ctx, cancel := e.withTimeout(ctx)
+				defer cancel()
+				res, err := c.Admin().WithdrawRecovery(ctx, connect.NewRequest(&strandv1.WithdrawRecoveryRequest{Stream: args[0], Who: who(), Why: why}))
+				if err != nil {
+					return err
+				}
+				if e.g.json {
+					return printMessage(e.stdout, res.Msg)
+				}
+				fmt.Fprintf(e.stdout, "withdrew the pending recovery of %s\n", args[0])
+				return nil
+			},
+		},
+		{
+			name: "failover", args: "NAME", summary: "move a stream's ownership through recovery now",
+			flags: func(fs *flag.FlagSet) {
+				fs.StringVar(&failoverWy, "why", "operator failover", "reason, recorded with who ran it")
+			},
+			run: func(ctx context.Context, e *env, _ *flag.FlagSet, args []string) error {
+				if err := needArgs(args, 1, 1, "NAME"); err != nil {
+					return err
+				}
+				c, err := e.admin()
+				if err != nil {
+					return err
+				}
+				ctx, cancel := e.withTimeout(ctx)
+				defer cancel()
+				res, err := c.Admin().Failover(ctx, connect.NewRequest(&strandv1.FailoverRequest{Stream: args[0], Who: who(), Why: failoverWy}))
+				if err != nil {
+					return err
+				}
+				if e.g.json {
+					return printMessage(e.stdout, res.Msg)
+				}
+				r := res.Msg.GetRecovery()
+				fmt.Fprintf(e.stdout, "failover of %s pending: from epoch %d, fence %d, proposed owner %s (transition %s)\n",
+					args[0], r.GetFromEpoch(), r.GetFenceEpoch(), dash(r.GetProposedOwner()), r.GetTransitionId())
+				return nil
+			},
+		},
+	}
+}
+
+func printAttention(w io.Writer, entries []*strandv1.AttentionEntry, withStream bool) {
+	header := []string{"KIND", "NODE", "MISSING", "START", "REASON"}
+	if withStream {
+		header = append([]string{"STREAM"}, header...)
+	}
+	t := newTable(w, header...)
+	for _, a := range entries {
+		start := "-"
+		if a.GetStartNode() != "" || a.GetStartRecordTail() != 0 {
+			start = fmt.Sprintf("%d@%s", a.GetStartRecordTail(), dash(a.GetStartNode()))
+		}
+		row := []any{a.GetKind(), dash(a.GetNode()), dash(strings.Join(a.GetMissing(), ",")), start, dash(a.GetReason())}
+		if withStream {
+			row = append([]any{dash(a.GetStream())}, row...)
+		}
+		t.row(row...)
+	}
+	t.flush()
+}

@@ -1,0 +1,53 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/strandhq/strand/client"
+	"github.com/strandhq/strand/cmd/strandctl/internal/devcluster"
+)
+
+// endpoints says where the cluster is: --controller/--broker (or their
+// environment variables) when given, else DIR/cluster.json of a dev cluster.
+func (e *env) endpoints() (controller string, brokers []string, err error) {
+	if e.g.controller != "" || e.g.broker != "" {
+		for _, b := range strings.Split(e.g.broker, ",") {
+			if b = strings.TrimSpace(b); b != "" {
+				brokers = append(brokers, b)
+			}
+		}
+		return e.g.controller, brokers, nil
+	}
+	info, err := devcluster.ReadInfo(e.g.dataDir)
+	if errors.Is(err, devcluster.ErrNoCluster) {
+		return "", nil, fmt.Errorf("no cluster to talk to: pass --controller/--broker, set STRAND_CONTROLLER/STRAND_BROKER, or run `strandctl dev` (%w)", err)
+	}
+	if err != nil {
+		return "", nil, err
+	}
+	return info.Controller, info.BrokerAddresses(), nil
+}
+
+// client builds a client for the cluster.
+func (e *env) client(cfg client.Config) (*client.Client, error) {
+	controller, brokers, err := e.endpoints()
+	if err != nil {
+		return nil, err
+	}
+	cfg.Controller, cfg.Brokers = controller, brokers
+	return client.New(cfg)
+}
+
+// admin builds a client for admin commands, which need the controller.
+func (e *env) admin() (*client.Client, error) {
+	c, err := e.client(client.Config{})
+	if err != nil {
+		return nil, err
+	}
+	if controller, _, _ := e.endpoints(); controller == "" {
+		return nil, errors.New("no controller address: pass --controller or set STRAND_CONTROLLER")
+	}
+	return c, nil
+}

@@ -1,0 +1,97 @@
+package devcluster
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+)
+
+// InfoFile is the name of the file, in the data dir, that records a running
+// dev cluster (docs/CONTRACTS.md, "strandctl dev").
+const InfoFile = "cluster.json"
+
+// Info is what cluster.json holds: endpoints and process ids.
+type Info struct {
+	Etcd          []string     `json:"etcd"`
+	Prefix        string       `json:"prefix"`
+	Controller    string       `json:"controller"`
+	Recoverer     string       `json:"recoverer,omitempty"`
+	Brokers       []BrokerInfo `json:"brokers"`
+	ControllerPID int          `json:"controller_pid"`
+	RecovererPID  int          `json:"recoverer_pid"`
+	PID           int          `json:"pid"`
+}
+
+// BrokerInfo is one broker of a dev cluster.
+type BrokerInfo struct {
+	Node    string `json:"node"`
+	Address string `json:"address"`
+	PID     int    `json:"pid"`
+}
+
+// BrokerAddresses lists the brokers' addresses.
+func (i Info) BrokerAddresses() []string {
+	out := make([]string, len(i.Brokers))
+	for j, b := range i.Brokers {
+		out[j] = b.Address
+	}
+	return out
+}
+
+// Broker returns the broker with node id node.
+func (i Info) Broker(node string) (BrokerInfo, bool) {
+	for _, b := range i.Brokers {
+		if b.Node == node {
+			return b, true
+		}
+	}
+	return BrokerInfo{}, false
+}
+
+// ErrNoCluster is returned by ReadInfo when no dev cluster runs in the dir.
+var ErrNoCluster = errors.New("devcluster: no cluster.json (is `strandctl dev` running?)")
+
+// ReadInfo reads DIR/cluster.json.
+func ReadInfo(dir string) (Info, error) {
+	raw, err := os.ReadFile(filepath.Join(dir, InfoFile))
+	if errors.Is(err, fs.ErrNotExist) {
+		return Info{}, fmt.Errorf("%w: %s", ErrNoCluster, filepath.Join(dir, InfoFile))
+	}
+	if err != nil {
+		return Info{}, err
+	}
+	var info Info
+	if err := json.Unmarshal(raw, &info); err != nil {
+		return Info{}, fmt.Errorf("devcluster: %s: %w", filepath.Join(dir, InfoFile), err)
+	}
+	return info, nil
+}
+
+// writeInfo replaces DIR/cluster.json atomically (temp file and rename), so
+// a reader never sees half a file.
+func writeInfo(dir string, info Info) error {
+	raw, err := json.MarshalIndent(info, "", "  ")
+	if err != nil {
+		return err
+	}
+	tmp, err := os.CreateTemp(dir, InfoFile+".tmp*")
+	if err != nil {
+		return err
+	}
+	defer os.Remove(tmp.Name())
+	if _, err := tmp.Write(append(raw, '\n')); err != nil {
+		_ = tmp.Close()
+		return err
+	}
+	if err := tmp.Sync(); err != nil {
+		_ = tmp.Close()
+		return err
+	}
+	if err := tmp.Close(); err != nil {
+		return err
+	}
+	return os.Rename(tmp.Name(), filepath.Join(dir, InfoFile))
+}
