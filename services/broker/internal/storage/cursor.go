@@ -1,0 +1,159 @@
+package storage
+
+import (
+	"context"
+	"fmt"
+	"maps"
+)
+
+// CursorEvent is one cursor commit in the cursor event log.
+type CursorEvent struct {
+	Offset   uint64
+	Epoch    uint64
+	Cursor   string
+	Position uint64
+}
+
+// MaxCursorName is the longest cursor name accepted, in bytes.
+const MaxCursorName = 256
+
+func validCursorName(name string) error {
+	if name == "" || len(name) > MaxCursorName {
+		return fmt.Errorf("%w: cursor name of %d bytes (want 1..%d)", ErrInvalidArgument, len(name), MaxCursorName)
+	}
+	return nil
+}
+
+// clamp bounds a cursor position to [head, tail].
+func clamp(v, head, tail uint64) uint64 {
+	return max(head, min(v, tail))
+}
+
+// CommitCursor moves cursor to position as the owner at epoch. The position
+// is clamped to [head, record tail]. Cursors only move forward: a position
+// at or below the cursor's current one appends nothing and returns an event
+// carrying the current position, with Offset the cursor event tail (where
+// nothing was written). Otherwise it appends a cursor event and returns it.
+//
+// The event is not fsynced before return (seed "Cursors"): it is handed to
+// the committer, which makes it durable with the next batch's fsync, and it
+// becomes visible to ReadCursorEvents (and so to followers) only then. A
+// crash may lose commits that were returned; a reader resuming from an
+// older cursor receives records again, which at-least-once allows.
+func (s *Stream) CommitCursor(ctx context.Context, epoch uint64, cursor string, position uint64) (CursorEvent, error) {
+	if err := validCursorName(cursor); err != nil {
+		return CursorEvent{}, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err := s.checkOwnerLocked(epoch); err != nil {
+		return CursorEvent{}, err
+	}
+	s.dmu.Lock()
+	tail := s.dTail
+	s.dmu.Unlock()
+	position = clamp(position, s.m.Head, tail)
+	cur, ok := s.cursors[cursor]
+	if ok {
+		cur = clamp(cur, s.m.Head, tail)
+		if position <= cur {
+			return CursorEvent{Offset: s.m.CursorEventTail, Epoch: epoch, Cursor: cursor, Position: cur}, nil
+		}
+	}
+	prev := s.m
+	ev := CursorEvent{Offset: s.m.CursorEventTail, Epoch: epoch, Cursor: cursor, Position: position}
+	noteEpoch(&s.m, epoch, s.m.RecordTail, ev.Offset)
+	o := &op{s: s}
+	o.add(offsetKey(s.eventPrefix, ev.Offset), encodeEvent(nil, &ev))
+	s.m.CursorEventTail++
+	s.cursors[cursor] = position
+	prevBoundary := s.snapBoundary
+	s.maybeSnapshotLocked(o)
+	o.meta, o.version = s.snapshotMeta()
+	evTail := s.m.CursorEventTail
+	o.apply = func() { s.advanceDurableEvents(evTail) }
+	if err := s.enqueueLocked(ctx, o, prev); err != nil {
+		if ok {
+			s.cursors[cursor] = cur
+		} else {
+			delete(s.cursors, cursor)
+		}
+		s.snapBoundary = prevBoundary
+		return CursorEvent{}, err
+	}
+	return ev, nil
+}
+
+// Cursor returns the cursor's position, clamped to [head, record tail], and
+// whether it exists. The state is the last snapshot plus the events after
+// its boundary.
+func (s *Stream) Cursor(name string) (uint64, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	v, ok := s.cursors[name]
+	if !ok {
+		return 0, false
+	}
+	s.dmu.Lock()
+	tail := s.dTail
+	s.dmu.Unlock()
+	return clamp(v, s.m.Head, tail), true
+}
+
+// ReadCursorEvents returns up to max durable cursor events from offset from
+// (max of 0 or less: no bound). from must be at most the cursor event tail.
+func (s *Stream) ReadCursorEvents(from uint64, max int) ([]CursorEvent, error) {
+	s.dmu.Lock()
+	tail := s.dEvTail
+	s.dmu.Unlock()
+	if from > tail {
+		return nil, fmt.Errorf("%w: cursor events from %d past tail %d", ErrOutOfRange, from, tail)
+	}
+	end := tail
+	if max > 0 && uint64(max) < end-from {
+		end = from + uint64(max)
+	}
+	var out []CursorEvent
+	err := s.scanEvents(from, end, func(ev CursorEvent) bool {
+		out = append(out, ev)
+		return true
+	})
+	if err != nil {
+		return nil, fmt.Errorf("storage: stream %q: reading cursor events: %w", s.name, err)
+	}
+	return out, nil
+}
+
+// Snapshot persists the cursor state at boundary = the cursor event tail and
+// returns once it is durable. Events below the boundary are no longer needed
+// to rebuild the state (they are kept; nothing compacts them yet).
+func (s *Stream) Snapshot() error {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return s.closedErr()
+	}
+	o := &op{s: s, done: make(chan error, 1)}
+	s.addSnapshotLocked(o)
+	if err := s.db.enqueue(context.Background(), o); err != nil {
+		s.mu.Unlock()
+		return err
+	}
+	s.mu.Unlock()
+	return wait(context.Background(), o)
+}
+
+// maybeSnapshotLocked folds the cursor state into a snapshot when many
+// events follow the last boundary, bounding the replay on open.
+func (s *Stream) maybeSnapshotLocked(o *op) {
+	if s.m.CursorEventTail-s.snapBoundary >= snapshotEvery {
+		s.addSnapshotLocked(o)
+	}
+}
+
+// addSnapshotLocked adds the snapshot of the assigned cursor state to o.
+func (s *Stream) addSnapshotLocked(o *op) {
+	snap := snapshot{Boundary: s.m.CursorEventTail, Cursors: maps.Clone(s.cursors)}
+	o.add(s.snapKey, encodeSnapshot(&snap))
+	s.snapBoundary = snap.Boundary
+}

@@ -1,0 +1,227 @@
+package storage
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/dgraph-io/badger/v4"
+)
+
+// Cut brings a copy with a longer tail back onto the history of a new epoch
+// (seed "Copies with a longer tail", issue 5): it truncates the record log to
+// recordTail and the cursor event log to cursorEventTail. The caller computes
+// the cut point from the copy's log epochs (SealedLogEpochs when sealed) and
+// the recorded history starts; storage only executes it.
+//
+//   - It never goes below the retained head (recordTail is raised to it) and
+//     never touches entries below the given tails; a tail at or past the log
+//     end leaves that log alone, so a copy already on the target history is
+//     untouched.
+//   - The cursor snapshot is replaced by one at boundary cursorEventTail:
+//     a snapshot that covered events past the cut keeps its state (its
+//     boundary is lowered), one below the cut absorbs the events up to it;
+//     either way the new owner's events from the cut on replay over it.
+//   - Every cursor above the new record tail is clamped down to it, and the
+//     clamp is written into the snapshot, so a returning reader resumes at
+//     the cut (receiving records again), never past records it has not seen.
+//   - Log epochs that start past the cut are removed (SealedLogEpochs too);
+//     the confirm watermark is lowered to the new record tail.
+//
+// Crash safety: the intent (both tails, the chain at the new record tail,
+// the bytes left) is written durably into the metadata first; then the
+// record log is cut, then the cursor event log, then one transaction writes
+// the snapshot and the final metadata and clears the intent. A crash at any
+// point leaves the intent, and the next open completes the same cut; deletes
+// are idempotent and nothing below the tails is read back from the cut part,
+// so repeating a cut gives the same result. While the intent is set, appends,
+// cursor commits, epoch changes and retention are refused.
+func (s *Stream) Cut(recordTail, cursorEventTail uint64) error {
+	s.admin.Lock()
+	defer s.admin.Unlock()
+	ctx := context.Background()
+
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return s.closedErr()
+	}
+	pending := s.m.Cut
+	head, rt, et, bytes := s.m.Head, s.m.RecordTail, s.m.CursorEventTail, s.m.Bytes
+	s.mu.Unlock()
+	if pending != nil {
+		// An earlier call stopped part way (a test failpoint or a write
+		// error); finish it before anything else.
+		if err := s.finishCut(ctx); err != nil {
+			return err
+		}
+		return s.Cut(recordTail, cursorEventTail)
+	}
+
+	newRT := min(max(recordTail, head), rt)
+	newET := min(cursorEventTail, et)
+	if newRT == rt && newET == et {
+		return nil
+	}
+	chain, cutBytes, err := s.cutPoint(head, newRT, rt)
+	if err != nil {
+		return err
+	}
+	intent := &cutIntent{RecordTail: newRT, CursorEventTail: newET, Chain: chain, Bytes: bytes - min(bytes, cutBytes)}
+	err = s.commitMeta(ctx, func(m *meta) error {
+		if m.RecordTail != rt || m.CursorEventTail != et || m.Head != head || m.Cut != nil {
+			return fmt.Errorf("%w: stream %q changed while preparing a cut", ErrFenced, s.name)
+		}
+		m.Cut = intent
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	return s.finishCut(ctx)
+}
+
+// cutPoint returns the chain at newRT and the encoded bytes of [newRT, rt).
+func (s *Stream) cutPoint(head, newRT, rt uint64) (chain, bytes uint64, err error) {
+	err = s.db.bdb.View(func(txn *badger.Txn) error {
+		if newRT == head {
+			s.mu.Lock()
+			chain = s.m.HeadChain
+			s.mu.Unlock()
+		} else {
+			item, err := txn.Get(offsetKey(s.recPrefix, newRT-1))
+			if err != nil {
+				return fmt.Errorf("record %d: %w", newRT-1, err)
+			}
+			var rec Record
+			if err := item.Value(func(v []byte) (err error) {
+				rec, err = decodeRecordHeader(v)
+				return err
+			}); err != nil {
+				return fmt.Errorf("record %d: %w", newRT-1, err)
+			}
+			chain = rec.Chain
+		}
+		it := txn.NewIterator(badger.IteratorOptions{Prefix: s.recPrefix})
+		defer it.Close()
+		for it.Seek(offsetKey(s.recPrefix, newRT)); it.Valid(); it.Next() {
+			if keyOffset(it.Item().Key()) >= rt {
+				break
+			}
+			bytes += uint64(it.Item().ValueSize())
+		}
+		return nil
+	})
+	if err != nil {
+		return 0, 0, fmt.Errorf("storage: preparing cut of stream %q: %w", s.name, err)
+	}
+	return chain, bytes, nil
+}
+
+// finishCut executes the pending cut intent (see Cut).
+func (s *Stream) finishCut(ctx context.Context) error {
+	s.mu.Lock()
+	c := s.m.Cut
+	s.mu.Unlock()
+	if c == nil {
+		return nil
+	}
+	if err := s.db.deleteRange(ctx, s.recPrefix, c.RecordTail, maxOffset); err != nil {
+		return fmt.Errorf("storage: cutting record log of stream %q: %w", s.name, err)
+	}
+	if hook := s.db.afterRecordCut; hook != nil {
+		if err := hook(); err != nil {
+			return err
+		}
+	}
+	if err := s.db.deleteRange(ctx, s.eventPrefix, c.CursorEventTail, maxOffset); err != nil {
+		return fmt.Errorf("storage: cutting cursor event log of stream %q: %w", s.name, err)
+	}
+
+	// The cursor state at the cut: the stored snapshot (as the last
+	// transaction before the intent left it) plus the events below the cut
+	// after its boundary, clamped to the new record tail.
+	snap, err := s.readSnapshot()
+	if err != nil {
+		return err
+	}
+	cursors := make(map[string]uint64, len(snap.Cursors))
+	for k, v := range snap.Cursors {
+		cursors[k] = v
+	}
+	if snap.Boundary < c.CursorEventTail {
+		err := s.scanEvents(snap.Boundary, c.CursorEventTail, func(ev CursorEvent) bool {
+			cursors[ev.Cursor] = ev.Position
+			return true
+		})
+		if err != nil {
+			return fmt.Errorf("storage: cut of stream %q: %w", s.name, err)
+		}
+	}
+	for k, v := range cursors {
+		cursors[k] = min(v, c.RecordTail)
+	}
+	newSnap := snapshot{Boundary: c.CursorEventTail, Cursors: cursors}
+
+	return s.commitOp(ctx, func(m *meta) error {
+		m.RecordTail, m.Chain = c.RecordTail, c.Chain
+		m.CursorEventTail = c.CursorEventTail
+		m.Bytes = c.Bytes
+		m.LogEpochs = cutLogEpochs(m.LogEpochs, c.RecordTail, c.CursorEventTail)
+		m.SealedLogEpochs = cutLogEpochs(m.SealedLogEpochs, c.RecordTail, c.CursorEventTail)
+		m.Cut = nil
+		return nil
+	}, func(o *op) {
+		o.add(s.snapKey, encodeSnapshot(&newSnap))
+		s.cursors = cursors
+		s.snapBoundary = newSnap.Boundary
+		o.apply = func() {
+			s.dmu.Lock()
+			wm := s.watermark
+			s.dmu.Unlock()
+			s.setDurable(c.RecordTail, c.Chain, c.CursorEventTail, min(wm, c.RecordTail))
+		}
+	})
+}
+
+// cutLogEpochs drops the log epochs that start past the cut in both logs and
+// clamps the others' starts to it; an epoch whose clamped range still holds
+// entries in either log stays.
+func cutLogEpochs(les []LogEpoch, rt, et uint64) []LogEpoch {
+	if les == nil {
+		return nil
+	}
+	out := make([]LogEpoch, 0, len(les))
+	for _, e := range les {
+		if e.RecordStart <= rt && e.CursorEventStart <= et {
+			out = append(out, e)
+			continue
+		}
+		if e.RecordStart < rt || e.CursorEventStart < et {
+			e.RecordStart, e.CursorEventStart = min(e.RecordStart, rt), min(e.CursorEventStart, et)
+			out = append(out, e)
+		}
+	}
+	return out
+}
+
+func (s *Stream) readSnapshot() (snapshot, error) {
+	var snap snapshot
+	err := s.db.bdb.View(func(txn *badger.Txn) error {
+		item, err := txn.Get(s.snapKey)
+		if errors.Is(err, badger.ErrKeyNotFound) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		return item.Value(func(v []byte) (err error) {
+			snap, err = decodeSnapshot(v)
+			return err
+		})
+	})
+	if err != nil {
+		return snapshot{}, fmt.Errorf("storage: stream %q: reading cursor snapshot: %w", s.name, err)
+	}
+	return snap, nil
+}

@@ -1,0 +1,331 @@
+package storage
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+
+	"github.com/dgraph-io/badger/v4"
+	"github.com/rs/zerolog"
+)
+
+// Options configures one broker's Badger store.
+type Options struct {
+	Dir    string
+	Logger zerolog.Logger
+	// MemTableBytes and CacheBytes bound Badger's memory; 0 picks small defaults.
+	MemTableBytes int64
+	CacheBytes    int64
+}
+
+// Memory defaults: with them a broker's Badger stays well under the 512 MiB
+// RSS budget (3 memtables + their WAL mmaps, small caches, 2 compactors).
+const (
+	defaultMemTableBytes = 32 << 20
+	defaultCacheBytes    = 16 << 20
+	numMemtables         = 3
+	valueLogFileBytes    = 64 << 20
+)
+
+// DB is one broker's store: one Badger database holding every stream copy
+// the broker has, and the single committer that writes to it (commit.go).
+type DB struct {
+	bdb *badger.DB
+	log zerolog.Logger
+
+	// maxEntryBytes bounds one encoded record: Badger refuses a transaction
+	// above 15% of the memtable, and one record must fit one transaction.
+	maxEntryBytes int
+
+	ops     chan *op
+	stop    chan struct{}
+	stopped chan struct{}
+
+	// gate orders enqueueing against Close: senders hold it shared while
+	// they send, Close takes it exclusively to stop them, so the committer
+	// sees every op that was accepted.
+	gate   sync.RWMutex
+	closed bool
+
+	// failed is the first write error; the committer refuses all later work.
+	failMu sync.Mutex
+	failed error
+
+	mu      sync.Mutex
+	streams map[string]*Stream
+
+	// afterRecordCut, when set (tests only), runs between the record log cut
+	// and the cursor event log cut; an error aborts the cut there, leaving
+	// the intent for the next open to complete.
+	afterRecordCut func() error
+}
+
+// Open opens (or creates) the store in opts.Dir. Pending drops are completed
+// before it returns; a stream's pending cut or purge is completed when the
+// stream is opened.
+func Open(opts Options) (*DB, error) {
+	if opts.Dir == "" {
+		return nil, fmt.Errorf("%w: empty Dir", ErrInvalidArgument)
+	}
+	mem := opts.MemTableBytes
+	if mem <= 0 {
+		mem = defaultMemTableBytes
+	}
+	cache := opts.CacheBytes
+	if cache <= 0 {
+		cache = defaultCacheBytes
+	}
+	maxBatch := mem * 15 / 100 // Badger's own transaction bound
+	threshold := min(int64(1<<20), maxBatch/2)
+	bo := badger.DefaultOptions(opts.Dir).
+		WithLogger(badgerLogger{opts.Logger}).
+		WithSyncWrites(false). // the committer fsyncs once per batch (commit.go)
+		WithDetectConflicts(false).
+		WithMetricsEnabled(false).
+		WithMemTableSize(mem).
+		WithNumMemtables(numMemtables).
+		WithNumLevelZeroTables(4).
+		WithNumLevelZeroTablesStall(12).
+		WithBaseTableSize(8 << 20).
+		WithBaseLevelSize(32 << 20).
+		WithBlockCacheSize(cache).
+		WithIndexCacheSize(cache / 2).
+		WithValueLogFileSize(valueLogFileBytes).
+		WithValueThreshold(threshold).
+		WithNumCompactors(2).
+		WithNumGoroutines(2)
+	bdb, err := badger.Open(bo)
+	if err != nil {
+		return nil, fmt.Errorf("storage: opening badger in %s: %w", opts.Dir, err)
+	}
+	db := &DB{
+		bdb:           bdb,
+		log:           opts.Logger,
+		maxEntryBytes: int(maxBatch / 2),
+		ops:           make(chan *op, 4096),
+		stop:          make(chan struct{}),
+		stopped:       make(chan struct{}),
+		streams:       make(map[string]*Stream),
+	}
+	go db.commitLoop()
+	if err := db.finishDrops(); err != nil {
+		_ = db.Close()
+		return nil, err
+	}
+	return db, nil
+}
+
+// Close stops the committer after it has written every accepted op, closes
+// every stream (waking their waiters) and closes Badger.
+func (db *DB) Close() error {
+	db.gate.Lock()
+	if db.closed {
+		db.gate.Unlock()
+		return nil
+	}
+	db.closed = true
+	db.gate.Unlock()
+	close(db.stop)
+	<-db.stopped
+
+	db.mu.Lock()
+	for _, s := range db.streams {
+		s.close()
+	}
+	db.streams = map[string]*Stream{}
+	db.mu.Unlock()
+
+	if err := db.bdb.Close(); err != nil {
+		return fmt.Errorf("storage: closing badger: %w", err)
+	}
+	return nil
+}
+
+// Open returns the stream copy called name, creating it (empty, epoch 0) if
+// it does not exist. Every call for a name returns the same *Stream until it
+// is dropped or the DB is closed.
+func (db *DB) Open(name string) (*Stream, error) {
+	if err := validStreamName(name); err != nil {
+		return nil, err
+	}
+	db.mu.Lock()
+	defer db.mu.Unlock()
+	if err := db.usable(); err != nil {
+		return nil, err
+	}
+	if s, ok := db.streams[name]; ok {
+		return s, nil
+	}
+	s, err := db.loadStream(name)
+	if err != nil {
+		return nil, err
+	}
+	db.streams[name] = s
+	return s, nil
+}
+
+// Streams lists the streams stored (opened or not), sorted.
+func (db *DB) Streams() ([]string, error) {
+	if err := db.usable(); err != nil {
+		return nil, err
+	}
+	var names []string
+	err := db.bdb.View(func(txn *badger.Txn) error {
+		it := txn.NewIterator(badger.IteratorOptions{Prefix: []byte{kindMeta}})
+		defer it.Close()
+		for it.Rewind(); it.Valid(); it.Next() {
+			name, ok := nameFromMetaKey(it.Item().Key())
+			if !ok {
+				continue
+			}
+			var m meta
+			err := it.Item().Value(func(v []byte) (err error) {
+				m, err = decodeMeta(v)
+				return err
+			})
+			if err != nil {
+				return fmt.Errorf("stream %q: %w", name, err)
+			}
+			if !m.Dropping {
+				names = append(names, name)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("storage: listing streams: %w", err)
+	}
+	slices.Sort(names)
+	return names, nil
+}
+
+// Drop deletes every entry of the stream: records, cursor events, the
+// snapshot and the metadata. The *Stream it had returned is closed. A drop
+// interrupted by a crash is completed by the next Open.
+func (db *DB) Drop(name string) error {
+	if err := validStreamName(name); err != nil {
+		return err
+	}
+	db.mu.Lock()
+	defer db.mu.Unlock()
+	if err := db.usable(); err != nil {
+		return err
+	}
+	if s, ok := db.streams[name]; ok {
+		delete(db.streams, name)
+		s.close()
+	}
+	return db.drop(name)
+}
+
+func (db *DB) drop(name string) error {
+	ctx := context.Background()
+	mk := streamKey(kindMeta, name)
+	var m meta
+	found := false
+	err := db.bdb.View(func(txn *badger.Txn) error {
+		item, err := txn.Get(mk)
+		if errors.Is(err, badger.ErrKeyNotFound) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		found = true
+		return item.Value(func(v []byte) (err error) {
+			m, err = decodeMeta(v)
+			return err
+		})
+	})
+	if err != nil {
+		return fmt.Errorf("storage: drop %q: %w", name, err)
+	}
+	if !found {
+		return nil
+	}
+	if !m.Dropping {
+		m.Dropping = true
+		if err := db.do(ctx, &op{kvs: []kv{{key: mk, val: encodeMeta(&m)}}}); err != nil {
+			return fmt.Errorf("storage: drop %q: %w", name, err)
+		}
+	}
+	for _, kind := range []byte{kindRecord, kindEvent} {
+		if err := db.deleteRange(ctx, streamKey(kind, name), 0, maxOffset); err != nil {
+			return fmt.Errorf("storage: drop %q: %w", name, err)
+		}
+	}
+	last := &op{kvs: []kv{{key: streamKey(kindSnapshot, name), del: true}, {key: mk, del: true}}}
+	if err := db.do(ctx, last); err != nil {
+		return fmt.Errorf("storage: drop %q: %w", name, err)
+	}
+	return nil
+}
+
+// finishDrops completes drops that a crash interrupted.
+func (db *DB) finishDrops() error {
+	var pending []string
+	err := db.bdb.View(func(txn *badger.Txn) error {
+		it := txn.NewIterator(badger.IteratorOptions{Prefix: []byte{kindMeta}})
+		defer it.Close()
+		for it.Rewind(); it.Valid(); it.Next() {
+			name, ok := nameFromMetaKey(it.Item().Key())
+			if !ok {
+				continue
+			}
+			err := it.Item().Value(func(v []byte) error {
+				m, err := decodeMeta(v)
+				if err == nil && m.Dropping {
+					pending = append(pending, name)
+				}
+				return err
+			})
+			if err != nil {
+				return fmt.Errorf("stream %q: %w", name, err)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("storage: scanning for pending drops: %w", err)
+	}
+	for _, name := range pending {
+		if err := db.drop(name); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// usable reports ErrClosed once the DB is closed or a write failed.
+func (db *DB) usable() error {
+	db.gate.RLock()
+	closed := db.closed
+	db.gate.RUnlock()
+	if closed {
+		return fmt.Errorf("%w: db", ErrClosed)
+	}
+	db.failMu.Lock()
+	defer db.failMu.Unlock()
+	if db.failed != nil {
+		return fmt.Errorf("%w: db stopped after a write failure: %w", ErrClosed, db.failed)
+	}
+	return nil
+}
+
+// badgerLogger routes Badger's log to zerolog: errors and warnings only;
+// Badger's info and debug lines are noise at a broker's level.
+type badgerLogger struct{ l zerolog.Logger }
+
+func (b badgerLogger) Errorf(f string, a ...any) {
+	b.l.Error().Str("detail", strings.TrimSpace(fmt.Sprintf(f, a...))).Msg("badger error")
+}
+
+func (b badgerLogger) Warningf(f string, a ...any) {
+	b.l.Warn().Str("detail", strings.TrimSpace(fmt.Sprintf(f, a...))).Msg("badger warning")
+}
+
+func (b badgerLogger) Infof(string, ...any)  {}
+func (b badgerLogger) Debugf(string, ...any) {}

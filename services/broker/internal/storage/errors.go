@@ -1,0 +1,32 @@
+package storage
+
+import "errors"
+
+// Sentinel errors. Every error the package returns wraps one of them with %w
+// and adds the numbers that explain it, so callers match with errors.Is and
+// the RPC edge maps them to Connect codes from one table.
+var (
+	// ErrFenced: the caller's epoch is below the copy's epoch, the copy is
+	// sealed against replication, or a record carries an epoch the copy has
+	// not reached.
+	ErrFenced = errors.New("storage: fenced")
+	// ErrSealed: the copy is sealed; owner appends and cursor commits are
+	// refused until a role change at or after the fence epoch releases it.
+	ErrSealed = errors.New("storage: sealed")
+	// ErrOffsetMismatch: replicated entries do not start exactly at the tail
+	// or are not dense.
+	ErrOffsetMismatch = errors.New("storage: offset mismatch")
+	// ErrChainMismatch: a replicated record's chain value does not follow
+	// from the copy's chain; the copy is not a prefix of the sender's log.
+	ErrChainMismatch = errors.New("storage: chain mismatch")
+	// ErrOutOfRange: an offset outside [head, tail].
+	ErrOutOfRange = errors.New("storage: offset out of range")
+	// ErrClosed: the DB or the stream is closed (or dropped), or the DB
+	// stopped after a write failure.
+	ErrClosed = errors.New("storage: closed")
+	// ErrInvalidArgument: malformed input (an empty or oversized cursor
+	// name, a bad stream name, a record too large for one write).
+	ErrInvalidArgument = errors.New("storage: invalid argument")
+	// ErrCorrupt: stored bytes that do not decode.
+	ErrCorrupt = errors.New("storage: corrupt")
+)

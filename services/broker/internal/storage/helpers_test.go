@@ -1,0 +1,94 @@
+package storage
+
+import (
+	"context"
+	"fmt"
+	"testing"
+
+	"github.com/rs/zerolog"
+)
+
+func openDB(t testing.TB, dir string) *DB {
+	t.Helper()
+	db, err := Open(Options{Dir: dir, Logger: zerolog.Nop(), MemTableBytes: 8 << 20, CacheBytes: 4 << 20})
+	if err != nil {
+		t.Fatalf("Open(%s): %v", dir, err)
+	}
+	return db
+}
+
+func openStream(t testing.TB, db *DB, name string) *Stream {
+	t.Helper()
+	s, err := db.Open(name)
+	if err != nil {
+		t.Fatalf("db.Open(%q): %v", name, err)
+	}
+	return s
+}
+
+// ownerStream opens a stream and promotes it at epoch.
+func ownerStream(t testing.TB, db *DB, name string, epoch uint64) *Stream {
+	t.Helper()
+	s := openStream(t, db, name)
+	if err := s.AdvanceEpoch(epoch); err != nil {
+		t.Fatalf("AdvanceEpoch(%d): %v", epoch, err)
+	}
+	return s
+}
+
+func recs(prefix string, n int) []Record {
+	out := make([]Record, n)
+	for i := range out {
+		out[i] = Record{
+			Payload:    []byte(fmt.Sprintf("%s-%d", prefix, i)),
+			Headers:    map[string]string{"k": prefix, "i": fmt.Sprint(i)},
+			ProducerID: "p-" + prefix,
+			Sequence:   uint64(i),
+		}
+	}
+	return out
+}
+
+func mustAppend(t testing.TB, s *Stream, epoch uint64, rs []Record) []Record {
+	t.Helper()
+	out, err := s.Append(context.Background(), epoch, rs)
+	if err != nil {
+		t.Fatalf("Append: %v", err)
+	}
+	return out
+}
+
+func mustRead(t testing.TB, s *Stream, from uint64, max int) []Record {
+	t.Helper()
+	out, err := s.Read(from, max, 0)
+	if err != nil {
+		t.Fatalf("Read(%d): %v", from, err)
+	}
+	return out
+}
+
+// sameRecord compares every stored field.
+func sameRecord(a, b Record) error {
+	switch {
+	case a.Offset != b.Offset:
+		return fmt.Errorf("offset %d != %d", a.Offset, b.Offset)
+	case a.Epoch != b.Epoch:
+		return fmt.Errorf("record %d: epoch %d != %d", a.Offset, a.Epoch, b.Epoch)
+	case string(a.Payload) != string(b.Payload):
+		return fmt.Errorf("record %d: payload %q != %q", a.Offset, a.Payload, b.Payload)
+	case !a.PublishTime.Equal(b.PublishTime):
+		return fmt.Errorf("record %d: publish time %v != %v", a.Offset, a.PublishTime, b.PublishTime)
+	case a.ProducerID != b.ProducerID || a.Sequence != b.Sequence:
+		return fmt.Errorf("record %d: producer %s/%d != %s/%d", a.Offset, a.ProducerID, a.Sequence, b.ProducerID, b.Sequence)
+	case a.Chain != b.Chain:
+		return fmt.Errorf("record %d: chain %#x != %#x", a.Offset, a.Chain, b.Chain)
+	case len(a.Headers) != len(b.Headers):
+		return fmt.Errorf("record %d: headers %v != %v", a.Offset, a.Headers, b.Headers)
+	}
+	for k, v := range a.Headers {
+		if w, ok := b.Headers[k]; !ok || w != v {
+			return fmt.Errorf("record %d: headers %v != %v", a.Offset, a.Headers, b.Headers)
+		}
+	}
+	return nil
+}

@@ -1,0 +1,189 @@
+package storage
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/dgraph-io/badger/v4"
+)
+
+// Retention bounds the retained log; zero fields are unbounded.
+type Retention struct {
+	MaxRecords uint64
+	MaxBytes   uint64
+	MaxAge     time.Duration
+}
+
+// retentionWindow bounds how many records one step of ApplyRetention looks
+// at and deletes, so a large backlog is trimmed in bounded transactions.
+const retentionWindow = 4096
+
+// ApplyRetention moves the head forward past records that exceed
+// r.MaxRecords, r.MaxBytes (encoded bytes) or are older than r.MaxAge by
+// publish time at now, and returns the new head. Only records below the
+// confirm watermark are ever dropped: a record not yet confirmed must not be
+// lost from any copy. The new head and the chain below it are made durable
+// first, then the records below it are deleted in bounded batches (a crash
+// in between is completed on open). Cursors below the new head read as the
+// head from then on (they are clamped up to it).
+func (s *Stream) ApplyRetention(r Retention, now time.Time) (uint64, error) {
+	s.admin.Lock()
+	defer s.admin.Unlock()
+	ctx := context.Background()
+	for {
+		s.mu.Lock()
+		if s.closed {
+			s.mu.Unlock()
+			return 0, s.closedErr()
+		}
+		head, bytes, cutting := s.m.Head, s.m.Bytes, s.m.Cut != nil
+		s.mu.Unlock()
+		s.dmu.Lock()
+		tail := s.dTail
+		limit := min(s.watermark, tail)
+		s.dmu.Unlock()
+		if cutting || head >= limit || r == (Retention{}) {
+			return head, nil
+		}
+		byCount := head
+		if r.MaxRecords > 0 && tail-head > r.MaxRecords {
+			byCount = tail - r.MaxRecords
+		}
+		end := min(limit, head+retentionWindow)
+		var (
+			newHead   = head
+			dropped   uint64
+			headChain uint64
+		)
+		err := s.db.bdb.View(func(txn *badger.Txn) error {
+			it := txn.NewIterator(badger.IteratorOptions{PrefetchValues: true, PrefetchSize: 64, Prefix: s.recPrefix})
+			defer it.Close()
+			for it.Seek(offsetKey(s.recPrefix, head)); it.Valid() && newHead < end; it.Next() {
+				item := it.Item()
+				if off := keyOffset(item.Key()); off != newHead {
+					return fmt.Errorf("%w: record %d missing (found %d)", ErrCorrupt, newHead, off)
+				}
+				size := uint64(item.ValueSize())
+				var rec Record
+				if err := item.Value(func(v []byte) (err error) {
+					rec, err = decodeRecordHeader(v)
+					return err
+				}); err != nil {
+					return fmt.Errorf("record %d: %w", newHead, err)
+				}
+				drop := newHead < byCount ||
+					(r.MaxBytes > 0 && bytes-dropped > r.MaxBytes) ||
+					(r.MaxAge > 0 && rec.PublishTime.Before(now.Add(-r.MaxAge)))
+				if !drop {
+					break
+				}
+				dropped += size
+				headChain = rec.Chain
+				newHead++
+			}
+			return nil
+		})
+		if err != nil {
+			return head, fmt.Errorf("storage: retention on stream %q: %w", s.name, err)
+		}
+		if newHead == head {
+			return head, nil
+		}
+		err = s.commitMeta(ctx, func(m *meta) error {
+			if m.Head != head || m.Cut != nil {
+				return errNoChange // ResetTo or Cut ran meanwhile; look again
+			}
+			m.Head, m.HeadChain = newHead, headChain
+			m.Bytes -= min(m.Bytes, dropped)
+			return nil
+		})
+		if err != nil && err != errNoChange {
+			return head, err
+		}
+		if err := s.purge(ctx); err != nil {
+			return newHead, err
+		}
+		s.wakeAll() // readers below the new head re-check
+	}
+}
+
+// purge deletes the record keys in [Purged, Head) in bounded batches,
+// advancing Purged with each batch. It is idempotent and resumes after a
+// crash (loadStream calls it).
+func (s *Stream) purge(ctx context.Context) error {
+	for {
+		s.mu.Lock()
+		from, to := s.m.Purged, s.m.Head
+		s.mu.Unlock()
+		if from >= to {
+			return nil
+		}
+		var keys [][]byte
+		err := s.db.bdb.View(func(txn *badger.Txn) error {
+			it := txn.NewIterator(badger.IteratorOptions{Prefix: s.recPrefix})
+			defer it.Close()
+			for it.Seek(offsetKey(s.recPrefix, from)); it.Valid() && len(keys) < 1024; it.Next() {
+				k := it.Item().KeyCopy(nil)
+				if keyOffset(k) >= to {
+					break
+				}
+				keys = append(keys, k)
+			}
+			return nil
+		})
+		if err != nil {
+			return fmt.Errorf("storage: purging stream %q: %w", s.name, err)
+		}
+		upTo := to
+		if len(keys) == 1024 {
+			upTo = keyOffset(keys[len(keys)-1]) + 1
+		}
+		err = s.commitOp(ctx, func(m *meta) error {
+			m.Purged = max(m.Purged, min(upTo, m.Head))
+			return nil
+		}, func(o *op) {
+			for _, k := range keys {
+				o.del(k)
+			}
+		})
+		if err != nil {
+			return fmt.Errorf("storage: purging stream %q: %w", s.name, err)
+		}
+	}
+}
+
+// ResetTo discards the copy's record log and continues it at head with the
+// given chain: head = record tail = head, the chain (and the chain below the
+// head) = chain, the confirm watermark = head. A follower below the owner's
+// retained head uses it before following from there. The cursor event log,
+// the epochs and the cursors are kept (cursors read clamped to the new head).
+func (s *Stream) ResetTo(head, chain uint64) error {
+	s.admin.Lock()
+	defer s.admin.Unlock()
+	ctx := context.Background()
+	var oldTail uint64
+	err := s.commitOp(ctx, func(m *meta) error {
+		if m.Cut != nil {
+			return fmt.Errorf("%w: stream %q: cut in progress", ErrFenced, s.name)
+		}
+		oldTail = m.RecordTail
+		m.Head, m.HeadChain = head, chain
+		m.RecordTail, m.Chain = head, chain
+		m.Bytes = 0
+		m.Purged = min(m.Purged, head)
+		return nil
+	}, func(o *op) {
+		evTail := s.m.CursorEventTail
+		o.apply = func() { s.setDurable(head, chain, evTail, head) }
+	})
+	if err != nil {
+		return err
+	}
+	if oldTail > head {
+		if err := s.db.deleteRange(ctx, s.recPrefix, head, maxOffset); err != nil {
+			return fmt.Errorf("storage: reset of stream %q: %w", s.name, err)
+		}
+	}
+	return s.purge(ctx)
+}

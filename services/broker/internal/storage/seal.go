@@ -1,0 +1,84 @@
+package storage
+
+import (
+	"context"
+	"fmt"
+	"slices"
+)
+
+// AdvanceEpoch is the role change at epoch (owner promotion or following a
+// new owner). Below the copy's epoch it is ErrFenced; at the copy's epoch on
+// an unsealed copy it is a no-op. Otherwise it appends LogEpoch{epoch,
+// record tail, cursor event tail} (replacing a last entry that starts at the
+// same tails and so holds no entries), sets the epoch and releases any seal
+// in place: SealEpoch, SealTransition and SealedLogEpochs are cleared, since
+// the cut that needed them ran before this role change (seed "Copies with a
+// longer tail").
+func (s *Stream) AdvanceEpoch(epoch uint64) error {
+	err := s.commitMeta(context.Background(), func(m *meta) error {
+		if epoch < m.Epoch {
+			return fmt.Errorf("%w: advance to epoch %d below copy epoch %d", ErrFenced, epoch, m.Epoch)
+		}
+		if m.Cut != nil {
+			return fmt.Errorf("%w: stream %q: cut in progress", ErrFenced, s.name)
+		}
+		if epoch == m.Epoch && m.SealEpoch == 0 {
+			return errNoChange
+		}
+		m.LogEpochs = addLogEpoch(m.LogEpochs, LogEpoch{Epoch: epoch, RecordStart: m.RecordTail, CursorEventStart: m.CursorEventTail})
+		m.Epoch = epoch
+		m.SealEpoch, m.SealTransition, m.SealedLogEpochs = 0, "", nil
+		return nil
+	})
+	if err == errNoChange {
+		return nil
+	}
+	if err == nil {
+		s.wakeAll()
+	}
+	return err
+}
+
+// errNoChange aborts a commitMeta that has nothing to write.
+var errNoChange = fmt.Errorf("storage: no change")
+
+// Seal fences the copy at fenceEpoch for transition and returns its state
+// once every entry accepted before the seal is durable. It costs O(1): it
+// reports tails and the chain at the tail, reading nothing from the log.
+//
+//   - fenceEpoch below the copy's epoch: ErrFenced (a stale fence).
+//   - sealed at fenceEpoch by the same transition: idempotent, no write.
+//   - sealed at fenceEpoch by another transition: the newer one takes over.
+//   - otherwise: SealEpoch = Epoch = fenceEpoch. The first seal keeps the
+//     log epochs it replaces in SealedLogEpochs and adds LogEpoch{fenceEpoch,
+//     tails}, since the seal advances the epochs without data; a later,
+//     higher fence keeps SealedLogEpochs.
+//
+// While sealed, Append and CommitCursor return ErrSealed (and ErrFenced for
+// an epoch below the fence) and AppendReplicated returns ErrFenced, until
+// AdvanceEpoch at or above the fence releases the seal.
+func (s *Stream) Seal(fenceEpoch uint64, transition string) (State, error) {
+	err := s.commitMeta(context.Background(), func(m *meta) error {
+		if fenceEpoch < m.Epoch {
+			return fmt.Errorf("%w: seal at epoch %d below copy epoch %d", ErrFenced, fenceEpoch, m.Epoch)
+		}
+		if m.SealEpoch != 0 && m.SealEpoch == fenceEpoch {
+			if m.SealTransition == transition {
+				return nil // rewrite nothing new; still a barrier for the tails
+			}
+			m.SealTransition = transition
+			return nil
+		}
+		if m.SealEpoch == 0 {
+			m.SealedLogEpochs = slices.Clone(m.LogEpochs)
+		}
+		m.LogEpochs = addLogEpoch(m.LogEpochs, LogEpoch{Epoch: fenceEpoch, RecordStart: m.RecordTail, CursorEventStart: m.CursorEventTail})
+		m.Epoch, m.SealEpoch, m.SealTransition = fenceEpoch, fenceEpoch, transition
+		return nil
+	})
+	if err != nil {
+		return State{}, err
+	}
+	s.wakeAll()
+	return s.State(), nil
+}

@@ -1,0 +1,763 @@
+package storage
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/dgraph-io/badger/v4"
+)
+
+// Record is one record as the log holds it.
+type Record struct {
+	Offset      uint64
+	Epoch       uint64
+	Payload     []byte
+	Headers     map[string]string
+	PublishTime time.Time
+	ProducerID  string
+	Sequence    uint64
+	// Chain is the running checksum over every record up to and including
+	// this one (see the function Chain for what it covers).
+	Chain uint64
+}
+
+// LogEpoch says from which offsets of both logs entries came from an epoch.
+type LogEpoch struct {
+	Epoch            uint64
+	RecordStart      uint64
+	CursorEventStart uint64
+}
+
+// State is a snapshot of a copy's metadata and tails.
+type State struct {
+	Epoch            uint64
+	LogEpochs        []LogEpoch
+	SealEpoch        uint64
+	SealTransition   string
+	SealedLogEpochs  []LogEpoch
+	Head             uint64
+	RecordTail       uint64
+	CursorEventTail  uint64
+	Chain            uint64
+	Bytes            uint64
+	ConfirmWatermark uint64
+}
+
+// Sealed reports whether the copy is sealed.
+func (st State) Sealed() bool { return st.SealEpoch != 0 }
+
+// Stream is one stream copy. Its methods are safe for concurrent use.
+//
+// Two views of the copy are kept. The assigned view (mu) is the metadata
+// after every op handed to the committer: the next offsets to assign, the
+// epochs, the cursor state. The durable view (dmu) is what the committer has
+// synced: the tails State reports, readers are bounded by and waiters watch.
+// Lock order: admin, then mu, then dmu. The committer only takes dmu, so a
+// caller may block on a full queue while holding mu.
+type Stream struct {
+	db   *DB
+	name string
+
+	metaKey, snapKey       []byte
+	recPrefix, eventPrefix []byte
+
+	// admin serialises the multi-step operations (Cut, ResetTo, retention)
+	// against each other.
+	admin sync.Mutex
+
+	mu      sync.Mutex
+	m       meta   // assigned view
+	version uint64 // of m; see op.version
+	cursors map[string]uint64
+	// snapBoundary is the boundary of the newest snapshot handed to the
+	// committer.
+	snapBoundary uint64
+	closed       bool
+
+	dmu       sync.Mutex
+	dTail     uint64
+	dChain    uint64
+	dEvTail   uint64
+	watermark uint64
+	wmQueued  bool
+	dclosed   bool
+	waiters   map[waitKey]chan struct{}
+
+	// Owned by the committer goroutine.
+	cmMeta    *meta
+	cmVersion uint64
+	cmTouched bool
+}
+
+// snapshotEvery is how many cursor events may follow the snapshot boundary
+// before a commit folds them into a new snapshot, bounding replay on open.
+const snapshotEvery = 4096
+
+// Name returns the stream's name.
+func (s *Stream) Name() string { return s.name }
+
+// State returns the copy's metadata with its durable tails.
+func (s *Stream) State() State {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.dmu.Lock()
+	defer s.dmu.Unlock()
+	return State{
+		Epoch:            s.m.Epoch,
+		LogEpochs:        slices.Clone(s.m.LogEpochs),
+		SealEpoch:        s.m.SealEpoch,
+		SealTransition:   s.m.SealTransition,
+		SealedLogEpochs:  slices.Clone(s.m.SealedLogEpochs),
+		Head:             s.m.Head,
+		RecordTail:       s.dTail,
+		CursorEventTail:  s.dEvTail,
+		Chain:            s.dChain,
+		Bytes:            s.m.Bytes,
+		ConfirmWatermark: s.watermark,
+	}
+}
+
+func (db *DB) newStream(name string) *Stream {
+	return &Stream{
+		db:          db,
+		name:        name,
+		metaKey:     streamKey(kindMeta, name),
+		snapKey:     streamKey(kindSnapshot, name),
+		recPrefix:   streamKey(kindRecord, name),
+		eventPrefix: streamKey(kindEvent, name),
+		cursors:     map[string]uint64{},
+		waiters:     map[waitKey]chan struct{}{},
+	}
+}
+
+// loadStream reads a stream's metadata (creating it when absent), completes
+// an interrupted cut or purge, drops entries past the durable tails and
+// rebuilds the cursor state from the snapshot and the events after it.
+func (db *DB) loadStream(name string) (*Stream, error) {
+	s := db.newStream(name)
+	ctx := context.Background()
+	var (
+		m     meta
+		snap  snapshot
+		found bool
+	)
+	err := db.bdb.View(func(txn *badger.Txn) error {
+		item, err := txn.Get(s.metaKey)
+		if errors.Is(err, badger.ErrKeyNotFound) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		found = true
+		if err := item.Value(func(v []byte) (err error) {
+			m, err = decodeMeta(v)
+			return err
+		}); err != nil {
+			return err
+		}
+		item, err = txn.Get(s.snapKey)
+		if errors.Is(err, badger.ErrKeyNotFound) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		return item.Value(func(v []byte) (err error) {
+			snap, err = decodeSnapshot(v)
+			return err
+		})
+	})
+	if err != nil {
+		return nil, fmt.Errorf("storage: loading stream %q: %w", name, err)
+	}
+	if m.Dropping {
+		return nil, fmt.Errorf("%w: stream %q is being dropped", ErrClosed, name)
+	}
+	s.m = m
+	s.cmMeta = &m
+	s.dTail, s.dChain, s.dEvTail = m.RecordTail, m.Chain, m.CursorEventTail
+	s.watermark = min(m.ConfirmWatermark, m.RecordTail)
+	if !found {
+		s.m = meta{}
+		if err := s.commitMeta(ctx, nil); err != nil {
+			return nil, err
+		}
+		return s, nil
+	}
+
+	// Entries past the tails were never acknowledged: a batch split by
+	// Badger's transaction bound that crashed before its metadata.
+	for _, p := range [][]byte{s.recPrefix, s.eventPrefix} {
+		tail := m.RecordTail
+		if p[0] == kindEvent {
+			tail = m.CursorEventTail
+		}
+		if err := db.deleteRange(ctx, p, tail, maxOffset); err != nil {
+			return nil, fmt.Errorf("storage: loading stream %q: %w", name, err)
+		}
+	}
+	s.snapBoundary = snap.Boundary
+	if err := s.rebuildCursors(snap); err != nil {
+		return nil, fmt.Errorf("storage: loading stream %q: %w", name, err)
+	}
+	if m.Cut != nil {
+		if err := s.finishCut(ctx); err != nil {
+			return nil, err
+		}
+	}
+	if s.m.Purged < s.m.Head {
+		if err := s.purge(ctx); err != nil {
+			return nil, err
+		}
+	}
+	return s, nil
+}
+
+// rebuildCursors sets the cursor state to snap plus the events after its
+// boundary up to the assigned cursor event tail.
+func (s *Stream) rebuildCursors(snap snapshot) error {
+	cursors := make(map[string]uint64, len(snap.Cursors))
+	for k, v := range snap.Cursors {
+		cursors[k] = v
+	}
+	from := min(snap.Boundary, s.m.CursorEventTail)
+	err := s.scanEvents(from, s.m.CursorEventTail, func(ev CursorEvent) bool {
+		cursors[ev.Cursor] = ev.Position
+		return true
+	})
+	if err != nil {
+		return err
+	}
+	s.cursors = cursors
+	return nil
+}
+
+// commitMeta writes the assigned metadata after applying change to it, and
+// waits until it is durable. change runs under mu; an error from it aborts
+// with nothing changed.
+func (s *Stream) commitMeta(ctx context.Context, change func(m *meta) error) error {
+	return s.commitOp(ctx, change, nil)
+}
+
+// commitOp is commitMeta with build, which may add entries and an apply
+// function to the op (under mu, after change).
+func (s *Stream) commitOp(ctx context.Context, change func(m *meta) error, build func(o *op)) error {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return s.closedErr()
+	}
+	prev := s.m
+	if change != nil {
+		if err := change(&s.m); err != nil {
+			s.m = prev
+			s.mu.Unlock()
+			return err
+		}
+	}
+	o := &op{s: s, done: make(chan error, 1)}
+	if build != nil {
+		build(o)
+	}
+	o.meta, o.version = s.snapshotMeta()
+	if err := s.enqueueLocked(ctx, o, prev); err != nil {
+		s.mu.Unlock()
+		return err
+	}
+	s.mu.Unlock()
+	return wait(ctx, o)
+}
+
+// enqueueLocked enqueues o (built under mu); if it cannot, the assigned
+// metadata goes back to prev.
+func (s *Stream) enqueueLocked(ctx context.Context, o *op, prev meta) error {
+	if err := s.db.enqueue(ctx, o); err != nil {
+		s.m = prev
+		return err
+	}
+	return nil
+}
+
+func (s *Stream) closedErr() error {
+	return fmt.Errorf("%w: stream %q", ErrClosed, s.name)
+}
+
+// close marks the stream closed and wakes every waiter.
+func (s *Stream) close() {
+	s.mu.Lock()
+	s.closed = true
+	s.mu.Unlock()
+	s.dmu.Lock()
+	s.dclosed = true
+	s.wakeAllLocked()
+	s.dmu.Unlock()
+}
+
+// checkOwnerLocked is the gate for owner writes (Append, CommitCursor).
+func (s *Stream) checkOwnerLocked(epoch uint64) error {
+	if s.closed {
+		return s.closedErr()
+	}
+	if s.m.Cut != nil {
+		return fmt.Errorf("%w: stream %q: cut in progress", ErrFenced, s.name)
+	}
+	if s.m.SealEpoch != 0 {
+		if epoch < s.m.SealEpoch {
+			return fmt.Errorf("%w: %w: epoch %d below fence epoch %d", ErrSealed, ErrFenced, epoch, s.m.SealEpoch)
+		}
+		return fmt.Errorf("%w: at epoch %d (transition %q)", ErrSealed, s.m.SealEpoch, s.m.SealTransition)
+	}
+	if epoch < s.m.Epoch {
+		return fmt.Errorf("%w: epoch %d below copy epoch %d", ErrFenced, epoch, s.m.Epoch)
+	}
+	if epoch > s.m.Epoch {
+		return fmt.Errorf("%w: epoch %d above copy epoch %d (role change not applied)", ErrFenced, epoch, s.m.Epoch)
+	}
+	return nil
+}
+
+// noteEpoch records in LogEpochs that entries from epoch start at the given
+// tails, when epoch is above the last log epoch. Copy-on-write: op snapshots
+// share the slice.
+func noteEpoch(m *meta, epoch, recordStart, eventStart uint64) {
+	if n := len(m.LogEpochs); n > 0 && m.LogEpochs[n-1].Epoch >= epoch {
+		return
+	}
+	m.LogEpochs = addLogEpoch(m.LogEpochs, LogEpoch{Epoch: epoch, RecordStart: recordStart, CursorEventStart: eventStart})
+}
+
+// addLogEpoch returns a new slice with e appended; a last entry that starts
+// at the same tails covers no entries and is replaced (collapse), so the
+// list keeps one entry per epoch that holds entries, plus the current one.
+func addLogEpoch(les []LogEpoch, e LogEpoch) []LogEpoch {
+	out := slices.Clone(les)
+	if n := len(out); n > 0 && out[n-1].RecordStart == e.RecordStart && out[n-1].CursorEventStart == e.CursorEventStart {
+		out[n-1] = e
+		return out
+	}
+	return append(out, e)
+}
+
+// Append appends recs as the owner at epoch: offsets from the record tail,
+// the epoch stamped, PublishTime set to now where zero, the chain computed.
+// It returns the stored records once they are fsynced. Concurrent appends
+// share fsyncs (commit.go).
+func (s *Stream) Append(ctx context.Context, epoch uint64, recs []Record) ([]Record, error) {
+	if len(recs) == 0 {
+		return nil, nil
+	}
+	now := time.Now()
+	out := make([]Record, len(recs))
+	for i := range recs {
+		out[i] = recs[i]
+		if out[i].PublishTime.IsZero() {
+			out[i].PublishTime = now
+		}
+		out[i].PublishTime = fromUnixNanos(out[i].PublishTime.UnixNano())
+		if n := recordSize(&out[i]) + 32; n > s.db.maxEntryBytes {
+			return nil, fmt.Errorf("%w: record %d of %d bytes above the %d-byte limit", ErrInvalidArgument, i, n, s.db.maxEntryBytes)
+		}
+	}
+
+	s.mu.Lock()
+	if err := s.checkOwnerLocked(epoch); err != nil {
+		s.mu.Unlock()
+		return nil, err
+	}
+	prev := s.m
+	noteEpoch(&s.m, epoch, s.m.RecordTail, s.m.CursorEventTail)
+	o := &op{s: s}
+	chain := s.m.Chain
+	for i := range out {
+		r := &out[i]
+		r.Offset = s.m.RecordTail + uint64(i)
+		r.Epoch = epoch
+		r.Chain = Chain(chain, r)
+		chain = r.Chain
+		v := encodeRecord(make([]byte, 0, recordSize(r)), r)
+		o.add(offsetKey(s.recPrefix, r.Offset), v)
+		s.m.Bytes += uint64(len(v))
+	}
+	s.m.RecordTail += uint64(len(out))
+	s.m.Chain = chain
+	o.meta, o.version = s.snapshotMeta()
+	o.done = make(chan error, 1)
+	tail := s.m.RecordTail
+	o.apply = func() { s.advanceDurable(tail, chain) }
+	if err := s.enqueueLocked(ctx, o, prev); err != nil {
+		s.mu.Unlock()
+		return nil, err
+	}
+	s.mu.Unlock()
+	if err := wait(ctx, o); err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// snapshotMeta copies the assigned metadata for an op. Callers hold mu.
+func (s *Stream) snapshotMeta() (*meta, uint64) {
+	s.version++
+	m := s.m
+	return &m, s.version
+}
+
+// AppendReplicated appends a follower's batch: records at the owner's
+// offsets with their own epochs and chains, and cursor events at the
+// owner's event offsets. Both must start exactly at this copy's tails and be
+// dense (else ErrOffsetMismatch); each record's chain must follow from the
+// previous one (else ErrChainMismatch); no entry may carry an epoch above
+// the copy's (else ErrFenced); a sealed copy takes nothing (ErrFenced). On
+// any error nothing is stored. It returns once the batch is fsynced.
+func (s *Stream) AppendReplicated(ctx context.Context, recs []Record, evs []CursorEvent) error {
+	if len(recs) == 0 && len(evs) == 0 {
+		return nil
+	}
+	for i := range evs {
+		if err := validCursorName(evs[i].Cursor); err != nil {
+			return fmt.Errorf("cursor event %d: %w", evs[i].Offset, err)
+		}
+	}
+	for i := range recs {
+		if n := recordSize(&recs[i]) + 32; n > s.db.maxEntryBytes {
+			return fmt.Errorf("%w: record %d of %d bytes above the %d-byte limit", ErrInvalidArgument, recs[i].Offset, n, s.db.maxEntryBytes)
+		}
+	}
+
+	s.mu.Lock()
+	if err := s.checkReplicatedLocked(recs, evs); err != nil {
+		s.mu.Unlock()
+		return err
+	}
+	chain := s.m.Chain
+	if n := len(recs); n > 0 {
+		chain = recs[n-1].Chain
+	}
+	et := s.m.CursorEventTail
+	prev := s.m
+	prevCursors := make(map[string]uint64, len(evs))
+	o := &op{s: s}
+	for i := range recs {
+		r := &recs[i]
+		noteEpoch(&s.m, r.Epoch, r.Offset, et)
+		v := encodeRecord(make([]byte, 0, recordSize(r)), r)
+		o.add(offsetKey(s.recPrefix, r.Offset), v)
+		s.m.Bytes += uint64(len(v))
+	}
+	s.m.RecordTail += uint64(len(recs))
+	s.m.Chain = chain
+	for i := range evs {
+		ev := &evs[i]
+		noteEpoch(&s.m, ev.Epoch, s.m.RecordTail, ev.Offset)
+		o.add(offsetKey(s.eventPrefix, ev.Offset), encodeEvent(nil, ev))
+		if _, ok := prevCursors[ev.Cursor]; !ok {
+			old, had := s.cursors[ev.Cursor]
+			prevCursors[ev.Cursor] = old
+			if !had {
+				prevCursors[ev.Cursor] = noCursor
+			}
+		}
+		s.cursors[ev.Cursor] = ev.Position
+	}
+	s.m.CursorEventTail += uint64(len(evs))
+	s.maybeSnapshotLocked(o)
+	o.meta, o.version = s.snapshotMeta()
+	o.done = make(chan error, 1)
+	tail, evTail := s.m.RecordTail, s.m.CursorEventTail
+	o.apply = func() {
+		s.advanceDurable(tail, chain)
+		s.advanceDurableEvents(evTail)
+	}
+	if err := s.enqueueLocked(ctx, o, prev); err != nil {
+		for k, v := range prevCursors {
+			if v == noCursor {
+				delete(s.cursors, k)
+			} else {
+				s.cursors[k] = v
+			}
+		}
+		s.mu.Unlock()
+		return err
+	}
+	s.mu.Unlock()
+	return wait(ctx, o)
+}
+
+// checkReplicatedLocked validates a replicated batch against the assigned
+// view without changing anything.
+func (s *Stream) checkReplicatedLocked(recs []Record, evs []CursorEvent) error {
+	if s.closed {
+		return s.closedErr()
+	}
+	if s.m.Cut != nil {
+		return fmt.Errorf("%w: stream %q: cut in progress", ErrFenced, s.name)
+	}
+	if s.m.SealEpoch != 0 {
+		return fmt.Errorf("%w: sealed at fence epoch %d (transition %q)", ErrFenced, s.m.SealEpoch, s.m.SealTransition)
+	}
+	rt, et := s.m.RecordTail, s.m.CursorEventTail
+	chain := s.m.Chain
+	for i := range recs {
+		r := &recs[i]
+		if r.Offset != rt+uint64(i) {
+			return fmt.Errorf("%w: record %d at position %d of the batch, want %d (record tail %d)", ErrOffsetMismatch, r.Offset, i, rt+uint64(i), rt)
+		}
+		if r.Epoch > s.m.Epoch {
+			return fmt.Errorf("%w: record %d has epoch %d above copy epoch %d", ErrFenced, r.Offset, r.Epoch, s.m.Epoch)
+		}
+		if want := Chain(chain, r); want != r.Chain {
+			return fmt.Errorf("%w: record %d carries chain %#x, this copy computes %#x", ErrChainMismatch, r.Offset, r.Chain, want)
+		}
+		chain = r.Chain
+	}
+	for i := range evs {
+		ev := &evs[i]
+		if ev.Offset != et+uint64(i) {
+			return fmt.Errorf("%w: cursor event %d at position %d of the batch, want %d (cursor event tail %d)", ErrOffsetMismatch, ev.Offset, i, et+uint64(i), et)
+		}
+		if ev.Epoch > s.m.Epoch {
+			return fmt.Errorf("%w: cursor event %d has epoch %d above copy epoch %d", ErrFenced, ev.Offset, ev.Epoch, s.m.Epoch)
+		}
+	}
+
+	return nil
+}
+
+// noCursor marks "absent" when rolling back cursor state.
+const noCursor = ^uint64(0)
+
+// maxOffset is the end of every offset range.
+const maxOffset = ^uint64(0)
+
+// advanceDurable moves the durable record tail (committer, after sync).
+func (s *Stream) advanceDurable(tail, chain uint64) {
+	s.dmu.Lock()
+	defer s.dmu.Unlock()
+	if tail > s.dTail {
+		s.dTail, s.dChain = tail, chain
+		s.wakeLocked()
+	}
+}
+
+// advanceDurableEvents moves the durable cursor event tail.
+func (s *Stream) advanceDurableEvents(tail uint64) {
+	s.dmu.Lock()
+	defer s.dmu.Unlock()
+	if tail > s.dEvTail {
+		s.dEvTail = tail
+		s.wakeLocked()
+	}
+}
+
+// setDurable replaces the durable view (after Cut and ResetTo, which lower
+// it) and wakes every waiter so readers re-check.
+func (s *Stream) setDurable(tail, chain, evTail, watermark uint64) {
+	s.dmu.Lock()
+	defer s.dmu.Unlock()
+	s.dTail, s.dChain, s.dEvTail = tail, chain, evTail
+	s.watermark = min(watermark, tail)
+	s.wakeAllLocked()
+}
+
+// bounds returns the retained head and the durable record tail.
+func (s *Stream) bounds() (head, tail uint64) {
+	s.mu.Lock()
+	head = s.m.Head
+	s.mu.Unlock()
+	s.dmu.Lock()
+	tail = s.dTail
+	s.dmu.Unlock()
+	return head, tail
+}
+
+// Read returns records from offset from, in order, up to the durable tail:
+// at most maxRecords records and maxBytes encoded bytes, but at least one
+// record when from is below the tail even if it alone is larger. A bound of
+// 0 or less is no bound. from must be in [head, tail] (else ErrOutOfRange).
+// Filtering by the confirm watermark is the caller's job.
+func (s *Stream) Read(from uint64, maxRecords, maxBytes int) ([]Record, error) {
+	head, tail := s.bounds()
+	if from < head || from > tail {
+		return nil, fmt.Errorf("%w: read from %d outside [%d, %d]", ErrOutOfRange, from, head, tail)
+	}
+	if from == tail {
+		return nil, nil
+	}
+	end := tail
+	if maxRecords > 0 && uint64(maxRecords) < end-from {
+		end = from + uint64(maxRecords)
+	}
+	var (
+		out   []Record
+		bytes int
+		full  bool
+	)
+	err := s.db.bdb.View(func(txn *badger.Txn) error {
+		it := txn.NewIterator(badger.IteratorOptions{
+			PrefetchValues: true,
+			PrefetchSize:   int(min(end-from, 64)),
+			Prefix:         s.recPrefix,
+		})
+		defer it.Close()
+		next := from
+		for it.Seek(offsetKey(s.recPrefix, from)); it.Valid() && next < end; it.Next() {
+			item := it.Item()
+			if off := keyOffset(item.Key()); off != next {
+				return fmt.Errorf("%w: record %d missing (found %d)", ErrOutOfRange, next, off)
+			}
+			size := int(item.ValueSize())
+			if maxBytes > 0 && len(out) > 0 && bytes+size > maxBytes {
+				full = true
+				return nil
+			}
+			var rec Record
+			if err := item.Value(func(v []byte) (err error) {
+				rec, err = decodeRecord(v)
+				return err
+			}); err != nil {
+				return fmt.Errorf("record %d: %w", next, err)
+			}
+			rec.Offset = next
+			out = append(out, rec)
+			bytes += size
+			next++
+		}
+		if next < end && !full {
+			return fmt.Errorf("%w: record %d missing", ErrOutOfRange, next)
+		}
+		return nil
+	})
+	if err != nil {
+		if errors.Is(err, ErrOutOfRange) {
+			// Retention or a reset moved the head while we read.
+			if h, _ := s.bounds(); h > from {
+				return nil, fmt.Errorf("%w: read from %d below head %d", ErrOutOfRange, from, h)
+			}
+			return nil, fmt.Errorf("%w: stream %q: %w", ErrCorrupt, s.name, err)
+		}
+		return nil, fmt.Errorf("storage: reading stream %q: %w", s.name, err)
+	}
+	return out, nil
+}
+
+// readRecord reads one record.
+func (s *Stream) readRecord(off uint64) (Record, error) {
+	var rec Record
+	err := s.db.bdb.View(func(txn *badger.Txn) error {
+		item, err := txn.Get(offsetKey(s.recPrefix, off))
+		if err != nil {
+			return err
+		}
+		return item.Value(func(v []byte) (err error) {
+			rec, err = decodeRecord(v)
+			return err
+		})
+	})
+	if err != nil {
+		return Record{}, fmt.Errorf("storage: stream %q record %d: %w", s.name, off, err)
+	}
+	return rec, nil
+}
+
+// ChainAt returns the chain value of the prefix ending at offset (exclusive):
+// the chain of record offset-1, or at the head the chain persisted below it
+// (0 for a log never trimmed or reset). offset must be in [head, tail].
+func (s *Stream) ChainAt(offset uint64) (uint64, error) {
+	s.mu.Lock()
+	head, headChain := s.m.Head, s.m.HeadChain
+	s.mu.Unlock()
+	s.dmu.Lock()
+	tail, chain := s.dTail, s.dChain
+	s.dmu.Unlock()
+	switch {
+	case offset < head || offset > tail:
+		return 0, fmt.Errorf("%w: chain at %d outside [%d, %d]", ErrOutOfRange, offset, head, tail)
+	case offset == tail:
+		return chain, nil
+	case offset == head:
+		return headChain, nil
+	}
+	rec, err := s.readRecord(offset - 1)
+	if err != nil {
+		return 0, err
+	}
+	return rec.Chain, nil
+}
+
+// scanEvents calls fn for the stored cursor events in [from, to) in order
+// until fn returns false.
+func (s *Stream) scanEvents(from, to uint64, fn func(CursorEvent) bool) error {
+	if from >= to {
+		return nil
+	}
+	return s.db.bdb.View(func(txn *badger.Txn) error {
+		it := txn.NewIterator(badger.IteratorOptions{PrefetchValues: true, PrefetchSize: 64, Prefix: s.eventPrefix})
+		defer it.Close()
+		next := from
+		for it.Seek(offsetKey(s.eventPrefix, from)); it.Valid() && next < to; it.Next() {
+			item := it.Item()
+			if off := keyOffset(item.Key()); off != next {
+				return fmt.Errorf("%w: cursor event %d missing (found %d)", ErrCorrupt, next, off)
+			}
+			var ev CursorEvent
+			if err := item.Value(func(v []byte) (err error) {
+				ev, err = decodeEvent(v)
+				return err
+			}); err != nil {
+				return fmt.Errorf("cursor event %d: %w", next, err)
+			}
+			ev.Offset = next
+			if !fn(ev) {
+				return nil
+			}
+			next++
+		}
+		if next < to {
+			return fmt.Errorf("%w: cursor event %d missing", ErrCorrupt, next)
+		}
+		return nil
+	})
+}
+
+// deleteRange deletes the keys under prefix with offsets in [from, to), in
+// bounded batches, waiting for each.
+func (db *DB) deleteRange(ctx context.Context, prefix []byte, from, to uint64) error {
+	const batch = 1024
+	for {
+		var keys [][]byte
+		err := db.bdb.View(func(txn *badger.Txn) error {
+			it := txn.NewIterator(badger.IteratorOptions{Prefix: prefix})
+			defer it.Close()
+			for it.Seek(offsetKey(prefix, from)); it.Valid() && len(keys) < batch; it.Next() {
+				k := it.Item().KeyCopy(nil)
+				if keyOffset(k) >= to {
+					break
+				}
+				keys = append(keys, k)
+			}
+			return nil
+		})
+		if err != nil {
+			return err
+		}
+		if len(keys) == 0 {
+			return nil
+		}
+		o := &op{}
+		for _, k := range keys {
+			o.del(k)
+		}
+		if err := db.do(ctx, o); err != nil {
+			return err
+		}
+		if len(keys) < batch {
+			return nil
+		}
+		from = keyOffset(keys[len(keys)-1]) + 1
+	}
+}

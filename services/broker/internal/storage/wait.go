@@ -1,0 +1,105 @@
+package storage
+
+// Live tails without polling. A waiter is a channel closed once its
+// condition holds; waiters with the same condition share one channel, so a
+// reader that gives up (its context ends) leaves at most one channel per
+// distinct offset behind, which the next change past it closes.
+
+type waitKey struct {
+	after     uint64
+	confirmed bool // watch the confirm watermark instead of the record tail
+}
+
+var closedCh = func() chan struct{} {
+	c := make(chan struct{})
+	close(c)
+	return c
+}()
+
+// WaitTail returns a channel that is closed once the durable record tail is
+// above after (at once if it already is), and also when the stream is
+// closed or dropped, sealed, moved to a new epoch, cut or reset, so a waiter
+// re-checks the copy's state. Followers' senders wait on it.
+func (s *Stream) WaitTail(after uint64) <-chan struct{} {
+	return s.wait(waitKey{after: after})
+}
+
+// WaitConfirmed is WaitTail for the confirm watermark: closed once the
+// watermark is above after (at once if it already is), or on the same
+// events. Subscribers, which only see confirmed records, wait on it.
+func (s *Stream) WaitConfirmed(after uint64) <-chan struct{} {
+	return s.wait(waitKey{after: after, confirmed: true})
+}
+
+func (s *Stream) wait(k waitKey) <-chan struct{} {
+	s.dmu.Lock()
+	defer s.dmu.Unlock()
+	if s.dclosed || s.satisfiedLocked(k) {
+		return closedCh
+	}
+	ch, ok := s.waiters[k]
+	if !ok {
+		ch = make(chan struct{})
+		s.waiters[k] = ch
+	}
+	return ch
+}
+
+func (s *Stream) satisfiedLocked(k waitKey) bool {
+	if k.confirmed {
+		return s.watermark > k.after
+	}
+	return s.dTail > k.after
+}
+
+// wakeLocked closes the channels whose condition now holds. Callers hold dmu.
+func (s *Stream) wakeLocked() {
+	for k, ch := range s.waiters {
+		if s.satisfiedLocked(k) {
+			close(ch)
+			delete(s.waiters, k)
+		}
+	}
+}
+
+// wakeAllLocked closes every waiter's channel. Callers hold dmu.
+func (s *Stream) wakeAllLocked() {
+	for k, ch := range s.waiters {
+		close(ch)
+		delete(s.waiters, k)
+	}
+}
+
+func (s *Stream) wakeAll() {
+	s.dmu.Lock()
+	s.wakeAllLocked()
+	s.dmu.Unlock()
+}
+
+// SetConfirmWatermark raises the confirm watermark to w, capped at the
+// durable record tail; a lower w is ignored (only Cut and ResetTo lower the
+// watermark). It is persisted lazily, with the next batch the committer
+// writes, without an fsync of its own: after a crash the watermark may be
+// lower than the one last set, never above the record tail.
+func (s *Stream) SetConfirmWatermark(w uint64) {
+	s.dmu.Lock()
+	defer s.dmu.Unlock()
+	w = min(w, s.dTail)
+	if w <= s.watermark || s.dclosed {
+		return
+	}
+	s.watermark = w
+	s.wakeLocked()
+	if !s.wmQueued {
+		s.wmQueued = s.db.tryEnqueue(&op{s: s, touchWM: true})
+	}
+}
+
+// persistedWatermark is the watermark the committer writes with metadata
+// whose record tail is tail.
+func (s *Stream) persistedWatermark(tail uint64) uint64 {
+	s.dmu.Lock()
+	defer s.dmu.Unlock()
+	s.wmQueued = false
+	return min(s.watermark, tail)
+}
