@@ -1,0 +1,83 @@
+package liveness
+
+import (
+	"slices"
+	"testing"
+
+	"github.com/strandhq/strand/internal/cluster"
+	"github.com/strandhq/strand/services/controller/internal/state"
+)
+
+func TestReplenish(t *testing.T) {
+	majority := cluster.Policy{Name: cluster.MajorityDurable}
+	asg := func(p cluster.Policy, owner string, followers ...string) cluster.Assignment {
+		return cluster.Assignment{Stream: "s", Epoch: 2, Owner: owner, Followers: followers, Policy: p}
+	}
+	sealed := func(rt uint64) cluster.CopyTails {
+		return cluster.CopyTails{Epoch: 1, Role: cluster.RoleSealed, RecordTail: rt}
+	}
+	cases := []struct {
+		name   string
+		snap   *state.Snapshot
+		a      cluster.Assignment
+		copies int
+		want   []string
+	}{
+		{
+			name: "old owner back: rejoins (majority 2 -> 3 keeps W)",
+			snap: state.Build().Live("b1", "b2", "b3").Tails("b1", "s", sealed(9)).Snapshot(),
+			a:    asg(majority, "b2", "b3"), copies: 3, want: []string{"b1"},
+		},
+		{
+			name: "returning copy preferred over a fresh broker, furthest first",
+			snap: state.Build().Live("a0", "b1", "b2", "b3", "b4").Tails("b1", "s", sealed(5)).Tails("b4", "s", sealed(9)).Snapshot(),
+			a:    asg(cluster.Policy{Name: cluster.ReplicaDurable, Nodes: 1}, "b2"), copies: 3, want: []string{"b4", "b1"},
+		},
+		{
+			name: "fresh broker by placement when none returns",
+			snap: state.Build().Live("b2", "b3", "b9").Snapshot(),
+			a:    asg(majority, "b2", "b3"), copies: 3, want: []string{"b9"},
+		},
+		{
+			name: "stops where W would rise (majority 3 -> 4)",
+			snap: state.Build().Live("b1", "b2", "b3", "b4", "b5").Snapshot(),
+			a:    asg(majority, "b2", "b3"), copies: 5, want: []string{"b1"},
+		},
+		{
+			name: "a returning copy whose broker is not live is not added",
+			snap: state.Build().Live("b2", "b3").Tails("b1", "s", sealed(9)).Snapshot(),
+			a:    asg(majority, "b2", "b3"), copies: 3,
+		},
+		{
+			name: "at its copies: nothing",
+			snap: state.Build().Live("b1", "b2", "b3").Tails("b1", "s", sealed(9)).Snapshot(),
+			a:    asg(majority, "b2", "b3"), copies: 2,
+		},
+	}
+	for _, c := range cases {
+		next, added := Replenish(c.snap, c.a, c.copies)
+		if !slices.Equal(added, c.want) {
+			t.Errorf("%s: added %v, want %v", c.name, added, c.want)
+			continue
+		}
+		if next.Epoch != c.a.Epoch || next.Owner != c.a.Owner || !slices.Equal(next.Followers, append(slices.Clone(c.a.Followers), c.want...)) {
+			t.Errorf("%s: next %+v", c.name, next)
+		}
+		if len(added) > 0 && !cluster.IsFastPath(c.a, next) {
+			t.Errorf("%s: replenished assignment is not a fast-path change", c.name)
+		}
+	}
+}
+
+func TestSuspecting(t *testing.T) {
+	a := cluster.Assignment{Stream: "s", Epoch: 4, Owner: "b1", Followers: []string{"b2", "b3", "b4"}}
+	s := state.Build().Live("b1", "b2", "b3", "b4", "b5").
+		Tails("b2", "s", cluster.CopyTails{Epoch: 4, Suspect: "b1"}).
+		Tails("b3", "s", cluster.CopyTails{Epoch: 3, Suspect: "b1"}). // an older epoch's report
+		Tails("b4", "s", cluster.CopyTails{Epoch: 4, Suspect: "b0"}). // another owner
+		Tails("b5", "s", cluster.CopyTails{Epoch: 4, Suspect: "b1"}). // not a member
+		Snapshot()
+	if got := Suspecting(s, a); !slices.Equal(got, []string{"b2"}) {
+		t.Fatalf("Suspecting = %v, want [b2]", got)
+	}
+}

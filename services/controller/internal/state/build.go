@@ -1,0 +1,68 @@
+package state
+
+import "github.com/strandhq/strand/internal/cluster"
+
+// Builder assembles a Snapshot by hand, for tests of the pure decisions
+// taken on snapshots.
+type Builder struct{ s *Snapshot }
+
+// Build starts an empty snapshot.
+func Build() *Builder {
+	return &Builder{s: &Snapshot{
+		Brokers:     map[string]cluster.BrokerInfo{},
+		Heartbeats:  map[string]cluster.Heartbeat{},
+		Streams:     map[string]Versioned[cluster.StreamSpec]{},
+		Assignments: map[string]Versioned[cluster.Assignment]{},
+		Recoveries:  map[string]Versioned[cluster.Recovery]{},
+		History:     map[string]Versioned[cluster.HistoryStarts]{},
+	}}
+}
+
+// Live registers brokers.
+func (b *Builder) Live(nodes ...string) *Builder {
+	for _, n := range nodes {
+		b.s.Brokers[n] = cluster.BrokerInfo{Node: n, Address: n + ":1"}
+	}
+	return b
+}
+
+// Tails adds stream's tails to node's heartbeat.
+func (b *Builder) Tails(node, stream string, t cluster.CopyTails) *Builder {
+	hb, ok := b.s.Heartbeats[node]
+	if !ok {
+		hb = cluster.Heartbeat{Node: node, Streams: map[string]cluster.CopyTails{}}
+	}
+	hb.Streams[stream] = t
+	b.s.Heartbeats[node] = hb
+	return b
+}
+
+// Heartbeat adds an empty heartbeat for node.
+func (b *Builder) Heartbeat(node string) *Builder {
+	if _, ok := b.s.Heartbeats[node]; !ok {
+		b.s.Heartbeats[node] = cluster.Heartbeat{Node: node, Streams: map[string]cluster.CopyTails{}}
+	}
+	return b
+}
+
+// Stream adds a spec and its assignment.
+func (b *Builder) Stream(a cluster.Assignment) *Builder {
+	b.s.Streams[a.Stream] = Versioned[cluster.StreamSpec]{Value: cluster.StreamSpec{Name: a.Stream, Copies: a.Copies(), Policy: a.Policy}, ModRev: 1}
+	b.s.Assignments[a.Stream] = Versioned[cluster.Assignment]{Value: a, ModRev: 2}
+	return b
+}
+
+// Recovery adds a pending recovery.
+func (b *Builder) Recovery(r cluster.Recovery) *Builder {
+	b.s.Recoveries[r.Stream] = Versioned[cluster.Recovery]{Value: r, ModRev: 3}
+	return b
+}
+
+// History sets a stream's history starts.
+func (b *Builder) History(stream string, h ...cluster.HistoryStart) *Builder {
+	b.s.History[stream] = Versioned[cluster.HistoryStarts]{Value: h, ModRev: 4}
+	return b
+}
+
+// Snapshot returns the built snapshot.
+func (b *Builder) Snapshot() *Snapshot { return b.s }

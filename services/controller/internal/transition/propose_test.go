@@ -1,0 +1,197 @@
+package transition
+
+import (
+	"errors"
+	"slices"
+	"testing"
+
+	"github.com/strandhq/strand/internal/cluster"
+	"github.com/strandhq/strand/services/controller/internal/state"
+)
+
+var majority = cluster.Policy{Name: cluster.MajorityDurable}
+
+func asg(owner string, followers ...string) cluster.Assignment {
+	return cluster.Assignment{Stream: "s", Epoch: 3, Owner: owner, Followers: followers, Policy: majority}
+}
+
+func TestFurthest(t *testing.T) {
+	cases := []struct {
+		name  string
+		cands []Candidate
+		want  string
+	}{
+		{"highest record tail", []Candidate{{"a", 5, 9}, {"b", 7, 0}, {"c", 6, 0}}, "b"},
+		{"tie on record tail: highest cursor event tail", []Candidate{{"a", 7, 1}, {"b", 7, 4}, {"c", 7, 2}}, "b"},
+		{"full tie: lowest node id", []Candidate{{"c", 7, 4}, {"b", 7, 4}, {"d", 7, 4}}, "b"},
+		{"byte-wise node order", []Candidate{{"b10", 1, 1}, {"b9", 1, 1}}, "b10"},
+		{"one", []Candidate{{"x", 0, 0}}, "x"},
+	}
+	for _, c := range cases {
+		got, ok := Furthest(c.cands)
+		if !ok || got.Node != c.want {
+			t.Errorf("%s: got %v, want %s", c.name, got, c.want)
+		}
+	}
+	if _, ok := Furthest(nil); ok {
+		t.Error("Furthest(nil) reported a candidate")
+	}
+}
+
+func TestProposeRecovery(t *testing.T) {
+	cases := []struct {
+		name         string
+		snap         *state.Snapshot
+		lost         []string
+		wantProposed string
+		wantAdded    []string
+		wantErr      error
+	}{
+		{
+			name: "furthest live follower; the spare replaces the lost owner",
+			snap: state.Build().Live("b2", "b3", "b4").Stream(asg("b1", "b2", "b3")).
+				Tails("b2", "s", cluster.CopyTails{RecordTail: 4}).Tails("b3", "s", cluster.CopyTails{RecordTail: 6}).Snapshot(),
+			wantProposed: "b3", wantAdded: []string{"b4"},
+		},
+		{
+			name: "no spare: nothing added",
+			snap: state.Build().Live("b2", "b3").Stream(asg("b1", "b2", "b3")).
+				Tails("b2", "s", cluster.CopyTails{RecordTail: 6, CursorEventTail: 2}).Tails("b3", "s", cluster.CopyTails{RecordTail: 6, CursorEventTail: 1}).Snapshot(),
+			wantProposed: "b2",
+		},
+		{
+			name: "owner lost by probe while its key is present: replaced too",
+			snap: state.Build().Live("b1", "b2", "b3", "b4", "b5").Stream(asg("b1", "b2", "b3")).Snapshot(),
+			lost: []string{"b1"}, wantProposed: "b2", wantAdded: []string{"b4"},
+		},
+		{
+			name: "a dead follower is not proposed and is replaced",
+			snap: state.Build().Live("b3", "b4", "b5").Stream(asg("b1", "b2", "b3")).
+				Tails("b3", "s", cluster.CopyTails{RecordTail: 1}).Snapshot(),
+			wantProposed: "b3", wantAdded: []string{"b4", "b5"},
+		},
+		{
+			name:         "no live follower: lowest follower proposed, the recovery waits",
+			snap:         state.Build().Live("b9").Stream(asg("b1", "b3", "b2")).Snapshot(),
+			wantProposed: "b2", wantAdded: []string{"b9"},
+		},
+		{
+			name:    "single copy",
+			snap:    state.Build().Live("b2").Stream(asg("b1")).Snapshot(),
+			wantErr: ErrSingleCopy,
+		},
+		{
+			name:    "already pending",
+			snap:    state.Build().Live("b2", "b3").Stream(asg("b1", "b2", "b3")).Recovery(cluster.Recovery{Stream: "s"}).Snapshot(),
+			wantErr: ErrPending,
+		},
+	}
+	for _, c := range cases {
+		rec, err := ProposeRecovery(c.snap, "s", c.lost, "why")
+		if !errors.Is(err, c.wantErr) {
+			t.Errorf("%s: err %v, want %v", c.name, err, c.wantErr)
+			continue
+		}
+		if err != nil {
+			continue
+		}
+		a := c.snap.Assignments["s"].Value
+		if rec.ProposedOwner != c.wantProposed || !slices.Equal(rec.AddedMembers, c.wantAdded) ||
+			rec.FromEpoch != 3 || rec.FenceEpoch != 4 || rec.OldOwner != a.Owner || !slices.Equal(rec.OldFollowers, a.Followers) ||
+			rec.Policy != majority || rec.Reason != "why" {
+			t.Errorf("%s: got %+v, want proposed %s added %v", c.name, rec, c.wantProposed, c.wantAdded)
+		}
+	}
+}
+
+func TestAcceptLoss(t *testing.T) {
+	cases := []struct {
+		name      string
+		snap      *state.Snapshot
+		node      string
+		wantOwner string
+		wantEpoch uint64
+		wantFoll  []string
+		wantStart *cluster.HistoryStart
+		wantErr   error
+	}{
+		{
+			name: "chosen copy: start from its heartbeat tails at the new epoch",
+			snap: state.Build().Live("b2", "b3").Stream(asg("b1", "b2", "b3")).
+				Tails("b3", "s", cluster.CopyTails{Epoch: 3, RecordTail: 40, CursorEventTail: 2}).Snapshot(),
+			node: "b3", wantOwner: "b3", wantEpoch: 4, wantFoll: []string{"b2"},
+			wantStart: &cluster.HistoryStart{Epoch: 4, RecordTail: 40, CursorEventTail: 2, Node: "b3"},
+		},
+		{
+			name: "best live copy picked",
+			snap: state.Build().Live("b2", "b3").Stream(asg("b1", "b2", "b3")).
+				Tails("b2", "s", cluster.CopyTails{RecordTail: 50}).Tails("b3", "s", cluster.CopyTails{RecordTail: 40}).Snapshot(),
+			wantOwner: "b2", wantEpoch: 4, wantFoll: []string{"b3"},
+			wantStart: &cluster.HistoryStart{Epoch: 4, RecordTail: 50, Node: "b2"},
+		},
+		{
+			name:      "published nothing: no start",
+			snap:      state.Build().Live("b2", "b3").Stream(asg("b1", "b2", "b3")).Heartbeat("b2").Snapshot(),
+			node:      "b2",
+			wantOwner: "b2", wantEpoch: 4, wantFoll: []string{"b3"},
+		},
+		{
+			name: "past a pending recovery's fence epoch",
+			snap: state.Build().Live("b2").Stream(asg("b1", "b2")).
+				Recovery(cluster.Recovery{Stream: "s", FromEpoch: 3, FenceEpoch: 4}).Snapshot(),
+			wantOwner: "b2", wantEpoch: 4, wantFoll: []string{},
+		},
+		{
+			name:      "single copy moves to a live broker, empty",
+			snap:      state.Build().Live("b7").Stream(asg("b1")).Snapshot(),
+			wantOwner: "b7", wantEpoch: 4, wantFoll: []string{},
+		},
+		{
+			name:    "owner live",
+			snap:    state.Build().Live("b1", "b2").Stream(asg("b1", "b2")).Snapshot(),
+			wantErr: ErrOwnerLive,
+		},
+		{
+			name:    "chosen node down",
+			snap:    state.Build().Live("b3").Stream(asg("b1", "b2", "b3")).Snapshot(),
+			node:    "b2",
+			wantErr: ErrNotLive,
+		},
+		{
+			name:    "chosen node holds no copy",
+			snap:    state.Build().Live("b2", "b9").Stream(asg("b1", "b2")).Snapshot(),
+			node:    "b9",
+			wantErr: ErrNotCopy,
+		},
+		{
+			name:    "nothing live",
+			snap:    state.Build().Stream(asg("b1", "b2")).Snapshot(),
+			wantErr: ErrNoCandidate,
+		},
+		{
+			name:    "unknown stream",
+			snap:    state.Build().Snapshot(),
+			wantErr: ErrNoStream,
+		},
+	}
+	for _, c := range cases {
+		out, err := AcceptLoss(c.snap, "s", c.node)
+		if !errors.Is(err, c.wantErr) {
+			t.Errorf("%s: err %v, want %v", c.name, err, c.wantErr)
+			continue
+		}
+		if err != nil {
+			continue
+		}
+		a := out.Assignment
+		if a.Owner != c.wantOwner || a.Epoch != c.wantEpoch || !slices.Equal(a.Followers, c.wantFoll) && len(a.Followers)+len(c.wantFoll) > 0 {
+			t.Errorf("%s: assignment %+v, want owner %s epoch %d followers %v", c.name, a, c.wantOwner, c.wantEpoch, c.wantFoll)
+		}
+		switch {
+		case (out.Start == nil) != (c.wantStart == nil):
+			t.Errorf("%s: start %+v, want %+v", c.name, out.Start, c.wantStart)
+		case out.Start != nil && *out.Start != *c.wantStart:
+			t.Errorf("%s: start %+v, want %+v", c.name, *out.Start, *c.wantStart)
+		}
+	}
+}
