@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"testing"
 
+	"github.com/dgraph-io/badger/v4"
 	"github.com/rs/zerolog"
 )
 
@@ -91,4 +92,16 @@ func sameRecord(a, b Record) error {
 		}
 	}
 	return nil
+}
+
+// scanKeys calls fn for every key under prefix.
+func (s *Stream) scanKeys(prefix []byte, fn func(k []byte)) error {
+	return s.db.bdb.View(func(txn *badger.Txn) error {
+		it := txn.NewIterator(badger.IteratorOptions{Prefix: prefix})
+		defer it.Close()
+		for it.Rewind(); it.Valid(); it.Next() {
+			fn(it.Item().KeyCopy(nil))
+		}
+		return nil
+	})
 }

@@ -47,7 +47,8 @@ var errNoChange = fmt.Errorf("storage: no change")
 // reports tails and the chain at the tail, reading nothing from the log.
 //
 //   - fenceEpoch below the copy's epoch: ErrFenced (a stale fence).
-//   - sealed at fenceEpoch by the same transition: idempotent, no write.
+//   - sealed at fenceEpoch by the same transition: idempotent (nothing
+//     changes; it still waits for earlier entries to be durable).
 //   - sealed at fenceEpoch by another transition: the newer one takes over.
 //   - otherwise: SealEpoch = Epoch = fenceEpoch. The first seal keeps the
 //     log epochs it replaces in SealedLogEpochs and adds LogEpoch{fenceEpoch,

@@ -334,7 +334,11 @@ func noteEpoch(m *meta, epoch, recordStart, eventStart uint64) {
 // addLogEpoch returns a new slice with e appended; a last entry that starts
 // at the same tails covers no entries and is replaced (collapse), so the
 // list keeps one entry per epoch that holds entries, plus the current one.
+// A last entry of the same epoch already covers e: les is returned as is.
 func addLogEpoch(les []LogEpoch, e LogEpoch) []LogEpoch {
+	if n := len(les); n > 0 && les[n-1].Epoch == e.Epoch {
+		return les
+	}
 	out := slices.Clone(les)
 	if n := len(out); n > 0 && out[n-1].RecordStart == e.RecordStart && out[n-1].CursorEventStart == e.CursorEventStart {
 		out[n-1] = e
@@ -398,6 +402,23 @@ func (s *Stream) Append(ctx context.Context, epoch uint64, recs []Record) ([]Rec
 		return nil, err
 	}
 	return out, nil
+}
+
+// Sync waits until every entry handed to the committer for this stream
+// before the call (cursor commits, the lazy confirm watermark) is durable.
+func (s *Stream) Sync(ctx context.Context) error {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return s.closedErr()
+	}
+	o := &op{s: s, touchWM: true, done: make(chan error, 1)}
+	if err := s.db.enqueue(ctx, o); err != nil {
+		s.mu.Unlock()
+		return err
+	}
+	s.mu.Unlock()
+	return wait(ctx, o)
 }
 
 // snapshotMeta copies the assigned metadata for an op. Callers hold mu.

@@ -6,9 +6,17 @@ package storage
 // distinct offset behind, which the next change past it closes.
 
 type waitKey struct {
-	after     uint64
-	confirmed bool // watch the confirm watermark instead of the record tail
+	after uint64
+	what  waitWhat
 }
+
+type waitWhat uint8
+
+const (
+	waitRecordTail waitWhat = iota
+	waitConfirmed
+	waitCursorEventTail
+)
 
 var closedCh = func() chan struct{} {
 	c := make(chan struct{})
@@ -21,14 +29,20 @@ var closedCh = func() chan struct{} {
 // closed or dropped, sealed, moved to a new epoch, cut or reset, so a waiter
 // re-checks the copy's state. Followers' senders wait on it.
 func (s *Stream) WaitTail(after uint64) <-chan struct{} {
-	return s.wait(waitKey{after: after})
+	return s.wait(waitKey{after: after, what: waitRecordTail})
 }
 
 // WaitConfirmed is WaitTail for the confirm watermark: closed once the
 // watermark is above after (at once if it already is), or on the same
 // events. Subscribers, which only see confirmed records, wait on it.
 func (s *Stream) WaitConfirmed(after uint64) <-chan struct{} {
-	return s.wait(waitKey{after: after, confirmed: true})
+	return s.wait(waitKey{after: after, what: waitConfirmed})
+}
+
+// WaitCursorEventTail is WaitTail for the durable cursor event tail, for
+// senders that ship cursor events to followers.
+func (s *Stream) WaitCursorEventTail(after uint64) <-chan struct{} {
+	return s.wait(waitKey{after: after, what: waitCursorEventTail})
 }
 
 func (s *Stream) wait(k waitKey) <-chan struct{} {
@@ -46,8 +60,11 @@ func (s *Stream) wait(k waitKey) <-chan struct{} {
 }
 
 func (s *Stream) satisfiedLocked(k waitKey) bool {
-	if k.confirmed {
+	switch k.what {
+	case waitConfirmed:
 		return s.watermark > k.after
+	case waitCursorEventTail:
+		return s.dEvTail > k.after
 	}
 	return s.dTail > k.after
 }
