@@ -1,0 +1,127 @@
+// Command strand-healthprobe is the health check of Strand's container
+// images. The images are built FROM scratch and have no shell, curl or
+// grpc-health-probe, so compose and the e2e suite run this static binary
+// inside the container instead.
+//
+//	strand-healthprobe [--timeout 2s] ADDR       grpc.health.v1.Health/Check over Connect (JSON)
+//	strand-healthprobe [--timeout 2s] --etcd URL  etcd's GET /health
+//
+// It exits 0 when the target reports itself serving and 1 otherwise, printing
+// why on stderr.
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"strings"
+	"time"
+)
+
+func main() {
+	fs := flag.NewFlagSet("strand-healthprobe", flag.ContinueOnError)
+	timeout := fs.Duration("timeout", 2*time.Second, "how long the check may take")
+	service := fs.String("service", "", "service name to check (empty means the whole server)")
+	etcd := fs.String("etcd", "", "check an etcd server's /health at this URL instead (http://host:port)")
+	fs.Usage = func() {
+		fmt.Fprintln(fs.Output(), "usage: strand-healthprobe [--timeout D] [--service NAME] ADDR | --etcd URL")
+		fs.PrintDefaults()
+	}
+	if err := fs.Parse(os.Args[1:]); err != nil {
+		os.Exit(2)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), *timeout)
+	defer cancel()
+	var err error
+	switch {
+	case *etcd != "" && fs.NArg() == 0:
+		err = checkEtcd(ctx, *etcd)
+	case *etcd == "" && fs.NArg() == 1:
+		err = checkGRPCHealth(ctx, fs.Arg(0), *service)
+	default:
+		fs.Usage()
+		os.Exit(2)
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "strand-healthprobe:", err)
+		os.Exit(1)
+	}
+}
+
+func baseURL(addr string) string {
+	if strings.HasPrefix(addr, "http://") || strings.HasPrefix(addr, "https://") {
+		return strings.TrimRight(addr, "/")
+	}
+	return "http://" + addr
+}
+
+// checkGRPCHealth calls grpc.health.v1.Health/Check with the Connect unary
+// protocol in JSON, which every Strand service serves (docs/CONTRACTS.md).
+func checkGRPCHealth(ctx context.Context, addr, service string) error {
+	body, _ := json.Marshal(map[string]string{"service": service})
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, baseURL(addr)+"/grpc.health.v1.Health/Check", bytes.NewReader(body))
+	if err != nil {
+		return err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Connect-Protocol-Version", "1")
+	var res struct {
+		Status json.RawMessage `json:"status"`
+	}
+	if err := do(req, &res); err != nil {
+		return err
+	}
+	// connectrpc.com/grpchealth names the enum SERVING_STATUS_SERVING; the
+	// upstream grpc.health.v1 proto names it SERVING. Accept either, or its
+	// number.
+	switch strings.Trim(string(res.Status), `"`) {
+	case "SERVING_STATUS_SERVING", "SERVING", "1":
+		return nil
+	}
+	return fmt.Errorf("%s: status %s", addr, res.Status)
+}
+
+// checkEtcd reads etcd's /health, which reports false until the member has a
+// leader and can serve linearizable reads.
+func checkEtcd(ctx context.Context, url string) error {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, baseURL(url)+"/health", nil)
+	if err != nil {
+		return err
+	}
+	var res struct {
+		Health string `json:"health"`
+		Reason string `json:"reason"`
+	}
+	if err := do(req, &res); err != nil {
+		return err
+	}
+	if res.Health != "true" {
+		return fmt.Errorf("%s: health %q %s", url, res.Health, res.Reason)
+	}
+	return nil
+}
+
+func do(req *http.Request, out any) error {
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
+	if err != nil {
+		return err
+	}
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("%s: HTTP %d: %s", req.URL, resp.StatusCode, bytes.TrimSpace(b))
+	}
+	if err := json.Unmarshal(b, out); err != nil {
+		return errors.Join(fmt.Errorf("%s: undecodable answer %q", req.URL, b), err)
+	}
+	return nil
+}
