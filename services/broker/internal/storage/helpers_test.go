@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"testing"
+	"time"
 
 	"github.com/dgraph-io/badger/v4"
 	"github.com/rs/zerolog"
@@ -41,10 +42,11 @@ func recs(prefix string, n int) []Record {
 	out := make([]Record, n)
 	for i := range out {
 		out[i] = Record{
-			Payload:    []byte(fmt.Sprintf("%s-%d", prefix, i)),
-			Headers:    map[string]string{"k": prefix, "i": fmt.Sprint(i)},
-			ProducerID: "p-" + prefix,
-			Sequence:   uint64(i),
+			Payload:     []byte(fmt.Sprintf("%s-%d", prefix, i)),
+			Headers:     map[string]string{"k": prefix, "i": fmt.Sprint(i)},
+			ProducerID:  "p-" + prefix,
+			Sequence:    uint64(i),
+			PublishTime: time.Unix(1_700_000_000+int64(i), 0),
 		}
 	}
 	return out
