@@ -76,6 +76,9 @@ func (c *Config) fill() {
 	}
 }
 
+// fieldName is the log key of the recoverer's election name.
+const fieldName = "name"
+
 // App is a running recoverer.
 type App struct {
 	cfg     Config
@@ -101,7 +104,7 @@ func Start(ctx context.Context, cfg Config) (*App, error) {
 	if cfg.Logger != nil {
 		log = *cfg.Logger
 	}
-	log = log.With().Str("name", cfg.Name).Logger()
+	log = log.With().Str(fieldName, cfg.Name).Logger()
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
@@ -193,13 +196,21 @@ func (a *App) Close() error {
 	a.closeOnce.Do(func() {
 		a.checker.SetStatus("", grpchealth.StatusNotServing)
 		a.stop()
-		<-a.workerDone
+		// The worker stops at once while etcd answers. If it does not,
+		// closing the client below unblocks the etcd calls it is stuck
+		// in (a campaign's resign uses the client's own context).
+		select {
+		case <-a.workerDone:
+		case <-time.After(5 * time.Second):
+			a.log.Warn().Msg("recovery worker slow to stop; closing the etcd client under it")
+		}
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
 		err := a.srv.Shutdown(ctx)
 		if cerr := a.cli.Close(); cerr != nil && !errors.Is(cerr, context.Canceled) {
 			err = errors.Join(err, cerr)
 		}
+		<-a.workerDone
 		a.closeErr = err
 		a.log.Info().Msg("recoverer stopped")
 	})

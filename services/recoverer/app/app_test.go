@@ -532,9 +532,21 @@ func TestLeaderClosedMidRecoveryHandsOver(t *testing.T) {
 // sealed or committed, the recoverer logs it and leaves it to the
 // controller, and a rewritten recovery is then finished.
 func TestStaleRecoveryNotCommitted(t *testing.T) {
+	for _, c := range []struct {
+		name  string
+		epoch uint64
+	}{
+		{"the assignment moved on", 5},
+		{"the stream was recreated", 1},
+	} {
+		t.Run(c.name, func(t *testing.T) { testStaleRecovery(t, c.epoch) })
+	}
+}
+
+func testStaleRecovery(t *testing.T, epoch uint64) {
 	e := newEnv(t)
 	old := oldAssignment(majority)
-	old.Epoch = 5 // the assignment moved on after the recovery was recorded
+	old.Epoch = epoch // the recovery below is from epoch 3
 	e.put(t, e.schema.AssignmentKey(stream), old)
 	b2 := startFakeBroker(t, "b2", answer, 3, 0)
 	b3 := startFakeBroker(t, "b3", answer, 4, 0)
@@ -547,7 +559,7 @@ func TestStaleRecoveryNotCommitted(t *testing.T) {
 	waitUntil(t, 10*time.Second, "the stale recovery is logged", func() bool {
 		return logs.contains("stale pending recovery", `"stream":"orders"`, `"transition_id":"t-stale"`)
 	})
-	if got, v := e.assignment(t); v != 1 || got.Epoch != 5 {
+	if got, v := e.assignment(t); v != 1 || got.Epoch != epoch {
 		t.Fatalf("stale recovery committed: %+v (version %d)", got, v)
 	}
 	if !e.recoveryPending(t) {
@@ -559,12 +571,12 @@ func TestStaleRecoveryNotCommitted(t *testing.T) {
 
 	// The controller records a recovery of the current assignment.
 	fresh := recovery("t-fresh")
-	fresh.FromEpoch, fresh.FenceEpoch = 5, 6
+	fresh.FromEpoch, fresh.FenceEpoch = epoch, epoch+1
 	e.put(t, e.schema.RecoveryKey(stream), fresh)
 	waitUntil(t, 10*time.Second, "the rewritten recovery is committed", e.committed(t))
 	got, _ := e.assignment(t)
-	if got.Epoch != 6 || got.Owner != "b3" {
-		t.Fatalf("assignment %+v, want epoch 6 owned by b3", got)
+	if got.Epoch != epoch+1 || got.Owner != "b3" {
+		t.Fatalf("assignment %+v, want epoch %d owned by b3", got, epoch+1)
 	}
 	checkSealCalls(t, b2, fresh)
 }
@@ -650,5 +662,36 @@ func TestServesHealth(t *testing.T) {
 	}
 	if resp, err := client.Check(ctx, &grpchealth.CheckRequest{}); err == nil && resp.Status == grpchealth.StatusServing {
 		t.Fatal("still SERVING after Close")
+	}
+}
+
+// Closing the recoverer while etcd is unreachable still returns: the
+// worker's etcd calls are cut off instead of waiting for etcd to return.
+func TestCloseWithEtcdDown(t *testing.T) {
+	srv, err := etcdtest.StartIn(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := &env{etcd: srv, schema: cluster.NewSchema("/strand")}
+	stopped := false
+	t.Cleanup(func() {
+		if !stopped {
+			srv.Close()
+		}
+	})
+	a, _ := e.startRecoverer(t, "r1", nil)
+	waitUntil(t, 10*time.Second, "r1 leads", a.Leading)
+	srv.Close() // takes a few seconds while clients hold watches
+	stopped = true
+
+	done := make(chan error, 1)
+	go func() { done <- a.Close() }()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("Close: %v", err)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("Close hangs while etcd is down")
 	}
 }

@@ -139,7 +139,7 @@ func (t *term) attempt(k *task, st *taskState, bo *backoff) step {
 			Uint64(logging.Epoch, snap.assignment.Epoch).
 			Str(logging.Owner, rec.OldOwner).
 			Strs(logging.Followers, rec.OldFollowers).
-			Str("proposed_owner", rec.ProposedOwner).
+			Str(fieldProposedOwner, rec.ProposedOwner).
 			Str(logging.Policy, snap.assignment.Policy.String()).
 			Int(fieldR, pick.Threshold(snap.assignment)).
 			Str(logging.Reason, rec.Reason).
@@ -153,17 +153,20 @@ func (t *term) attempt(k *task, st *taskState, bo *backoff) step {
 		return stepWait
 	}
 	d := pick.Decide(snap.assignment, snap.history, answers)
+	log.Debug().Stringer(fieldVerdict, d.Verdict).Int(fieldR, d.R).Strs(fieldSealed, d.Sealed).Strs(fieldMissing, d.Missing).
+		Dict(fieldSealErrors, sealErrors(d.Missing, failed)).Str(fieldPick, d.Pick.Node).Uint64(fieldPickRecordTail, d.Pick.RecordTail).
+		Msg("seal round done")
 	switch d.Verdict {
 	case pick.WaitQuorum:
 		if st.noteWait(fmt.Sprint("quorum", d.Sealed, d.Missing)) {
 			log.Info().Int(fieldR, d.R).Strs(fieldSealed, d.Sealed).Strs(fieldMissing, d.Missing).
-				Dict("seal_errors", sealErrors(d.Missing, failed)).
+				Dict(fieldSealErrors, sealErrors(d.Missing, failed)).
 				Msg("waiting: fewer than R copies answered their seal; retrying")
 		}
 		return stepWait
 	case pick.WaitPrefix:
 		if st.noteWait(fmt.Sprint("prefix", d.Pick, d.Start, d.Missing)) {
-			log.Info().Str("pick", d.Pick.Node).Uint64("pick_record_tail", d.Pick.RecordTail).
+			log.Info().Str(fieldPick, d.Pick.Node).Uint64(fieldPickRecordTail, d.Pick.RecordTail).
 				Uint64(logging.RecordTail, d.Start.RecordTail).Uint64(logging.Epoch, d.Start.Epoch).Str(logging.Node, d.Start.Node).
 				Strs(fieldSealed, d.Sealed).Strs(fieldMissing, d.Missing).
 				Msg("waiting for a copy at the confirmed prefix: the furthest sealed copy is below the latest history start; retrying")

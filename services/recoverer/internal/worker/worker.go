@@ -130,7 +130,7 @@ func (w *Worker) Run(ctx context.Context) error {
 			continue
 		}
 		d := bo.next()
-		log.Warn().Err(err).Dur("retry_in", d).Msg("recoverer election failed; campaigning again")
+		log.Warn().Err(err).Dur(fieldRetryIn, d).Msg("recoverer election failed; campaigning again")
 		if !sleepCtx(ctx, d) {
 			return nil
 		}
@@ -154,7 +154,14 @@ func sleepCtx(ctx context.Context, d time.Duration) bool {
 // is lost. It returns nil when leadership was lost in the ordinary way.
 func (w *Worker) campaignAndLead(ctx context.Context) error {
 	ttl := int((w.cfg.SessionTTL + time.Second - 1) / time.Second)
-	session, err := concurrency.NewSession(w.cfg.Client, concurrency.WithTTL(ttl))
+	// The lease is granted under ctx so that stopping the worker while etcd
+	// is unreachable does not block here; the session keeps it alive on the
+	// client's context and revokes it on Close.
+	lease, err := w.cfg.Client.Grant(ctx, int64(ttl))
+	if err != nil {
+		return fmt.Errorf("worker: election lease: %w", err)
+	}
+	session, err := concurrency.NewSession(w.cfg.Client, concurrency.WithLease(lease.ID), concurrency.WithTTL(ttl))
 	if err != nil {
 		return fmt.Errorf("worker: election session: %w", err)
 	}
@@ -183,7 +190,7 @@ func (w *Worker) campaignAndLead(ctx context.Context) error {
 		return fmt.Errorf("worker: campaign: %w", err)
 	}
 	leader := Leader{Key: election.Key(), Rev: election.Rev()}
-	log := w.cfg.Logger.With().Str("leader_key", leader.Key).Logger()
+	log := w.cfg.Logger.With().Str(fieldLeaderKey, leader.Key).Logger()
 	log.Info().Msg("recoverer leading")
 	w.leading.Store(true)
 	defer w.leading.Store(false)
@@ -235,7 +242,14 @@ func (b *backoff) next() time.Duration {
 
 // Log field keys of this package that internal/logging does not name.
 const (
-	fieldSealed  = "sealed"
-	fieldMissing = "missing"
-	fieldR       = "r"
+	fieldR              = "r"
+	fieldSealed         = "sealed"
+	fieldMissing        = "missing"
+	fieldSealErrors     = "seal_errors"
+	fieldVerdict        = "verdict"
+	fieldPick           = "pick"
+	fieldPickRecordTail = "pick_record_tail"
+	fieldProposedOwner  = "proposed_owner"
+	fieldLeaderKey      = "leader_key"
+	fieldRetryIn        = "retry_in"
 )
