@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -27,7 +28,6 @@ func main() {
 func run(args []string) error {
 	var cfg app.Config
 	var etcd, policy string
-	var nodes int
 	host, _ := os.Hostname()
 	fs := flag.NewFlagSet("strand-controller", flag.ContinueOnError)
 	fs.StringVar(&cfg.Name, "name", host, "controller name in logs")
@@ -35,23 +35,17 @@ func run(args []string) error {
 	fs.StringVar(&cfg.Advertise, "advertise", "", "address clients reach this controller at (default: the listen address)")
 	fs.StringVar(&etcd, "etcd", "http://127.0.0.1:2379", "etcd endpoints, comma separated")
 	fs.StringVar(&cfg.Prefix, "prefix", cluster.DefaultPrefix, "etcd key prefix")
-	fs.StringVar(&policy, "default-policy", cluster.MajorityDurable, "cluster assignment policy: local_durable, majority_durable, replica_durable or replica_accepted")
-	fs.IntVar(&nodes, "default-policy-nodes", 0, "copies count for replica_durable and replica_accepted")
+	fs.StringVar(&policy, "default-policy", cluster.MajorityDurable, "cluster assignment policy: local_durable, majority_durable, or replica_durable:N / replica_accepted:N")
 	fs.DurationVar(&cfg.OwnerProbeGrace, "owner-probe-grace", 300*time.Millisecond, "how long the probe of a suspected owner may take")
 	fs.StringVar(&cfg.LogLevel, "log-level", "info", "debug, info, warn or error")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	name, count, ok := strings.Cut(policy, ":")
-	if ok {
-		if _, err := fmt.Sscanf(count, "%d", &nodes); err != nil {
-			return fmt.Errorf("--default-policy %q: want name or name:nodes", policy)
-		}
+	p, err := parsePolicy(policy)
+	if err != nil {
+		return err
 	}
-	cfg.DefaultPolicy = cluster.Policy{Name: name, Nodes: nodes}
-	if err := cfg.DefaultPolicy.Validate(); err != nil {
-		return fmt.Errorf("--default-policy: %w", err)
-	}
+	cfg.DefaultPolicy = p
 	for _, e := range strings.Split(etcd, ",") {
 		if e = strings.TrimSpace(e); e != "" {
 			cfg.Etcd = append(cfg.Etcd, e)
@@ -60,4 +54,25 @@ func run(args []string) error {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	return app.Run(ctx, cfg)
+}
+
+// parsePolicy reads --default-policy: a policy name, with ":N" for the
+// counted policies.
+func parsePolicy(s string) (cluster.Policy, error) {
+	name, count, counted := strings.Cut(s, ":")
+	p := cluster.Policy{Name: name}
+	if counted {
+		n, err := strconv.Atoi(count)
+		if err != nil {
+			return p, fmt.Errorf("--default-policy %q: want NAME or NAME:N", s)
+		}
+		p.Nodes = n
+	}
+	if name == "" {
+		return p, fmt.Errorf("--default-policy: %w: empty", cluster.ErrInvalidPolicy)
+	}
+	if err := p.Validate(); err != nil {
+		return p, fmt.Errorf("--default-policy: %w", err)
+	}
+	return p, nil
 }

@@ -430,3 +430,29 @@ func TestLeaderFailover(t *testing.T) {
 	}
 	create(t, c2, "t", 1, nil)
 }
+
+func TestLeaderLosesSession(t *testing.T) {
+	h := newHarness(t)
+	h.broker("b1")
+	first, _ := h.leader(Config{Name: "c1"})
+	second := h.controller(Config{Name: "c2"})
+
+	// Revoke the leader's election lease, as its expiry would.
+	resp, err := h.cli.Get(ctxT(t), schema.ControllerElection()+"/", clientv3.WithFirstCreate()...)
+	if err != nil || len(resp.Kvs) != 1 || string(resp.Kvs[0].Value) != first.Addr() {
+		t.Fatalf("election leader %v %v, want %s", resp, err, first.Addr())
+	}
+	if _, err := h.cli.Revoke(ctxT(t), clientv3.LeaseID(resp.Kvs[0].Lease)); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "second controller leads", second.Leading)
+	eventually(t, "first controller stops leading", func() bool { return !first.Leading() })
+	// The first campaigns again and now points at the second.
+	eventually(t, "first names the new leader", func() bool {
+		_, err := adminClient(first.Addr()).ListStreams(ctxT(t), connect.NewRequest(&strandv1.ListStreamsRequest{}))
+		return connect.CodeOf(err) == connect.CodeUnavailable && errMessage(err) == "not the controller leader; leader is at "+second.Addr()
+	})
+	if _, err := adminClient(second.Addr()).ListStreams(ctxT(t), connect.NewRequest(&strandv1.ListStreamsRequest{})); err != nil {
+		t.Fatalf("new leader: %v", err)
+	}
+}
