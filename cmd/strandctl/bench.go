@@ -4,13 +4,102 @@ import (
 	"context"
 	"errors"
 	"flag"
+	"fmt"
+	"math"
+	"strings"
+	"time"
+
+	"github.com/strandhq/strand/cmd/strandctl/internal/bench"
+	"github.com/strandhq/strand/cmd/strandctl/internal/devcluster"
 )
 
+// benchFlags are the bench's own flags.
+type benchFlags struct {
+	stream     string
+	copies     int
+	policy     string
+	nodes      int
+	size       int
+	inflight   int
+	duration   time.Duration
+	killAt     float64
+	killSignal string
+	plot       string
+	brokers    int
+	binDir     string
+}
+
+func (b *benchFlags) register(fs *flag.FlagSet) {
+	fs.StringVar(&b.stream, "stream", bench.DefaultStream, "stream to create and publish to")
+	fs.IntVar(&b.copies, "copies", bench.DefaultCopies, "copies of the stream")
+	fs.StringVar(&b.policy, "policy", bench.DefaultPolicy, "confirm policy")
+	fs.IntVar(&b.nodes, "nodes", 0, "copy count for replica_durable and replica_accepted")
+	fs.IntVar(&b.size, "size", bench.DefaultSize, "record size in bytes")
+	fs.IntVar(&b.inflight, "inflight", bench.DefaultInflight, "records in flight at once")
+	fs.DurationVar(&b.duration, "duration", bench.DefaultDuration, "how long to publish")
+	fs.Float64Var(&b.killAt, "kill-owner-at-secs", 0, "kill the stream's owner this many seconds in (0: no kill)")
+	fs.StringVar(&b.killSignal, "kill-signal", bench.DefaultKillSignal, "KILL, STOP or TERM")
+	fs.StringVar(&b.plot, "plot", "", "write an SVG timeline of confirms to this file")
+	fs.IntVar(&b.brokers, "brokers", 3, "brokers in the bench's own cluster")
+	fs.StringVar(&b.binDir, "bin-dir", "", "where the service binaries are (default: next to strandctl, else PATH)")
+}
+
+// config turns the flags into a bench config; external says whether the
+// bench targets a running cluster (--controller/--broker).
+func (b *benchFlags) config(external bool) (bench.Config, error) {
+	if b.killAt < 0 || math.IsNaN(b.killAt) || math.IsInf(b.killAt, 0) {
+		return bench.Config{}, usagef("--kill-owner-at-secs must be a positive number of seconds, got %v", b.killAt)
+	}
+	cfg := bench.Config{
+		Stream: b.stream, Copies: b.copies, Policy: b.policy, Nodes: b.nodes, Size: b.size, Inflight: b.inflight,
+		Duration: b.duration, KillAt: time.Duration(b.killAt * float64(time.Second)), KillSignal: b.killSignal,
+		Plot: b.plot, Brokers: b.brokers, External: external,
+	}
+	if err := cfg.Validate(); err != nil {
+		return cfg, usageError{strings.TrimPrefix(err.Error(), "bench: ")}
+	}
+	return cfg, nil
+}
+
 func benchCommand() *command {
+	var b benchFlags
 	return &command{
-		name: "bench", summary: "cluster bench: publish with a bounded window, optionally kill the owner, verify every confirm",
+		name:    "bench",
+		summary: "cluster bench: publish with a bounded window, optionally kill the owner, restart it, verify every confirm",
+		flags:   b.register,
 		run: func(ctx context.Context, e *env, _ *flag.FlagSet, args []string) error {
-			return errors.New("not implemented yet")
+			if err := needArgs(args, 0, 0, "no arguments"); err != nil {
+				return err
+			}
+			external := e.g.controller != "" || e.g.broker != ""
+			cfg, err := b.config(external)
+			if err != nil {
+				return err
+			}
+			opts := bench.Options{Config: cfg, BinDir: b.binDir, Stderr: e.stderr}
+			if external {
+				opts.Controller, opts.BrokerAddrs, err = e.endpoints()
+				if err != nil {
+					return err
+				}
+				if opts.Controller == "" {
+					return usagef("the bench needs --controller to create its stream")
+				}
+			}
+			res, err := bench.Run(ctx, opts)
+			if errors.Is(err, bench.ErrInvalid) {
+				return usageError{err.Error()}
+			}
+			if errors.Is(err, devcluster.ErrNoCluster) || err != nil {
+				return err
+			}
+			if err := printJSON(e.stdout, res); err != nil {
+				return err
+			}
+			if !res.OK {
+				return fmt.Errorf("%w: lost %d, duplicates %d, offset mismatches %d", bench.ErrNotOK, res.Lost, res.Duplicates, res.OffsetMismatches)
+			}
+			return nil
 		},
 	}
 }

@@ -92,7 +92,7 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 	}
 	if err != nil {
 		fmt.Fprintf(stderr, "strandctl %s: %v\n", cmd.name, err)
-		printCommandUsage(stderr, cmd, fs)
+		fmt.Fprintf(stderr, "run 'strandctl %s -h' for its flags\n", cmd.name)
 		return 2
 	}
 	err = cmd.run(ctx, e, fs, pos)
@@ -102,7 +102,7 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 		return 0
 	case errors.As(err, &ue):
 		fmt.Fprintf(stderr, "strandctl %s: %v\n", cmd.name, err)
-		printCommandUsage(stderr, cmd, fs)
+		fmt.Fprintf(stderr, "usage: strandctl %s; run 'strandctl %s -h' for its flags\n", strings.TrimSpace(cmd.name+" "+cmd.args), cmd.name)
 		return 2
 	default:
 		fmt.Fprintf(stderr, "strandctl %s: %v\n", cmd.name, err)

@@ -8,8 +8,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"math/rand/v2"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -63,30 +61,13 @@ func buildBinaries(dir string) error {
 	return nil
 }
 
-// freePortBase finds P with P..P+3 and P+11..P+10+brokers free on loopback.
 func freePortBase(t *testing.T, brokers int) int {
 	t.Helper()
-	for range 200 {
-		p := 20000 + rand.IntN(40000)
-		ports := []int{p, p + 1, p + 2, p + 3}
-		for i := 1; i <= brokers; i++ {
-			ports = append(ports, p+10+i)
-		}
-		free := true
-		for _, port := range ports {
-			ln, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(port))
-			if err != nil {
-				free = false
-				break
-			}
-			_ = ln.Close()
-		}
-		if free {
-			return p
-		}
+	p, err := devcluster.FreePortBase(brokers)
+	if err != nil {
+		t.Fatal(err)
 	}
-	t.Fatal("no free port range found")
-	return 0
+	return p
 }
 
 // waitFor polls cond until it holds; it fails the test at the deadline.

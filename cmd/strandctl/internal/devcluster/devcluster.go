@@ -15,6 +15,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -311,9 +312,24 @@ func (c *Cluster) add(name, addr, bin string, args []string) {
 	c.order = append(c.order, name)
 }
 
+func (c *Cluster) logPath(name string) string {
+	return filepath.Join(c.opts.Dir, "logs", name+".log")
+}
+
+// logTail returns the last n lines of a log, for error messages (the dir may
+// be a temp dir that is gone by the time anyone reads the message).
+func logTail(path string, n int) string {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return "(no log: " + err.Error() + ")"
+	}
+	lines := strings.Split(strings.TrimRight(string(b), "\n"), "\n")
+	return strings.Join(lines[max(0, len(lines)-n):], "\n")
+}
+
 // spawn starts ch's process with its output in DIR/logs/<name>.log.
 func (c *Cluster) spawn(ch *child) error {
-	logPath := filepath.Join(c.opts.Dir, "logs", ch.name+".log")
+	logPath := c.logPath(ch.name)
 	f, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
 		return fmt.Errorf("devcluster: %w", err)
@@ -372,9 +388,9 @@ func (c *Cluster) waitReady(ctx context.Context, ch *child, done <-chan struct{}
 		}
 		select {
 		case <-done:
-			return fmt.Errorf("devcluster: %s exited while starting: %v (see %s)", ch.name, ch.err, filepath.Join(c.opts.Dir, "logs", ch.name+".log"))
+			return fmt.Errorf("devcluster: %s exited while starting: %v; its log ends:\n%s", ch.name, ch.err, logTail(c.logPath(ch.name), 15))
 		case <-ctx.Done():
-			return fmt.Errorf("devcluster: %s at %s not ready: %w (see %s)", ch.name, ch.addr, ctx.Err(), filepath.Join(c.opts.Dir, "logs", ch.name+".log"))
+			return fmt.Errorf("devcluster: %s at %s not ready: %w; its log ends:\n%s", ch.name, ch.addr, ctx.Err(), logTail(c.logPath(ch.name), 15))
 		case <-tick.C:
 		}
 	}

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"math/rand/v2"
+	"net"
 	"os"
 	"path/filepath"
 )
@@ -94,4 +96,29 @@ func writeInfo(dir string, info Info) error {
 		return err
 	}
 	return os.Rename(tmp.Name(), filepath.Join(dir, InfoFile))
+}
+
+// FreePortBase picks a random port base P whose ports (etcd P and P+1,
+// controller P+2, recoverer P+3, broker i P+10+i) are free on loopback now.
+func FreePortBase(brokers int) (int, error) {
+	for range 200 {
+		p := 20000 + rand.IntN(40000)
+		ports := []int{p, p + 1, p + 2, p + 3}
+		for i := 1; i <= brokers; i++ {
+			ports = append(ports, p+10+i)
+		}
+		free := true
+		for _, port := range ports {
+			ln, err := net.Listen("tcp", loopback(port))
+			if err != nil {
+				free = false
+				break
+			}
+			_ = ln.Close()
+		}
+		if free {
+			return p, nil
+		}
+	}
+	return 0, errors.New("devcluster: no free port range on loopback")
 }

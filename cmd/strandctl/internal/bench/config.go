@@ -1,0 +1,110 @@
+// Package bench is `strandctl bench` (issue 6, item 3): publish with a
+// bounded in-flight window through the client, optionally kill the owner
+// partway, restart it, read the stream back and prove that every confirmed
+// record is stored once at the offset its confirm named.
+//
+// The decisions (validation, verification, percentiles, gaps, the timeline)
+// are pure functions with table tests; run.go drives a cluster with them.
+package bench
+
+import (
+	"errors"
+	"fmt"
+	"syscall"
+	"time"
+
+	"github.com/strandhq/strand/internal/cluster"
+)
+
+// Config is the bench's settings.
+type Config struct {
+	Stream   string
+	Copies   int
+	Policy   string
+	Nodes    int
+	Size     int
+	Inflight int
+	Duration time.Duration
+	// KillAt is when to kill the owner, from the start of publishing; 0
+	// (or negative) means no kill: a plain throughput and latency bench.
+	KillAt     time.Duration
+	KillSignal string
+	Plot       string
+	// Brokers is the cluster size when the bench starts its own cluster.
+	Brokers int
+	// External is set when the bench targets a running cluster.
+	External bool
+}
+
+// Defaults, as `make bench-failover` runs them.
+const (
+	DefaultStream     = "durable"
+	DefaultCopies     = 3
+	DefaultPolicy     = cluster.MajorityDurable
+	DefaultSize       = 1024
+	DefaultInflight   = 256
+	DefaultDuration   = 20 * time.Second
+	DefaultKillSignal = "KILL"
+)
+
+// MinSize is the smallest record: the id prefix must fit.
+const MinSize = 24
+
+// ErrInvalid marks a setting the bench refuses (exit code 2).
+var ErrInvalid = errors.New("bench: invalid settings")
+
+// Validate refuses impossible settings with a message naming the flag.
+func (c Config) Validate() error {
+	bad := func(format string, args ...any) error {
+		return fmt.Errorf("%w: %s", ErrInvalid, fmt.Sprintf(format, args...))
+	}
+	if err := cluster.ValidateStreamName(c.Stream); err != nil {
+		return bad("--stream: %v", err)
+	}
+	if c.Duration <= 0 {
+		return bad("--duration must be positive, got %v", c.Duration)
+	}
+	if c.KillAt > 0 && c.KillAt >= c.Duration {
+		return bad("--kill-owner-at-secs %v is not before the end of --duration %v", c.KillAt.Seconds(), c.Duration)
+	}
+	if c.Copies < 1 || c.Copies > 7 {
+		return bad("--copies must be 1..7, got %d", c.Copies)
+	}
+	if !c.External && c.Copies > c.Brokers {
+		return bad("--copies %d is above the %d brokers (--brokers)", c.Copies, c.Brokers)
+	}
+	if err := (cluster.Policy{Name: c.Policy, Nodes: c.Nodes}).Validate(); err != nil || c.Policy == "" {
+		return bad("--policy %q: want local_durable, majority_durable, replica_durable or replica_accepted (with --nodes)", c.Policy)
+	}
+	if c.Size < MinSize {
+		return bad("--size must be at least %d bytes (the record id prefix), got %d", MinSize, c.Size)
+	}
+	if c.Inflight < 1 {
+		return bad("--inflight must be at least 1, got %d", c.Inflight)
+	}
+	if c.KillAt > 0 {
+		if _, err := ParseSignal(c.KillSignal); err != nil {
+			return bad("%v", err)
+		}
+		if c.External {
+			return bad("--kill-owner-at-secs needs a cluster the bench starts itself (drop --controller/--broker)")
+		}
+		if c.Copies < 2 {
+			return bad("--kill-owner-at-secs needs --copies 2 or more: a single-copy stream waits for its owner")
+		}
+	}
+	return nil
+}
+
+// ParseSignal maps KILL, STOP and TERM to signals.
+func ParseSignal(s string) (syscall.Signal, error) {
+	switch s {
+	case "KILL", "SIGKILL":
+		return syscall.SIGKILL, nil
+	case "STOP", "SIGSTOP":
+		return syscall.SIGSTOP, nil
+	case "TERM", "SIGTERM":
+		return syscall.SIGTERM, nil
+	}
+	return 0, fmt.Errorf("--kill-signal %q: want KILL, STOP or TERM", s)
+}

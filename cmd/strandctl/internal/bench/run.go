@@ -1,0 +1,516 @@
+package bench
+
+import (
+	"bufio"
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"connectrpc.com/connect"
+
+	"github.com/strandhq/strand/client"
+	"github.com/strandhq/strand/cmd/strandctl/internal/devcluster"
+	strandv1 "github.com/strandhq/strand/internal/gen/strand/v1"
+)
+
+// Options are the settings plus where the bench runs.
+type Options struct {
+	Config
+	// Controller and BrokerAddrs target a running cluster (Config.External).
+	Controller  string
+	BrokerAddrs []string
+	// BinDir is where the service binaries are for the bench's own cluster.
+	BinDir string
+	// Stderr receives progress lines.
+	Stderr io.Writer
+}
+
+// Result is the bench's JSON line.
+type Result struct {
+	Confirmed          int     `json:"confirmed"`
+	Lost               int     `json:"lost"`
+	Duplicates         int     `json:"duplicates"`
+	OffsetMismatches   int     `json:"offset_mismatches"`
+	RecordsPerS        float64 `json:"records_per_s"`
+	MBPerS             float64 `json:"mb_per_s"`
+	ConfirmP50Ms       float64 `json:"confirm_p50_ms"`
+	ConfirmP99Ms       float64 `json:"confirm_p99_ms"`
+	UnavailableMs      float64 `json:"unavailable_ms"`
+	MaxGapMs           float64 `json:"max_gap_ms"`
+	OldOwner           string  `json:"old_owner"`
+	NewOwner           string  `json:"new_owner"`
+	RejoinedAsFollower bool    `json:"rejoined_as_follower"`
+	Recoveries         int     `json:"recoveries"`
+	BrokerPeakRSSMB    float64 `json:"broker_peak_rss_mb"`
+
+	// Context for the figures above.
+	OK                bool     `json:"ok"`
+	Failed            int      `json:"failed"`
+	UnconfirmedStored int      `json:"unconfirmed_stored"`
+	DedupeHits        int      `json:"dedupe_hits"`
+	Stored            int      `json:"stored"`
+	ConfirmMaxMs      float64  `json:"confirm_max_ms"`
+	NewAssignmentMs   float64  `json:"new_assignment_ms"`
+	DurationS         float64  `json:"duration_s"`
+	KillAtS           float64  `json:"kill_at_s,omitempty"`
+	KillSignal        string   `json:"kill_signal,omitempty"`
+	Stream            string   `json:"stream"`
+	Copies            int      `json:"copies"`
+	Policy            string   `json:"policy"`
+	Size              int      `json:"size"`
+	Inflight          int      `json:"inflight"`
+	Problems          []string `json:"problems,omitempty"`
+}
+
+// Run runs the bench. It cleans up the processes and temp dir it made, also
+// when ctx is cancelled (Ctrl-C).
+func Run(ctx context.Context, o Options) (*Result, error) {
+	if err := o.Validate(); err != nil {
+		return nil, err
+	}
+	if o.Stderr == nil {
+		o.Stderr = io.Discard
+	}
+	r := &runner{o: o, res: &Result{Stream: o.Stream, Copies: o.Copies, Policy: policyName(o.Config), Size: o.Size, Inflight: o.Inflight}}
+	if !o.External {
+		dir, err := os.MkdirTemp("", "strand-bench-")
+		if err != nil {
+			return nil, err
+		}
+		defer os.RemoveAll(dir)
+		port, err := devcluster.FreePortBase(o.Brokers)
+		if err != nil {
+			return nil, err
+		}
+		fmt.Fprintf(o.Stderr, "bench: starting a cluster of %d brokers in %s\n", o.Brokers, dir)
+		cl, err := devcluster.Start(ctx, devcluster.Options{Dir: dir, Brokers: o.Brokers, PortBase: port, BinDir: o.BinDir, Log: o.Stderr})
+		if err != nil {
+			return nil, err
+		}
+		defer cl.Close()
+		r.cl = cl
+		info := cl.Info()
+		o.Controller, o.BrokerAddrs = info.Controller, info.BrokerAddresses()
+	}
+	c, err := client.New(client.Config{Controller: o.Controller, Brokers: o.BrokerAddrs})
+	if err != nil {
+		return nil, err
+	}
+	defer c.Close()
+	r.c = c
+	if err := r.run(ctx); err != nil {
+		return nil, err
+	}
+	return r.res, nil
+}
+
+func policyName(c Config) string {
+	if c.Nodes > 0 {
+		return c.Policy + ":" + strconv.Itoa(c.Nodes)
+	}
+	return c.Policy
+}
+
+type runner struct {
+	o   Options
+	cl  *devcluster.Cluster // nil for an external cluster
+	c   *client.Client
+	res *Result
+
+	start     time.Time
+	confirmed atomic.Int64
+	failed    atomic.Int64
+	peakRSS   atomic.Int64 // kB
+
+	mu       sync.Mutex
+	owner    string
+	killAt   time.Duration
+	newAt    time.Duration
+	newOwner string
+}
+
+func (r *runner) since() time.Duration { return time.Since(r.start) }
+
+func (r *runner) run(ctx context.Context) error {
+	o := r.o
+	admin := r.c.Admin()
+	req := &strandv1.CreateStreamRequest{Name: o.Stream, Copies: uint32(o.Copies), Policy: &strandv1.ConfirmPolicy{Name: o.Policy, Nodes: uint32(o.Nodes)}}
+	if _, err := admin.CreateStream(ctx, connect.NewRequest(req)); err != nil {
+		if connect.CodeOf(err) == connect.CodeAlreadyExists {
+			return fmt.Errorf("bench: stream %q exists; the bench needs a fresh stream (pick another --stream): %w", o.Stream, err)
+		}
+		return fmt.Errorf("bench: create stream: %w", err)
+	}
+	before, err := r.waitServing(ctx)
+	if err != nil {
+		return err
+	}
+	r.owner = before.GetAssignment().GetOwner()
+	r.res.OldOwner = r.owner
+	historyBefore := len(before.GetHistory())
+
+	// Publish.
+	r.start = time.Now()
+	var (
+		wg       sync.WaitGroup
+		next     atomic.Uint64
+		confirms = make([][]Confirm, o.Inflight)
+		dedupe   atomic.Int64
+	)
+	pubCtx, stopPub := context.WithCancel(ctx)
+	defer stopPub()
+	for w := range o.Inflight {
+		wg.Go(func() {
+			for pubCtx.Err() == nil && r.since() < o.Duration {
+				id := next.Add(1)
+				sent := r.since()
+				res, err := r.c.Publish(pubCtx, o.Stream, []*strandv1.Record{{Payload: RecordPayload(id, o.Size)}})
+				if err != nil {
+					r.failed.Add(1)
+					continue
+				}
+				done := r.since()
+				dup := len(res.GetDuplicate()) > 0 && res.GetDuplicate()[0]
+				if dup {
+					dedupe.Add(1)
+				}
+				confirms[w] = append(confirms[w], Confirm{ID: id, Offset: res.GetOffsets()[0], Sent: sent, Done: done, Duplicate: dup})
+				r.confirmed.Add(1)
+			}
+		})
+	}
+	bg, stopBg := context.WithCancel(ctx)
+	var bgWG sync.WaitGroup
+	bgWG.Go(func() { r.progress(bg) })
+	var killErr error
+	if o.KillAt > 0 {
+		bgWG.Go(func() { killErr = r.kill(bg) })
+	}
+	wg.Wait()
+	elapsed := r.since()
+	if o.KillAt > 0 {
+		// The kill watcher waits for the new assignment; give it until
+		// the recovery would have to be stuck.
+		waitCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		r.waitNewAssignment(waitCtx)
+		cancel()
+	}
+	stopBg()
+	bgWG.Wait()
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if killErr != nil {
+		return killErr
+	}
+
+	all := slices.Concat(confirms...)
+	slices.SortFunc(all, func(a, b Confirm) int { return cmp.Compare(a.ID, b.ID) })
+	r.res.DurationS = round(elapsed.Seconds())
+	r.res.Failed = int(r.failed.Load())
+	r.res.DedupeHits = int(dedupe.Load())
+
+	// Bring the old owner back and wait for it to rejoin as a follower.
+	if o.KillAt > 0 {
+		if err := r.restartOldOwner(ctx); err != nil {
+			fmt.Fprintf(o.Stderr, "bench: restarting %s: %v\n", r.res.OldOwner, err)
+		}
+	}
+	after, err := r.c.Admin().GetStream(ctx, connect.NewRequest(&strandv1.GetStreamRequest{Name: o.Stream}))
+	if err != nil {
+		return fmt.Errorf("bench: get stream after the run: %w", err)
+	}
+	r.res.Recoveries = len(after.Msg.GetHistory()) - historyBefore
+	r.samplePeakRSS()
+
+	// Read back and verify.
+	stored, err := r.readAll(ctx)
+	if err != nil {
+		return fmt.Errorf("bench: read back: %w", err)
+	}
+	v := Verify(all, stored)
+	r.res.Confirmed, r.res.Lost, r.res.Duplicates, r.res.OffsetMismatches = v.Confirmed, v.Lost, v.Duplicates, v.OffsetMismatches
+	r.res.UnconfirmedStored, r.res.Stored, r.res.Problems, r.res.OK = v.UnconfirmedStored, len(stored), v.Examples, v.OK()
+	r.res.RecordsPerS = round(float64(len(all)) / elapsed.Seconds())
+	r.res.MBPerS = round(float64(len(all)) * float64(o.Size) / 1e6 / elapsed.Seconds())
+	lat := Summarize(Latencies(all))
+	r.res.ConfirmP50Ms, r.res.ConfirmP99Ms, r.res.ConfirmMaxMs = round(lat.P50), round(lat.P99), round(lat.Max)
+	r.res.MaxGapMs = round(ms(MaxGap(all)))
+	r.res.BrokerPeakRSSMB = round(float64(r.peakRSS.Load()) / 1024)
+
+	var marks []Mark
+	if o.KillAt > 0 {
+		r.mu.Lock()
+		killAt, newAt := r.killAt, r.newAt
+		r.res.NewOwner = r.newOwner
+		r.mu.Unlock()
+		r.res.KillAtS, r.res.KillSignal = round(killAt.Seconds()), o.KillSignal
+		if u, ok := Unavailable(all, killAt); ok {
+			r.res.UnavailableMs = round(ms(u))
+		} else {
+			r.res.UnavailableMs = -1
+		}
+		marks = append(marks, Mark{At: killAt, Label: "SIG" + strings.TrimPrefix(o.KillSignal, "SIG") + " " + r.res.OldOwner, Color: "#c0392b"})
+		if newAt > 0 {
+			r.res.NewAssignmentMs = round(ms(newAt - killAt))
+			marks = append(marks, Mark{At: newAt, Label: "new owner " + r.res.NewOwner, Color: "#27ae60"})
+		}
+	} else {
+		r.res.NewOwner = r.res.OldOwner
+	}
+	if o.Plot != "" {
+		if err := r.plot(all, elapsed, marks); err != nil {
+			return fmt.Errorf("bench: plot: %w", err)
+		}
+	}
+	return nil
+}
+
+func round(f float64) float64 { return float64(int64(f*100+0.5)) / 100 }
+
+// waitServing waits until the stream has an owner that answers Locate.
+func (r *runner) waitServing(ctx context.Context) (*strandv1.GetStreamResponse, error) {
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	tick := time.NewTicker(50 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		loc, err := r.c.Locate(ctx, r.o.Stream)
+		if err == nil && loc.GetOwner().GetAddress() != "" {
+			res, err := r.c.Admin().GetStream(ctx, connect.NewRequest(&strandv1.GetStreamRequest{Name: r.o.Stream}))
+			if err == nil && res.Msg.GetAssignment().GetOwner() != "" {
+				return res.Msg, nil
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return nil, fmt.Errorf("bench: stream %q has no serving owner: %w", r.o.Stream, ctx.Err())
+		case <-tick.C:
+		}
+	}
+}
+
+// kill kills the owner at KillAt and watches for the new assignment.
+func (r *runner) kill(ctx context.Context) error {
+	sig, _ := ParseSignal(r.o.KillSignal)
+	t := time.NewTimer(time.Until(r.start.Add(r.o.KillAt)))
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return nil
+	case <-t.C:
+	}
+	res, err := r.c.Admin().GetStream(ctx, connect.NewRequest(&strandv1.GetStreamRequest{Name: r.o.Stream}))
+	if err != nil {
+		return fmt.Errorf("bench: find the owner to kill: %w", err)
+	}
+	owner := res.Msg.GetAssignment().GetOwner()
+	r.samplePeakRSS()
+	if err := r.cl.Kill(owner, sig); err != nil {
+		return fmt.Errorf("bench: kill %s: %w", owner, err)
+	}
+	at := r.since()
+	r.mu.Lock()
+	r.owner, r.killAt = owner, at
+	r.mu.Unlock()
+	r.res.OldOwner = owner
+	fmt.Fprintf(r.o.Stderr, "bench: %.2fs sent SIG%s to the owner %s (pid %d)\n", at.Seconds(), r.o.KillSignal, owner, r.cl.PID(owner))
+	r.waitNewAssignment(ctx)
+	return nil
+}
+
+// waitNewAssignment polls the assignment until its owner is not the killed
+// one, recording when that was first seen.
+func (r *runner) waitNewAssignment(ctx context.Context) {
+	tick := time.NewTicker(20 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		r.mu.Lock()
+		done, old := r.newAt > 0, r.owner
+		r.mu.Unlock()
+		if done {
+			return
+		}
+		cctx, cancel := context.WithTimeout(ctx, time.Second)
+		res, err := r.c.Admin().GetStream(cctx, connect.NewRequest(&strandv1.GetStreamRequest{Name: r.o.Stream}))
+		cancel()
+		if err == nil {
+			if o := res.Msg.GetAssignment().GetOwner(); o != "" && o != old {
+				at := r.since()
+				r.mu.Lock()
+				if r.newAt == 0 {
+					r.newAt, r.newOwner = at, o
+					fmt.Fprintf(r.o.Stderr, "bench: %.2fs new assignment: epoch %d, owner %s\n", at.Seconds(), res.Msg.GetAssignment().GetEpoch(), o)
+				}
+				r.mu.Unlock()
+				return
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+	}
+}
+
+// restartOldOwner brings the killed broker back (SIGCONT for STOP) and waits
+// until the assignment lists it as a follower.
+func (r *runner) restartOldOwner(ctx context.Context) error {
+	node := r.res.OldOwner
+	if r.o.KillSignal == "STOP" || r.o.KillSignal == "SIGSTOP" {
+		if err := r.cl.Kill(node, syscall.SIGCONT); err != nil {
+			return err
+		}
+	} else {
+		wctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+		err := r.cl.Wait(wctx, node)
+		cancel()
+		if err != nil {
+			return fmt.Errorf("%s did not exit: %w", node, err)
+		}
+		if err := r.cl.Restart(ctx, node); err != nil {
+			return err
+		}
+	}
+	fmt.Fprintf(r.o.Stderr, "bench: %s is back (pid %d); waiting for it to rejoin as a follower\n", node, r.cl.PID(node))
+	ctx, cancel := context.WithTimeout(ctx, 60*time.Second)
+	defer cancel()
+	tick := time.NewTicker(100 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		res, err := r.c.Admin().GetStream(ctx, connect.NewRequest(&strandv1.GetStreamRequest{Name: r.o.Stream}))
+		if err == nil && slices.Contains(res.Msg.GetAssignment().GetFollowers(), node) {
+			for _, cp := range res.Msg.GetCopies() {
+				if cp.GetNode() == node && cp.GetLive() && cp.GetRole() == "follower" {
+					r.res.RejoinedAsFollower = true
+					fmt.Fprintf(r.o.Stderr, "bench: %s rejoined as a follower at epoch %d\n", node, res.Msg.GetAssignment().GetEpoch())
+					return nil
+				}
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("%s did not rejoin as a follower within 60s", node)
+		case <-tick.C:
+		}
+	}
+}
+
+// readAll reads the stream from offset 0 to its end.
+func (r *runner) readAll(ctx context.Context) ([]Stored, error) {
+	var out []Stored
+	next := uint64(0)
+	for {
+		res, err := r.c.Read(ctx, &strandv1.ReadRequest{Stream: r.o.Stream, FromOffset: next})
+		if err != nil {
+			return nil, err
+		}
+		if len(res.GetRecords()) == 0 {
+			return out, nil
+		}
+		for _, rec := range res.GetRecords() {
+			id, ok := ParseID(rec.GetPayload())
+			out = append(out, Stored{Offset: rec.GetOffset(), ID: id, HasID: ok})
+			next = rec.GetOffset() + 1
+		}
+	}
+}
+
+// progress prints a line per second.
+func (r *runner) progress(ctx context.Context) {
+	t := time.NewTicker(time.Second)
+	defer t.Stop()
+	last := int64(0)
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		r.samplePeakRSS()
+		n := r.confirmed.Load()
+		r.mu.Lock()
+		owner := r.owner
+		if r.newOwner != "" {
+			owner = r.newOwner
+		}
+		r.mu.Unlock()
+		fmt.Fprintf(r.o.Stderr, "bench: %5.1fs confirmed %d (%d/s) failed %d owner %s\n", r.since().Seconds(), n, n-last, r.failed.Load(), owner)
+		last = n
+	}
+}
+
+// samplePeakRSS records the largest VmHWM over the broker processes.
+func (r *runner) samplePeakRSS() {
+	if r.cl == nil {
+		return
+	}
+	for _, b := range r.cl.Info().Brokers {
+		if kb, ok := vmHWM(b.PID); ok {
+			for {
+				cur := r.peakRSS.Load()
+				if kb <= cur || r.peakRSS.CompareAndSwap(cur, kb) {
+					break
+				}
+			}
+		}
+	}
+}
+
+// vmHWM reads a process's peak resident set size, in kB, from /proc.
+func vmHWM(pid int) (int64, bool) {
+	if pid <= 0 {
+		return 0, false
+	}
+	f, err := os.Open("/proc/" + strconv.Itoa(pid) + "/status")
+	if err != nil {
+		return 0, false
+	}
+	defer f.Close()
+	return parseVmHWM(f)
+}
+
+func parseVmHWM(rd io.Reader) (int64, bool) {
+	sc := bufio.NewScanner(rd)
+	for sc.Scan() {
+		rest, ok := strings.CutPrefix(sc.Text(), "VmHWM:")
+		if !ok {
+			continue
+		}
+		fields := strings.Fields(rest)
+		if len(fields) == 0 {
+			return 0, false
+		}
+		kb, err := strconv.ParseInt(fields[0], 10, 64)
+		return kb, err == nil
+	}
+	return 0, false
+}
+
+func (r *runner) plot(all []Confirm, elapsed time.Duration, marks []Mark) error {
+	f, err := os.Create(r.o.Plot)
+	if err != nil {
+		return err
+	}
+	title := fmt.Sprintf("strand bench: %s, %d copies, %s, %d B, window %d", r.o.Stream, r.o.Copies, policyName(r.o.Config), r.o.Size, r.o.Inflight)
+	if err := WriteSVG(f, title, Buckets(all, PlotWidth, elapsed), PlotWidth, marks); err != nil {
+		_ = f.Close()
+		return err
+	}
+	return f.Close()
+}
+
+// ErrNotOK is returned when verification found lost, duplicated or moved
+// confirmed records.
+var ErrNotOK = errors.New("bench: verification failed")
