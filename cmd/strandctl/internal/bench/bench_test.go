@@ -1,0 +1,234 @@
+package bench
+
+import (
+	"bytes"
+	"encoding/xml"
+	"errors"
+	"io"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+)
+
+func validConfig() Config {
+	return Config{Stream: DefaultStream, Copies: 3, Policy: DefaultPolicy, Size: DefaultSize, Inflight: DefaultInflight,
+		Duration: DefaultDuration, KillAt: 8 * time.Second, KillSignal: "KILL", Brokers: 3}
+}
+
+func TestValidate(t *testing.T) {
+	if err := validConfig().Validate(); err != nil {
+		t.Fatalf("defaults with a kill at 8s: %v", err)
+	}
+	for _, c := range []struct {
+		name   string
+		mutate func(*Config)
+		want   string // "" means valid
+	}{
+		{"no kill", func(c *Config) { c.KillAt = 0 }, ""},
+		{"kill just before the end", func(c *Config) { c.KillAt = c.Duration - time.Millisecond }, ""},
+		{"STOP", func(c *Config) { c.KillSignal = "STOP" }, ""},
+		{"TERM", func(c *Config) { c.KillSignal = "SIGTERM" }, ""},
+		{"replica_durable with nodes", func(c *Config) { c.Policy, c.Nodes = "replica_durable", 2 }, ""},
+		{"external, copies above local brokers", func(c *Config) { c.External, c.KillAt, c.Copies = true, 0, 5 }, ""},
+		{"kill at the end", func(c *Config) { c.KillAt = c.Duration }, "--kill-owner-at-secs"},
+		{"kill after the end", func(c *Config) { c.KillAt = c.Duration + time.Second }, "--kill-owner-at-secs"},
+		{"copies above brokers", func(c *Config) { c.Copies = 4 }, "--copies 4 is above the 3 brokers"},
+		{"copies 0", func(c *Config) { c.Copies = 0 }, "--copies"},
+		{"copies 8", func(c *Config) { c.Copies, c.Brokers = 8, 8 }, "--copies"},
+		{"unknown policy", func(c *Config) { c.Policy = "fast" }, "--policy"},
+		{"empty policy", func(c *Config) { c.Policy = "" }, "--policy"},
+		{"replica_durable without nodes", func(c *Config) { c.Policy = "replica_durable" }, "--policy"},
+		{"unknown signal", func(c *Config) { c.KillSignal = "HUP" }, "--kill-signal"},
+		{"signal ignored without a kill", func(c *Config) { c.KillAt, c.KillSignal = 0, "HUP" }, ""},
+		{"size below the id prefix", func(c *Config) { c.Size = 8 }, "--size"},
+		{"no window", func(c *Config) { c.Inflight = 0 }, "--inflight"},
+		{"no duration", func(c *Config) { c.Duration, c.KillAt = 0, 0 }, "--duration"},
+		{"bad stream name", func(c *Config) { c.Stream = "Bad Name" }, "--stream"},
+		{"kill on an external cluster", func(c *Config) { c.External = true }, "drop --controller/--broker"},
+		{"kill a single copy", func(c *Config) { c.Copies = 1 }, "--copies 2 or more"},
+	} {
+		cfg := validConfig()
+		c.mutate(&cfg)
+		err := cfg.Validate()
+		switch {
+		case c.want == "" && err != nil:
+			t.Errorf("%s: unexpected %v", c.name, err)
+		case c.want != "" && err == nil:
+			t.Errorf("%s: accepted, want an error mentioning %q", c.name, c.want)
+		case c.want != "" && (!errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), c.want)):
+			t.Errorf("%s: %v, want ErrInvalid mentioning %q", c.name, err, c.want)
+		}
+	}
+}
+
+func TestPayloadAndParseID(t *testing.T) {
+	for _, id := range []uint64{0, 1, 42, 1<<63 + 5} {
+		p := RecordPayload(id, 64)
+		if len(p) != 64 {
+			t.Fatalf("payload of %d is %d bytes, want 64", id, len(p))
+		}
+		got, ok := ParseID(p)
+		if !ok || got != id {
+			t.Fatalf("ParseID(RecordPayload(%d)) = %d, %v", id, got, ok)
+		}
+	}
+	// An id longer than the size is kept whole.
+	if p := RecordPayload(123456789, 4); string(p) != "bench-123456789-" {
+		t.Fatalf("short payload %q", p)
+	}
+	for _, bad := range []string{"", "hello", "bench-", "bench-12", "bench-x-", "bench--1"} {
+		if _, ok := ParseID([]byte(bad)); ok {
+			t.Errorf("ParseID(%q) accepted", bad)
+		}
+	}
+}
+
+func TestVerify(t *testing.T) {
+	confirms := []Confirm{{ID: 1, Offset: 0}, {ID: 2, Offset: 1}, {ID: 3, Offset: 2}, {ID: 4, Offset: 3}}
+	stored := func(pairs ...uint64) []Stored {
+		var out []Stored
+		for i := 0; i < len(pairs); i += 2 {
+			out = append(out, Stored{Offset: pairs[i], ID: pairs[i+1], HasID: true})
+		}
+		return out
+	}
+	for _, c := range []struct {
+		name   string
+		stored []Stored
+		want   Verdict
+	}{
+		{"all in place", stored(0, 1, 1, 2, 2, 3, 3, 4), Verdict{Confirmed: 4}},
+		{"one lost", stored(0, 1, 1, 2, 3, 4), Verdict{Confirmed: 4, Lost: 1}},
+		{"one moved", stored(0, 1, 1, 2, 2, 4, 3, 3), Verdict{Confirmed: 4, OffsetMismatches: 2}},
+		{"one twice", stored(0, 1, 1, 2, 2, 3, 3, 4, 4, 2), Verdict{Confirmed: 4, Duplicates: 1, OffsetMismatches: 1}},
+		{"an unconfirmed record stored", stored(0, 1, 1, 2, 2, 3, 3, 4, 4, 9), Verdict{Confirmed: 4, UnconfirmedStored: 1}},
+		{"an unconfirmed record stored twice", stored(0, 1, 1, 2, 2, 3, 3, 4, 4, 9, 5, 9), Verdict{Confirmed: 4, UnconfirmedStored: 1, Duplicates: 1}},
+		{"a foreign record", append(stored(0, 1, 1, 2, 2, 3, 3, 4), Stored{Offset: 4}), Verdict{Confirmed: 4, Foreign: 1}},
+		{"empty stream", nil, Verdict{Confirmed: 4, Lost: 4}},
+	} {
+		got := Verify(confirms, c.stored)
+		got.Examples = nil
+		if !reflect.DeepEqual(got, c.want) {
+			t.Errorf("%s: %+v, want %+v", c.name, got, c.want)
+		}
+		if got.OK() != (c.want.Lost == 0 && c.want.Duplicates == 0 && c.want.OffsetMismatches == 0) {
+			t.Errorf("%s: OK() = %v", c.name, got.OK())
+		}
+	}
+	if v := Verify(confirms, stored(0, 1)); len(v.Examples) == 0 || !strings.Contains(v.Examples[0], "missing") {
+		t.Errorf("examples %v, want the missing record described", v.Examples)
+	}
+}
+
+func TestPercentile(t *testing.T) {
+	var lat []time.Duration
+	for i := 1; i <= 100; i++ {
+		lat = append(lat, time.Duration(i)*time.Millisecond)
+	}
+	for _, c := range []struct {
+		p    float64
+		want time.Duration
+	}{{50, 50 * time.Millisecond}, {99, 99 * time.Millisecond}, {100, 100 * time.Millisecond}, {0, time.Millisecond}, {1, time.Millisecond}, {99.5, 100 * time.Millisecond}} {
+		if got := Percentile(lat, c.p); got != c.want {
+			t.Errorf("p%v = %v, want %v", c.p, got, c.want)
+		}
+	}
+	if got := Percentile([]time.Duration{7}, 99); got != 7 {
+		t.Errorf("single value p99 = %v", got)
+	}
+	if got := Percentile(nil, 50); got != 0 {
+		t.Errorf("empty p50 = %v", got)
+	}
+	// Summarize does not depend on input order and does not reorder it.
+	shuffled := []time.Duration{5 * time.Millisecond, time.Millisecond, 3 * time.Millisecond, 2 * time.Millisecond, 4 * time.Millisecond}
+	s := Summarize(shuffled)
+	if s.P50 != 3 || s.P99 != 5 || s.Max != 5 {
+		t.Errorf("Summarize = %+v, want p50 3 p99 5 max 5", s)
+	}
+	if shuffled[0] != 5*time.Millisecond {
+		t.Error("Summarize sorted its input in place")
+	}
+}
+
+func TestUnavailableAndGaps(t *testing.T) {
+	ms := time.Millisecond
+	confirms := []Confirm{
+		{ID: 1, Sent: 0, Done: 10 * ms},
+		{ID: 2, Sent: 900 * ms, Done: 2500 * ms}, // sent before the kill, confirmed after
+		{ID: 3, Sent: 1100 * ms, Done: 2700 * ms},
+		{ID: 4, Sent: 1200 * ms, Done: 2600 * ms},
+		{ID: 5, Sent: 2700 * ms, Done: 2710 * ms},
+	}
+	u, ok := Unavailable(confirms, 1000*ms)
+	if !ok || u != 1600*ms {
+		t.Fatalf("Unavailable = %v, %v; want 1.6s (first confirm of a publish sent after the kill)", u, ok)
+	}
+	if _, ok := Unavailable(confirms, 3*time.Second); ok {
+		t.Fatal("Unavailable found a confirm of a publish sent after the last one")
+	}
+	if g := MaxGap(confirms); g != 2490*ms {
+		t.Fatalf("MaxGap = %v, want 2.49s", g)
+	}
+	if g := MaxGap(confirms[:1]); g != 0 {
+		t.Fatalf("MaxGap of one = %v", g)
+	}
+	b := Buckets(confirms, 100*ms, 3*time.Second)
+	if len(b) != 30 || b[0] != 1 || b[25] != 1 || b[26] != 1 || b[27] != 2 {
+		t.Fatalf("Buckets = %v", b)
+	}
+	sum := 0
+	for _, n := range b {
+		sum += n
+	}
+	if sum != len(confirms) {
+		t.Fatalf("buckets hold %d confirms, want %d", sum, len(confirms))
+	}
+}
+
+func TestParseVmHWM(t *testing.T) {
+	status := "Name:\tstrand-broker\nVmPeak:\t  900000 kB\nVmHWM:\t  123456 kB\nVmRSS:\t  100000 kB\n"
+	if kb, ok := parseVmHWM(strings.NewReader(status)); !ok || kb != 123456 {
+		t.Fatalf("parseVmHWM = %d, %v", kb, ok)
+	}
+	if _, ok := parseVmHWM(strings.NewReader("Name:\tx\n")); ok {
+		t.Fatal("parseVmHWM found a VmHWM that is not there")
+	}
+}
+
+func TestWriteSVG(t *testing.T) {
+	var buf bytes.Buffer
+	marks := []Mark{{At: 800 * time.Millisecond, Label: "SIGKILL broker-1 <owner>"}, {At: 1200 * time.Millisecond, Label: "new owner broker-2", Color: "#27ae60"}}
+	if err := WriteSVG(&buf, "bench & co", []int{5, 0, 7, 3, 0, 0, 0, 0, 9, 1, 2, 4, 4, 4, 4, 4, 4, 4, 4, 4}, PlotWidth, marks); err != nil {
+		t.Fatal(err)
+	}
+	// Well-formed XML (labels escaped), one bar per non-empty bucket, one
+	// line per mark.
+	dec := xml.NewDecoder(bytes.NewReader(buf.Bytes()))
+	bars, lines := 0, 0
+	for {
+		tok, err := dec.Token()
+		if err != nil {
+			if !errors.Is(err, io.EOF) {
+				t.Fatalf("SVG is not well-formed: %v\n%s", err, buf.String())
+			}
+			break
+		}
+		if se, ok := tok.(xml.StartElement); ok {
+			for _, a := range se.Attr {
+				if a.Name.Local == "class" && a.Value == "bar" {
+					bars++
+				}
+				if a.Name.Local == "class" && a.Value == "mark" {
+					lines++
+				}
+			}
+		}
+	}
+	if bars != 15 || lines != 2 {
+		t.Fatalf("%d bars and %d marks, want 15 and 2", bars, lines)
+	}
+	if !strings.Contains(buf.String(), "SIGKILL broker-1 &lt;owner&gt;") {
+		t.Fatal("mark label missing or unescaped")
+	}
+}
