@@ -105,9 +105,11 @@
 //
 // # Memory
 //
-// Badger runs with 3 memtables of 32 MiB (Options.MemTableBytes), a 16 MiB
-// block cache and 8 MiB index cache (Options.CacheBytes), 64 MiB value log
-// files and 2 compactors, keeping a loaded broker well under 512 MiB RSS.
-// Values up to 1 MiB stay in the LSM tree; larger ones go to the value log,
-// which is not garbage-collected.
+// Badger runs with two 16 MiB memtables (Options.MemTableBytes), 4 MiB
+// tables, a 16 MiB block cache and 8 MiB index cache (Options.CacheBytes),
+// 64 MiB value log files, two compactors and no block compression. Values
+// up to 1 MiB stay in the LSM tree; larger ones go to the value log, which
+// is not garbage-collected. Badger maps its tables and logs into memory, so
+// RSS also counts file pages the kernel can reclaim; the Go heap is bounded
+// by the settings above times GOGC, which a broker caps with GOMEMLIMIT.
 package storage

@@ -1,0 +1,138 @@
+package storage
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// BenchmarkAppend measures durable publish on one stream: 1 KiB records,
+// concurrent publishers, batches of 1 and 64. One op is one Append call.
+func BenchmarkAppend(b *testing.B) {
+	for _, publishers := range []int{1, 16, 256} {
+		for _, batch := range []int{1, 64} {
+			b.Run(fmt.Sprintf("publishers=%d/batch=%d", publishers, batch), func(b *testing.B) {
+				benchAppend(b, publishers, batch)
+			})
+		}
+	}
+}
+
+func benchAppend(b *testing.B, publishers, batch int) {
+	db, err := Open(Options{Dir: b.TempDir()})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer db.Close()
+	s, err := db.Open("bench")
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := s.AdvanceEpoch(1); err != nil {
+		b.Fatal(err)
+	}
+	payload := make([]byte, 1024)
+	for i := range payload {
+		payload[i] = byte(i * 7)
+	}
+	b.SetBytes(int64(batch * len(payload)))
+	var (
+		next      atomic.Int64
+		mu        sync.Mutex
+		latencies []time.Duration
+		wg        sync.WaitGroup
+		failed    atomic.Value
+	)
+	b.ResetTimer()
+	start := time.Now()
+	for range publishers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			rs := make([]Record, batch)
+			for i := range rs {
+				rs[i].Payload = payload
+			}
+			var mine []time.Duration
+			for next.Add(1) <= int64(b.N) {
+				t0 := time.Now()
+				if _, err := s.Append(context.Background(), 1, rs); err != nil {
+					failed.Store(err)
+					return
+				}
+				mine = append(mine, time.Since(t0))
+			}
+			mu.Lock()
+			latencies = append(latencies, mine...)
+			mu.Unlock()
+		}()
+	}
+	wg.Wait()
+	elapsed := time.Since(start)
+	b.StopTimer()
+	if err, ok := failed.Load().(error); ok {
+		b.Fatal(err)
+	}
+	slices.Sort(latencies)
+	pct := func(p float64) float64 {
+		if len(latencies) == 0 {
+			return 0
+		}
+		return float64(latencies[int(p*float64(len(latencies)-1))].Microseconds()) / 1000
+	}
+	b.ReportMetric(float64(b.N*batch)/elapsed.Seconds(), "records/s")
+	b.ReportMetric(pct(0.50), "p50-ms")
+	b.ReportMetric(pct(0.99), "p99-ms")
+	if rss := peakRSSMiB(); rss > 0 {
+		b.ReportMetric(rss, "peak-rss-MiB")
+	}
+}
+
+// peakRSSMiB is the process's peak resident set (VmHWM), 0 if unknown.
+func peakRSSMiB() float64 {
+	b, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		return 0
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "VmHWM:"); ok {
+			kb, err := strconv.ParseFloat(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")), 64)
+			if err == nil {
+				return kb / 1024
+			}
+		}
+	}
+	return 0
+}
+
+// BenchmarkFsyncFloor is the disk's physical limit for a durable write: a
+// 4 KiB append plus fdatasync, in a loop.
+func BenchmarkFsyncFloor(b *testing.B) {
+	f, err := os.Create(filepath.Join(b.TempDir(), "floor"))
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer f.Close()
+	buf := make([]byte, 4096)
+	b.SetBytes(int64(len(buf)))
+	b.ResetTimer()
+	start := time.Now()
+	for range b.N {
+		if _, err := f.Write(buf); err != nil {
+			b.Fatal(err)
+		}
+		if err := syscall.Fdatasync(int(f.Fd())); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "ops/s")
+}

@@ -1,0 +1,70 @@
+package storage
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"testing"
+)
+
+func TestDropDeletesEverything(t *testing.T) {
+	dir := t.TempDir()
+	db := openDB(t, dir)
+	ctx := context.Background()
+	s := ownerStream(t, db, "gone", 1)
+	mustAppend(t, s, 1, recs("a", 50))
+	if _, err := s.CommitCursor(ctx, 1, "c", 3); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Snapshot(); err != nil {
+		t.Fatal(err)
+	}
+	keep := ownerStream(t, db, "gone2", 1) // a name sharing the prefix
+	mustAppend(t, keep, 1, recs("b", 5))
+	wait := s.WaitTail(100)
+	if err := db.Drop("gone"); err != nil {
+		t.Fatal(err)
+	}
+	<-wait // closed by the drop
+	if _, err := s.Append(ctx, 1, recs("x", 1)); !errors.Is(err, ErrClosed) {
+		t.Fatalf("append to a dropped stream: %v", err)
+	}
+	names, err := db.Streams()
+	if err != nil || !slices.Equal(names, []string{"gone2"}) {
+		t.Fatalf("Streams() = %v, %v", names, err)
+	}
+	n := 0
+	for _, kind := range []byte{kindMeta, kindRecord, kindEvent, kindSnapshot} {
+		if err := keep.scanKeys(streamKey(kind, "gone"), func([]byte) { n++ }); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n != 0 {
+		t.Fatalf("%d keys of the dropped stream left", n)
+	}
+	if got := mustRead(t, keep, 0, 0); len(got) != 5 {
+		t.Fatalf("the other stream lost records: %d", len(got))
+	}
+	// A recreated stream starts empty.
+	s = openStream(t, db, "gone")
+	if st := s.State(); st.RecordTail != 0 || st.Epoch != 0 || st.CursorEventTail != 0 {
+		t.Fatalf("recreated stream %+v", st)
+	}
+	if _, ok := s.Cursor("c"); ok {
+		t.Fatal("recreated stream has the old cursor")
+	}
+	db.Close()
+	if _, err := s.State(), db.Drop("gone"); !errors.Is(err, ErrClosed) {
+		t.Fatalf("drop on a closed db: %v", err)
+	}
+}
+
+func TestBadNames(t *testing.T) {
+	db := openDB(t, t.TempDir())
+	defer db.Close()
+	for _, name := range []string{"", string(make([]byte, 256))} {
+		if _, err := db.Open(name); !errors.Is(err, ErrInvalidArgument) {
+			t.Fatalf("Open(%d bytes): %v", len(name), err)
+		}
+	}
+}
