@@ -1,0 +1,66 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/moby/moby/client"
+	"github.com/testcontainers/testcontainers-go"
+	tclog "github.com/testcontainers/testcontainers-go/log"
+)
+
+func TestMain(m *testing.M) {
+	// Ryuk would be pulled from a registry; the tests clean up themselves.
+	os.Setenv("TESTCONTAINERS_RYUK_DISABLED", "true")
+	tclog.SetDefault(tclog.NewNoopLogger())
+	if err := dockerReachable(); err != nil {
+		// Fail, never skip: a suite that cannot run must not look green.
+		fmt.Fprintf(os.Stderr, "e2e: the suite needs a reachable Docker engine: %v\n", err)
+		os.Exit(1)
+	}
+	if os.Getenv("STRAND_E2E_SKIP_IMAGES") == "" {
+		if err := buildImages(); err != nil {
+			fmt.Fprintf(os.Stderr, "e2e: make images: %v\n", err)
+			os.Exit(1)
+		}
+	}
+	os.Exit(m.Run())
+}
+
+func dockerReachable() error {
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+	defer cancel()
+	cli, err := testcontainers.NewDockerClientWithOpts(ctx)
+	if err != nil {
+		return err
+	}
+	defer cli.Close()
+	_, err = cli.Ping(ctx, client.PingOptions{})
+	return err
+}
+
+// buildImages runs `make images` at the repository root, so a fresh clone's
+// `go test ./...` tests the code it has, not images left from another one.
+func buildImages() error {
+	root, err := filepath.Abs("..")
+	if err != nil {
+		return err
+	}
+	start := time.Now()
+	cmd := exec.Command("make", "--no-print-directory", "images")
+	cmd.Dir = root
+	// Not the make that may have started `go test`: its jobserver flags mean
+	// nothing to this one.
+	cmd.Env = append(os.Environ(), "MAKEFLAGS=", "MAKELEVEL=")
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("%w\n%s", err, out)
+	}
+	fmt.Fprintf(os.Stderr, "e2e: images built in %s\n", time.Since(start).Round(100*time.Millisecond))
+	return nil
+}
