@@ -62,6 +62,15 @@
 // has been queued) runs ahead of the durable one only while ops are in
 // flight.
 //
+// # Waiting
+//
+// WaitTail, WaitConfirmed and WaitCursorEventTail return channels closed
+// once the durable record tail, the confirm watermark or the durable cursor
+// event tail passes an offset; WaitTail also on every new durable cursor
+// event. All of them also close on close, drop, seal, epoch change, cut and
+// reset, so waiters re-check the copy. Waiters on the same condition share
+// one channel, so abandoned waits do not accumulate.
+//
 // # Epochs and seals
 //
 // LogEpochs record which owner history each range of both logs followed

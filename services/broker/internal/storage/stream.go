@@ -350,7 +350,8 @@ func addLogEpoch(les []LogEpoch, e LogEpoch) []LogEpoch {
 // Append appends recs as the owner at epoch: offsets from the record tail,
 // the epoch stamped, PublishTime set to now where zero, the chain computed.
 // It returns the stored records once they are fsynced. Concurrent appends
-// share fsyncs (commit.go).
+// share fsyncs (commit.go). If ctx ends while waiting, the records may
+// still become durable; the caller cannot tell, as with any lost reply.
 func (s *Stream) Append(ctx context.Context, epoch uint64, recs []Record) ([]Record, error) {
 	if len(recs) == 0 {
 		return nil, nil
@@ -486,6 +487,7 @@ func (s *Stream) AppendReplicated(ctx context.Context, recs []Record, evs []Curs
 		s.cursors[ev.Cursor] = ev.Position
 	}
 	s.m.CursorEventTail += uint64(len(evs))
+	prevBoundary := s.snapBoundary
 	s.maybeSnapshotLocked(o)
 	o.meta, o.version = s.snapshotMeta()
 	o.done = make(chan error, 1)
@@ -495,6 +497,7 @@ func (s *Stream) AppendReplicated(ctx context.Context, recs []Record, evs []Curs
 		s.advanceDurableEvents(evTail)
 	}
 	if err := s.enqueueLocked(ctx, o, prev); err != nil {
+		s.snapBoundary = prevBoundary
 		for k, v := range prevCursors {
 			if v == noCursor {
 				delete(s.cursors, k)
@@ -572,6 +575,14 @@ func (s *Stream) advanceDurableEvents(tail uint64) {
 	if tail > s.dEvTail {
 		s.dEvTail = tail
 		s.wakeLocked()
+		// WaitTail also wakes on new durable cursor events, so a sender
+		// shipping both logs can wait on it alone.
+		for k, ch := range s.waiters {
+			if k.what == waitRecordTail {
+				close(ch)
+				delete(s.waiters, k)
+			}
+		}
 	}
 }
 

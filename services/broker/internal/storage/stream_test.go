@@ -252,3 +252,25 @@ func TestWaitTail(t *testing.T) {
 	}
 	<-late // closed by Close
 }
+
+func TestWaitTailWakesOnDurableCursorEvents(t *testing.T) {
+	db := openDB(t, t.TempDir())
+	defer db.Close()
+	s := ownerStream(t, db, "w", 1)
+	mustAppend(t, s, 1, recs("a", 2))
+	ch := s.WaitTail(2)
+	evCh := s.WaitCursorEventTail(0)
+	select {
+	case <-ch:
+		t.Fatal("WaitTail closed at the tail")
+	default:
+	}
+	if _, err := s.CommitCursor(context.Background(), 1, "c", 1); err != nil {
+		t.Fatal(err)
+	}
+	<-evCh
+	<-ch
+	if st := s.State(); st.CursorEventTail != 1 {
+		t.Fatalf("woken before the event was durable: %+v", st)
+	}
+}

@@ -25,9 +25,10 @@ var closedCh = func() chan struct{} {
 }()
 
 // WaitTail returns a channel that is closed once the durable record tail is
-// above after (at once if it already is), and also when the stream is
-// closed or dropped, sealed, moved to a new epoch, cut or reset, so a waiter
-// re-checks the copy's state. Followers' senders wait on it.
+// above after (at once if it already is). It is also closed when a cursor
+// event becomes durable, and when the stream is closed or dropped, sealed,
+// moved to a new epoch, cut or reset, so a waiter re-checks the copy's
+// state. Followers' senders, which ship both logs, wait on it alone.
 func (s *Stream) WaitTail(after uint64) <-chan struct{} {
 	return s.wait(waitKey{after: after, what: waitRecordTail})
 }
