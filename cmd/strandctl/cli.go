@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -72,6 +73,23 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 			return 2
 		}
 		return 0
+	}
+	// Global flags may come before the command (`strandctl --json brokers`):
+	// move them after it, where the command's flag set parses them.
+	lead := flag.NewFlagSet("strandctl", flag.ContinueOnError)
+	lead.SetOutput(io.Discard)
+	var lg globals
+	lg.register(lead)
+	if err := lead.Parse(args); err != nil {
+		fmt.Fprintf(stderr, "strandctl: %v\n", err)
+		return 2
+	}
+	if n := len(args) - len(lead.Args()); n > 0 {
+		args = append(slices.Clone(lead.Args()), args[:n]...)
+		if len(lead.Args()) == 0 {
+			printUsage(stderr, cmds)
+			return 2
+		}
 	}
 	cmd, rest := lookup(cmds, args)
 	if cmd == nil {
