@@ -613,3 +613,46 @@ func TestLeaderHint(t *testing.T) {
 		}
 	}
 }
+
+func TestPublishAbandonsStuckOwnerWhenOwnerMoves(t *testing.T) {
+	// The owner stops answering (SIGSTOP, partition): its Publish never
+	// returns. Another broker learns of the new owner; the client's probe
+	// asks it and moves the publish there long before the attempt timeout.
+	newOwner := startFake(t, &fakeBroker{publish: appendLog()})
+	stuck := startFake(t, &fakeBroker{})
+	stuck.locate = ownedBy(stuck.addr)
+	stuck.publish = func(*strandv1.PublishRequest) (*strandv1.PublishResponse, error) {
+		select {} // never answers; the server is closed at cleanup
+	}
+	var moved atomic.Bool
+	other := startFake(t, &fakeBroker{})
+	other.locate = func(req *strandv1.LocateRequest) (*strandv1.LocateResponse, error) {
+		if moved.Load() {
+			return ownedBy(newOwner.addr)(req)
+		}
+		return ownedBy(stuck.addr)(req)
+	}
+	c := newTestClient(t, Config{Brokers: []string{stuck.addr, other.addr}, AttemptTimeout: time.Minute, ProbeAfter: 50 * time.Millisecond})
+	done := make(chan error, 1)
+	go func() {
+		_, err := c.Publish(context.Background(), "s", recs("x"))
+		done <- err
+	}()
+	waitFor(t, 5*time.Second, "the publish to reach the stuck owner", func() bool { return len(stuck.requests()) == 1 })
+	moved.Store(true)
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("publish: %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("publish still waiting on the stuck owner 10s after the owner moved")
+	}
+	reqs := newOwner.requests()
+	if len(reqs) != 1 {
+		t.Fatalf("new owner saw %d publishes, want 1", len(reqs))
+	}
+	if r := reqs[0].GetRecords()[0]; r.GetSequence() != stuck.requests()[0].GetRecords()[0].GetSequence() {
+		t.Fatalf("the retry at the new owner has sequence %d, the first attempt %d", r.GetSequence(), stuck.requests()[0].GetRecords()[0].GetSequence())
+	}
+}
