@@ -445,6 +445,7 @@ func (h *harness) cleanup() {
 	}
 	h.mu.Unlock()
 	if h.t.Failed() {
+		h.dumpGoroutines(ctx, nodes)
 		h.saveLogs(ctx, nodes)
 	}
 	if h.etcd != nil {
@@ -468,6 +469,32 @@ func (h *harness) cleanup() {
 		}
 	}
 	_ = h.docker.Close()
+}
+
+// dumpGoroutines sends SIGQUIT to every running service so that the Go
+// runtime writes every goroutine's stack to its log before it exits: a test
+// that timed out waiting shows where each service was stuck.
+func (h *harness) dumpGoroutines(ctx context.Context, nodes []*node) {
+	var wg sync.WaitGroup
+	for _, n := range nodes {
+		wg.Go(func() {
+			st, err := n.ctr.State(ctx)
+			if err != nil || !st.Running {
+				return
+			}
+			if _, err := h.docker.ContainerKill(ctx, n.ctr.GetContainerID(), client.ContainerKillOptions{Signal: "QUIT"}); err != nil {
+				return
+			}
+			wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+			defer cancel()
+			res := h.docker.ContainerWait(wctx, n.ctr.GetContainerID(), client.ContainerWaitOptions{})
+			select {
+			case <-res.Result:
+			case <-res.Error:
+			}
+		})
+	}
+	wg.Wait()
 }
 
 // saveLogs writes every container's output to e2e/logs/<test>/<node>.log.
