@@ -114,7 +114,9 @@ func Start(ctx context.Context, cfg Config) (*App, error) {
 		_ = ln.Close()
 		return nil, fmt.Errorf("broker: storage: %w", err)
 	}
-	a.etcd, err = clientv3.New(clientv3.Config{Endpoints: cfg.Etcd, DialTimeout: 5 * time.Second, Logger: zap.NewNop(), Context: ctx})
+	// The client outlives ctx: Close still needs it to revoke the lease
+	// after the caller's context (a signal) has ended.
+	a.etcd, err = clientv3.New(clientv3.Config{Endpoints: cfg.Etcd, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
 	if err != nil {
 		_ = ln.Close()
 		return nil, fmt.Errorf("broker: etcd: %w", err)

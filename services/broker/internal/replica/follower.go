@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"connectrpc.com/connect"
@@ -60,9 +61,33 @@ func (c *Copy) followOnce(ctx context.Context, owner string, epoch uint64) error
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	stream := c.m.cfg.Dial(addr).Follow(ctx)
-	defer func() { _ = stream.CloseRequest() }()
+	// A cancelled context does not wake a Receive blocked on the owner once
+	// response headers arrived: net/http only watches the context again after
+	// the request body ends. Closing the request side on cancellation does
+	// that, so a seal or role change never waits on a stopped owner.
+	var sendMu sync.Mutex
+	closed := false
+	closeRequest := func() {
+		sendMu.Lock()
+		defer sendMu.Unlock()
+		if !closed {
+			closed = true
+			_ = stream.CloseRequest()
+		}
+	}
+	send := func(req *strandv1.FollowRequest) error {
+		sendMu.Lock()
+		defer sendMu.Unlock()
+		if closed {
+			return ctx.Err()
+		}
+		return stream.Send(req)
+	}
+	stop := context.AfterFunc(ctx, closeRequest)
+	defer stop()
+	defer closeRequest()
 	s := c.st.State()
-	if err := stream.Send(&strandv1.FollowRequest{
+	if err := send(&strandv1.FollowRequest{
 		Stream: c.name, Node: c.m.cfg.Node, Epoch: epoch,
 		RecordTail: s.RecordTail, CursorEventTail: s.CursorEventTail, Chain: s.Chain,
 	}); err != nil {
@@ -105,7 +130,7 @@ func (c *Copy) followOnce(ctx context.Context, owner string, epoch uint64) error
 		}
 		c.setFollowerWatermark(wm)
 		if len(recs) > 0 || len(evs) > 0 {
-			if err := stream.Send(&strandv1.FollowRequest{
+			if err := send(&strandv1.FollowRequest{
 				Stream: c.name, Node: c.m.cfg.Node, Epoch: epoch,
 				RecordTail: s.RecordTail, CursorEventTail: s.CursorEventTail, Chain: s.Chain,
 			}); err != nil {

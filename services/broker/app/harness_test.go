@@ -1,0 +1,168 @@
+package app
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"connectrpc.com/connect"
+	"github.com/rs/zerolog"
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/strandhq/strand/internal/cluster"
+	strandv1 "github.com/strandhq/strand/internal/gen/strand/v1"
+	"github.com/strandhq/strand/internal/gen/strand/v1/strandv1connect"
+	"github.com/strandhq/strand/internal/etcdtest"
+	"github.com/strandhq/strand/internal/rpcserver"
+)
+
+// harness runs real brokers against a real embedded etcd; assignments are
+// written straight into etcd, as the controller would.
+type harness struct {
+	t       *testing.T
+	etcd    *etcdtest.Server
+	cli     *clientv3.Client
+	schema  cluster.Schema
+	dir     string
+	brokers map[string]*App
+	addrs   map[string]string
+	confirm time.Duration
+}
+
+func newHarness(t *testing.T, nodes ...string) *harness {
+	t.Helper()
+	e := etcdtest.Start(t)
+	h := &harness{t: t, etcd: e, cli: e.Client(t), schema: cluster.NewSchema(""), dir: t.TempDir(),
+		brokers: map[string]*App{}, addrs: map[string]string{}, confirm: 2 * time.Second}
+	for _, n := range nodes {
+		h.start(n)
+	}
+	t.Cleanup(func() {
+		for _, b := range h.brokers {
+			_ = b.Close()
+		}
+	})
+	return h
+}
+
+func (h *harness) start(node string) *App {
+	h.t.Helper()
+	log := zerolog.New(io.Discard)
+	if testing.Verbose() {
+		log = zerolog.New(zerolog.NewTestWriter(h.t)).Level(zerolog.InfoLevel)
+	}
+	listen := "127.0.0.1:0"
+	if addr, ok := h.addrs[node]; ok {
+		listen = addr // a restarted broker keeps its address
+	}
+	a, err := Start(context.Background(), Config{
+		Node: node, Listen: listen, DataDir: filepath.Join(h.dir, node), Etcd: h.etcd.Endpoints,
+		Heartbeat: 200 * time.Millisecond, LeaseTTL: 2 * time.Second, ConfirmTimeout: h.confirm, Logger: &log,
+	})
+	if err != nil {
+		h.t.Fatalf("start %s: %v", node, err)
+	}
+	select {
+	case <-a.Ready():
+	case <-time.After(20 * time.Second):
+		h.t.Fatalf("%s not ready", node)
+	}
+	h.brokers[node] = a
+	h.addrs[node] = a.Addr()
+	return a
+}
+
+func (h *harness) stop(node string) {
+	h.t.Helper()
+	if err := h.brokers[node].Close(); err != nil {
+		h.t.Fatalf("close %s: %v", node, err)
+	}
+	delete(h.brokers, node)
+}
+
+func (h *harness) assign(a cluster.Assignment) {
+	h.t.Helper()
+	if _, err := h.cli.Put(context.Background(), h.schema.AssignmentKey(a.Stream), cluster.Encode(a)); err != nil {
+		h.t.Fatal(err)
+	}
+}
+
+func (h *harness) streams(node string) strandv1connect.StreamServiceClient {
+	return strandv1connect.NewStreamServiceClient(rpcserver.HTTPClient(), rpcserver.BaseURL(h.addrs[node]))
+}
+
+func (h *harness) replication(node string) strandv1connect.ReplicationServiceClient {
+	return strandv1connect.NewReplicationServiceClient(rpcserver.HTTPClient(), rpcserver.BaseURL(h.addrs[node]))
+}
+
+// eventually polls cond until it holds or the deadline passes.
+func eventually(t *testing.T, within time.Duration, what string, cond func() error) {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	var err error
+	for time.Now().Before(deadline) {
+		if err = cond(); err == nil {
+			return
+		}
+		<-time.After(20 * time.Millisecond)
+	}
+	t.Fatalf("%s: not within %s: %v", what, within, err)
+}
+
+// publish sends one record per payload, retrying while the owner is not yet
+// serving the assignment (it is applied asynchronously from the watch).
+func (h *harness) publish(node, stream string, payloads ...string) []uint64 {
+	h.t.Helper()
+	recs := make([]*strandv1.Record, 0, len(payloads))
+	for _, p := range payloads {
+		recs = append(recs, &strandv1.Record{Payload: []byte(p)})
+	}
+	var offsets []uint64
+	eventually(h.t, 10*time.Second, "publish", func() error {
+		resp, err := h.streams(node).Publish(context.Background(), connect.NewRequest(&strandv1.PublishRequest{Stream: stream, Records: recs}))
+		if err != nil {
+			return err
+		}
+		offsets = resp.Msg.GetOffsets()
+		return nil
+	})
+	return offsets
+}
+
+func (h *harness) readAll(node, stream string) ([]*strandv1.StoredRecord, error) {
+	var out []*strandv1.StoredRecord
+	from := uint64(0)
+	for {
+		resp, err := h.streams(node).Read(context.Background(), connect.NewRequest(&strandv1.ReadRequest{Stream: stream, FromOffset: from}))
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, resp.Msg.GetRecords()...)
+		if len(resp.Msg.GetRecords()) == 0 {
+			return out, nil
+		}
+		from = resp.Msg.GetNextOffset()
+	}
+}
+
+func (h *harness) heartbeat(node, stream string) (cluster.CopyTails, error) {
+	resp, err := h.cli.Get(context.Background(), h.schema.HeartbeatKey(node))
+	if err != nil {
+		return cluster.CopyTails{}, err
+	}
+	if len(resp.Kvs) == 0 {
+		return cluster.CopyTails{}, fmt.Errorf("no heartbeat from %s", node)
+	}
+	hb, err := cluster.Decode[cluster.Heartbeat](resp.Kvs[0].Value)
+	if err != nil {
+		return cluster.CopyTails{}, err
+	}
+	t, ok := hb.Streams[stream]
+	if !ok {
+		return cluster.CopyTails{}, fmt.Errorf("%s has no copy of %s in its heartbeat", node, stream)
+	}
+	return t, nil
+}
