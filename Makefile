@@ -90,3 +90,8 @@ fmt: ## gofmt every Go file and buf format the protos.
 .PHONY: clean
 clean: ## Remove bin/ (keeps .strand/ data).
 	rm -rf $(BIN)
+
+.PHONY: bench-failover
+bench-failover: build ## Cluster bench: 3 copies, majority_durable, 1 KiB, 256 in flight, SIGKILL the owner at 8 s of 20.
+	$(BIN)/strandctl bench --stream durable --copies 3 --policy majority_durable --size 1024 --inflight 256 \
+		--duration 20s --kill-owner-at-secs 8 --bin-dir $(BIN) $(BENCH_FLAGS)

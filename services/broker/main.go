@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"runtime/debug"
 	"strings"
 	"syscall"
 
@@ -32,7 +33,11 @@ func main() {
 	fs.IntVar(&cfg.MaxBatchBytes, "max-batch-bytes", 16<<20, "largest publish batch accepted")
 	fs.IntVar(&cfg.MaxInflightBytes, "max-inflight-bytes", 8<<20, "unacknowledged bytes in flight per follower")
 	fs.StringVar(&cfg.LogLevel, "log-level", "info", "debug, info, warn or error")
+	memLimit := fs.Int64("memory-limit-mb", 384, "soft Go heap limit in MiB (GOMEMLIMIT wins when set); keeps a broker's resident memory flat under load")
 	_ = fs.Parse(os.Args[1:])
+	if os.Getenv("GOMEMLIMIT") == "" && *memLimit > 0 {
+		debug.SetMemoryLimit(*memLimit << 20)
+	}
 	cfg.Etcd = strings.Split(etcd, ",")
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()

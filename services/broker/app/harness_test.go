@@ -13,9 +13,9 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/strandhq/strand/internal/cluster"
+	"github.com/strandhq/strand/internal/etcdtest"
 	strandv1 "github.com/strandhq/strand/internal/gen/strand/v1"
 	"github.com/strandhq/strand/internal/gen/strand/v1/strandv1connect"
-	"github.com/strandhq/strand/internal/etcdtest"
 	"github.com/strandhq/strand/internal/rpcserver"
 )
 
