@@ -130,6 +130,15 @@ func (l *logBuffer) String() string {
 // ready and closes it at cleanup.
 func (e *env) startRecoverer(t *testing.T, name string, tweak func(*app.Config)) (*app.App, *logBuffer) {
 	t.Helper()
+	a, logs := e.launchRecoverer(t, name, tweak)
+	waitReady(t, name, a)
+	return a, logs
+}
+
+// launchRecoverer starts a recoverer app on loopback without waiting for it
+// and closes it at cleanup.
+func (e *env) launchRecoverer(t *testing.T, name string, tweak func(*app.Config)) (*app.App, *logBuffer) {
+	t.Helper()
 	logs := &logBuffer{}
 	logger := zerolog.New(logs).Level(zerolog.DebugLevel).With().Timestamp().Logger()
 	cfg := app.Config{
@@ -158,6 +167,11 @@ func (e *env) startRecoverer(t *testing.T, name string, tweak func(*app.Config))
 			t.Logf("%s log:\n%s", name, logs.String())
 		}
 	})
+	return a, logs
+}
+
+func waitReady(t *testing.T, name string, a *app.App) {
+	t.Helper()
 	select {
 	case <-a.Ready():
 	case err := <-a.Err():
@@ -165,7 +179,6 @@ func (e *env) startRecoverer(t *testing.T, name string, tweak func(*app.Config))
 	case <-time.After(10 * time.Second):
 		t.Fatalf("%s not ready after 10s", name)
 	}
-	return a, logs
 }
 
 // waitUntil polls cond until it holds or the deadline passes.
@@ -229,7 +242,8 @@ func TestCommitsPendingRecoveryOnce(t *testing.T) {
 		b.register(t, e)
 	}
 
-	a, _ := e.startRecoverer(t, "r1", nil)
+	// A long grace: the round waits for b1's failure, so b1 is surely asked.
+	a, _ := e.startRecoverer(t, "r1", func(c *app.Config) { c.QuorumGrace = time.Minute })
 	rec := recovery("t-1", "b4")
 	e.put(t, e.schema.RecoveryKey(stream), rec)
 	waitUntil(t, 10*time.Second, "the recovery is committed", e.committed(t))
@@ -394,11 +408,12 @@ func TestRacingRecoverersCommitOnce(t *testing.T) {
 	e.put(t, e.schema.RecoveryKey(stream), rec)
 
 	var apps [2]*app.App
-	var wg sync.WaitGroup
 	for i := range apps {
-		wg.Go(func() { apps[i], _ = e.startRecoverer(t, fmt.Sprintf("r%d", i+1), nil) })
+		apps[i], _ = e.launchRecoverer(t, fmt.Sprintf("r%d", i+1), nil)
 	}
-	wg.Wait()
+	for i, a := range apps {
+		waitReady(t, fmt.Sprintf("r%d", i+1), a)
+	}
 	waitUntil(t, 10*time.Second, "the recovery is committed", e.committed(t))
 	for _, a := range apps {
 		if err := a.Close(); err != nil {
@@ -595,19 +610,18 @@ func TestHangingCopyLeftOutAfterQuorum(t *testing.T) {
 		b.register(t, e)
 	}
 	e.startRecoverer(t, "r1", func(c *app.Config) { c.SealTimeout = time.Minute })
-	start := time.Now()
 	e.put(t, e.schema.RecoveryKey(stream), recovery("t-1"))
+	// Well inside the minute-long seal timeout.
 	waitUntil(t, 20*time.Second, "the recovery is committed", e.committed(t))
-	if took := time.Since(start); took > 20*time.Second {
-		t.Fatalf("commit took %v", took)
-	}
 	got, _ := e.assignment(t)
 	assertAssignment(t, got, cluster.Assignment{
 		Stream: stream, Epoch: 4, Owner: "b2", Followers: []string{"b3"},
 		Policy: majority, Retention: old.Retention,
 	})
-	if n := len(b1.sealCalls()); n != 1 {
-		t.Fatalf("b1 sealed %d times, want 1", n)
+	// b1 is asked once at most (the grace may end the round before its
+	// request even leaves), and never again after the commit.
+	if n := len(b1.sealCalls()); n > 1 {
+		t.Fatalf("b1 sealed %d times, want at most 1", n)
 	}
 }
 
