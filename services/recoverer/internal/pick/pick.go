@@ -34,7 +34,13 @@ var ErrStale = errors.New("pick: stale recovery")
 //     at the next epoch (seed, "Safety argument").
 //   - No history start exists at or past the fence epoch, so the appended
 //     start keeps the list ordered by epoch (seed, "The confirmed prefix").
+//   - It names a transition: a seal carries it, and a newer transition at
+//     the same fence epoch takes an existing seal over (seed, "Copies with a
+//     longer tail").
 func Check(old cluster.Assignment, rec cluster.Recovery, history cluster.HistoryStarts) error {
+	if rec.TransitionID == "" {
+		return fmt.Errorf("%w: no transition id", ErrStale)
+	}
 	if rec.FromEpoch != old.Epoch {
 		return fmt.Errorf("%w: recovery from epoch %d, assignment at epoch %d", ErrStale, rec.FromEpoch, old.Epoch)
 	}

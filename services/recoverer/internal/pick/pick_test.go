@@ -303,7 +303,7 @@ func TestCommit(t *testing.T) {
 // left for the controller.
 func TestCheckTable(t *testing.T) {
 	old := assignment(3, majority())
-	good := cluster.Recovery{Stream: "orders", FromEpoch: 4, FenceEpoch: 5, OldOwner: "n1", OldFollowers: []string{"n2", "n3"}}
+	good := cluster.Recovery{Stream: "orders", FromEpoch: 4, FenceEpoch: 5, TransitionID: "t1", OldOwner: "n1", OldFollowers: []string{"n2", "n3"}}
 	cases := []struct {
 		name    string
 		edit    func(*cluster.Recovery)
@@ -319,6 +319,7 @@ func TestCheckTable(t *testing.T) {
 		{"a missing old member", func(r *cluster.Recovery) { r.OldFollowers = []string{"n2"} }, nil, true},
 		{"a foreign old member", func(r *cluster.Recovery) { r.OldFollowers = []string{"n2", "n9"} }, nil, true},
 		{"history already at the fence", func(*cluster.Recovery) {}, cluster.HistoryStarts{{Epoch: 5, RecordTail: 9}}, true},
+		{"no transition id", func(r *cluster.Recovery) { r.TransitionID = "" }, nil, true},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

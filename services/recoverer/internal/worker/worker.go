@@ -130,7 +130,7 @@ func (w *Worker) Run(ctx context.Context) error {
 			continue
 		}
 		d := bo.next()
-		log.Warn().Err(err).Dur(fieldRetryIn, d).Msg("recoverer election failed; campaigning again")
+		log.Warn().Err(err).Dur(fieldRetryIn, d).Msg("recoverer leadership lost or not won; campaigning again")
 		if !sleepCtx(ctx, d) {
 			return nil
 		}
@@ -150,8 +150,9 @@ func sleepCtx(ctx context.Context, d time.Duration) bool {
 	}
 }
 
-// campaignAndLead is one election session: campaign, then lead until leadership or ctx
-// is lost. It returns nil when leadership was lost in the ordinary way.
+// campaignAndLead is one election session: campaign, then lead until
+// leadership or ctx is lost. It returns nil when the session ended in the
+// ordinary way (its lease lost, or ctx).
 func (w *Worker) campaignAndLead(ctx context.Context) error {
 	ttl := int((w.cfg.SessionTTL + time.Second - 1) / time.Second)
 	// The lease is granted under ctx so that stopping the worker while etcd
@@ -163,6 +164,9 @@ func (w *Worker) campaignAndLead(ctx context.Context) error {
 	}
 	session, err := concurrency.NewSession(w.cfg.Client, concurrency.WithLease(lease.ID), concurrency.WithTTL(ttl))
 	if err != nil {
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), w.cfg.SessionTTL)
+		defer cancel()
+		_, _ = w.cfg.Client.Revoke(rctx, lease.ID)
 		return fmt.Errorf("worker: election session: %w", err)
 	}
 	// Closing the session revokes its lease, which deletes the leader key,
