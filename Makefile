@@ -59,8 +59,8 @@ images: ## Build the FROM scratch images strand/{broker,controller,recoverer,etc
 	done
 
 .PHONY: e2e
-e2e: images ## Run the testcontainers e2e suite (needs Docker; fails without it).
-	$(GO) test -count=1 -timeout 15m -v ./e2e/...
+e2e: images ## Run the testcontainers e2e suite (needs Docker; fails without it). Logs of a failed test: e2e/logs/.
+	STRAND_E2E_SKIP_IMAGES=1 $(GO) test -count=1 -timeout 15m -v ./e2e/...
 
 .PHONY: bench
 bench: ## Run the Go benchmarks (storage publish, fsync floor).

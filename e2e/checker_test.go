@@ -203,8 +203,19 @@ func verifyLedger(t *testing.T, l *ledger, recs []*strandv1.StoredRecord) int {
 		t.Errorf("conflicting confirms: %s", c)
 	}
 	seen := make(map[string][]uint64, len(recs))
+	stored := make(map[string][]*strandv1.StoredRecord, len(recs))
 	for _, r := range recs {
 		seen[string(r.GetPayload())] = append(seen[string(r.GetPayload())], r.GetOffset())
+		stored[string(r.GetPayload())] = append(stored[string(r.GetPayload())], r)
+	}
+	// describe names where and how each copy of a payload was stored, to
+	// tell a retry the broker failed to recognise from a client bug.
+	describe := func(payload string) string {
+		var parts []string
+		for _, r := range stored[payload] {
+			parts = append(parts, fmt.Sprintf("offset %d epoch %d producer %s seq %d", r.GetOffset(), r.GetEpoch(), r.GetProducerId(), r.GetSequence()))
+		}
+		return strings.Join(parts, "; ")
 	}
 	var lost, moved, dup, unconfirmedDup []string
 	for payload, off := range l.confirmed {
@@ -213,14 +224,14 @@ func verifyLedger(t *testing.T, l *ledger, recs []*strandv1.StoredRecord) int {
 		case len(offs) == 0:
 			lost = append(lost, fmt.Sprintf("%s@%d", payload, off))
 		case len(offs) > 1:
-			dup = append(dup, fmt.Sprintf("%s@%v (confirmed %d)", payload, offs, off))
+			dup = append(dup, fmt.Sprintf("%s confirmed at %d, stored at [%s]", payload, off, describe(payload)))
 		case offs[0] != off:
 			moved = append(moved, fmt.Sprintf("%s confirmed %d read %d", payload, off, offs[0]))
 		}
 	}
 	for payload, offs := range seen {
 		if _, ok := l.confirmed[payload]; !ok && len(offs) > 1 {
-			unconfirmedDup = append(unconfirmedDup, fmt.Sprintf("%s@%v", payload, offs))
+			unconfirmedDup = append(unconfirmedDup, fmt.Sprintf("%s stored at [%s]", payload, describe(payload)))
 		}
 	}
 	report := func(what string, xs []string) {

@@ -62,6 +62,9 @@ func TestPartitionedOwner(t *testing.T) {
 		t.Errorf("the isolated owner %s confirmed %s", owner, c)
 	}
 	hist1 := h.history(ctx, stream)
+	if s, ok := hist1.Latest(); ok {
+		t.Logf("the new owner's history starts at record %d; the isolated owner took records past its confirmed prefix until then", s.RecordTail)
+	}
 
 	// The old owner returns: cut back to the new history, then a follower.
 	h.heal(owner)
