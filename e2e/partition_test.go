@@ -63,7 +63,7 @@ func TestPartitionedOwner(t *testing.T) {
 	}
 	hist1 := h.history(ctx, stream)
 	if s, ok := hist1.Latest(); ok {
-		t.Logf("the new owner's history starts at record %d; the isolated owner took records past its confirmed prefix until then", s.RecordTail)
+		t.Logf("history start of epoch %d: record tail %d at %s", s.Epoch, s.RecordTail, s.Node)
 	}
 
 	// The old owner returns: cut back to the new history, then a follower.
