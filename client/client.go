@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"connectrpc.com/connect"
@@ -67,6 +68,13 @@ type Config struct {
 	// client merges concurrent publishes into. A single Publish call larger
 	// than them is still sent whole.
 	MaxBatchRecords int
+	// Lanes is how many idempotent batches one stream may have in flight at
+	// once (default 4). Each lane is its own producer id with its own
+	// sequences, so the broker sees every producer's sequences in order
+	// while the owner's fsync and the followers' round trips overlap.
+	// Publishes from one lane keep their order; concurrent Publish calls
+	// have no order among themselves anyway.
+	Lanes int
 	MaxBatchBytes   int
 }
 
@@ -95,7 +103,8 @@ type Client struct {
 	next      int      // rotates the first broker asked by Locate
 	owners    map[string]string
 	streams   map[string]strandv1connect.StreamServiceClient
-	producers map[string]*producer
+	producers map[string][]*producer
+	nextLane  atomic.Uint64
 }
 
 // New returns a client for the cluster cfg describes. It does not dial.
@@ -113,6 +122,7 @@ func New(cfg Config) (*Client, error) {
 	setDefault(&cfg.BackoffMin, DefaultBackoffMin)
 	setDefault(&cfg.BackoffMax, DefaultBackoffMax)
 	setDefault(&cfg.MaxBatchRecords, DefaultMaxBatchRecords)
+	setDefault(&cfg.Lanes, 4)
 	setDefault(&cfg.MaxBatchBytes, DefaultMaxBatchBytes)
 	if cfg.ProducerID == "" {
 		cfg.ProducerID = randomID()
@@ -126,7 +136,7 @@ func New(cfg Config) (*Client, error) {
 		cancel:     cancel,
 		owners:     make(map[string]string),
 		streams:    make(map[string]strandv1connect.StreamServiceClient),
-		producers:  make(map[string]*producer),
+		producers:  make(map[string][]*producer),
 	}
 	for _, b := range cfg.Brokers {
 		c.learnBroker(b)

@@ -354,7 +354,7 @@ func TestConcurrentPublishesKeepSequencesInOrder(t *testing.T) {
 		}
 		return log(req)
 	}
-	c := newTestClient(t, Config{Brokers: []string{f.addr}})
+	c := newTestClient(t, Config{Brokers: []string{f.addr}, Lanes: 1})
 	const n = 64
 	var wg sync.WaitGroup
 	offsets := make([]uint64, n)
@@ -407,10 +407,17 @@ func TestConcurrentPublishesKeepSequencesInOrder(t *testing.T) {
 }
 
 func queued(c *Client, stream string) int {
-	p := c.producer(stream)
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return len(p.queue)
+	c.producer(stream) // makes the lanes
+	c.mu.Lock()
+	lanes := c.producers[stream]
+	c.mu.Unlock()
+	n := 0
+	for _, p := range lanes {
+		p.mu.Lock()
+		n += len(p.queue)
+		p.mu.Unlock()
+	}
+	return n
 }
 
 // waitFor polls cond until it holds or the deadline passes.
@@ -654,5 +661,51 @@ func TestPublishAbandonsStuckOwnerWhenOwnerMoves(t *testing.T) {
 	}
 	if r := reqs[0].GetRecords()[0]; r.GetSequence() != stuck.requests()[0].GetRecords()[0].GetSequence() {
 		t.Fatalf("the retry at the new owner has sequence %d, the first attempt %d", r.GetSequence(), stuck.requests()[0].GetRecords()[0].GetSequence())
+	}
+}
+
+// With several lanes each producer id still sees its sequences in order and
+// at most one request in flight, while the lanes overlap.
+func TestLanesKeepEachProducersSequencesInOrder(t *testing.T) {
+	log := appendLog()
+	f := startFake(t, &fakeBroker{})
+	f.locate = ownedBy(f.addr)
+	var mu sync.Mutex
+	inflight := map[string]int{}
+	maxPerProducer := 0
+	f.publish = func(req *strandv1.PublishRequest) (*strandv1.PublishResponse, error) {
+		id := req.GetRecords()[0].GetProducerId()
+		mu.Lock()
+		inflight[id]++
+		maxPerProducer = max(maxPerProducer, inflight[id])
+		mu.Unlock()
+		defer func() { mu.Lock(); inflight[id]--; mu.Unlock() }()
+		return log(req)
+	}
+	c := newTestClient(t, Config{Brokers: []string{f.addr}, Lanes: 3})
+	var wg sync.WaitGroup
+	for i := range 90 {
+		wg.Go(func() {
+			if _, err := c.Publish(context.Background(), "s", recs(fmt.Sprint(i))); err != nil {
+				t.Errorf("publish %d: %v", i, err)
+			}
+		})
+	}
+	wg.Wait()
+	next := map[string]uint64{}
+	for _, r := range f.requests() {
+		for _, rec := range r.GetRecords() {
+			id := rec.GetProducerId()
+			if want := next[id] + 1; rec.GetSequence() != want {
+				t.Fatalf("producer %s: sequence %d on the wire, want %d", id, rec.GetSequence(), want)
+			}
+			next[id] = rec.GetSequence()
+		}
+	}
+	if len(next) < 2 || len(next) > 3 {
+		t.Fatalf("%d producer ids used, want 2..3 lanes", len(next))
+	}
+	if maxPerProducer != 1 {
+		t.Fatalf("%d requests of one producer in flight at once, want 1", maxPerProducer)
 	}
 }

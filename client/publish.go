@@ -100,15 +100,23 @@ type producer struct {
 	sending bool
 }
 
+// producer picks the stream's next lane, round robin.
 func (c *Client) producer(stream string) *producer {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	p, ok := c.producers[stream]
+	lanes, ok := c.producers[stream]
 	if !ok {
-		p = &producer{c: c, stream: stream, id: c.cfg.ProducerID}
-		c.producers[stream] = p
+		lanes = make([]*producer, c.cfg.Lanes)
+		for i := range lanes {
+			id := c.cfg.ProducerID
+			if i > 0 {
+				id = fmt.Sprintf("%s.%d", id, i)
+			}
+			lanes[i] = &producer{c: c, stream: stream, id: id}
+		}
+		c.producers[stream] = lanes
 	}
-	return p
+	return lanes[(c.nextLane.Add(1)-1)%uint64(len(lanes))]
 }
 
 func (p *producer) enqueue(pp *pendingPublish) {

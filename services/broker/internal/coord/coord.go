@@ -139,6 +139,10 @@ func (c *Coord) runSession(ctx context.Context, readyOnce *bool) error {
 			return errors.New("coord: lease expired")
 		case err := <-watchErr:
 			return err
+		case <-c.cfg.Manager.Urgent():
+			if err := c.putHeartbeat(ctx, sess.Lease()); err != nil {
+				c.log.Warn().Err(err).Msg("heartbeat failed; will retry")
+			}
 		case <-t.C:
 			if err := c.putHeartbeat(ctx, sess.Lease()); err != nil {
 				c.log.Warn().Err(err).Msg("heartbeat failed; will retry")

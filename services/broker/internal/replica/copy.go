@@ -365,8 +365,12 @@ func (c *Copy) cursorChanged() <-chan struct{} {
 
 func (c *Copy) setSuspect(owner string) {
 	c.mu.Lock()
+	changed := c.suspect != owner
 	c.suspect = owner
 	c.mu.Unlock()
+	if changed && owner != "" {
+		c.m.heartbeatNow()
+	}
 }
 
 func (c *Copy) setChainMismatch() {

@@ -50,6 +50,10 @@ type Manager struct {
 
 	stopping atomic.Bool
 	seals    chan struct{}
+	// urgent asks coordination for a heartbeat now: a follower that lost
+	// its owner reports the suspect at once, so the controller can fail
+	// over eagerly instead of a heartbeat interval later.
+	urgent chan struct{}
 
 	mu          sync.RWMutex
 	copies      map[string]*Copy
@@ -79,6 +83,7 @@ func NewManager(cfg Config) (*Manager, error) {
 		ctx:         ctx,
 		cancel:      cancel,
 		seals:       make(chan struct{}, cfg.MaxConcurrentSeals),
+		urgent:      make(chan struct{}, 1),
 		copies:      make(map[string]*Copy),
 		assignments: make(map[string]cluster.Assignment),
 		brokers:     make(map[string]cluster.BrokerInfo),
@@ -257,6 +262,16 @@ func (m *Manager) notHere(stream string) error {
 		return ErrUnknownStream
 	}
 	return &NotOwnerError{Hint: hint}
+}
+
+// Urgent delivers a value when a heartbeat should go out now.
+func (m *Manager) Urgent() <-chan struct{} { return m.urgent }
+
+func (m *Manager) heartbeatNow() {
+	select {
+	case m.urgent <- struct{}{}:
+	default:
+	}
 }
 
 // Tails reports every copy for the heartbeat.
