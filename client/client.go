@@ -74,8 +74,8 @@ type Config struct {
 	// while the owner's fsync and the followers' round trips overlap.
 	// Publishes from one lane keep their order; concurrent Publish calls
 	// have no order among themselves anyway.
-	Lanes int
-	MaxBatchBytes   int
+	Lanes         int
+	MaxBatchBytes int
 }
 
 // Bool returns a pointer to v, for Config.Idempotent.
