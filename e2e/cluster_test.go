@@ -75,8 +75,7 @@ type harness struct {
 	id     string
 	docker *testcontainers.DockerClient
 
-	clientNet, clusterNet string // network ids
-	clusterNetName        string
+	clientNet, clusterNet string // network names
 
 	mu      sync.Mutex
 	nodes   map[string]*node
@@ -116,12 +115,10 @@ func startCluster(t *testing.T, brokers int) *harness {
 	// publishes ports on it, so a partition from the cluster network leaves
 	// the host's path to the container intact. Names sort the same way.
 	h.clientNet = h.createNetwork(ctx, "a-client")
-	h.clusterNetName = fmt.Sprintf("strand-e2e-%s-b-cluster", h.id)
 	h.clusterNet = h.createNetwork(ctx, "b-cluster")
 
-	transport := rpcserver.HTTPClient()
-	transport.Transport.(*http.Transport).DialContext = h.dial
-	h.http = transport
+	h.http = rpcserver.HTTPClient()
+	h.http.Transport.(*http.Transport).DialContext = h.dial
 
 	h.startNodes(ctx, h.etcdRequest())
 	var reqs []testcontainers.GenericContainerRequest
@@ -165,14 +162,13 @@ func randomHex(n int) string {
 
 func (h *harness) createNetwork(ctx context.Context, suffix string) string {
 	name := fmt.Sprintf("strand-e2e-%s-%s", h.id, suffix)
-	res, err := h.docker.NetworkCreate(ctx, name, client.NetworkCreateOptions{
+	if _, err := h.docker.NetworkCreate(ctx, name, client.NetworkCreateOptions{
 		Driver: "bridge",
 		Labels: map[string]string{"strand-e2e": h.id},
-	})
-	if err != nil {
+	}); err != nil {
 		h.t.Fatalf("create network %s: %v", name, err)
 	}
-	return res.ID
+	return name
 }
 
 func (h *harness) request(name, image, port string, cmd ...string) testcontainers.GenericContainerRequest {
@@ -460,11 +456,11 @@ func (h *harness) cleanup() {
 		})
 	}
 	wg.Wait()
-	for _, id := range []string{h.clusterNet, h.clientNet} {
-		if id == "" {
+	for _, name := range []string{h.clusterNet, h.clientNet} {
+		if name == "" {
 			continue
 		}
-		if _, err := h.docker.NetworkRemove(ctx, id, client.NetworkRemoveOptions{}); err != nil {
+		if _, err := h.docker.NetworkRemove(ctx, name, client.NetworkRemoveOptions{}); err != nil {
 			h.t.Logf("remove network: %v", err)
 		}
 	}
