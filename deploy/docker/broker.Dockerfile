@@ -1,5 +1,5 @@
 # strand/broker:dev — built by `make images` from a context holding only the
-# static binaries (bin/images/broker/). Nothing is pulled: FROM scratch.
+# static binaries (bin/images/ctx-broker/). Nothing is pulled: FROM scratch.
 FROM scratch
 COPY strand-broker strand-healthprobe /
 # scratch has no directories; WORKDIR creates them (owned by root, which the

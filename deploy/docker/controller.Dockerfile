@@ -1,11 +1,9 @@
 # strand/controller:dev — built by `make images` from a context holding only the
-# static binaries (bin/images/controller/). Nothing is pulled: FROM scratch.
+# static binaries (bin/images/ctx-controller/). Nothing is pulled: FROM scratch.
 FROM scratch
 COPY strand-controller strand-healthprobe /
-# scratch has no directories; WORKDIR creates them (owned by root, which the
-# process runs as). /tmp is where Go's os.TempDir points.
+# Stateless: everything it knows is in etcd. scratch has no directories;
+# WORKDIR creates /tmp, where Go's os.TempDir points.
 WORKDIR /tmp
-WORKDIR /data
-VOLUME /data
 EXPOSE 7102
 ENTRYPOINT ["/strand-controller"]

@@ -1,5 +1,5 @@
 # strand/etcd:dev — built by `make images` from a context holding only the
-# static binaries (bin/images/etcd/). Nothing is pulled: FROM scratch.
+# static binaries (bin/images/ctx-etcd/). Nothing is pulled: FROM scratch.
 FROM scratch
 COPY etcd strand-healthprobe /
 # scratch has no directories; WORKDIR creates them (owned by root, which the
