@@ -57,6 +57,8 @@ images: ## Build the FROM scratch images strand/{broker,controller,recoverer,etc
 		out=$$(DOCKER_BUILDKIT=0 docker build -q -t strand/$$name:$(IMAGE_TAG) -f deploy/docker/$$name.Dockerfile $$ctx 2>&1) || { echo "$$out"; exit 1; }; \
 		echo "strand/$$name:$(IMAGE_TAG)"; \
 	done
+	@# Images the new builds replaced (untagged) would pile up build after build.
+	@docker image prune -f --filter label=dev.strand.image >/dev/null
 
 .PHONY: e2e
 e2e: images ## Run the testcontainers e2e suite (needs Docker; fails without it). Logs of a failed test: e2e/logs/.

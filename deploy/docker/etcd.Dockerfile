@@ -1,6 +1,7 @@
 # strand/etcd:dev — built by `make images` from a context holding only the
 # static binaries (bin/images/ctx-etcd/). Nothing is pulled: FROM scratch.
 FROM scratch
+LABEL dev.strand.image=etcd
 COPY etcd strand-healthprobe /
 # scratch has no directories; WORKDIR creates them (owned by root, which the
 # process runs as). /tmp is where Go's os.TempDir points.
