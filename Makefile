@@ -42,7 +42,7 @@ IMAGES := broker:strand-broker:./services/broker controller:strand-controller:./
           recoverer:strand-recoverer:./services/recoverer etcd:etcd:go.etcd.io/etcd/server/v3
 
 .PHONY: images
-images: ## Build the FROM scratch images strand/{broker,controller,recoverer,etcd}:$(IMAGE_TAG).
+images: ## Build the FROM scratch images strand/{broker,controller,recoverer,etcd}:dev (IMAGE_TAG).
 	@command -v docker >/dev/null || { echo "make images: docker is not installed"; exit 1; }
 	@mkdir -p $(IMAGE_DIR)
 	@export CGO_ENABLED=0 GOOS=linux; \
