@@ -1,0 +1,691 @@
+// Package onebox runs a whole Strand cluster inside one test process: a real
+// embedded etcd (internal/etcdtest), controllers, recoverers and brokers
+// started through their services' app packages (never by copying their
+// wiring), all on loopback with short timings, so a failover takes about a
+// second. It is the integration tier of STYLE.md: real etcd, real Badger in
+// temp dirs, real Connect over loopback HTTP/2, no mocks.
+//
+// A broker can be stopped (its app's ordered Close, which revokes its lease:
+// a clean shutdown, so eager failover) and started again with the same data
+// dir and address. Faults a process cannot survive in-process (SIGKILL,
+// SIGSTOP) are tested with real processes in cmd/strandctl.
+//
+// Every service logs into its own Log; when a test fails, the tails of all
+// of them are written to the test log.
+package onebox
+
+import (
+	"context"
+	"fmt"
+	"maps"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"connectrpc.com/connect"
+	"github.com/rs/zerolog"
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/strandhq/strand/client"
+	"github.com/strandhq/strand/internal/cluster"
+	"github.com/strandhq/strand/internal/etcdtest"
+	strandv1 "github.com/strandhq/strand/internal/gen/strand/v1"
+	"github.com/strandhq/strand/internal/gen/strand/v1/strandv1connect"
+	"github.com/strandhq/strand/internal/rpcserver"
+	brokerapp "github.com/strandhq/strand/services/broker/app"
+	controllerapp "github.com/strandhq/strand/services/controller/app"
+	recovererapp "github.com/strandhq/strand/services/recoverer/app"
+)
+
+// Timings of the cluster: short, so a failover takes about a second, and
+// the same as the e2e suite's where they overlap.
+const (
+	Heartbeat      = 200 * time.Millisecond
+	LeaseTTL       = 2 * time.Second
+	ConfirmTimeout = time.Second
+	SealTimeout    = time.Second
+	ProbeGrace     = 300 * time.Millisecond
+	// ElectionTTL is the controllers' and recoverers' election lease.
+	ElectionTTL = 2 * time.Second
+	// ReadyTimeout bounds the start of one service.
+	ReadyTimeout = 20 * time.Second
+)
+
+// Options says what to run. Zero counts mean none of that service.
+type Options struct {
+	// Brokers are the brokers' node ids, started in this order.
+	Brokers     []string
+	Controllers int
+	Recoverers  int
+	// DefaultPolicy is the controllers' cluster assignment policy
+	// (majority_durable when zero).
+	DefaultPolicy cluster.Policy
+}
+
+// Cluster is a running in-process cluster.
+type Cluster struct {
+	t      *testing.T
+	Etcd   *etcdtest.Server
+	Cli    *clientv3.Client
+	Schema cluster.Schema
+	dir    string
+	opts   Options
+	ctx    context.Context
+
+	mu          sync.Mutex
+	brokers     map[string]*brokerapp.App
+	addrs       map[string]string
+	logs        map[string]*Log
+	logOrder    []string
+	controllers []*controllerapp.App
+	recoverers  map[string]*recovererapp.App
+	clients     []*client.Client
+	admins      map[string]*client.Client
+}
+
+// Start runs etcd and the services opts asks for and stops them all at the
+// end of the test. Brokers start first, so a controller's first look at the
+// cluster sees them live.
+func Start(t *testing.T, opts Options) *Cluster {
+	t.Helper()
+	if opts.DefaultPolicy == (cluster.Policy{}) {
+		opts.DefaultPolicy = cluster.DefaultPolicy
+	}
+	e := etcdtest.Start(t)
+	c := &Cluster{
+		t: t, Etcd: e, Cli: e.Client(t), Schema: cluster.NewSchema(""), dir: t.TempDir(), opts: opts,
+		brokers: map[string]*brokerapp.App{}, addrs: map[string]string{}, logs: map[string]*Log{},
+		recoverers: map[string]*recovererapp.App{}, admins: map[string]*client.Client{},
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	c.ctx = ctx
+	// Cleanups run last-registered first: this one runs after every
+	// service below is closed, so the dump holds their last words.
+	t.Cleanup(func() {
+		if t.Failed() {
+			c.dumpLogs()
+		}
+	})
+	t.Cleanup(c.closeAll)
+	t.Cleanup(cancel)
+	for _, n := range opts.Brokers {
+		c.StartBroker(n)
+	}
+	for range opts.Controllers {
+		c.StartController()
+	}
+	for range opts.Recoverers {
+		c.StartRecoverer()
+	}
+	return c
+}
+
+func (c *Cluster) closeAll() {
+	c.mu.Lock()
+	clients := c.clients
+	recs := slices.Collect(maps.Values(c.recoverers))
+	ctls := c.controllers
+	brokers := slices.Collect(maps.Values(c.brokers))
+	c.recoverers, c.controllers, c.brokers, c.clients = map[string]*recovererapp.App{}, nil, map[string]*brokerapp.App{}, nil
+	c.mu.Unlock()
+	for _, cl := range clients {
+		_ = cl.Close()
+	}
+	// Leaders first, so brokers going down start no failovers.
+	for _, r := range recs {
+		_ = r.Close()
+	}
+	for _, a := range ctls {
+		if a != nil {
+			_ = a.Close()
+		}
+	}
+	var wg sync.WaitGroup
+	for _, b := range brokers {
+		wg.Go(func() { _ = b.Close() })
+	}
+	wg.Wait()
+}
+
+func (c *Cluster) dumpLogs() {
+	c.mu.Lock()
+	names := slices.Clone(c.logOrder)
+	c.mu.Unlock()
+	for _, n := range names {
+		c.t.Logf("---- log of %s (tail)\n%s", n, c.Log(n).Tail(80))
+	}
+}
+
+// Log returns the log of a service: a broker's node id, "controller-N" or
+// "recoverer-N". It exists from the service's first start.
+func (c *Cluster) Log(name string) *Log {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	l, ok := c.logs[name]
+	if !ok {
+		l = newLog(name)
+		c.logs[name] = l
+		c.logOrder = append(c.logOrder, name)
+	}
+	return l
+}
+
+func (c *Cluster) logger(name string) *zerolog.Logger {
+	l := zerolog.New(c.Log(name)).Level(zerolog.InfoLevel).With().Timestamp().Str("service", name).Logger()
+	return &l
+}
+
+// StartBroker starts node, with the data dir and address of its last start
+// if it ran before, and waits until it is registered and serving.
+func (c *Cluster) StartBroker(node string) *brokerapp.App {
+	c.t.Helper()
+	c.mu.Lock()
+	if _, running := c.brokers[node]; running {
+		c.mu.Unlock()
+		c.t.Fatalf("onebox: broker %s is already running", node)
+	}
+	listen := "127.0.0.1:0"
+	if addr, ok := c.addrs[node]; ok {
+		listen = addr
+	}
+	c.mu.Unlock()
+	a, err := brokerapp.Start(context.Background(), brokerapp.Config{
+		Node: node, Listen: listen, DataDir: filepath.Join(c.dir, node), Etcd: c.Etcd.Endpoints,
+		Heartbeat: Heartbeat, LeaseTTL: LeaseTTL, ConfirmTimeout: ConfirmTimeout, Logger: c.logger(node),
+	})
+	if err != nil {
+		c.t.Fatalf("onebox: start broker %s: %v", node, err)
+	}
+	select {
+	case <-a.Ready():
+	case err := <-a.Err():
+		_ = a.Close()
+		c.t.Fatalf("onebox: broker %s failed while starting: %v", node, err)
+	case <-time.After(ReadyTimeout):
+		_ = a.Close()
+		c.t.Fatalf("onebox: broker %s not ready within %s", node, ReadyTimeout)
+	}
+	c.mu.Lock()
+	c.brokers[node] = a
+	c.addrs[node] = a.Addr()
+	c.mu.Unlock()
+	return a
+}
+
+// StopBroker shuts node down in order (its app's Close: stop publishes,
+// revoke the lease, drain, close storage) and returns how long that took.
+func (c *Cluster) StopBroker(node string) time.Duration {
+	c.t.Helper()
+	c.mu.Lock()
+	a, ok := c.brokers[node]
+	delete(c.brokers, node)
+	c.mu.Unlock()
+	if !ok {
+		c.t.Fatalf("onebox: broker %s is not running", node)
+	}
+	start := time.Now()
+	if err := a.Close(); err != nil {
+		c.t.Fatalf("onebox: close broker %s: %v", node, err)
+	}
+	return time.Since(start)
+}
+
+// Broker returns node's running app, or nil.
+func (c *Cluster) Broker(node string) *brokerapp.App {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.brokers[node]
+}
+
+// Addr is node's address (kept across restarts).
+func (c *Cluster) Addr(node string) string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.addrs[node]
+}
+
+// Addrs are every broker address ever started.
+func (c *Cluster) Addrs() []string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var out []string
+	for _, n := range slices.Sorted(maps.Keys(c.addrs)) {
+		out = append(out, c.addrs[n])
+	}
+	return out
+}
+
+// StartController starts one more controller (named controller-N) and waits
+// until it has joined the election.
+func (c *Cluster) StartController() *controllerapp.App {
+	c.t.Helper()
+	c.mu.Lock()
+	name := fmt.Sprintf("controller-%d", len(c.controllers)+1)
+	c.mu.Unlock()
+	a, err := controllerapp.Start(context.Background(), controllerapp.Config{
+		Name: name, Listen: "127.0.0.1:0", Etcd: c.Etcd.Endpoints, DefaultPolicy: c.opts.DefaultPolicy,
+		OwnerProbeGrace: ProbeGrace, SessionTTL: int(ElectionTTL / time.Second), LogLevel: "info", LogWriter: c.Log(name),
+	})
+	if err != nil {
+		c.t.Fatalf("onebox: start %s: %v", name, err)
+	}
+	select {
+	case <-a.Ready():
+	case <-time.After(ReadyTimeout):
+		_ = a.Close()
+		c.t.Fatalf("onebox: %s not ready within %s", name, ReadyTimeout)
+	}
+	c.mu.Lock()
+	c.controllers = append(c.controllers, a)
+	c.mu.Unlock()
+	return a
+}
+
+// Controller returns the i-th controller started (1-based), nil once stopped.
+func (c *Cluster) Controller(i int) *controllerapp.App {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.controllers[i-1]
+}
+
+// StopController closes the i-th controller (1-based).
+func (c *Cluster) StopController(i int) {
+	c.t.Helper()
+	c.mu.Lock()
+	a := c.controllers[i-1]
+	c.controllers[i-1] = nil
+	c.mu.Unlock()
+	if a == nil {
+		c.t.Fatalf("onebox: controller-%d is not running", i)
+	}
+	if err := a.Close(); err != nil {
+		c.t.Logf("onebox: close controller-%d: %v", i, err)
+	}
+}
+
+// ControllerAddr is the address of a running controller, the leader when
+// one leads.
+func (c *Cluster) ControllerAddr() string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	addr := ""
+	for _, a := range c.controllers {
+		if a == nil {
+			continue
+		}
+		if a.Leading() {
+			return a.Addr()
+		}
+		if addr == "" {
+			addr = a.Addr()
+		}
+	}
+	return addr
+}
+
+// StartRecoverer starts one more recoverer (named recoverer-N) and waits
+// until it campaigns. It returns its name.
+func (c *Cluster) StartRecoverer() string {
+	c.t.Helper()
+	c.mu.Lock()
+	name := fmt.Sprintf("recoverer-%d", len(c.recoverers)+1)
+	for c.recoverers[name] != nil || c.logs[name] != nil {
+		name += "x"
+	}
+	c.mu.Unlock()
+	a, err := recovererapp.Start(context.Background(), recovererapp.Config{
+		Name: name, Listen: "127.0.0.1:0", Etcd: c.Etcd.Endpoints, SealTimeout: SealTimeout, Logger: c.logger(name),
+		QuorumGrace: 100 * time.Millisecond, SessionTTL: ElectionTTL,
+		BackoffMin: 50 * time.Millisecond, BackoffMax: 500 * time.Millisecond,
+	})
+	if err != nil {
+		c.t.Fatalf("onebox: start %s: %v", name, err)
+	}
+	select {
+	case <-a.Ready():
+	case <-time.After(ReadyTimeout):
+		_ = a.Close()
+		c.t.Fatalf("onebox: %s not ready within %s", name, ReadyTimeout)
+	}
+	c.mu.Lock()
+	c.recoverers[name] = a
+	c.mu.Unlock()
+	return name
+}
+
+// Recoverer returns a running recoverer by name, or nil.
+func (c *Cluster) Recoverer(name string) *recovererapp.App {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.recoverers[name]
+}
+
+// LeadingRecoverer returns the name of the recoverer that leads now ("" if
+// none does).
+func (c *Cluster) LeadingRecoverer() string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, n := range slices.Sorted(maps.Keys(c.recoverers)) {
+		if c.recoverers[n].Leading() {
+			return n
+		}
+	}
+	return ""
+}
+
+// StopRecoverer closes a recoverer.
+func (c *Cluster) StopRecoverer(name string) {
+	c.t.Helper()
+	c.mu.Lock()
+	a := c.recoverers[name]
+	delete(c.recoverers, name)
+	c.mu.Unlock()
+	if a == nil {
+		c.t.Fatalf("onebox: %s is not running", name)
+	}
+	if err := a.Close(); err != nil {
+		c.t.Logf("onebox: close %s: %v", name, err)
+	}
+}
+
+// Client returns a Go client pointed at the cluster (the leading controller
+// and every broker), with retries sized to ride through a failover. It is
+// closed at the end of the test.
+func (c *Cluster) Client() *client.Client {
+	c.t.Helper()
+	cl, err := client.New(client.Config{
+		Controller:     c.ControllerAddr(),
+		Brokers:        c.Addrs(),
+		RetryBudget:    30 * time.Second,
+		AttemptTimeout: 3 * time.Second,
+		ProbeAfter:     500 * time.Millisecond,
+		BackoffMax:     200 * time.Millisecond,
+	})
+	if err != nil {
+		c.t.Fatalf("onebox: client: %v", err)
+	}
+	c.mu.Lock()
+	c.clients = append(c.clients, cl)
+	c.mu.Unlock()
+	return cl
+}
+
+// Admin is the AdminService through a client pointed at the controller
+// that leads now (or any running one), which follows leader redirects.
+func (c *Cluster) Admin() strandv1connect.AdminServiceClient {
+	c.t.Helper()
+	addr := c.ControllerAddr()
+	c.mu.Lock()
+	cl, ok := c.admins[addr]
+	c.mu.Unlock()
+	if !ok {
+		cl = c.Client()
+		c.mu.Lock()
+		c.admins[addr] = cl
+		c.mu.Unlock()
+	}
+	return cl.Admin()
+}
+
+// Streams is a raw StreamService client of one broker (no redirects).
+func (c *Cluster) Streams(node string) strandv1connect.StreamServiceClient {
+	return strandv1connect.NewStreamServiceClient(rpcserver.HTTPClient(), rpcserver.BaseURL(c.Addr(node)))
+}
+
+// Replication is a raw ReplicationService client of one broker.
+func (c *Cluster) Replication(node string) strandv1connect.ReplicationServiceClient {
+	return strandv1connect.NewReplicationServiceClient(rpcserver.HTTPClient(), rpcserver.BaseURL(c.Addr(node)))
+}
+
+// Ctx is the cluster's context for calls, cancelled when the test ends.
+func (c *Cluster) Ctx() context.Context { return c.ctx }
+
+// get decodes the value at key; ok is false when the key is absent.
+func get[T any](c *Cluster, key string) (T, bool) {
+	c.t.Helper()
+	var v T
+	resp, err := c.Cli.Get(c.Ctx(), key)
+	if err != nil {
+		c.t.Fatalf("onebox: get %s: %v", key, err)
+	}
+	if len(resp.Kvs) == 0 {
+		return v, false
+	}
+	v, err = cluster.Decode[T](resp.Kvs[0].Value)
+	if err != nil {
+		c.t.Fatalf("onebox: decode %s: %v", key, err)
+	}
+	return v, true
+}
+
+// Assignment reads a stream's assignment from etcd.
+func (c *Cluster) Assignment(stream string) (cluster.Assignment, bool) {
+	return get[cluster.Assignment](c, c.Schema.AssignmentKey(stream))
+}
+
+// Recovery reads a stream's pending recovery from etcd.
+func (c *Cluster) Recovery(stream string) (cluster.Recovery, bool) {
+	return get[cluster.Recovery](c, c.Schema.RecoveryKey(stream))
+}
+
+// History reads a stream's history starts from etcd; absent is empty.
+func (c *Cluster) History(stream string) cluster.HistoryStarts {
+	h, _ := get[cluster.HistoryStarts](c, c.Schema.HistoryKey(stream))
+	return h
+}
+
+// HasKey reports whether key exists in etcd.
+func (c *Cluster) HasKey(key string) bool {
+	c.t.Helper()
+	resp, err := c.Cli.Get(c.Ctx(), key, clientv3.WithCountOnly())
+	if err != nil {
+		c.t.Fatalf("onebox: get %s: %v", key, err)
+	}
+	return resp.Count > 0
+}
+
+// Tails reads what node last published about its copy of stream in its
+// heartbeat; ok is false when the broker publishes no heartbeat or no copy.
+func (c *Cluster) Tails(node, stream string) (cluster.CopyTails, bool) {
+	hb, ok := get[cluster.Heartbeat](c, c.Schema.HeartbeatKey(node))
+	if !ok {
+		return cluster.CopyTails{}, false
+	}
+	t, ok := hb.Streams[stream]
+	return t, ok
+}
+
+// Put writes a value into etcd as a service would (broker-level tests play
+// the controller and the recoverer with it).
+func (c *Cluster) Put(key string, v any) {
+	c.t.Helper()
+	if _, err := c.Cli.Put(c.Ctx(), key, cluster.Encode(v)); err != nil {
+		c.t.Fatalf("onebox: put %s: %v", key, err)
+	}
+}
+
+// Eventually polls cond every 25ms until it returns nil, and fails the test
+// with what and cond's last error once within has passed.
+func Eventually(t testing.TB, within time.Duration, what string, cond func() error) {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	tick := time.NewTicker(25 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		err := cond()
+		if err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not within %s: %v", what, within, err)
+		}
+		<-tick.C
+	}
+}
+
+// CreateStream creates a stream through the AdminService and waits until
+// every copy applied the assignment (the owner owns, each follower follows
+// at epoch 1), so a publish confirms at once.
+func (c *Cluster) CreateStream(name string, copies int, policy cluster.Policy) cluster.Assignment {
+	c.t.Helper()
+	_, err := c.Admin().CreateStream(c.Ctx(), connect.NewRequest(&strandv1.CreateStreamRequest{
+		Name: name, Copies: uint32(copies), Policy: &strandv1.ConfirmPolicy{Name: policy.Name, Nodes: uint32(policy.Nodes)},
+	}))
+	if err != nil {
+		c.t.Fatalf("onebox: create stream %s: %v", name, err)
+	}
+	a, ok := c.Assignment(name)
+	if !ok {
+		c.t.Fatalf("onebox: no assignment of %s after create", name)
+	}
+	c.WaitApplied(a)
+	return a
+}
+
+// WaitApplied waits until every running member of a published its copy in
+// its heartbeat at a's epoch in its role.
+func (c *Cluster) WaitApplied(a cluster.Assignment) {
+	c.t.Helper()
+	Eventually(c.t, 15*time.Second, fmt.Sprintf("assignment of %s at epoch %d applied", a.Stream, a.Epoch), func() error {
+		for _, m := range a.Members() {
+			if c.Broker(m) == nil {
+				continue
+			}
+			role := cluster.RoleFollower
+			if m == a.Owner {
+				role = cluster.RoleOwner
+			}
+			t, ok := c.Tails(m, a.Stream)
+			if !ok || t.Epoch != a.Epoch || t.Role != role {
+				return fmt.Errorf("%s publishes %+v (present %v), want %s at epoch %d", m, t, ok, role, a.Epoch)
+			}
+		}
+		return nil
+	})
+}
+
+// WaitAssignment waits for a stream's assignment to satisfy cond and
+// returns it.
+func (c *Cluster) WaitAssignment(stream string, within time.Duration, what string, cond func(cluster.Assignment) error) cluster.Assignment {
+	c.t.Helper()
+	var a cluster.Assignment
+	Eventually(c.t, within, what, func() error {
+		var ok bool
+		a, ok = c.Assignment(stream)
+		if !ok {
+			return fmt.Errorf("no assignment of %s", stream)
+		}
+		return cond(a)
+	})
+	return a
+}
+
+// ReadAll reads every confirmed record of stream that node's copy shows,
+// from its head, with raw Read calls to that broker (a follower serves
+// reads below its watermark). The tests keep whole logs: it starts at 0.
+func (c *Cluster) ReadAll(node, stream string) ([]*strandv1.StoredRecord, error) {
+	var out []*strandv1.StoredRecord
+	sc := c.Streams(node)
+	from := uint64(0)
+	for {
+		resp, err := sc.Read(c.Ctx(), connect.NewRequest(&strandv1.ReadRequest{Stream: stream, FromOffset: from}))
+		if err != nil {
+			return nil, fmt.Errorf("read %s on %s from %d: %w", stream, node, from, err)
+		}
+		recs := resp.Msg.GetRecords()
+		if len(recs) == 0 {
+			return out, nil
+		}
+		out = append(out, recs...)
+		from = resp.Msg.GetNextOffset()
+	}
+}
+
+// Publish publishes payloads through raw Publish calls to node, retrying
+// while the copy is not yet serving as owner, and returns their offsets.
+func (c *Cluster) Publish(node, stream string, payloads ...string) []uint64 {
+	c.t.Helper()
+	recs := make([]*strandv1.Record, 0, len(payloads))
+	for _, p := range payloads {
+		recs = append(recs, &strandv1.Record{Payload: []byte(p)})
+	}
+	var offsets []uint64
+	Eventually(c.t, 15*time.Second, fmt.Sprintf("publish %d records to %s on %s", len(payloads), stream, node), func() error {
+		resp, err := c.Streams(node).Publish(c.Ctx(), connect.NewRequest(&strandv1.PublishRequest{Stream: stream, Records: recs}))
+		if err != nil {
+			return err
+		}
+		offsets = resp.Msg.GetOffsets()
+		return nil
+	})
+	return offsets
+}
+
+// SameRecords reports the first difference between two reads of a stream:
+// offsets, epochs, payloads, headers, producer stamps, publish times and
+// chain values must all agree.
+func SameRecords(aName string, a []*strandv1.StoredRecord, bName string, b []*strandv1.StoredRecord) error {
+	if len(a) != len(b) {
+		return fmt.Errorf("%s shows %d records, %s shows %d", aName, len(a), bName, len(b))
+	}
+	for i := range a {
+		x, y := a[i], b[i]
+		if x.GetOffset() != y.GetOffset() || x.GetEpoch() != y.GetEpoch() || string(x.GetPayload()) != string(y.GetPayload()) ||
+			x.GetChain() != y.GetChain() || !maps.Equal(x.GetHeaders(), y.GetHeaders()) ||
+			x.GetProducerId() != y.GetProducerId() || x.GetSequence() != y.GetSequence() ||
+			!x.GetPublishTime().AsTime().Equal(y.GetPublishTime().AsTime()) {
+			return fmt.Errorf("record %d differs: %s has %v, %s has %v", i, aName, x, bName, y)
+		}
+	}
+	return nil
+}
+
+// Payloads returns the records' payloads as strings, in order.
+func Payloads(recs []*strandv1.StoredRecord) []string {
+	out := make([]string, len(recs))
+	for i, r := range recs {
+		out[i] = string(r.GetPayload())
+	}
+	return out
+}
+
+// Numbered returns n payloads prefix-000 … prefix-(n-1).
+func Numbered(prefix string, n int) []string {
+	out := make([]string, n)
+	for i := range out {
+		out[i] = fmt.Sprintf("%s-%03d", prefix, i)
+	}
+	return out
+}
+
+// Others returns nodes without the ones given.
+func Others(nodes []string, without ...string) []string {
+	return slices.DeleteFunc(slices.Clone(nodes), func(n string) bool { return slices.Contains(without, n) })
+}
+
+// Attention lists the controller's attention entries for stream.
+func (c *Cluster) Attention(stream string) ([]*strandv1.AttentionEntry, error) {
+	resp, err := c.Admin().ListAttention(c.Ctx(), connect.NewRequest(&strandv1.ListAttentionRequest{}))
+	if err != nil {
+		return nil, err
+	}
+	var out []*strandv1.AttentionEntry
+	for _, e := range resp.Msg.GetEntries() {
+		if e.GetStream() == stream {
+			out = append(out, e)
+		}
+	}
+	return out, nil
+}
+
+// describe is a short form of attention entries for messages.
+func describe(entries []*strandv1.AttentionEntry) string {
+	var parts []string
+	for _, e := range entries {
+		parts = append(parts, fmt.Sprintf("%s(%s)", e.GetKind(), e.GetReason()))
+	}
+	return "[" + strings.Join(parts, "; ") + "]"
+}
