@@ -3,6 +3,7 @@ package replica
 import (
 	"context"
 	"errors"
+	"fmt"
 	"maps"
 	"slices"
 	"sync"
@@ -259,7 +260,7 @@ func (m *Manager) Locate(stream string) (*strandv1.LocateResponse, error) {
 func (m *Manager) notHere(stream string) error {
 	hint, ok := m.Hint(stream)
 	if !ok {
-		return ErrUnknownStream
+		return fmt.Errorf("%w: no stream %q", ErrUnknownStream, stream)
 	}
 	return &NotOwnerError{Hint: hint}
 }
