@@ -273,6 +273,11 @@ type meta struct {
 	Cut *cutIntent `json:"cut,omitempty"`
 	// Dropping marks a Drop in progress; DB Open completes it.
 	Dropping bool `json:"dropping,omitempty"`
+	// ProducerTables are the producer table checkpoints in use, oldest
+	// first, at most two; ProducerGen is the last checkpoint number used
+	// (checkpoint.go).
+	ProducerTables []producerGen `json:"producer_tables,omitempty"`
+	ProducerGen    uint64        `json:"producer_gen,omitempty"`
 }
 
 type cutIntent struct {

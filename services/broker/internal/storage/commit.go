@@ -168,6 +168,11 @@ func (db *DB) commit(batch []*op) {
 		if err == nil && o.apply != nil {
 			o.apply()
 		}
+		if err != nil && o.s != nil {
+			// Waiters on durable state (a duplicate publish waiting for its
+			// original) re-check and find the DB stopped.
+			o.s.wakeAll()
+		}
 		if o.done != nil {
 			o.done <- err
 		}

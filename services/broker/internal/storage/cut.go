@@ -163,6 +163,17 @@ func (s *Stream) finishCut(ctx context.Context) error {
 	}
 	newSnap := snapshot{Boundary: c.CursorEventTail, Cursors: cursors}
 
+	// The producer table at the cut: records cut away leave it (doc.go,
+	// "Idempotent publish"). Appends are refused while the intent is set,
+	// so the table and checkpoints read here stay as they are.
+	s.mu.Lock()
+	gens, head := s.m.ProducerTables, s.m.Head
+	s.mu.Unlock()
+	producers, _, err := s.rebuildProducers(gens, head, c.RecordTail)
+	if err != nil {
+		return fmt.Errorf("storage: cut of stream %q: %w", s.name, err)
+	}
+
 	return s.commitOp(ctx, func(m *meta) error {
 		m.RecordTail, m.Chain = c.RecordTail, c.Chain
 		m.CursorEventTail = c.CursorEventTail
@@ -175,11 +186,17 @@ func (s *Stream) finishCut(ctx context.Context) error {
 		o.add(s.snapKey, encodeSnapshot(&newSnap))
 		s.cursors = cursors
 		s.snapBoundary = newSnap.Boundary
+		// Checkpoints past the cut cover cut-away records: retired.
+		dropped, _ := s.addProducerCheckpointLocked(o, producers, c.RecordTail, func(g producerGen) bool {
+			return g.Boundary <= c.RecordTail
+		}, false)
+		s.producers = producers
 		o.apply = func() {
 			s.dmu.Lock()
 			wm := s.watermark
 			s.dmu.Unlock()
 			s.setDurable(c.RecordTail, c.Chain, c.CursorEventTail, min(wm, c.RecordTail))
+			s.retireProducerGens(dropped)
 		}
 	})
 }

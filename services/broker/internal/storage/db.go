@@ -20,6 +20,15 @@ type Options struct {
 	// MemTableBytes and CacheBytes bound Badger's memory; 0 picks small defaults.
 	MemTableBytes int64
 	CacheBytes    int64
+	// MaxProducers bounds the producers each stream copy tracks for
+	// idempotent publish (least recently appended evicted first);
+	// ProducerWindow is how many of a producer's latest records are
+	// deduplicated; ProducerCheckpointRecords how many records may follow
+	// the persisted producer table. 0 picks DefaultMaxProducers,
+	// DefaultProducerWindow and DefaultProducerCheckpointRecords.
+	MaxProducers              int
+	ProducerWindow            int
+	ProducerCheckpointRecords int
 }
 
 // Memory defaults, for a broker that stays near 512 MiB RSS under load: two
@@ -42,6 +51,9 @@ type DB struct {
 	// maxEntryBytes bounds one encoded record: Badger refuses a transaction
 	// above 15% of the memtable, and one record must fit one transaction.
 	maxEntryBytes int
+
+	// Producer table limits (Options).
+	maxProducers, producerWindow, producerCheckpointEvery int
 
 	ops     chan *op
 	stop    chan struct{}
@@ -110,13 +122,16 @@ func Open(opts Options) (*DB, error) {
 		return nil, fmt.Errorf("storage: opening badger in %s: %w", opts.Dir, err)
 	}
 	db := &DB{
-		bdb:           bdb,
-		log:           opts.Logger,
-		maxEntryBytes: int(maxBatch / 2),
-		ops:           make(chan *op, 4096),
-		stop:          make(chan struct{}),
-		stopped:       make(chan struct{}),
-		streams:       make(map[string]*Stream),
+		bdb:                     bdb,
+		log:                     opts.Logger,
+		maxEntryBytes:           int(maxBatch / 2),
+		maxProducers:            orDefault(opts.MaxProducers, DefaultMaxProducers),
+		producerWindow:          orDefault(opts.ProducerWindow, DefaultProducerWindow),
+		producerCheckpointEvery: orDefault(opts.ProducerCheckpointRecords, DefaultProducerCheckpointRecords),
+		ops:                     make(chan *op, 4096),
+		stop:                    make(chan struct{}),
+		stopped:                 make(chan struct{}),
+		streams:                 make(map[string]*Stream),
 	}
 	go db.commitLoop()
 	if err := db.finishDrops(); err != nil {
@@ -124,6 +139,13 @@ func Open(opts Options) (*DB, error) {
 		return nil, err
 	}
 	return db, nil
+}
+
+func orDefault(v, def int) int {
+	if v <= 0 {
+		return def
+	}
+	return v
 }
 
 // Close stops the committer after it has written every accepted op, closes
@@ -264,6 +286,9 @@ func (db *DB) drop(name string) error {
 		if err := db.deleteRange(ctx, streamKey(kind, name), 0, maxOffset); err != nil {
 			return fmt.Errorf("storage: drop %q: %w", name, err)
 		}
+	}
+	if err := db.deletePrefix(ctx, streamKey(kindProducers, name)); err != nil {
+		return fmt.Errorf("storage: drop %q: %w", name, err)
 	}
 	last := &op{kvs: []kv{{key: streamKey(kindSnapshot, name), del: true}, {key: mk, del: true}}}
 	if err := db.do(ctx, last); err != nil {

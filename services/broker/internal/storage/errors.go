@@ -29,4 +29,15 @@ var (
 	ErrInvalidArgument = errors.New("storage: invalid argument")
 	// ErrCorrupt: stored bytes that do not decode.
 	ErrCorrupt = errors.New("storage: corrupt")
+	// ErrSequenceGap: a record's sequence skips ahead of its producer's
+	// next one (doc.go, "Idempotent publish"). Wrapped in a SequenceError.
+	ErrSequenceGap = errors.New("storage: sequence gap")
+	// ErrBelowWindow: a record's sequence is at or below its producer's last
+	// one but older than the records the dedupe window keeps, so whether it
+	// is stored cannot be told. Wrapped in a SequenceError.
+	ErrBelowWindow = errors.New("storage: sequence below the dedupe window")
+	// ErrSequenceOrder: a batch repeats a sequence, or a duplicate follows a
+	// record that is new, so it is not a retry of one earlier batch.
+	// Wrapped in a SequenceError.
+	ErrSequenceOrder = errors.New("storage: sequence out of order")
 )

@@ -38,6 +38,10 @@ func ownerStream(t testing.TB, db *DB, name string, epoch uint64) *Stream {
 	return s
 }
 
+// recs returns n records of producer "p-"+prefix with sequences 1..n: a
+// second call with the same prefix on the same stream is a retry of the
+// first (idempotent publish), so tests that mean new records use a new
+// prefix.
 func recs(prefix string, n int) []Record {
 	out := make([]Record, n)
 	for i := range out {
@@ -45,7 +49,7 @@ func recs(prefix string, n int) []Record {
 			Payload:     []byte(fmt.Sprintf("%s-%d", prefix, i)),
 			Headers:     map[string]string{"k": prefix, "i": fmt.Sprint(i)},
 			ProducerID:  "p-" + prefix,
-			Sequence:    uint64(i),
+			Sequence:    uint64(i + 1),
 			PublishTime: time.Unix(1_700_000_000+int64(i), 0),
 		}
 	}

@@ -14,6 +14,9 @@ const (
 	kindRecord   byte = 'r' // r | len | name | offset   -> record (codec.go)
 	kindEvent    byte = 'e' // e | len | name | offset   -> cursor event (codec.go)
 	kindSnapshot byte = 's' // s | len | name            -> cursor snapshot (JSON)
+	// p | len | name | generation | chunk -> producer table checkpoint
+	// chunk (checkpoint.go, producers.go)
+	kindProducers byte = 'p'
 )
 
 // maxStreamName bounds a stream name so its length fits the one-byte prefix.

@@ -90,6 +90,11 @@ func (s *Stream) ApplyRetention(r Retention, now time.Time) (uint64, error) {
 		if newHead == head {
 			return head, nil
 		}
+		// The records below the new head are about to go: the producer
+		// table must be persisted past them first (checkpoint.go).
+		if err := s.ensureProducerCheckpoint(ctx, newHead); err != nil {
+			return head, fmt.Errorf("storage: retention on stream %q: %w", s.name, err)
+		}
 		err = s.commitMeta(ctx, func(m *meta) error {
 			if m.Head != head || m.Cut != nil {
 				return errNoChange // ResetTo or Cut ran meanwhile; look again
@@ -158,6 +163,9 @@ func (s *Stream) purge(ctx context.Context) error {
 // head) = chain, the confirm watermark = head. A follower below the owner's
 // retained head uses it before following from there. The cursor event log,
 // the epochs and the cursors are kept (cursors read clamped to the new head).
+// The producer table starts empty at head: the records it was built from
+// are gone, and the owner's records between the old tail and head were never
+// seen here (doc.go, "Idempotent publish").
 func (s *Stream) ResetTo(head, chain uint64) error {
 	s.admin.Lock()
 	defer s.admin.Unlock()
@@ -175,7 +183,12 @@ func (s *Stream) ResetTo(head, chain uint64) error {
 		return nil
 	}, func(o *op) {
 		evTail := s.m.CursorEventTail
-		o.apply = func() { s.setDurable(head, chain, evTail, head) }
+		s.producers = s.producers.empty()
+		dropped, _ := s.addProducerCheckpointLocked(o, s.producers, head, func(producerGen) bool { return false }, false)
+		o.apply = func() {
+			s.setDurable(head, chain, evTail, head)
+			s.retireProducerGens(dropped)
+		}
 	})
 	if err != nil {
 		return err

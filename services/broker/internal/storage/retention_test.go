@@ -3,6 +3,7 @@ package storage
 import (
 	"context"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 )
@@ -131,7 +132,7 @@ func TestRetentionManyWindows(t *testing.T) {
 	s := ownerStream(t, db, "big", 1)
 	const n = 2*retentionWindow + 100
 	for i := 0; i < n; i += 500 {
-		mustAppend(t, s, 1, recs("x", min(500, n-i)))
+		mustAppend(t, s, 1, recs(fmt.Sprint("x", i), min(500, n-i)))
 	}
 	s.SetConfirmWatermark(n)
 	h, err := s.ApplyRetention(Retention{MaxRecords: 50}, time.Now())

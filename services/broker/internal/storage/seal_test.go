@@ -3,6 +3,7 @@ package storage
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"testing"
 )
@@ -25,8 +26,13 @@ func TestSealAdvanceTable(t *testing.T) {
 	seal := func(e uint64, tr string) func(*Stream) error {
 		return func(s *Stream) error { _, err := s.Seal(e, tr); return err }
 	}
+	appends := 0
 	appendAt := func(e uint64, n int) func(*Stream) error {
-		return func(s *Stream) error { _, err := s.Append(ctx, e, recs("r", n)); return err }
+		return func(s *Stream) error {
+			appends++ // a new producer each time: not a retry of the last append
+			_, err := s.Append(ctx, e, recs(fmt.Sprint("r", appends), n))
+			return err
+		}
 	}
 	le := func(e, r, c uint64) LogEpoch { return LogEpoch{Epoch: e, RecordStart: r, CursorEventStart: c} }
 	steps := []step{

@@ -64,6 +64,7 @@ type Stream struct {
 
 	metaKey, snapKey       []byte
 	recPrefix, eventPrefix []byte
+	prodPrefix             []byte
 
 	// admin serialises the multi-step operations (Cut, ResetTo, retention)
 	// against each other.
@@ -76,7 +77,18 @@ type Stream struct {
 	// snapBoundary is the boundary of the newest snapshot handed to the
 	// committer.
 	snapBoundary uint64
+	// producers is the producer table of the assigned view (producers.go);
+	// prodBoundary the record offset of the newest checkpoint handed to the
+	// committer, or where the table's rebuild started.
+	producers    *producerTable
+	prodBoundary uint64
 	closed       bool
+
+	// gcMu guards prodGarbage: checkpoints no durable meta names any more,
+	// whose chunks the next checkpoint deletes. A leaf lock, so the
+	// committer may take it.
+	gcMu        sync.Mutex
+	prodGarbage []producerGen
 
 	dmu       sync.Mutex
 	dTail     uint64
@@ -129,6 +141,8 @@ func (db *DB) newStream(name string) *Stream {
 		snapKey:     streamKey(kindSnapshot, name),
 		recPrefix:   streamKey(kindRecord, name),
 		eventPrefix: streamKey(kindEvent, name),
+		prodPrefix:  streamKey(kindProducers, name),
+		producers:   newProducerTable(db.maxProducers, db.producerWindow),
 		cursors:     map[string]uint64{},
 		waiters:     map[waitKey]chan struct{}{},
 	}
@@ -206,6 +220,7 @@ func (db *DB) loadStream(name string) (*Stream, error) {
 		return nil, fmt.Errorf("storage: loading stream %q: %w", name, err)
 	}
 	if m.Cut != nil {
+		// finishCut also rebuilds the producer table at the cut.
 		if err := s.finishCut(ctx); err != nil {
 			return nil, err
 		}
@@ -214,6 +229,9 @@ func (db *DB) loadStream(name string) (*Stream, error) {
 		if err := s.purge(ctx); err != nil {
 			return nil, err
 		}
+	}
+	if err := s.loadProducers(ctx, m.Cut == nil); err != nil {
+		return nil, err
 	}
 	return s, nil
 }
@@ -352,9 +370,44 @@ func addLogEpoch(les []LogEpoch, e LogEpoch) []LogEpoch {
 // It returns the stored records once they are fsynced. Concurrent appends
 // share fsyncs (commit.go). If ctx ends while waiting, the records may
 // still become durable; the caller cannot tell, as with any lost reply.
+//
+// Records with a producer id and a sequence are deduplicated as
+// AppendIdempotent says; a duplicate prefix of the batch is not stored
+// again and not returned (AppendIdempotent reports where it is).
 func (s *Stream) Append(ctx context.Context, epoch uint64, recs []Record) ([]Record, error) {
+	res, err := s.AppendIdempotent(ctx, epoch, recs)
+	if err != nil {
+		return nil, err
+	}
+	return res.Stored, nil
+}
+
+// AppendResult is the outcome of AppendIdempotent.
+type AppendResult struct {
+	// Offsets[i] is where recs[i] is in the log: where this call stored
+	// it, or for a duplicate where the original is.
+	Offsets []uint64
+	// Duplicate[i] reports that recs[i] was already in the log (its
+	// producer id and sequence are in the dedupe window): nothing was
+	// stored for it. Duplicates are always a prefix of the batch.
+	Duplicate []bool
+	// Stored are the records this call stored, as stored, in order.
+	Stored []Record
+}
+
+// AppendIdempotent is Append for idempotent publish (doc.go, "Idempotent
+// publish"). Under the lock that assigns offsets it checks every record
+// that has a producer id and a sequence against the producer table: a
+// duplicate within the window is answered with its original offset and not
+// stored, the producer's next sequence (or any sequence of an unknown
+// producer) is appended, anything else fails the whole batch with a
+// *SequenceError and stores nothing. Duplicates may only form a prefix of
+// the batch (a retry of a batch that partly reached this copy). It returns
+// once everything it reports is durable: the stored records, and for a
+// batch of duplicates only, the originals.
+func (s *Stream) AppendIdempotent(ctx context.Context, epoch uint64, recs []Record) (AppendResult, error) {
 	if len(recs) == 0 {
-		return nil, nil
+		return AppendResult{}, nil
 	}
 	now := time.Now()
 	out := make([]Record, len(recs))
@@ -365,21 +418,41 @@ func (s *Stream) Append(ctx context.Context, epoch uint64, recs []Record) ([]Rec
 		}
 		out[i].PublishTime = fromUnixNanos(out[i].PublishTime.UnixNano())
 		if n := recordSize(&out[i]) + 32; n > s.db.maxEntryBytes {
-			return nil, fmt.Errorf("%w: record %d of %d bytes above the %d-byte limit", ErrInvalidArgument, i, n, s.db.maxEntryBytes)
+			return AppendResult{}, fmt.Errorf("%w: record %d of %d bytes above the %d-byte limit", ErrInvalidArgument, i, n, s.db.maxEntryBytes)
+		}
+		if n := len(out[i].ProducerID); n > MaxProducerID {
+			return AppendResult{}, fmt.Errorf("%w: record %d: producer id of %d bytes above the %d-byte limit", ErrInvalidArgument, i, n, MaxProducerID)
 		}
 	}
 
 	s.mu.Lock()
 	if err := s.checkOwnerLocked(epoch); err != nil {
 		s.mu.Unlock()
-		return nil, err
+		return AppendResult{}, err
 	}
+	dups, err := s.producers.classify(out)
+	if err != nil {
+		s.mu.Unlock()
+		return AppendResult{}, err
+	}
+	res := AppendResult{Offsets: make([]uint64, len(out)), Duplicate: make([]bool, len(out))}
+	for i, off := range dups {
+		res.Offsets[i], res.Duplicate[i] = off, true
+	}
+	if len(dups) == len(out) {
+		s.mu.Unlock()
+		if err := s.waitOriginals(ctx, out, dups); err != nil {
+			return AppendResult{}, err
+		}
+		return res, nil
+	}
+	fresh := out[len(dups):]
 	prev := s.m
 	noteEpoch(&s.m, epoch, s.m.RecordTail, s.m.CursorEventTail)
 	o := &op{s: s}
 	chain := s.m.Chain
-	for i := range out {
-		r := &out[i]
+	for i := range fresh {
+		r := &fresh[i]
 		r.Offset = s.m.RecordTail + uint64(i)
 		r.Epoch = epoch
 		r.Chain = Chain(chain, r)
@@ -387,8 +460,9 @@ func (s *Stream) Append(ctx context.Context, epoch uint64, recs []Record) ([]Rec
 		v := encodeRecord(make([]byte, 0, recordSize(r)), r)
 		o.add(offsetKey(s.recPrefix, r.Offset), v)
 		s.m.Bytes += uint64(len(v))
+		res.Offsets[len(dups)+i] = r.Offset
 	}
-	s.m.RecordTail += uint64(len(out))
+	s.m.RecordTail += uint64(len(fresh))
 	s.m.Chain = chain
 	o.meta, o.version = s.snapshotMeta()
 	o.done = make(chan error, 1)
@@ -396,13 +470,67 @@ func (s *Stream) Append(ctx context.Context, epoch uint64, recs []Record) ([]Rec
 	o.apply = func() { s.advanceDurable(tail, chain) }
 	if err := s.enqueueLocked(ctx, o, prev); err != nil {
 		s.mu.Unlock()
-		return nil, err
+		return AppendResult{}, err
 	}
+	// The table changes only once the records are queued: an op that could
+	// not be enqueued leaves no trace.
+	s.applyProducersLocked(fresh)
+	s.maybeCheckpointProducersLocked(ctx)
 	s.mu.Unlock()
 	if err := wait(ctx, o); err != nil {
-		return nil, err
+		return AppendResult{}, err
 	}
-	return out, nil
+	res.Stored = fresh
+	return res, nil
+}
+
+// applyProducersLocked adds records queued for the log to the table.
+func (s *Stream) applyProducersLocked(recs []Record) {
+	for i := range recs {
+		if r := &recs[i]; sequenced(r) {
+			s.producers.apply(r.ProducerID, r.Sequence, r.Offset)
+		}
+	}
+}
+
+// waitOriginals waits until the originals of a batch of duplicates are
+// durable: the table takes a record when it is queued, so a retry can find
+// it before the first attempt's fsync. Once durable, each original must
+// still be where the table said (a cut may have removed it meanwhile).
+func (s *Stream) waitOriginals(ctx context.Context, recs []Record, offs []uint64) error {
+	need := slices.Max(offs) + 1
+	for {
+		if err := s.db.usable(); err != nil {
+			return err
+		}
+		s.dmu.Lock()
+		closed, tail := s.dclosed, s.dTail
+		s.dmu.Unlock()
+		if closed {
+			return s.closedErr()
+		}
+		if tail >= need {
+			break
+		}
+		select {
+		case <-s.WaitTail(need - 1):
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for i, want := range offs {
+		r := &recs[i]
+		p := s.producers.byID[r.ProducerID]
+		if p == nil {
+			return fmt.Errorf("%w: stream %q: record %d (producer %q sequence %d) left the log while its retry waited", ErrFenced, s.name, want, r.ProducerID, r.Sequence)
+		}
+		if off, ok := p.offset(r.Sequence); !ok || off != want {
+			return fmt.Errorf("%w: stream %q: record %d (producer %q sequence %d) left the log while its retry waited", ErrFenced, s.name, want, r.ProducerID, r.Sequence)
+		}
+	}
+	return nil
 }
 
 // Sync waits until every entry handed to the committer for this stream
@@ -508,6 +636,10 @@ func (s *Stream) AppendReplicated(ctx context.Context, recs []Record, evs []Curs
 		s.mu.Unlock()
 		return err
 	}
+	// The same table the owner built: a promoted copy deduplicates what
+	// the old owner stored (doc.go, "Idempotent publish").
+	s.applyProducersLocked(recs)
+	s.maybeCheckpointProducersLocked(ctx)
 	s.mu.Unlock()
 	return wait(ctx, o)
 }

@@ -3,6 +3,7 @@ package storage
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"testing"
 	"time"
@@ -186,7 +187,7 @@ func TestConcurrentAppends(t *testing.T) {
 			defer wg.Done()
 			s := streams[w%2]
 			for i := range perWorker {
-				batch := recs("w", 1+i%3)
+				batch := recs(fmt.Sprintf("w%d-%d", w, i), 1+i%3)
 				if _, err := s.Append(context.Background(), 1, batch); err != nil {
 					errs <- err
 					return

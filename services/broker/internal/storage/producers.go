@@ -1,0 +1,394 @@
+package storage
+
+import (
+	"encoding/binary"
+	"fmt"
+)
+
+// The producer table: per stream copy, what idempotent publish (issue 7)
+// needs to know about each producer, rebuilt from the record log. doc.go
+// ("Idempotent publish") states the rules; this file keeps the table in
+// memory and encodes it for the persisted checkpoints (checkpoint.go).
+
+// Defaults for Options.
+const (
+	// DefaultMaxProducers is how many producers a stream copy tracks; the
+	// least recently appended one is evicted beyond it.
+	DefaultMaxProducers = 10000
+	// DefaultProducerWindow is how many of a producer's latest records a
+	// copy keeps the offsets of: the dedupe window.
+	DefaultProducerWindow = 256
+	// DefaultProducerCheckpointRecords is how many records may follow the
+	// persisted producer table before a new one is written (raised to the
+	// table's size in runs, so writing it costs O(1) per record).
+	DefaultProducerCheckpointRecords = 8192
+)
+
+// MaxProducerID is the longest producer id accepted, in bytes.
+const MaxProducerID = 256
+
+// sequenced reports whether a record takes part in deduplication: it needs a
+// producer id and a sequence; sequence 0 is proto3's "not set".
+func sequenced(r *Record) bool {
+	return r.ProducerID != "" && r.Sequence != 0
+}
+
+// producerTable maps producer ids to their state, with an LRU list ordered by
+// each producer's last appended record. Nothing but appends (and rebuilds)
+// changes it, not even a duplicate lookup, so it is a function of the log:
+// the owner, its followers and a reopened copy that replay the same records
+// hold the same table. Callers hold the stream's mu.
+type producerTable struct {
+	maxProducers int
+	window       uint64
+
+	byID           map[string]*producerState
+	oldest, newest *producerState
+	// runs is the number of runs held by every producer: the measure of
+	// the table's size (memory and encoding).
+	runs int
+}
+
+// producerState is one producer's last sequence and the offsets of its last
+// count records (sequences last-count+1 .. last). A producer's sequences are
+// dense from its first record on (a restart begins a new window), so the
+// offsets are kept as runs of consecutive offsets: a batch of n records is
+// one run.
+type producerState struct {
+	id    string
+	last  uint64
+	count uint64
+	runs  []seqRun // oldest first; the n's sum to count
+
+	older, newer *producerState
+}
+
+// seqRun is n consecutive sequences stored at consecutive offsets from off.
+type seqRun struct {
+	off uint64
+	n   uint64
+}
+
+func newProducerTable(maxProducers, window int) *producerTable {
+	return &producerTable{
+		maxProducers: max(1, maxProducers),
+		window:       uint64(max(1, window)),
+		byID:         make(map[string]*producerState),
+	}
+}
+
+// empty returns a table with the same limits and no producers.
+func (t *producerTable) empty() *producerTable {
+	return newProducerTable(t.maxProducers, int(t.window))
+}
+
+// apply records that the log holds a record of producer id with sequence
+// seq at offset off. It is the one rule for owner appends, replicated
+// appends and replay: a sequence that does not follow the producer's last
+// one starts a new window (the owner took it as an unknown producer's first
+// record, or the producer had been evicted there).
+func (t *producerTable) apply(id string, seq, off uint64) {
+	p := t.byID[id]
+	switch {
+	case p == nil:
+		if len(t.byID) >= t.maxProducers {
+			t.evict(t.oldest)
+		}
+		p = &producerState{id: id}
+		t.byID[id] = p
+	case seq == p.last+1:
+		t.unlink(p)
+	default:
+		t.unlink(p)
+		t.runs -= len(p.runs)
+		p.runs, p.count = p.runs[:0], 0
+	}
+	p.last = seq
+	t.push(p, off)
+	t.linkNewest(p)
+}
+
+// push adds the record at off as p's newest and trims the window.
+func (t *producerTable) push(p *producerState, off uint64) {
+	if n := len(p.runs); n > 0 && p.runs[n-1].off+p.runs[n-1].n == off {
+		p.runs[n-1].n++
+	} else {
+		p.runs = append(p.runs, seqRun{off: off, n: 1})
+		t.runs++
+	}
+	p.count++
+	t.trim(p)
+}
+
+// trim drops p's oldest offsets beyond the window.
+func (t *producerTable) trim(p *producerState) {
+	for p.count > t.window {
+		excess := p.count - t.window
+		r := &p.runs[0]
+		if r.n > excess {
+			r.off += excess
+			r.n -= excess
+			p.count -= excess
+			return
+		}
+		p.count -= r.n
+		p.runs = p.runs[1:]
+		t.runs--
+	}
+}
+
+// offset returns where p's record with sequence seq is, if the window holds it.
+func (p *producerState) offset(seq uint64) (uint64, bool) {
+	if seq > p.last || p.last-seq >= p.count {
+		return 0, false
+	}
+	end := p.last // the sequence of the last record of runs[i]
+	for i := len(p.runs) - 1; i >= 0; i-- {
+		r := p.runs[i]
+		first := end - (r.n - 1)
+		if seq >= first {
+			return r.off + (seq - first), true
+		}
+		end = first - 1
+	}
+	return 0, false
+}
+
+// first is the lowest sequence in p's window.
+func (p *producerState) first() uint64 { return p.last - p.count + 1 }
+
+func (t *producerTable) evict(p *producerState) {
+	if p == nil {
+		return
+	}
+	t.unlink(p)
+	delete(t.byID, p.id)
+	t.runs -= len(p.runs)
+}
+
+func (t *producerTable) unlink(p *producerState) {
+	if p.older != nil {
+		p.older.newer = p.newer
+	} else if t.oldest == p {
+		t.oldest = p.newer
+	}
+	if p.newer != nil {
+		p.newer.older = p.older
+	} else if t.newest == p {
+		t.newest = p.older
+	}
+	p.older, p.newer = nil, nil
+}
+
+func (t *producerTable) linkNewest(p *producerState) {
+	p.older, p.newer = t.newest, nil
+	if t.newest != nil {
+		t.newest.newer = p
+	} else {
+		t.oldest = p
+	}
+	t.newest = p
+}
+
+// SequenceError says why records[Index] of an owner's batch was refused; it
+// wraps ErrSequenceGap, ErrBelowWindow or ErrSequenceOrder. Nothing of the
+// batch was stored.
+type SequenceError struct {
+	Err        error
+	Index      int
+	ProducerID string
+	Sequence   uint64
+	// Expected is the sequence that would have been accepted next (gap and
+	// order errors); First is the lowest sequence in the window (below
+	// window errors).
+	Expected, First uint64
+}
+
+func (e *SequenceError) Error() string {
+	return fmt.Sprintf("%v: record %d: %s", e.Err, e.Index, e.Detail())
+}
+
+// Detail explains the error in terms of the request, for the RPC edge.
+func (e *SequenceError) Detail() string {
+	switch e.Err {
+	case ErrSequenceGap:
+		return fmt.Sprintf("sequence %d of producer %q skips ahead; the next sequence is %d", e.Sequence, e.ProducerID, e.Expected)
+	case ErrBelowWindow:
+		return fmt.Sprintf("sequence %d of producer %q is older than the dedupe window, which starts at %d", e.Sequence, e.ProducerID, e.First)
+	}
+	return fmt.Sprintf("sequence %d of producer %q repeats an earlier record after records new to this publish; the next sequence is %d", e.Sequence, e.ProducerID, e.Expected)
+}
+
+func (e *SequenceError) Unwrap() error { return e.Err }
+
+// classify checks an owner's batch against the table without changing it.
+// It returns the original offsets of the batch's duplicate prefix: records
+// [0, len(dups)) are already in the log, the rest are new. Any record that
+// is neither (a gap, a sequence below the window, a duplicate after a new
+// record, a sequence out of order inside the batch) fails the whole batch.
+func (t *producerTable) classify(recs []Record) (dups []uint64, err error) {
+	var (
+		pending batchSeqs // producers with new records earlier in the batch
+		newSeen bool
+	)
+	for i := range recs {
+		r := &recs[i]
+		if !sequenced(r) {
+			newSeen = true
+			continue
+		}
+		seqErr := func(e error, expected, first uint64) error {
+			return &SequenceError{Err: e, Index: i, ProducerID: r.ProducerID, Sequence: r.Sequence, Expected: expected, First: first}
+		}
+		if last, ok := pending.get(r.ProducerID); ok {
+			switch {
+			case r.Sequence == last+1:
+				pending.set(r.ProducerID, r.Sequence)
+			case r.Sequence > last+1:
+				return nil, seqErr(ErrSequenceGap, last+1, 0)
+			default:
+				return nil, seqErr(ErrSequenceOrder, last+1, 0)
+			}
+			continue
+		}
+		p := t.byID[r.ProducerID]
+		switch {
+		case p != nil && r.Sequence <= p.last:
+			off, ok := p.offset(r.Sequence)
+			if !ok {
+				return nil, seqErr(ErrBelowWindow, 0, p.first())
+			}
+			if newSeen {
+				return nil, seqErr(ErrSequenceOrder, p.last+1, 0)
+			}
+			dups = append(dups, off)
+			continue
+		case p != nil && r.Sequence > p.last+1:
+			return nil, seqErr(ErrSequenceGap, p.last+1, 0)
+		}
+		// The producer's next sequence, or an unknown producer's first
+		// record (any sequence: it may have been evicted, or be new).
+		newSeen = true
+		pending.set(r.ProducerID, r.Sequence)
+	}
+	return dups, nil
+}
+
+// batchSeqs maps producer ids to the last sequence seen in one batch; most
+// batches come from one producer, which needs no map.
+type batchSeqs struct {
+	id   string
+	last uint64
+	more map[string]uint64
+}
+
+func (b *batchSeqs) get(id string) (uint64, bool) {
+	if b.id == id && id != "" {
+		return b.last, true
+	}
+	v, ok := b.more[id]
+	return v, ok
+}
+
+func (b *batchSeqs) set(id string, seq uint64) {
+	switch {
+	case b.id == "" || b.id == id:
+		b.id, b.last = id, seq
+	default:
+		if b.more == nil {
+			b.more = make(map[string]uint64)
+		}
+		b.more[id] = seq
+	}
+}
+
+// Encoding of the table for a checkpoint, split into chunks of about
+// maxChunk bytes so that no value exceeds one Badger entry:
+//
+//	chunk:    version(1) | uvarint producer count | producer...
+//	producer: uvarint len, id | uvarint last | uvarint count |
+//	          uvarint run count | (uvarint offset delta, uvarint n)...
+//
+// Producers go oldest first, so decoding in chunk order restores the LRU
+// order. A run's offset delta is from the end of the previous run (from 0
+// for the first).
+const producerTableVersion byte = 1
+
+func (t *producerTable) encode(maxChunk int) [][]byte {
+	var (
+		chunks [][]byte
+		cur    []byte
+		n      uint64
+	)
+	flush := func() {
+		hdr := append([]byte{producerTableVersion}, binary.AppendUvarint(nil, n)...)
+		chunks = append(chunks, append(hdr, cur...))
+		cur, n = nil, 0
+	}
+	for p := t.oldest; p != nil; p = p.newer {
+		cur = appendString(cur, p.id)
+		cur = binary.AppendUvarint(cur, p.last)
+		cur = binary.AppendUvarint(cur, p.count)
+		cur = binary.AppendUvarint(cur, uint64(len(p.runs)))
+		end := uint64(0)
+		for _, r := range p.runs {
+			cur = binary.AppendUvarint(cur, r.off-end)
+			cur = binary.AppendUvarint(cur, r.n)
+			end = r.off + r.n
+		}
+		n++
+		if len(cur) >= maxChunk {
+			flush()
+		}
+	}
+	if n > 0 || len(chunks) == 0 {
+		flush()
+	}
+	return chunks
+}
+
+// decodeChunk adds one chunk's producers to t as the newest ones, applying
+// t's limits (which may be lower than when the chunk was written).
+func (t *producerTable) decodeChunk(b []byte) error {
+	d := decoder{b: b}
+	if v := d.byte(); v != producerTableVersion {
+		return fmt.Errorf("%w: producer table version %d", ErrCorrupt, v)
+	}
+	n := d.uvarint()
+	for i := uint64(0); i < n && d.err == nil; i++ {
+		p := &producerState{id: d.string(), last: d.uvarint(), count: d.uvarint()}
+		nr := d.uvarint()
+		if d.err == nil && nr > uint64(len(d.b)) {
+			d.err = fmt.Errorf("%w: %d runs in %d bytes", ErrCorrupt, nr, len(d.b))
+		}
+		end, sum := uint64(0), uint64(0)
+		for j := uint64(0); j < nr && d.err == nil; j++ {
+			r := seqRun{off: end + d.uvarint(), n: d.uvarint()}
+			if r.n == 0 {
+				d.err = fmt.Errorf("%w: empty run", ErrCorrupt)
+			}
+			p.runs = append(p.runs, r)
+			end, sum = r.off+r.n, sum+r.n
+		}
+		if d.err != nil {
+			break
+		}
+		if sum != p.count || p.count == 0 || p.count > p.last || p.id == "" {
+			return fmt.Errorf("%w: producer %q: %d sequences up to %d in runs of %d", ErrCorrupt, p.id, p.count, p.last, sum)
+		}
+		if old := t.byID[p.id]; old != nil {
+			return fmt.Errorf("%w: producer %q twice", ErrCorrupt, p.id)
+		}
+		if len(t.byID) >= t.maxProducers {
+			t.evict(t.oldest)
+		}
+		t.byID[p.id] = p
+		t.runs += len(p.runs)
+		t.trim(p)
+		t.linkNewest(p)
+	}
+	if d.err != nil {
+		return fmt.Errorf("producer table: %w", d.err)
+	}
+	return nil
+}
