@@ -193,8 +193,37 @@ func (c *Copy) reconcile(ctx context.Context) (dropped bool, err error) {
 	}
 	c.mu.Unlock()
 	c.endRole("")
+	if newEpoch && wantRole == cluster.RoleOwner {
+		c.warnBelowConfirmedPrefix(ctx, a.Epoch)
+	}
 	c.startRole(a, wantRole)
 	return false, nil
+}
+
+// warnBelowConfirmedPrefix logs when this copy becomes owner with a record
+// tail below the latest history start before its epoch: only an accepted
+// owner loss promotes such a copy, and the operator accepted losing the
+// records above its tail (seed, "Known limits").
+func (c *Copy) warnBelowConfirmedPrefix(ctx context.Context, epoch uint64) {
+	hctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	history, err := c.m.cfg.History(hctx, c.name)
+	if err != nil {
+		return
+	}
+	tail := c.st.State().RecordTail
+	for i := len(history) - 1; i >= 0; i-- {
+		h := history[i]
+		if h.Epoch >= epoch {
+			continue
+		}
+		if tail < h.RecordTail {
+			c.m.log.Warn().Str(logging.Stream, c.name).Uint64(logging.Epoch, epoch).Uint64(logging.RecordTail, tail).
+				Uint64("start_record_tail", h.RecordTail).Str("start_node", h.Node).
+				Msg("promoted below the confirmed prefix (an accepted owner loss); records above this tail are gone")
+		}
+		return
+	}
 }
 
 // bringOntoHistory cuts the copy back to the history of target before the
@@ -246,7 +275,14 @@ func (c *Copy) startRole(a cluster.Assignment, role string) {
 	switch role {
 	case cluster.RoleOwner:
 		rule := cluster.StreamConfirmPolicy(a.Policy, a.Copies())
-		c.tracker = newConfirmTracker(rule, a.Followers, state.RecordTail, state.ConfirmWatermark)
+		tracker := newConfirmTracker(rule, a.Followers, state.RecordTail, state.ConfirmWatermark)
+		c.tracker = tracker
+		ctx := c.roleCtx
+		c.roleWG.Add(1)
+		go func() {
+			defer c.roleWG.Done()
+			c.persistWatermark(ctx, tracker)
+		}()
 		log.Int("w", rule.W).Msg("owner at its own tails")
 	case cluster.RoleFollower:
 		c.tracker = nil
@@ -257,6 +293,24 @@ func (c *Copy) startRole(a cluster.Assignment, role string) {
 			c.runFollower(ctx, a.Owner, a.Epoch)
 		}()
 		log.Msg("following the owner")
+	}
+}
+
+// persistWatermark records the owner's confirm watermark in storage as it
+// moves, so retention (which only drops confirmed records) runs on owners
+// too and a restarted copy knows what was confirmed. It is written without
+// an fsync: a lower value after a crash only delays retention and reads.
+func (c *Copy) persistWatermark(ctx context.Context, t *confirmTracker) {
+	for {
+		wm, changed := t.get()
+		if wm > c.st.State().ConfirmWatermark {
+			c.st.SetConfirmWatermark(wm)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-changed:
+		}
 	}
 }
 
