@@ -6,6 +6,7 @@ package api
 import (
 	"context"
 	"errors"
+	"fmt"
 
 	"connectrpc.com/connect"
 
@@ -24,10 +25,20 @@ func toConnect(err error) error {
 	if errors.As(err, &cerr) {
 		return cerr
 	}
-	var notOwner *replica.NotOwnerError
+	var (
+		notOwner *replica.NotOwnerError
+		seq      *storage.SequenceError
+	)
 	switch {
 	case errors.As(err, &notOwner):
 		return rpcerr.NotOwner(notOwner.Hint)
+	case errors.As(err, &seq):
+		// Idempotent publish (stream.go, Publish): name the record's field.
+		code := connect.CodeFailedPrecondition
+		if errors.Is(err, storage.ErrBelowWindow) {
+			code = connect.CodeOutOfRange
+		}
+		return connect.NewError(code, fmt.Errorf("records[%d].sequence: %s", seq.Index, seq.Detail()))
 	case errors.Is(err, replica.ErrUnknownStream):
 		return connect.NewError(connect.CodeNotFound, errors.New(err.Error()))
 	case errors.Is(err, replica.ErrUnavailable), errors.Is(err, replica.ErrConfirmTimeout),

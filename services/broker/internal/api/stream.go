@@ -62,6 +62,33 @@ func validStream(name string) error {
 	return nil
 }
 
+// Publish appends records and answers once the stream's confirm policy
+// holds for all of them.
+//
+// Idempotent publish (issue 7; storage doc.go, "Idempotent publish"): a
+// record with a producer_id and a sequence (1, 2, 3, … per producer and
+// stream; 0 means none) is stored once. Each copy keeps, per producer, the
+// offsets of its last records (the dedupe window, 256 by default) for the
+// producers that appended most recently (10000 by default), rebuilt from
+// its own log after a restart or failover. Per record:
+//
+//   - a (producer_id, sequence) already in the window: duplicate[i] is true,
+//     offsets[i] is the original offset, nothing is stored; the answer still
+//     waits until the original is confirmed. Duplicates must form a prefix
+//     of the batch (a retry of a batch that partly landed).
+//   - the producer's next sequence, or any sequence of a producer the copy
+//     does not know (new, or evicted from the table): stored.
+//   - a sequence past the next one: FailedPrecondition naming
+//     records[i].sequence (a gap: an earlier publish was lost).
+//   - a sequence at or below the last one but older than the window:
+//     OutOfRange naming records[i].sequence (whether it is stored cannot be
+//     told any more).
+//   - a duplicate after a record new to this batch, or sequences of one
+//     producer not consecutive within the batch: FailedPrecondition naming
+//     records[i].sequence.
+//
+// Any error stores nothing of the batch. Records without a producer_id or
+// without a sequence are never deduplicated.
 func (s *StreamService) Publish(ctx context.Context, req *connect.Request[strandv1.PublishRequest]) (*connect.Response[strandv1.PublishResponse], error) {
 	msg := req.Msg
 	if err := validStream(msg.GetStream()); err != nil {
@@ -87,20 +114,19 @@ func (s *StreamService) Publish(ctx context.Context, req *connect.Request[strand
 		if r.GetSequence() != 0 && r.GetProducerId() == "" {
 			return nil, rpcerr.InvalidArgument(fmt.Sprintf("records[%d].producer_id", i), "a sequence needs a producer id")
 		}
+		if n := len(r.GetProducerId()); n > storage.MaxProducerID {
+			return nil, rpcerr.InvalidArgument(fmt.Sprintf("records[%d].producer_id", i), "producer ids must be at most %d bytes, got %d", storage.MaxProducerID, n)
+		}
 		recs = append(recs, storage.Record{Payload: r.GetPayload(), Headers: r.GetHeaders(), ProducerID: r.GetProducerId(), Sequence: r.GetSequence()})
 	}
 	if total > s.limits.MaxBatchBytes {
 		return nil, connect.NewError(connect.CodeResourceExhausted, fmt.Errorf("records: batch of %d bytes exceeds the batch limit of %d", total, s.limits.MaxBatchBytes))
 	}
-	stored, epoch, err := s.m.Publish(ctx, msg.GetStream(), recs)
+	res, err := s.m.Publish(ctx, msg.GetStream(), recs)
 	if err != nil {
 		return nil, toConnect(err)
 	}
-	resp := &strandv1.PublishResponse{Epoch: epoch, Offsets: make([]uint64, len(stored)), Duplicate: make([]bool, len(stored))}
-	for i, r := range stored {
-		resp.Offsets[i] = r.Offset
-	}
-	return connect.NewResponse(resp), nil
+	return connect.NewResponse(&strandv1.PublishResponse{Epoch: res.Epoch, Offsets: res.Offsets, Duplicate: res.Duplicate}), nil
 }
 
 func (s *StreamService) readLimits(maxRecords, maxBytes uint32) (int, int) {

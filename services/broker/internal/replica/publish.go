@@ -4,46 +4,63 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/strandhq/strand/services/broker/internal/storage"
 )
 
+// PublishResult is where a publish's records are.
+type PublishResult struct {
+	Epoch uint64
+	// Offsets[i] is the offset of records[i]; Duplicate[i] reports that it
+	// had been stored by an earlier publish (same producer id and sequence),
+	// at that offset, and nothing was stored now.
+	Offsets   []uint64
+	Duplicate []bool
+}
+
 // Publish appends records on the owner and returns once the stream's
 // confirm rule holds for all of them (W copies durable, owner included).
-// After the confirm timeout it returns ErrConfirmTimeout; the records may
-// remain, unconfirmed.
-func (m *Manager) Publish(ctx context.Context, stream string, recs []storage.Record) ([]storage.Record, uint64, error) {
+// Duplicates (storage.Stream.AppendIdempotent) are answered with their
+// original offsets, and only once those are confirmed too: a retry never
+// learns of a record as stored before a first attempt could have. After the
+// confirm timeout it returns ErrConfirmTimeout; the records may remain,
+// unconfirmed.
+func (m *Manager) Publish(ctx context.Context, stream string, recs []storage.Record) (PublishResult, error) {
 	if m.stopping.Load() {
-		return nil, 0, fmt.Errorf("%w: broker shutting down", ErrUnavailable)
+		return PublishResult{}, fmt.Errorf("%w: broker shutting down", ErrUnavailable)
 	}
 	c := m.copy(stream)
 	if c == nil {
-		return nil, 0, m.notHere(stream)
+		return PublishResult{}, m.notHere(stream)
 	}
 	a, tracker, roleCtx, ok := c.ownerRole()
 	if !ok {
 		if s := c.st.State(); s.SealEpoch != 0 {
-			return nil, 0, fmt.Errorf("%w: stream %q sealed at epoch %d for recovery", ErrUnavailable, stream, s.SealEpoch)
+			return PublishResult{}, fmt.Errorf("%w: stream %q sealed at epoch %d for recovery", ErrUnavailable, stream, s.SealEpoch)
 		}
-		return nil, 0, m.notHere(stream)
+		return PublishResult{}, m.notHere(stream)
 	}
-	stored, err := c.st.Append(ctx, a.Epoch, recs)
+	res, err := c.st.AppendIdempotent(ctx, a.Epoch, recs)
 	if err != nil {
 		if errorsIsAny(err, storage.ErrSealed, storage.ErrFenced) {
-			return nil, 0, fmt.Errorf("%w: %v", ErrUnavailable, err)
+			return PublishResult{}, fmt.Errorf("%w: %v", ErrUnavailable, err)
 		}
-		return nil, 0, err
+		return PublishResult{}, err
 	}
-	if len(stored) == 0 {
-		return stored, a.Epoch, nil
+	out := PublishResult{Epoch: a.Epoch, Offsets: res.Offsets, Duplicate: res.Duplicate}
+	if len(res.Offsets) == 0 {
+		return out, nil
 	}
-	tail := stored[len(stored)-1].Offset + 1
+	// AppendIdempotent returned once everything it reports is durable
+	// here: the stored records, or the originals of a batch of duplicates.
+	tail := slices.Max(res.Offsets) + 1
 	tracker.ownerDurable(tail)
 	if err := waitConfirmed(ctx, roleCtx, tracker, tail, m.cfg.ConfirmTimeout); err != nil {
-		return stored, a.Epoch, err
+		return out, err
 	}
-	return stored, a.Epoch, nil
+	return out, nil
 }
 
 func waitConfirmed(ctx, roleCtx context.Context, tracker *confirmTracker, tail uint64, timeout time.Duration) error {

@@ -124,18 +124,28 @@ func (s *Stream) ReadCursorEvents(from uint64, max int) ([]CursorEvent, error) {
 	return out, nil
 }
 
-// Snapshot persists the cursor state at boundary = the cursor event tail and
-// returns once it is durable. Events below the boundary are no longer needed
-// to rebuild the state (they are kept; nothing compacts them yet).
+// Snapshot persists the cursor state at boundary = the cursor event tail,
+// and the producer table at the record tail (checkpoint.go), and returns
+// once both are durable. Events below the boundary are no longer needed to
+// rebuild the state (they are kept; nothing compacts them yet).
 func (s *Stream) Snapshot() error {
 	s.mu.Lock()
 	if s.closed {
 		s.mu.Unlock()
 		return s.closedErr()
 	}
+	prev, prevSnap, prevProd := s.m, s.snapBoundary, s.prodBoundary
 	o := &op{s: s, done: make(chan error, 1)}
 	s.addSnapshotLocked(o)
-	if err := s.db.enqueue(context.Background(), o); err != nil {
+	var dropped, taken []producerGen
+	if s.m.Cut == nil { // a pending cut rebuilds and checkpoints the table itself
+		dropped, taken = s.addProducerCheckpointLocked(o, s.producers, s.m.RecordTail, keepAll, true)
+		o.meta, o.version = s.snapshotMeta()
+		o.apply = func() { s.retireProducerGens(dropped) }
+	}
+	if err := s.enqueueLocked(context.Background(), o, prev); err != nil {
+		s.snapBoundary, s.prodBoundary = prevSnap, prevProd
+		s.retireProducerGens(taken)
 		s.mu.Unlock()
 		return err
 	}

@@ -19,6 +19,10 @@ func TestDropDeletesEverything(t *testing.T) {
 	if err := s.Snapshot(); err != nil {
 		t.Fatal(err)
 	}
+	producerKeys := 0
+	if err := s.scanKeys(s.prodPrefix, func([]byte) { producerKeys++ }); err != nil || producerKeys == 0 {
+		t.Fatalf("no producer table checkpoint before the drop: %v", err)
+	}
 	keep := ownerStream(t, db, "gone2", 1) // a name sharing the prefix
 	mustAppend(t, keep, 1, recs("b", 5))
 	wait := s.WaitTail(100)
@@ -34,7 +38,7 @@ func TestDropDeletesEverything(t *testing.T) {
 		t.Fatalf("Streams() = %v, %v", names, err)
 	}
 	n := 0
-	for _, kind := range []byte{kindMeta, kindRecord, kindEvent, kindSnapshot} {
+	for _, kind := range []byte{kindMeta, kindRecord, kindEvent, kindSnapshot, kindProducers} {
 		if err := keep.scanKeys(streamKey(kind, "gone"), func([]byte) { n++ }); err != nil {
 			t.Fatal(err)
 		}

@@ -19,6 +19,9 @@
 //	e | len | name | offset   cursor event (codec.go: version, offset, epoch,
 //	                          position, cursor name)
 //	s | len | name            cursor snapshot: boundary + cursor positions (JSON)
+//	p | len | name | gen | chunk
+//	                          producer table checkpoint chunk (producers.go:
+//	                          8-byte generation, 4-byte chunk, both big-endian)
 //
 // # Logs, tails and the chain
 //
@@ -102,6 +105,66 @@
 // and fetch shared records again; and the owner of an epoch is never cut at
 // its own start. Storage executes the cut it is given; choosing it is the
 // broker's job.
+//
+// # Idempotent publish
+//
+// A record may carry a producer id and a sequence (issue 7); the pair is
+// part of the record, so it is in the log, covered by the chain and
+// replicated with it. Sequence 0 means none: only records with both take
+// part. Each copy keeps a producer table (producers.go): per producer, the
+// last sequence and the offsets of its last ProducerWindow records
+// (default 256), for at most MaxProducers producers (default 10000), the
+// least recently appended evicted first. Memory is bounded by
+// MaxProducers x ProducerWindow runs of 16 bytes (a batch of consecutive
+// sequences at consecutive offsets is one run) per stream copy.
+//
+// The owner checks a batch in AppendIdempotent under mu, where offsets are
+// assigned, so concurrent publishes cannot both store a sequence:
+//
+//   - a sequence at or below the producer's last and within the window is a
+//     duplicate: the original offset is returned, nothing is stored;
+//   - the producer's next sequence is stored; so is any sequence of an
+//     unknown producer (Kafka's rule: the producer may be new, or evicted;
+//     a retry older than an eviction is then stored again, which the limits
+//     make unlikely);
+//   - a sequence past the next is ErrSequenceGap; one older than the window
+//     is ErrBelowWindow; a duplicate after a new record of the batch, or a
+//     producer's sequences not consecutive inside the batch, is
+//     ErrSequenceOrder. Any of them fails the whole batch.
+//
+// Duplicates may only form a prefix of a batch: a retry of a batch of which
+// a copy holds the first part. A batch of duplicates only returns once the
+// originals are durable (the table takes records when they are queued).
+//
+// The table is a function of the log. It changes only on appends (not on
+// lookups), and owner appends, AppendReplicated and replay apply one rule
+// (producerTable.apply): the next sequence extends the producer's window,
+// any other starts a new one. So followers hold the owner's table, and a
+// promoted copy deduplicates what the old owner stored.
+//
+// Checkpoints bound the work to rebuild it (checkpoint.go). With an append,
+// once ProducerCheckpointRecords records (default 8192, at least the
+// table's size in runs) follow the last checkpoint, the table is written in
+// chunks under a new generation, with the record tail it covers as its
+// boundary; the meta names the newest two (ProducerTables). Chunks are
+// deleted only after a durable meta stopped naming them; Open deletes any
+// the meta does not name.
+//
+//   - Open: the newest checkpoint in [head, record tail] plus the records
+//     after it (at most the checkpoint interval).
+//   - Retention writes a checkpoint at the record tail before moving the
+//     head past the newest one, so that one is always usable.
+//   - Cut: the newest checkpoint at or below the cut plus the records up to
+//     it; two checkpoints cover a cut of up to an interval of records. A
+//     deeper cut (possible after an accepted owner loss) replays the last
+//     65536 records before the cut only: producers that published only
+//     before them are forgotten, so their old retries count as new. The
+//     rebuilt table is checkpointed with the cut, and checkpoints past it
+//     retired, in the cut's last transaction.
+//   - ResetTo: the table restarts empty at the new head (checkpointed with
+//     the reset); the records it knew are gone from this copy.
+//
+// A copy written before checkpoints existed is rebuilt like a deep cut.
 //
 // # Retention
 //

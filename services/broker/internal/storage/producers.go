@@ -363,9 +363,11 @@ func (t *producerTable) decodeChunk(b []byte) error {
 		}
 		end, sum := uint64(0), uint64(0)
 		for j := uint64(0); j < nr && d.err == nil; j++ {
-			r := seqRun{off: end + d.uvarint(), n: d.uvarint()}
-			if r.n == 0 {
-				d.err = fmt.Errorf("%w: empty run", ErrCorrupt)
+			delta, n := d.uvarint(), d.uvarint()
+			r := seqRun{off: end + delta, n: n}
+			if n == 0 || n > p.count-min(sum, p.count) || r.off < end || r.off+n < r.off {
+				d.err = fmt.Errorf("%w: producer %q: run %d of %d records at %d", ErrCorrupt, p.id, j, n, r.off)
+				break
 			}
 			p.runs = append(p.runs, r)
 			end, sum = r.off+r.n, sum+r.n
