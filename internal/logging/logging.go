@@ -39,6 +39,8 @@ func New(w io.Writer, service, level string) zerolog.Logger {
 	if strings.EqualFold(os.Getenv("STRAND_LOG_FORMAT"), "console") {
 		w = zerolog.ConsoleWriter{Out: w, TimeFormat: "15:04:05.000"}
 	}
+	// Millisecond timestamps: failover phases are measured from these logs.
+	zerolog.TimeFieldFormat = "2006-01-02T15:04:05.000Z07:00"
 	lvl, err := zerolog.ParseLevel(strings.ToLower(level))
 	if err != nil || level == "" {
 		lvl = zerolog.InfoLevel
