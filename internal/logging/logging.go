@@ -29,6 +29,10 @@ const (
 	Why             = "why"
 )
 
+// Millisecond timestamps: failover phases are measured from these logs. Set
+// once, before any goroutine logs, since it is a zerolog global.
+func init() { zerolog.TimeFieldFormat = "2006-01-02T15:04:05.000Z07:00" }
+
 // New returns a logger for service writing JSON to w at level ("debug",
 // "info", "warn", "error"; info when empty or unknown). STRAND_LOG_FORMAT=console
 // switches to human-readable output.
@@ -39,8 +43,6 @@ func New(w io.Writer, service, level string) zerolog.Logger {
 	if strings.EqualFold(os.Getenv("STRAND_LOG_FORMAT"), "console") {
 		w = zerolog.ConsoleWriter{Out: w, TimeFormat: "15:04:05.000"}
 	}
-	// Millisecond timestamps: failover phases are measured from these logs.
-	zerolog.TimeFieldFormat = "2006-01-02T15:04:05.000Z07:00"
 	lvl, err := zerolog.ParseLevel(strings.ToLower(level))
 	if err != nil || level == "" {
 		lvl = zerolog.InfoLevel
