@@ -103,6 +103,12 @@ func TestCleanShutdownOfOwnerFailsOverEagerly(t *testing.T) {
 	a0 := c.CreateStream(stream, 3, majority)
 	l := ledger.New()
 	publishAll(t, c, stream, l, Numbered("before", 30)...)
+	if _, err := c.Client().CommitCursor(c.Ctx(), stream, "reader", 12); err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range a0.Followers {
+		waitTails(t, c, f, stream, 30, 1)
+	}
 	hist0 := c.History(stream)
 
 	stopped := time.Now()
@@ -117,8 +123,8 @@ func TestCleanShutdownOfOwnerFailsOverEagerly(t *testing.T) {
 	}
 	hist1 := c.History(stream)
 	start, _ := hist1.Latest()
-	want := cluster.HistoryStart{Epoch: a1.Epoch, RecordTail: 30, Node: a1.Owner}
-	if len(hist1) != len(hist0)+1 || start.Epoch != want.Epoch || start.RecordTail != want.RecordTail || start.Node != want.Node {
+	want := cluster.HistoryStart{Epoch: a1.Epoch, RecordTail: 30, CursorEventTail: 1, Node: a1.Owner}
+	if len(hist1) != len(hist0)+1 || start != want {
 		t.Fatalf("history %+v after %+v, want %+v appended", hist1, hist0, want)
 	}
 
@@ -143,6 +149,10 @@ func TestCleanShutdownOfOwnerFailsOverEagerly(t *testing.T) {
 		}
 	}
 	owner := verify(t, c, a1.Owner, stream, l)
+	// A cursor commit that reached the followers survives the failover.
+	if cur, err := c.Client().GetCursor(c.Ctx(), stream, "reader"); err != nil || !cur.GetFound() || cur.GetOffset() != 12 {
+		t.Errorf("cursor reader on the new owner: %v (%v), want 12", cur, err)
+	}
 
 	// The old owner returns with its data: the controller adds it back on
 	// the fast path; it follows at the same epoch, with no new recovery.

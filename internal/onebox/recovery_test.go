@@ -71,11 +71,25 @@ func waitAttention(t *testing.T, c *Cluster, stream, kind string) *strandv1.Atte
 // waits (fewer than R copies answer) when it is closed; the second recoverer
 // takes over and, once the missing follower is back, finishes the recovery
 // exactly once: one history start appended, the epoch the fence epoch (issue
-// 4, "the recoverer leader killed mid-recovery").
+// 4, "the recoverer leader killed mid-recovery"). The controller that
+// records the recovery is the second one too: the first leader is closed
+// before the owner is lost.
 func TestRecovererLeaderClosedMidRecovery(t *testing.T) {
-	c := Start(t, Options{Brokers: []string{"b1", "b2", "b3"}, Controllers: 1, Recoverers: 2})
+	c := Start(t, Options{Brokers: []string{"b1", "b2", "b3"}, Controllers: 2, Recoverers: 2})
 	const stream = "handover"
 	a0 := c.CreateStream(stream, 3, majority)
+	first := 1
+	if c.Controller(2).Leading() {
+		first = 2
+	}
+	c.StopController(first)
+	second := 3 - first
+	Eventually(t, 15*time.Second, "the other controller leads", func() error {
+		if !c.Controller(second).Leading() {
+			return fmt.Errorf("controller-%d does not lead", second)
+		}
+		return nil
+	})
 	l := ledger.New()
 	publishAll(t, c, stream, l, Numbered("r", 20)...)
 	hist0 := c.History(stream)
@@ -120,6 +134,9 @@ func TestRecovererLeaderClosedMidRecovery(t *testing.T) {
 
 	c.StartBroker(f2)
 	a1 := waitRecovered(t, c, stream, a0.Epoch, 20*time.Second)
+	if _, ok := c.Log(fmt.Sprintf("controller-%d", second)).Find("owner lost; pending recovery recorded", map[string]any{"stream": stream}); !ok {
+		t.Errorf("controller-%d, the leader left, did not record the recovery", second)
+	}
 	if a1.Epoch != rec.FenceEpoch || a1.Includes(a0.Owner) || !a1.Includes(f1) || !a1.Includes(f2) {
 		t.Fatalf("recovered assignment %+v, want epoch %d on %s and %s", a1, rec.FenceEpoch, f1, f2)
 	}
