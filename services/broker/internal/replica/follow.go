@@ -64,6 +64,12 @@ func (m *Manager) ServeFollow(ctx context.Context, first *strandv1.FollowRequest
 		if chain != first.GetChain() {
 			return fmt.Errorf("%w: at offset %d follower chain %x, owner chain %x", ErrChainMismatch, pos, first.GetChain(), chain)
 		}
+		// The follower's durable tail with the owner's chain there: it
+		// holds that prefix, so it counts toward W now. Otherwise records
+		// a new owner inherited unconfirmed would wait for the next new
+		// record to be confirmed, and so would a retry of them, which is
+		// answered only once they are (issue 7).
+		tracker.followerDurable(node, pos)
 	}
 
 	ctx, cancel := context.WithCancel(ctx)

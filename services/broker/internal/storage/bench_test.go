@@ -21,13 +21,28 @@ func BenchmarkAppend(b *testing.B) {
 	for _, publishers := range []int{1, 16, 256} {
 		for _, batch := range []int{1, 64} {
 			b.Run(fmt.Sprintf("publishers=%d/batch=%d", publishers, batch), func(b *testing.B) {
-				benchAppend(b, publishers, batch)
+				benchAppend(b, publishers, batch, false)
 			})
 		}
 	}
 }
 
-func benchAppend(b *testing.B, publishers, batch int) {
+// BenchmarkAppendProducerIDs is BenchmarkAppend's 256-publisher shape with
+// and without idempotent publish: with ids=true every publisher is a
+// producer stamping sequences 1, 2, 3, ... as the Go client does, so each
+// Append also checks and updates the producer table (and writes its
+// checkpoints). The cost of issue 7 is the ratio of the two.
+func BenchmarkAppendProducerIDs(b *testing.B) {
+	for _, batch := range []int{1, 64} {
+		for _, ids := range []bool{false, true} {
+			b.Run(fmt.Sprintf("publishers=256/batch=%d/ids=%v", batch, ids), func(b *testing.B) {
+				benchAppend(b, 256, batch, ids)
+			})
+		}
+	}
+}
+
+func benchAppend(b *testing.B, publishers, batch int, ids bool) {
 	db, err := Open(Options{Dir: b.TempDir()})
 	if err != nil {
 		b.Fatal(err)
@@ -54,7 +69,7 @@ func benchAppend(b *testing.B, publishers, batch int) {
 	)
 	b.ResetTimer()
 	start := time.Now()
-	for range publishers {
+	for p := range publishers {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -62,8 +77,15 @@ func benchAppend(b *testing.B, publishers, batch int) {
 			for i := range rs {
 				rs[i].Payload = payload
 			}
+			producer, seq := fmt.Sprintf("bench-producer-%d", p), uint64(0)
 			var mine []time.Duration
 			for next.Add(1) <= int64(b.N) {
+				if ids {
+					for i := range rs {
+						seq++
+						rs[i].ProducerID, rs[i].Sequence = producer, seq
+					}
+				}
 				t0 := time.Now()
 				if _, err := s.Append(context.Background(), 1, rs); err != nil {
 					failed.Store(err)
