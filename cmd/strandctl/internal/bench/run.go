@@ -20,6 +20,7 @@ import (
 
 	"github.com/strandhq/strand/client"
 	"github.com/strandhq/strand/cmd/strandctl/internal/devcluster"
+	"github.com/strandhq/strand/internal/cluster"
 	strandv1 "github.com/strandhq/strand/internal/gen/strand/v1"
 )
 
@@ -53,6 +54,18 @@ type Result struct {
 	Recoveries         int     `json:"recoveries"`
 	BrokerPeakRSSMB    float64 `json:"broker_peak_rss_mb"`
 
+	// The failover split into phases (runs with a kill only), adding up to
+	// unavailable_ms: kill → the pending recovery recorded (detect) → the
+	// recoverer's promote decision on its seal answers (seal) → its
+	// guarded commit of the new assignment (commit) → the new owner
+	// promoted (apply) → the first confirm of a publish sent after the
+	// kill (first_confirm). -1: that phase's end was not found.
+	DetectMs       *float64 `json:"detect_ms,omitempty"`
+	SealMs         *float64 `json:"seal_ms,omitempty"`
+	CommitMs       *float64 `json:"commit_ms,omitempty"`
+	ApplyMs        *float64 `json:"apply_ms,omitempty"`
+	FirstConfirmMs *float64 `json:"first_confirm_ms,omitempty"`
+
 	// Context for the figures above.
 	OK                bool     `json:"ok"`
 	Failed            int      `json:"failed"`
@@ -61,6 +74,8 @@ type Result struct {
 	Stored            int      `json:"stored"`
 	ConfirmMaxMs      float64  `json:"confirm_max_ms"`
 	NewAssignmentMs   float64  `json:"new_assignment_ms"`
+	RecoveryReason    string   `json:"recovery_reason,omitempty"`
+	PhaseNotes        []string `json:"phase_notes,omitempty"`
 	DurationS         float64  `json:"duration_s"`
 	KillAtS           float64  `json:"kill_at_s,omitempty"`
 	KillSignal        string   `json:"kill_signal,omitempty"`
@@ -93,7 +108,13 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 			return nil, err
 		}
 		fmt.Fprintf(o.Stderr, "bench: starting a cluster of %d brokers in %s\n", o.Brokers, dir)
-		cl, err := devcluster.Start(ctx, devcluster.Options{Dir: dir, Brokers: o.Brokers, PortBase: port, BinDir: o.BinDir, Log: o.Stderr})
+		dopts := devcluster.Options{Dir: dir, Brokers: o.Brokers, PortBase: port, BinDir: o.BinDir, Log: o.Stderr}
+		if o.KillAt > 0 {
+			// The seal phase ends at the recoverer's "seal round done",
+			// a debug line.
+			dopts.RecovererArgs = []string{"--log-level", "debug"}
+		}
+		cl, err := devcluster.Start(ctx, dopts)
 		if err != nil {
 			return nil, err
 		}
@@ -132,8 +153,13 @@ type runner struct {
 	failed    atomic.Int64
 	peakRSS   atomic.Int64 // kB
 
+	// watch records the recovery and assignment keys' changes (kill
+	// runs on the bench's own cluster).
+	watch *keyWatch
+
 	mu       sync.Mutex
 	owner    string
+	oldEpoch uint64
 	killAt   time.Duration
 	newAt    time.Duration
 	newOwner string
@@ -158,6 +184,15 @@ func (r *runner) run(ctx context.Context) error {
 	r.owner = before.GetAssignment().GetOwner()
 	r.res.OldOwner = r.owner
 	historyBefore := len(before.GetHistory())
+	if o.KillAt > 0 && r.cl != nil {
+		w, err := watchKeys(ctx, r.cl.Etcd(), cluster.NewSchema(r.cl.Info().Prefix), o.Stream)
+		if err != nil {
+			r.res.PhaseNotes = append(r.res.PhaseNotes, err.Error())
+		} else {
+			r.watch = w
+			defer w.stop()
+		}
+	}
 
 	// Publish.
 	r.start = time.Now()
@@ -271,11 +306,13 @@ func (r *runner) run(ctx context.Context) error {
 		r.res.NewOwner = r.newOwner
 		r.mu.Unlock()
 		r.res.KillAtS, r.res.KillSignal = round(killAt.Seconds()), o.KillSignal
-		if u, ok := Unavailable(all, killAt); ok {
+		u, uok := Unavailable(all, killAt)
+		if uok {
 			r.res.UnavailableMs = round(ms(u))
 		} else {
 			r.res.UnavailableMs = -1
 		}
+		r.phases(killAt, u, uok)
 		marks = append(marks, Mark{At: killAt, Label: "SIG" + strings.TrimPrefix(o.KillSignal, "SIG") + " " + r.res.OldOwner, Color: "#c0392b"})
 		if newAt > 0 {
 			r.res.NewAssignmentMs = round(ms(newAt - killAt))
@@ -290,6 +327,42 @@ func (r *runner) run(ctx context.Context) error {
 		}
 	}
 	return nil
+}
+
+// phases splits the failover into phases from the watch's events and the
+// service logs, and prints them.
+func (r *runner) phases(killAt, unavailable time.Duration, unavailableOK bool) {
+	if r.cl == nil {
+		return
+	}
+	r.mu.Lock()
+	in := FailoverInput{Start: r.start, Kill: killAt, Stream: r.o.Stream, OldOwner: r.owner, OldEpoch: r.oldEpoch,
+		Unavailable: unavailable, UnavailableOK: unavailableOK}
+	r.mu.Unlock()
+	if r.watch != nil {
+		events, err := r.watch.Events(r.start)
+		in.Events, in.Watched = events, true
+		if err != nil {
+			r.res.PhaseNotes = append(r.res.PhaseNotes, "etcd watch broken: "+err.Error())
+		}
+	}
+	logs, notes := readPhaseLogs(r.cl)
+	in.Logs = logs
+	r.res.PhaseNotes = append(r.res.PhaseNotes, notes...)
+	f := FindFailover(in)
+	p := f.Phases()
+	r.res.DetectMs, r.res.SealMs, r.res.CommitMs, r.res.ApplyMs, r.res.FirstConfirmMs = &p.DetectMs, &p.SealMs, &p.CommitMs, &p.ApplyMs, &p.FirstConfirmMs
+	r.res.RecoveryReason = f.Reason
+	r.res.PhaseNotes = append(r.res.PhaseNotes, p.Notes...)
+	to := f.NewOwner
+	if to == "" {
+		to = "?"
+	}
+	fmt.Fprintf(r.o.Stderr, "bench: failover of %s to %s (epoch %d): %s; unavailable %.1f ms\n",
+		in.OldOwner, to, f.NewEpoch, p, r.res.UnavailableMs)
+	for _, n := range r.res.PhaseNotes {
+		fmt.Fprintf(r.o.Stderr, "bench: phases: %s\n", n)
+	}
 }
 
 func round(f float64) float64 { return float64(int64(f*100+0.5)) / 100 }
@@ -330,14 +403,14 @@ func (r *runner) kill(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("bench: find the owner to kill: %w", err)
 	}
-	owner := res.Msg.GetAssignment().GetOwner()
+	owner, epoch := res.Msg.GetAssignment().GetOwner(), res.Msg.GetAssignment().GetEpoch()
 	r.samplePeakRSS()
 	if err := r.cl.Kill(owner, sig); err != nil {
 		return fmt.Errorf("bench: kill %s: %w", owner, err)
 	}
 	at := r.since()
 	r.mu.Lock()
-	r.owner, r.killAt = owner, at
+	r.owner, r.oldEpoch, r.killAt = owner, epoch, at
 	r.mu.Unlock()
 	r.res.OldOwner = owner
 	fmt.Fprintf(r.o.Stderr, "bench: %.2fs sent SIG%s to the owner %s (pid %d)\n", at.Seconds(), r.o.KillSignal, owner, r.cl.PID(owner))
