@@ -58,6 +58,8 @@ type DB struct {
 	ops     chan *op
 	stop    chan struct{}
 	stopped chan struct{}
+	// gcDone is closed when the value log GC loop has returned.
+	gcDone chan struct{}
 
 	// gate orders enqueueing against Close: senders hold it shared while
 	// they send, Close takes it exclusively to stop them, so the committer
@@ -131,9 +133,11 @@ func Open(opts Options) (*DB, error) {
 		ops:                     make(chan *op, 4096),
 		stop:                    make(chan struct{}),
 		stopped:                 make(chan struct{}),
+		gcDone:                  make(chan struct{}),
 		streams:                 make(map[string]*Stream),
 	}
 	go db.commitLoop()
+	go db.valueLogGC(valueLogGCInterval)
 	if err := db.finishDrops(); err != nil {
 		_ = db.Close()
 		return nil, err
@@ -160,6 +164,7 @@ func (db *DB) Close() error {
 	db.gate.Unlock()
 	close(db.stop)
 	<-db.stopped
+	<-db.gcDone
 
 	db.mu.Lock()
 	for _, s := range db.streams {

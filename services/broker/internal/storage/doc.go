@@ -180,8 +180,10 @@
 // Badger runs with two 16 MiB memtables (Options.MemTableBytes), 4 MiB
 // tables, a 16 MiB block cache and 8 MiB index cache (Options.CacheBytes),
 // 64 MiB value log files, two compactors and no block compression. Values
-// up to 1 MiB stay in the LSM tree; larger ones go to the value log, which
-// is not garbage-collected. Badger maps its tables and logs into memory, so
+// up to 512 bytes stay in the LSM tree; larger ones go to the value log,
+// written once and sequentially, so compaction moves only pointers. A
+// background loop (vlog.go) asks Badger every minute to rewrite value log
+// files that retention, cuts and drops left at least half garbage. Badger maps its tables and logs into memory, so
 // RSS also counts file pages the kernel can reclaim; the Go heap is bounded
 // by the settings above times GOGC, which a broker caps with GOMEMLIMIT.
 package storage
