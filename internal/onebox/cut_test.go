@@ -82,6 +82,7 @@ func subscribeFrom(t *testing.T, c *Cluster, node string, req *strandv1.Subscrib
 // offsets, bytes and chain values equal the owner's, and readers resuming
 // from its cursors receive records again, never skip one.
 func TestReturningOldOwnerIsCutAndTakesNewEntries(t *testing.T) {
+	t.Parallel()
 	c := three(t)
 	const stream = "returning"
 	a0 := c.CreateStream(stream, 3, majority)
@@ -202,6 +203,7 @@ func TestReturningOldOwnerIsCutAndTakesNewEntries(t *testing.T) {
 // history is left alone, and each sealed copy is released and promoted at
 // its own tails.
 func TestTwoFailoversWhileCopyAwayCutAtLowestStart(t *testing.T) {
+	t.Parallel()
 	c := Start(t, Options{Brokers: []string{"b1", "b2", "b3"}})
 	const stream = "away"
 	a1 := cluster.Assignment{Stream: stream, Epoch: 1, Owner: "b1", Followers: []string{"b2", "b3"}, Policy: majority}
@@ -327,6 +329,7 @@ func TestTwoFailoversWhileCopyAwayCutAtLowestStart(t *testing.T) {
 // empty and its first failover does not wait for a confirmed prefix the
 // deleted stream recorded.
 func TestDeletedStreamHistoryDropped(t *testing.T) {
+	t.Parallel()
 	c := three(t)
 	const stream = "again"
 	a0 := c.CreateStream(stream, 3, majority)

@@ -98,6 +98,7 @@ func waitRejoined(t *testing.T, c *Cluster, stream, node string, epoch uint64) c
 // seal and serves at its own tails; the old owner comes back as a follower
 // with no further recovery.
 func TestCleanShutdownOfOwnerFailsOverEagerly(t *testing.T) {
+	t.Parallel()
 	c := three(t)
 	const stream = "eager"
 	a0 := c.CreateStream(stream, 3, majority)

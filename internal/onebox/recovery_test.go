@@ -75,6 +75,7 @@ func waitAttention(t *testing.T, c *Cluster, stream, kind string) *strandv1.Atte
 // records the recovery is the second one too: the first leader is closed
 // before the owner is lost.
 func TestRecovererLeaderClosedMidRecovery(t *testing.T) {
+	t.Parallel()
 	c := Start(t, Options{Brokers: []string{"b1", "b2", "b3"}, Controllers: 2, Recoverers: 2})
 	const stream = "handover"
 	a0 := c.CreateStream(stream, 3, majority)
@@ -166,9 +167,25 @@ func TestRecovererLeaderClosedMidRecovery(t *testing.T) {
 // Two copies under majority (W = 2, R = 1) on three brokers: the first
 // recovery adds the spare broker as a member that holds no copy; it is down
 // when that recovery commits, so it stays empty.
-func TestSecondOwnerLossWaitsForConfirmedPrefix(t *testing.T) {
+// prefixWait is a stream whose second recovery waits for the confirmed
+// prefix: its owner of epoch 2 (follower) is down, and the only copy
+// answering (spare) is empty.
+type prefixWait struct {
+	c               *Cluster
+	stream          string
+	follower, spare string
+	l               *ledger.Ledger
+	a1              cluster.Assignment
+	rec2            cluster.Recovery
+}
+
+// secondLossWaitingForPrefix builds a prefixWait. Two copies under
+// majority (W = 2, R = 1) on three brokers: the first recovery adds the
+// spare broker as a member that holds no copy; it is down when that
+// recovery commits, so it stays empty.
+func secondLossWaitingForPrefix(t *testing.T, stream string) prefixWait {
+	t.Helper()
 	c := Start(t, Options{Brokers: []string{"b1", "b2", "b3"}, Controllers: 1})
-	const stream = "prefix"
 	a0 := c.CreateStream(stream, 2, majority)
 	owner, follower := a0.Owner, a0.Followers[0]
 	spare := Others([]string{"b1", "b2", "b3"}, owner, follower)[0]
@@ -217,6 +234,14 @@ func TestSecondOwnerLossWaitsForConfirmedPrefix(t *testing.T) {
 		t.Errorf("attention %v: want start at 30 records taken over by %s", entry, follower)
 	}
 
+	return prefixWait{c: c, stream: stream, follower: follower, spare: spare, l: l, a1: a1, rec2: rec2}
+}
+
+func TestSecondOwnerLossWaitsForConfirmedPrefix(t *testing.T) {
+	t.Parallel()
+	w := secondLossWaitingForPrefix(t, "prefix")
+	c, stream, follower, spare, l, a1, rec2 := w.c, w.stream, w.follower, w.spare, w.l, w.a1, w.rec2
+
 	// The copy at the start answers: it is promoted, once.
 	c.StartBroker(follower)
 	a2 := waitRecovered(t, c, stream, a1.Epoch, 20*time.Second)
@@ -256,6 +281,7 @@ func TestSecondOwnerLossWaitsForConfirmedPrefix(t *testing.T) {
 // over the copies' existing seal, and the recovery commits at that epoch
 // once enough copies answer.
 func TestWithdrawRecovery(t *testing.T) {
+	t.Parallel()
 	c := three(t)
 	const stream = "withdraw"
 	a0 := c.CreateStream(stream, 3, majority)
@@ -303,6 +329,7 @@ func TestWithdrawRecovery(t *testing.T) {
 // stream whose owner is down moves to a live broker, starting empty, and
 // records no start since that broker published nothing for it.
 func TestAcceptOwnerLoss(t *testing.T) {
+	t.Parallel()
 	c := three(t)
 	const stream, solo = "accept", "accept-solo"
 	a0 := c.CreateStream(stream, 3, majority)
@@ -365,5 +392,41 @@ func TestAcceptOwnerLoss(t *testing.T) {
 	publishAll(t, c, solo, sl, "fresh")
 	if recs := verify(t, c, moved.GetOwner(), solo, sl); len(recs) != 1 || recs[0].GetOffset() != 0 {
 		t.Errorf("the moved single copy shows %v, want only the new record at 0", Payloads(recs))
+	}
+}
+
+// TestAcceptedLossBelowConfirmedPrefix: while the recovery waits for the
+// confirmed prefix, an operator accepts the loss onto the empty copy. The
+// start recorded for the new epoch is that copy's published tails (0), the
+// broker warns that it was promoted below the confirmed prefix, and the
+// stream serves again from its tail (seed, "Known limits").
+func TestAcceptedLossBelowConfirmedPrefix(t *testing.T) {
+	t.Parallel()
+	w := secondLossWaitingForPrefix(t, "accepted")
+	c, stream, spare := w.c, w.stream, w.spare
+	resp, err := c.Admin().AcceptOwnerLoss(c.Ctx(), connect.NewRequest(&strandv1.AcceptOwnerLossRequest{
+		Stream: stream, Node: spare, Who: "onebox", Why: "the prefix is gone",
+	}))
+	if err != nil {
+		t.Fatalf("accept owner loss: %v", err)
+	}
+	if a := resp.Msg.GetAssignment(); a.GetOwner() != spare || a.GetEpoch() != w.rec2.FenceEpoch {
+		t.Fatalf("accepted assignment %v, want %s at epoch %d", a, spare, w.rec2.FenceEpoch)
+	}
+	want := cluster.HistoryStart{Epoch: w.rec2.FenceEpoch, RecordTail: 0, Node: spare}
+	if h := c.History(stream); len(h) != 2 || h[1] != want {
+		t.Fatalf("history %+v, want the accepted start %+v appended", h, want)
+	}
+	Eventually(t, 10*time.Second, spare+" warns it owns below the confirmed prefix", func() error {
+		if _, ok := c.Log(spare).Find("promoted below the confirmed prefix (an accepted owner loss); records above this tail are gone",
+			map[string]any{"stream": stream, "record_tail": 0, "start_record_tail": 30, "start_node": w.follower}); !ok {
+			return fmt.Errorf("log tail:\n%s", c.Log(spare).Tail(5))
+		}
+		return nil
+	})
+	l := ledger.New()
+	publishAll(t, c, stream, l, "fresh")
+	if recs := verify(t, c, spare, stream, l); len(recs) != 1 || recs[0].GetOffset() != 0 {
+		t.Errorf("after the accepted loss %s shows %v, want only the new record at 0", spare, Payloads(recs))
 	}
 }
