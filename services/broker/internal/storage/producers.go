@@ -88,6 +88,13 @@ func (t *producerTable) empty() *producerTable {
 // one starts a new window (the owner took it as an unknown producer's first
 // record, or the producer had been evicted there).
 func (t *producerTable) apply(id string, seq, off uint64) {
+	if p := t.newest; p != nil && p.id == id && seq == p.last+1 {
+		// The producer appended last, continuing: a batch's second and
+		// later records. No map lookup, no move in the LRU list.
+		p.last = seq
+		t.push(p, off)
+		return
+	}
 	p := t.byID[id]
 	switch {
 	case p == nil:
