@@ -58,9 +58,43 @@ type producerState struct {
 	id    string
 	last  uint64
 	count uint64
-	runs  []seqRun // oldest first; the n's sum to count
+	// runs is a ring of n runs from start, oldest first, whose lengths sum
+	// to count. It grows up to the window and no further (runs <= count <=
+	// window), so a producer holds at most window runs.
+	runs     []seqRun
+	start, n int
 
 	older, newer *producerState
+}
+
+// run returns the i-th oldest run.
+func (p *producerState) run(i int) *seqRun {
+	j := p.start + i
+	if j >= len(p.runs) {
+		j -= len(p.runs)
+	}
+	return &p.runs[j]
+}
+
+// addRun appends r as the newest run, growing the ring up to limit runs.
+func (p *producerState) addRun(r seqRun, limit int) {
+	if p.n == len(p.runs) {
+		buf := make([]seqRun, max(p.n+1, min(2*p.n, limit), 2))
+		for i := range p.n {
+			buf[i] = *p.run(i)
+		}
+		p.runs, p.start = buf, 0
+	}
+	*p.run(p.n) = r
+	p.n++
+}
+
+// dropRun removes the oldest run.
+func (p *producerState) dropRun() {
+	if p.start++; p.start == len(p.runs) {
+		p.start = 0
+	}
+	p.n--
 }
 
 // seqRun is n consecutive sequences stored at consecutive offsets from off.
@@ -107,8 +141,8 @@ func (t *producerTable) apply(id string, seq, off uint64) {
 		t.unlink(p)
 	default:
 		t.unlink(p)
-		t.runs -= len(p.runs)
-		p.runs, p.count = p.runs[:0], 0
+		t.runs -= p.n
+		p.start, p.n, p.count = 0, 0, 0
 	}
 	p.last = seq
 	t.push(p, off)
@@ -117,21 +151,26 @@ func (t *producerTable) apply(id string, seq, off uint64) {
 
 // push adds the record at off as p's newest and trims the window.
 func (t *producerTable) push(p *producerState, off uint64) {
-	if n := len(p.runs); n > 0 && p.runs[n-1].off+p.runs[n-1].n == off {
-		p.runs[n-1].n++
-	} else {
-		p.runs = append(p.runs, seqRun{off: off, n: 1})
-		t.runs++
+	if p.n > 0 {
+		if r := p.run(p.n - 1); r.off+r.n == off {
+			r.n++
+			p.count++
+			t.trim(p, t.window)
+			return
+		}
 	}
+	// Make room first, so the ring never needs more than window runs.
+	t.trim(p, t.window-1)
+	p.addRun(seqRun{off: off, n: 1}, int(t.window))
+	t.runs++
 	p.count++
-	t.trim(p)
 }
 
-// trim drops p's oldest offsets beyond the window.
-func (t *producerTable) trim(p *producerState) {
-	for p.count > t.window {
-		excess := p.count - t.window
-		r := &p.runs[0]
+// trim drops p's oldest offsets beyond limit records.
+func (t *producerTable) trim(p *producerState, limit uint64) {
+	for p.count > limit {
+		excess := p.count - limit
+		r := p.run(0)
 		if r.n > excess {
 			r.off += excess
 			r.n -= excess
@@ -139,7 +178,7 @@ func (t *producerTable) trim(p *producerState) {
 			return
 		}
 		p.count -= r.n
-		p.runs = p.runs[1:]
+		p.dropRun()
 		t.runs--
 	}
 }
@@ -149,9 +188,9 @@ func (p *producerState) offset(seq uint64) (uint64, bool) {
 	if seq > p.last || p.last-seq >= p.count {
 		return 0, false
 	}
-	end := p.last // the sequence of the last record of runs[i]
-	for i := len(p.runs) - 1; i >= 0; i-- {
-		r := p.runs[i]
+	end := p.last // the sequence of the last record of run i
+	for i := p.n - 1; i >= 0; i-- {
+		r := p.run(i)
 		first := end - (r.n - 1)
 		if seq >= first {
 			return r.off + (seq - first), true
@@ -170,7 +209,7 @@ func (t *producerTable) evict(p *producerState) {
 	}
 	t.unlink(p)
 	delete(t.byID, p.id)
-	t.runs -= len(p.runs)
+	t.runs -= p.n
 }
 
 func (t *producerTable) unlink(p *producerState) {
@@ -336,9 +375,10 @@ func (t *producerTable) encode(maxChunk int) [][]byte {
 		cur = appendString(cur, p.id)
 		cur = binary.AppendUvarint(cur, p.last)
 		cur = binary.AppendUvarint(cur, p.count)
-		cur = binary.AppendUvarint(cur, uint64(len(p.runs)))
+		cur = binary.AppendUvarint(cur, uint64(p.n))
 		end := uint64(0)
-		for _, r := range p.runs {
+		for i := range p.n {
+			r := p.run(i)
 			cur = binary.AppendUvarint(cur, r.off-end)
 			cur = binary.AppendUvarint(cur, r.n)
 			end = r.off + r.n
@@ -377,6 +417,7 @@ func (t *producerTable) decodeChunk(b []byte) error {
 				break
 			}
 			p.runs = append(p.runs, r)
+			p.n++
 			end, sum = r.off+r.n, sum+r.n
 		}
 		if d.err != nil {
@@ -392,8 +433,8 @@ func (t *producerTable) decodeChunk(b []byte) error {
 			t.evict(t.oldest)
 		}
 		t.byID[p.id] = p
-		t.runs += len(p.runs)
-		t.trim(p)
+		t.runs += p.n
+		t.trim(p, t.window)
 		t.linkNewest(p)
 	}
 	if d.err != nil {

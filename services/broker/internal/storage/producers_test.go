@@ -491,3 +491,91 @@ func FuzzProducerChunk(f *testing.F) {
 		}
 	})
 }
+
+// The table against a plain model (a list of offsets per producer and an
+// LRU list) under random appends: batches, interleaving, restarted
+// sequences and evictions, with a window small enough to wrap its ring.
+func TestProducerTableMatchesModel(t *testing.T) {
+	type modelProducer struct {
+		id   string
+		last uint64
+		offs []uint64 // offsets of sequences last-len+1 .. last
+	}
+	const maxProducers, window = 4, 5
+	tbl := newProducerTable(maxProducers, window)
+	var lru []*modelProducer // oldest first
+	find := func(id string) int {
+		return slices.IndexFunc(lru, func(m *modelProducer) bool { return m.id == id })
+	}
+	rng := uint64(42)
+	rand := func(n int) int { // xorshift: deterministic, no seed to manage
+		rng ^= rng << 13
+		rng ^= rng >> 7
+		rng ^= rng << 17
+		return int(rng % uint64(n))
+	}
+	off := uint64(0)
+	for step := range 5000 {
+		id := fmt.Sprint("p", rand(7))
+		i := find(id)
+		seq := uint64(1 + rand(3))
+		if i >= 0 && rand(10) > 0 {
+			seq = lru[i].last + 1
+		}
+		n := 1 + rand(4)
+		for range n {
+			tbl.apply(id, seq, off)
+			i := find(id)
+			var m *modelProducer
+			if i >= 0 {
+				m = lru[i]
+				lru = slices.Delete(lru, i, i+1)
+				if seq != m.last+1 {
+					m.offs = nil
+				}
+			} else {
+				if len(lru) == maxProducers {
+					lru = lru[1:]
+				}
+				m = &modelProducer{id: id}
+			}
+			m.last = seq
+			m.offs = append(m.offs, off)
+			if len(m.offs) > window {
+				m.offs = m.offs[len(m.offs)-window:]
+			}
+			lru = append(lru, m)
+			seq++
+			off += 1 + uint64(rand(2)) // sometimes another producer's record in between
+		}
+		if len(tbl.byID) != len(lru) {
+			t.Fatalf("step %d: %d producers, model %d", step, len(tbl.byID), len(lru))
+		}
+		runs, q := 0, tbl.oldest
+		for _, m := range lru {
+			if q == nil || q.id != m.id {
+				t.Fatalf("step %d: LRU order differs at %q", step, m.id)
+			}
+			runs += q.n
+			if q.last != m.last || q.count != uint64(len(m.offs)) {
+				t.Fatalf("step %d: %q last %d count %d, model %d %d", step, m.id, q.last, q.count, m.last, len(m.offs))
+			}
+			first := m.last - uint64(len(m.offs)) + 1
+			for k, want := range m.offs {
+				if got, ok := q.offset(first + uint64(k)); !ok || got != want {
+					t.Fatalf("step %d: %q sequence %d at %d (%v), model %d", step, m.id, first+uint64(k), got, ok, want)
+				}
+			}
+			if _, ok := q.offset(first - 1); ok && first > 1 {
+				t.Fatalf("step %d: %q sequence %d below the window found", step, m.id, first-1)
+			}
+			if q.n > window || len(q.runs) > window {
+				t.Fatalf("step %d: %q holds %d runs in a ring of %d", step, m.id, q.n, len(q.runs))
+			}
+			q = q.newer
+		}
+		if runs != tbl.runs {
+			t.Fatalf("step %d: %d runs counted, table says %d", step, runs, tbl.runs)
+		}
+	}
+}
