@@ -235,10 +235,25 @@ func (l *loop) replenish(ctx context.Context, s *state.Snapshot, stream string) 
 // reporting the stream in their heartbeat; furthest first), then brokers
 // placement picks.
 func Replenish(s *state.Snapshot, a cluster.Assignment, copies int) (cluster.Assignment, []string) {
+	// Only brokers heard from since the assignment was written count: a
+	// SIGKILLed owner's key and heartbeat outlive it until its lease ends,
+	// and adding it back would count a dead copy in E and raise the next
+	// recovery's R.
+	since := s.Assignments[a.Stream].ModRev
 	var returning []transition.Candidate
+	var silent []string
 	for node, hb := range s.Heartbeats {
+		if !s.HeardSince(node, since) {
+			silent = append(silent, node)
+			continue
+		}
 		if _, ok := hb.Streams[a.Stream]; ok && s.Live(node) && !a.Includes(node) {
 			returning = append(returning, transition.Candidates(s, a.Stream, []string{node})...)
+		}
+	}
+	for _, node := range s.LiveBrokers() {
+		if _, ok := s.Heartbeats[node]; !ok {
+			silent = append(silent, node)
 		}
 	}
 	slices.SortFunc(returning, transition.Better)
@@ -247,7 +262,8 @@ func Replenish(s *state.Snapshot, a cluster.Assignment, copies int) (cluster.Ass
 		order = append(order, c.Node)
 	}
 	need := copies - a.Copies()
-	order = append(order, placement.PickUpTo(transition.LoadOf(s), need, append(a.Members(), order...))...)
+	exclude := append(append(a.Members(), order...), silent...)
+	order = append(order, placement.PickUpTo(transition.LoadOf(s), need, exclude)...)
 
 	next := a
 	next.Followers = slices.Clone(a.Followers)

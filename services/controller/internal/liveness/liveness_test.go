@@ -49,6 +49,18 @@ func TestReplenish(t *testing.T) {
 			a:    asg(majority, "b2", "b3"), copies: 3,
 		},
 		{
+			name: "a killed owner whose lease has not ended yet is not added back, nor placed",
+			snap: state.Build().Live("b1", "b2", "b3").Stream(asg(majority, "b2", "b3")).
+				Tails("b1", "s", cluster.CopyTails{Epoch: 1, Role: cluster.RoleOwner, RecordTail: 9}).StaleHeartbeat("b1").Snapshot(),
+			a: asg(majority, "b2", "b3"), copies: 3,
+		},
+		{
+			name: "the same owner back and heard from after the assignment rejoins",
+			snap: state.Build().Live("b1", "b2", "b3").Stream(asg(majority, "b2", "b3")).
+				Tails("b1", "s", sealed(9)).Snapshot(),
+			a: asg(majority, "b2", "b3"), copies: 3, want: []string{"b1"},
+		},
+		{
 			name: "at its copies: nothing",
 			snap: state.Build().Live("b1", "b2", "b3").Tails("b1", "s", sealed(9)).Snapshot(),
 			a:    asg(majority, "b2", "b3"), copies: 2,

@@ -15,6 +15,8 @@ func Build() *Builder {
 		Assignments: map[string]Versioned[cluster.Assignment]{},
 		Recoveries:  map[string]Versioned[cluster.Recovery]{},
 		History:     map[string]Versioned[cluster.HistoryStarts]{},
+
+		HeartbeatRev: map[string]int64{},
 	}}
 }
 
@@ -22,6 +24,7 @@ func Build() *Builder {
 func (b *Builder) Live(nodes ...string) *Builder {
 	for _, n := range nodes {
 		b.s.Brokers[n] = cluster.BrokerInfo{Node: n, Address: n + ":1"}
+		b.Heartbeat(n) // a registered broker heartbeats at once
 	}
 	return b
 }
@@ -34,6 +37,7 @@ func (b *Builder) Tails(node, stream string, t cluster.CopyTails) *Builder {
 	}
 	hb.Streams[stream] = t
 	b.s.Heartbeats[node] = hb
+	b.fresh(node)
 	return b
 }
 
@@ -42,6 +46,22 @@ func (b *Builder) Heartbeat(node string) *Builder {
 	if _, ok := b.s.Heartbeats[node]; !ok {
 		b.s.Heartbeats[node] = cluster.Heartbeat{Node: node, Streams: map[string]cluster.CopyTails{}}
 	}
+	b.fresh(node)
+	return b
+}
+
+// fresh marks node's heartbeat as written after every other key the builder
+// writes (revisions below 100).
+func (b *Builder) fresh(node string) {
+	if _, ok := b.s.HeartbeatRev[node]; !ok {
+		b.s.HeartbeatRev[node] = 100
+	}
+}
+
+// StaleHeartbeat marks node's heartbeat as written before the assignments:
+// a broker that died but whose lease has not ended yet.
+func (b *Builder) StaleHeartbeat(node string) *Builder {
+	b.s.HeartbeatRev[node] = 1
 	return b
 }
 

@@ -26,6 +26,10 @@ type Snapshot struct {
 	Rev         int64
 	Brokers     map[string]cluster.BrokerInfo
 	Heartbeats  map[string]cluster.Heartbeat
+	// HeartbeatRev is the mod revision of each broker's heartbeat: a broker
+	// heard since a revision has written after it, so it is running; a
+	// killed broker's key and heartbeat outlive it until its lease ends.
+	HeartbeatRev map[string]int64
 	Streams     map[string]Versioned[cluster.StreamSpec]
 	Assignments map[string]Versioned[cluster.Assignment]
 	Recoveries  map[string]Versioned[cluster.Recovery]
@@ -50,9 +54,14 @@ func Load(ctx context.Context, cli *clientv3.Client, s cluster.Schema) (*Snapsho
 		Assignments: map[string]Versioned[cluster.Assignment]{},
 		Recoveries:  map[string]Versioned[cluster.Recovery]{},
 		History:     map[string]Versioned[cluster.HistoryStarts]{},
+
+		HeartbeatRev: map[string]int64{},
 	}
 	for _, kv := range resp.Kvs {
 		key := string(kv.Key)
+		if node, err := cluster.NameIn(s.HeartbeatsDir(), key); err == nil {
+			snap.HeartbeatRev[node] = kv.ModRevision
+		}
 		var derr error
 		switch {
 		case decodeInto(s.BrokersDir(), kv, snap.Brokers, &derr, func(v cluster.BrokerInfo) cluster.BrokerInfo { return v }):
@@ -101,6 +110,11 @@ func decodeInto[T, V any](dir string, kv interface {
 func (s *Snapshot) Live(node string) bool {
 	_, ok := s.Brokers[node]
 	return ok
+}
+
+// HeardSince reports whether node wrote a heartbeat after revision rev.
+func (s *Snapshot) HeardSince(node string, rev int64) bool {
+	return s.HeartbeatRev[node] > rev
 }
 
 // LiveBrokers returns the live broker ids in order.
