@@ -23,17 +23,17 @@ type Versioned[T any] struct {
 
 // Snapshot is the coordination state at one etcd revision.
 type Snapshot struct {
-	Rev         int64
-	Brokers     map[string]cluster.BrokerInfo
-	Heartbeats  map[string]cluster.Heartbeat
+	Rev        int64
+	Brokers    map[string]cluster.BrokerInfo
+	Heartbeats map[string]cluster.Heartbeat
 	// HeartbeatRev is the mod revision of each broker's heartbeat: a broker
 	// heard since a revision has written after it, so it is running; a
 	// killed broker's key and heartbeat outlive it until its lease ends.
 	HeartbeatRev map[string]int64
-	Streams     map[string]Versioned[cluster.StreamSpec]
-	Assignments map[string]Versioned[cluster.Assignment]
-	Recoveries  map[string]Versioned[cluster.Recovery]
-	History     map[string]Versioned[cluster.HistoryStarts]
+	Streams      map[string]Versioned[cluster.StreamSpec]
+	Assignments  map[string]Versioned[cluster.Assignment]
+	Recoveries   map[string]Versioned[cluster.Recovery]
+	History      map[string]Versioned[cluster.HistoryStarts]
 	// Corrupt lists keys whose values could not be decoded; they are
 	// skipped rather than failing every read.
 	Corrupt []string
