@@ -218,8 +218,9 @@ func (l *loop) replenish(ctx context.Context, s *state.Snapshot, stream string) 
 	if !ok || spec.Value.Copies <= av.Value.Copies() {
 		return
 	}
-	next, added := Replenish(s, av.Value, spec.Value.Copies)
+	next, added, blocked := Replenish(s, av.Value, spec.Value.Copies)
 	if len(added) == 0 {
+		l.restoreThroughRecovery(ctx, s, stream, blocked)
 		return
 	}
 	if err := l.commit.FastPath(ctx, av, next); err != nil {
@@ -234,7 +235,10 @@ func (l *loop) replenish(ctx context.Context, s *state.Snapshot, stream string) 
 // while IsFastPath holds: returning copies (live, not members, still
 // reporting the stream in their heartbeat; furthest first), then brokers
 // placement picks.
-func Replenish(s *state.Snapshot, a cluster.Assignment, copies int) (cluster.Assignment, []string) {
+//
+// blocked lists the candidates left out because adding them would raise W:
+// those additions need a recovery (seed, "Stream failover").
+func Replenish(s *state.Snapshot, a cluster.Assignment, copies int) (next cluster.Assignment, added, blocked []string) {
 	// Only brokers heard from since the assignment was written count: a
 	// SIGKILLed owner's key and heartbeat outlive it until its lease ends,
 	// and adding it back would count a dead copy in E and raise the next
@@ -265,22 +269,55 @@ func Replenish(s *state.Snapshot, a cluster.Assignment, copies int) (cluster.Ass
 	exclude := append(append(a.Members(), order...), silent...)
 	order = append(order, placement.PickUpTo(transition.LoadOf(s), need, exclude)...)
 
-	next := a
+	next = a
 	next.Followers = slices.Clone(a.Followers)
-	var added []string
-	for _, node := range order {
+	for i, node := range order {
 		if len(added) == need {
 			break
 		}
 		try := next
 		try.Followers = append(slices.Clone(next.Followers), node)
 		if !cluster.IsFastPath(a, try) {
+			blocked = order[i:min(len(order), i+need-len(added))]
 			break
 		}
 		next = try
 		added = append(added, node)
 	}
-	return next, added
+	return next, added, blocked
+}
+
+// restoreThroughRecovery records a pending recovery that keeps the live
+// owner and adds the blocked members, as UpdateStream does for a change
+// that raises W: records confirmed under the old W need not meet a seal of
+// the new R, so the copies are sealed and the start re-recorded. It only
+// runs while the owner is live and heard from; an owner loss is handled by
+// its own recovery first.
+func (l *loop) restoreThroughRecovery(ctx context.Context, s *state.Snapshot, stream string, blocked []string) {
+	av, ok := s.Assignments[stream]
+	if !ok || len(blocked) == 0 {
+		return
+	}
+	if _, pending := s.Recoveries[stream]; pending {
+		return
+	}
+	a := av.Value
+	if !s.Live(a.Owner) || !s.HeardSince(a.Owner, av.ModRev) {
+		return
+	}
+	spec := s.Streams[stream].Value
+	rec := transition.Stamp(cluster.Recovery{
+		Stream: stream, FromEpoch: a.Epoch, FenceEpoch: a.Epoch + 1,
+		OldOwner: a.Owner, OldFollowers: slices.Clone(a.Followers), ProposedOwner: a.Owner,
+		AddedMembers: slices.Clone(blocked), Policy: spec.Policy,
+		Reason: fmt.Sprintf("restoring %d copies under %s needs more copies to confirm", spec.Copies, spec.Policy),
+	}, l.cfg.Now())
+	if err := l.commit.WriteRecovery(ctx, av.ModRev, rec); err != nil {
+		l.logWriteError(err, stream, "liveness: copy restore not recorded; re-reading")
+		return
+	}
+	l.cfg.Log.Info().Str(logging.Stream, stream).Uint64(logging.FenceEpoch, rec.FenceEpoch).Str(logging.Transition, rec.TransitionID).
+		Strs("added_members", rec.AddedMembers).Str(logging.Reason, rec.Reason).Msg("copies restored through a pending recovery")
 }
 
 func (l *loop) logWriteError(err error, stream, msg string) {

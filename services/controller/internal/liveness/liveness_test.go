@@ -67,7 +67,7 @@ func TestReplenish(t *testing.T) {
 		},
 	}
 	for _, c := range cases {
-		next, added := Replenish(c.snap, c.a, c.copies)
+		next, added, _ := Replenish(c.snap, c.a, c.copies)
 		if !slices.Equal(added, c.want) {
 			t.Errorf("%s: added %v, want %v", c.name, added, c.want)
 			continue
@@ -91,5 +91,19 @@ func TestSuspecting(t *testing.T) {
 		Snapshot()
 	if got := Suspecting(s, a); !slices.Equal(got, []string{"b2"}) {
 		t.Fatalf("Suspecting = %v, want [b2]", got)
+	}
+}
+
+// Under local_durable a returning old owner raises W (2 -> 3 copies): it is
+// not a fast-path addition, so Replenish reports it blocked and the loop
+// restores it through a recovery.
+func TestReplenishBlockedWhereWRises(t *testing.T) {
+	local := cluster.Policy{Name: cluster.LocalDurable}
+	a := cluster.Assignment{Stream: "s", Epoch: 2, Owner: "b2", Followers: []string{"b3"}, Policy: local}
+	snap := state.Build().Live("b1", "b2", "b3").Stream(a).
+		Tails("b1", "s", cluster.CopyTails{Epoch: 1, Role: cluster.RoleSealed, RecordTail: 9}).Snapshot()
+	_, added, blocked := Replenish(snap, a, 3)
+	if len(added) != 0 || !slices.Equal(blocked, []string{"b1"}) {
+		t.Fatalf("added %v blocked %v, want none added and [b1] blocked", added, blocked)
 	}
 }
