@@ -233,6 +233,23 @@ func (c *Cluster) StopBroker(node string) time.Duration {
 	return time.Since(start)
 }
 
+// StopBrokerAsync starts the ordered shutdown of node and returns at once;
+// the channel delivers Close's result. A test measures what the cluster does
+// while the broker drains with it.
+func (c *Cluster) StopBrokerAsync(node string) <-chan error {
+	c.t.Helper()
+	c.mu.Lock()
+	a, ok := c.brokers[node]
+	delete(c.brokers, node)
+	c.mu.Unlock()
+	if !ok {
+		c.t.Fatalf("onebox: broker %s is not running", node)
+	}
+	done := make(chan error, 1)
+	go func() { done <- a.Close() }()
+	return done
+}
+
 // Broker returns node's running app, or nil.
 func (c *Cluster) Broker(node string) *brokerapp.App {
 	c.mu.Lock()
