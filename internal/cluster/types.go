@@ -70,6 +70,11 @@ type Assignment struct {
 	Policy Policy `json:"policy"`
 	// Retention travels with the assignment so brokers need not read specs.
 	Retention Retention `json:"retention"`
+	// Incarnation identifies one life of the stream name: set at create and
+	// kept by every later assignment. A broker holding a copy of an earlier
+	// stream of the same name (deleted while it was away) drops that copy
+	// instead of serving its records as the new stream's.
+	Incarnation string `json:"incarnation,omitempty"`
 }
 
 // Members returns the owner followed by the followers.

@@ -147,6 +147,20 @@ func (c *Copy) reconcile(ctx context.Context) (dropped bool, err error) {
 	}
 	a := *desired
 	node := c.m.cfg.Node
+	// The name may have been deleted and created again while this broker
+	// was away: a copy of another incarnation holds the deleted stream's
+	// records, which must never be shown as the new one's. It is dropped,
+	// and an empty copy opened if the new assignment includes this broker.
+	if inc := c.st.State().Incarnation; a.Incarnation != "" && inc != "" && inc != a.Incarnation {
+		return true, c.replaceWithEmpty(a, fmt.Errorf("copy of incarnation %q, assignment of %q", inc, a.Incarnation))
+	}
+	if a.Incarnation != "" && a.Includes(node) {
+		if err := c.st.SetIncarnation(a.Incarnation); errors.Is(err, storage.ErrIncarnation) {
+			return true, c.replaceWithEmpty(a, err)
+		} else if err != nil {
+			return false, fmt.Errorf("record incarnation: %w", err)
+		}
+	}
 	state := c.st.State()
 	if !a.Includes(node) {
 		// Left out: stop serving. A sealed copy stays sealed until a later
@@ -224,6 +238,22 @@ func (c *Copy) warnBelowConfirmedPrefix(ctx context.Context, epoch uint64) {
 		}
 		return
 	}
+}
+
+// replaceWithEmpty drops a copy of an earlier incarnation and opens an empty
+// one for assignment a.
+func (c *Copy) replaceWithEmpty(a cluster.Assignment, why error) error {
+	c.endRole("")
+	c.m.removeCopy(c)
+	if err := c.m.cfg.Storage.Drop(c.name); err != nil {
+		c.m.log.Error().Err(err).Str(logging.Stream, c.name).Msg("drop of a stale incarnation failed; data stays on disk")
+		return err
+	}
+	c.m.log.Warn().Err(why).Str(logging.Stream, c.name).Msg("dropped a copy of a deleted stream of the same name")
+	if a.Includes(c.m.cfg.Node) {
+		c.m.SetAssignment(a)
+	}
+	return nil
 }
 
 // bringOntoHistory cuts the copy back to the history of target before the

@@ -251,6 +251,8 @@ func (d *decoder) string() string {
 // in the same Badger transaction as the entries that move its tails, so the
 // tails never claim entries that are not there (doc.go, "Durability").
 type meta struct {
+	// Incarnation is the assignment's stream incarnation this copy belongs to.
+	Incarnation     string     `json:"incarnation,omitempty"`
 	Epoch           uint64     `json:"epoch"`
 	LogEpochs       []LogEpoch `json:"log_epochs,omitempty"`
 	SealEpoch       uint64     `json:"seal_epoch,omitempty"`

@@ -6,6 +6,8 @@ import "errors"
 // and adds the numbers that explain it, so callers match with errors.Is and
 // the RPC edge maps them to Connect codes from one table.
 var (
+	// ErrIncarnation: the copy belongs to another incarnation of the name.
+	ErrIncarnation = errors.New("storage: another incarnation of the stream")
 	// ErrFenced: the caller's epoch is below the copy's epoch, the copy is
 	// sealed against replication, or a record carries an epoch the copy has
 	// not reached.

@@ -34,6 +34,8 @@ type LogEpoch struct {
 
 // State is a snapshot of a copy's metadata and tails.
 type State struct {
+	// Incarnation is the stream incarnation the copy belongs to ("" until set).
+	Incarnation      string
 	Epoch            uint64
 	LogEpochs        []LogEpoch
 	SealEpoch        uint64
@@ -119,6 +121,7 @@ func (s *Stream) State() State {
 	s.dmu.Lock()
 	defer s.dmu.Unlock()
 	return State{
+		Incarnation:      s.m.Incarnation,
 		Epoch:            s.m.Epoch,
 		LogEpochs:        slices.Clone(s.m.LogEpochs),
 		SealEpoch:        s.m.SealEpoch,

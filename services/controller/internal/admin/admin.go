@@ -159,7 +159,8 @@ func (s *Service) CreateStream(ctx context.Context, req *connect.Request[strandv
 			return nil, fieldPrecondition("copies", "%v", err)
 		}
 		spec := cluster.StreamSpec{Name: name, Copies: copies, Policy: policy, Retention: retention, Created: s.now().UTC()}
-		asg := cluster.Assignment{Stream: name, Epoch: 1, Owner: owner, Followers: followers, Policy: policy, Retention: retention}
+		asg := cluster.Assignment{Stream: name, Epoch: 1, Owner: owner, Followers: followers, Policy: policy, Retention: retention,
+			Incarnation: transition.NewTransitionID()}
 		cmps := []clientv3.Cmp{
 			clientv3.Compare(clientv3.CreateRevision(s.schema.StreamKey(name)), "=", 0),
 			clientv3.Compare(clientv3.CreateRevision(s.schema.AssignmentKey(name)), "=", 0),

@@ -229,6 +229,8 @@ func Commit(old cluster.Assignment, rec cluster.Recovery, history cluster.Histor
 		Followers: Followers(old, rec, d),
 		Policy:    policy,
 		Retention: old.Retention,
+		// The stream's incarnation carries over: same stream, new epoch.
+		Incarnation: old.Incarnation,
 	}
 	starts := append(slices.Clone(history), cluster.HistoryStart{
 		Epoch:           rec.FenceEpoch,
