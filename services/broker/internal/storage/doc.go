@@ -118,7 +118,7 @@
 // at consecutive offsets is one run of 16 bytes, so memory is bounded by
 // MaxProducers x ProducerWindow runs per stream copy: 40 MiB at the
 // defaults, reached only by 10000 producers whose single-record publishes
-// all interleave; 256 producers publishing batches of 64 hold about 20 KiB.
+// all interleave; 256 producers publishing batches of 64 hold tens of KiB.
 //
 // The owner checks a batch in AppendIdempotent under mu, where offsets are
 // assigned, so concurrent publishes cannot both store a sequence:
@@ -148,9 +148,9 @@
 // once ProducerCheckpointRecords records (default 8192, at least the
 // table's size in runs) follow the last checkpoint, the table is written in
 // chunks under a new generation, with the record tail it covers as its
-// boundary; the meta names the newest two (ProducerTables). Chunks are
-// deleted only after a durable meta stopped naming them; Open deletes any
-// the meta does not name.
+// boundary (Snapshot writes one too); the meta names the newest two
+// (ProducerTables). Chunks are deleted only after a durable meta stopped
+// naming them; Open deletes any the meta does not name.
 //
 //   - Open: the newest checkpoint in [head, record tail] plus the records
 //     after it (at most the checkpoint interval).
