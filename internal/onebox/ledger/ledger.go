@@ -186,6 +186,9 @@ func Start(publish PublishFunc, stream, prefix string, workers int, attempt time
 				pcancel()
 				if err != nil {
 					l.Fail(payload, err)
+					if ctx.Err() != nil {
+						return // cut short by Stop, not a failed publish
+					}
 					p.errs.Add(1)
 					msg := err.Error()
 					p.last.Store(&msg)
@@ -208,7 +211,7 @@ func (p *Publisher) Stop() {
 	p.wg.Wait()
 }
 
-// Errors is how many publishes failed.
+// Errors is how many publishes failed (not counting those Stop cut short).
 func (p *Publisher) Errors() int64 { return p.errs.Load() }
 
 // LastError is the last publish error, for wait messages.
