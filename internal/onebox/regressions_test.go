@@ -26,6 +26,7 @@ import (
 // Assignments carry the stream's incarnation; a copy of another incarnation
 // is dropped.
 func TestRecreatedStreamIgnoresStaleCopyOfDeletedStream(t *testing.T) {
+	t.Parallel()
 	c := three(t)
 	const stream = "stale"
 	a0 := c.CreateStream(stream, 2, majority)
@@ -78,6 +79,7 @@ func TestRecreatedStreamIgnoresStaleCopyOfDeletedStream(t *testing.T) {
 // UpdateStream does for a change that raises W (Replenish reports it
 // blocked and the liveness loop records the recovery).
 func TestLocalDurableOldOwnerRejoins(t *testing.T) {
+	t.Parallel()
 	c := three(t)
 	const stream = "every"
 	a0 := c.CreateStream(stream, 3, cluster.Policy{Name: cluster.LocalDurable})
