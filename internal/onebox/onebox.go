@@ -82,8 +82,10 @@ type Cluster struct {
 	logOrder    []string
 	controllers []*controllerapp.App
 	recoverers  map[string]*recovererapp.App
-	clients     []*client.Client
-	admins      map[string]*client.Client
+	// recovererSeq numbers recoverers in start order, never reused.
+	recovererSeq int
+	clients      []*client.Client
+	admins       map[string]*client.Client
 }
 
 // Start runs etcd and the services opts asks for and stops them all at the
@@ -343,15 +345,13 @@ func (c *Cluster) ControllerAddr() string {
 	return addr
 }
 
-// StartRecoverer starts one more recoverer (named recoverer-N) and waits
-// until it campaigns. It returns its name.
+// StartRecoverer starts one more recoverer (named recoverer-N, N counting
+// every recoverer started) and waits until it campaigns. It returns its name.
 func (c *Cluster) StartRecoverer() string {
 	c.t.Helper()
 	c.mu.Lock()
-	name := fmt.Sprintf("recoverer-%d", len(c.recoverers)+1)
-	for c.recoverers[name] != nil || c.logs[name] != nil {
-		name += "x"
-	}
+	c.recovererSeq++
+	name := fmt.Sprintf("recoverer-%d", c.recovererSeq)
 	c.mu.Unlock()
 	a, err := recovererapp.Start(context.Background(), recovererapp.Config{
 		Name: name, Listen: "127.0.0.1:0", Etcd: c.Etcd.Endpoints, SealTimeout: SealTimeout, Logger: c.logger(name),
