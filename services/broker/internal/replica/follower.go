@@ -26,7 +26,11 @@ func (c *Copy) runFollower(ctx context.Context, owner string, epoch uint64) {
 		if ctx.Err() != nil {
 			return
 		}
-		if errors.Is(err, ErrChainMismatch) || connect.CodeOf(err) == connect.CodeDataLoss {
+		// A copy past the owner's tail (OutOfRange) holds records the owner
+		// never had, e.g. after an accepted owner loss that recorded no
+		// start: its log is not a prefix of the owner's, the same as a chain
+		// mismatch, and retrying cannot mend it.
+		if errors.Is(err, ErrChainMismatch) || connect.CodeOf(err) == connect.CodeDataLoss || connect.CodeOf(err) == connect.CodeOutOfRange {
 			c.setChainMismatch()
 			c.m.log.Error().Err(err).Str(logging.Stream, c.name).Str(logging.Owner, owner).Uint64(logging.Epoch, epoch).
 				Msg("copy's prefix disagrees with the owner's; stopped following (shown under attention)")

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/strandhq/strand/internal/cluster"
 	"github.com/strandhq/strand/internal/logging"
@@ -44,7 +45,49 @@ func (m *Manager) Seal(ctx context.Context, stream string, fenceEpoch uint64, tr
 		return storage.State{}, err
 	}
 	c.endRole(cluster.RoleSealed)
+	if s, err = c.effectiveTails(ctx, s, fenceEpoch); err != nil {
+		return storage.State{}, err
+	}
 	m.log.Info().Str(logging.Stream, stream).Uint64(logging.FenceEpoch, fenceEpoch).Str(logging.Transition, transition).
 		Uint64(logging.RecordTail, s.RecordTail).Uint64(logging.CursorEventTail, s.CursorEventTail).Msg("copy sealed")
+	return s, nil
+}
+
+// effectiveTails caps a sealed copy's reported tails at the cut its next
+// role change will make. A copy whose broker did not apply its last role
+// change before being sealed holds an older owner's unconfirmed suffix past
+// a history start (seed, "Known limits"); reporting the raw tail could win
+// it the pick and record a start its own cut then undercuts, losing records
+// confirmed at the epoch it missed. Nothing is cut here: a seal only fences
+// and reports.
+func (c *Copy) effectiveTails(ctx context.Context, s storage.State, fenceEpoch uint64) (storage.State, error) {
+	own := s.SealedLogEpochs
+	if len(own) == 0 {
+		own = s.LogEpochs
+	}
+	if len(own) == 0 || own[len(own)-1].Epoch+1 >= fenceEpoch {
+		return s, nil // on the latest history: no start can lie after its own epoch
+	}
+	hctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	history, err := c.m.cfg.History(hctx, c.name)
+	if err != nil {
+		return storage.State{}, fmt.Errorf("%w: history starts unreadable: %v", ErrUnavailable, err)
+	}
+	cut, ok, err := cutPoint(own, s.RecordTail, s.CursorEventTail, history, fenceEpoch)
+	if err != nil {
+		return storage.State{}, fmt.Errorf("%w: %v", ErrUnavailable, err)
+	}
+	if !ok {
+		return s, nil
+	}
+	s.RecordTail = max(min(s.RecordTail, cut.RecordTail), s.Head)
+	s.CursorEventTail = min(s.CursorEventTail, cut.CursorEventTail)
+	if chain, err := c.st.ChainAt(s.RecordTail); err == nil {
+		s.Chain = chain
+	}
+	c.m.log.Warn().Str(logging.Stream, c.name).Uint64(logging.FenceEpoch, fenceEpoch).Uint64(logging.RecordTail, s.RecordTail).
+		Uint64("start_epoch", cut.Epoch).Str("start_node", cut.Node).
+		Msg("sealed copy missed a role change; reporting its tails as of the history start it will be cut to")
 	return s, nil
 }

@@ -1,0 +1,140 @@
+package onebox
+
+import (
+	"fmt"
+	"testing"
+	"time"
+
+	"connectrpc.com/connect"
+
+	"github.com/strandhq/strand/internal/cluster"
+	strandv1 "github.com/strandhq/strand/internal/gen/strand/v1"
+	"github.com/strandhq/strand/internal/onebox/ledger"
+)
+
+// TestFollowerPastOwnersTailShownUnderAttention: an operator accepts the
+// loss of a two-copy stream whose owner and follower are both down; no copy
+// is live, so the stream moves to a fresh broker, empty, and no history
+// start is recorded (the new owner published nothing; seed, "Known limits":
+// "a returning copy is not cut back"). The old follower returns holding
+// records the new owner does not: its log is not a prefix of the owner's.
+// Issue 5: "A mismatch is an error shown under attention, never silent
+// divergence."
+//
+// The follower's Follow is refused with OutOfRange ("past the owner's
+// tail"); the follower treats that as a prefix mismatch and flags the copy,
+// so attention lists it.
+func TestFollowerPastOwnersTailShownUnderAttention(t *testing.T) {
+	t.Parallel()
+	c := three(t)
+	const stream = "past"
+	a0 := c.CreateStream(stream, 2, majority)
+	owner, follower := a0.Owner, a0.Followers[0]
+	publishAll(t, c, stream, ledger.New(), Numbered("c", 10)...)
+	waitTails(t, c, follower, stream, 10, 0)
+	c.StopBroker(follower)
+	c.StopBroker(owner)
+	waitPending(t, c, stream, "")
+	resp, err := c.Admin().AcceptOwnerLoss(c.Ctx(), connect.NewRequest(&strandv1.AcceptOwnerLossRequest{Stream: stream, Who: "onebox", Why: "both copies down"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.Msg.GetStart() != nil || len(c.History(stream)) != 0 {
+		t.Fatalf("accepted %v with start %v; the test needs no start recorded", resp.Msg.GetAssignment(), resp.Msg.GetStart())
+	}
+	c.StartBroker(follower)
+	Eventually(t, 15*time.Second, "attention names the copy that cannot follow", func() error {
+		entries, err := c.Attention(stream)
+		if err != nil {
+			return err
+		}
+		for _, e := range entries {
+			if e.GetNode() == follower && e.GetKind() != "broker_down" {
+				return nil
+			}
+		}
+		tt, _ := c.Tails(follower, stream)
+		return fmt.Errorf("attention %s; %s publishes %+v", describe(entries), follower, tt)
+	})
+}
+
+// TestSealedRawTailWithOlderSuffixLosesNoConfirmedRecord: the seed's known
+// limit "a copy whose broker did not apply its last role change before being
+// sealed reports a raw tail that can include an older owner's unconfirmed
+// suffix" must not cost confirmed records.
+//
+// b1 owned epoch 1 and holds 30 unconfirmed records (tail 40). Epoch 2 is
+// recovered onto b2 at 10 (start {2, 10, b2}) and confirms 5 records
+// (10..14) on b2 and b3. b1 returns; the controller adds it back on the fast
+// path, and b2 is lost before b1 applied that assignment, so the seal of
+// the next recovery finds b1 still on epoch 1's history (the test seals b1
+// just before writing the assignment that adds it, which leaves b1 in the
+// same state as a seal arriving before it applied it). Had the seal answered
+// its raw tail 40, the recoverer would pick b1 over b3 (15) and record the start
+// {3, 40, b1}; applying epoch 3, b1 would cut at 10 and lose the records
+// confirmed at epoch 2. So the seal reports the tails the copy will have
+// after its cut (replica.effectiveTails), and the recoverer picks b3. No
+// controller runs: the test writes the recoveries and assignments
+// the controller would; the recoverer is real.
+func TestSealedRawTailWithOlderSuffixLosesNoConfirmedRecord(t *testing.T) {
+	t.Parallel()
+	c := Start(t, Options{Brokers: []string{"b1", "b2", "b3"}, Recoverers: 1})
+	const stream = "raw"
+	a1 := cluster.Assignment{Stream: stream, Epoch: 1, Owner: "b1", Followers: []string{"b2", "b3"}, Policy: majority}
+	c.Put(c.Schema.AssignmentKey(stream), a1)
+	c.WaitApplied(a1)
+	c.Publish("b1", stream, Numbered("e1", 10)...)
+	waitTails(t, c, "b2", stream, 10, 0)
+	waitTails(t, c, "b3", stream, 10, 0)
+	c.StopBroker("b2")
+	c.StopBroker("b3")
+	publishUnconfirmed(t, c, "b1", stream, Numbered("e1-unconfirmed", 30))
+	waitTails(t, c, "b1", stream, 40, 0)
+	c.StopBroker("b1")
+	c.StartBroker("b2")
+	c.StartBroker("b3")
+	c.Put(c.Schema.RecoveryKey(stream), cluster.Recovery{Stream: stream, FromEpoch: 1, FenceEpoch: 2, TransitionID: "t2",
+		OldOwner: "b1", OldFollowers: []string{"b2", "b3"}, ProposedOwner: "b2", Policy: majority, Reason: "owner b1 lost"})
+	a2 := c.WaitAssignment(stream, 15*time.Second, "epoch 2 committed", func(a cluster.Assignment) error {
+		if a.Epoch != 2 {
+			return fmt.Errorf("%+v", a)
+		}
+		return nil
+	})
+	c.WaitApplied(a2)
+	confirmed := c.Publish(a2.Owner, stream, Numbered("e2", 5)...)
+	other := a2.Followers[0]
+	waitTails(t, c, other, stream, 15, 0)
+
+	c.StartBroker("b1")
+	if _, err := c.Replication("b1").Seal(c.Ctx(), connect.NewRequest(&strandv1.SealRequest{Stream: stream, FenceEpoch: 3, TransitionId: "t3"})); err != nil {
+		t.Fatal(err)
+	}
+	back := a2
+	back.Followers = append(append([]string(nil), a2.Followers...), "b1")
+	c.Put(c.Schema.AssignmentKey(stream), back)
+	c.StopBroker(a2.Owner)
+	c.Put(c.Schema.RecoveryKey(stream), cluster.Recovery{Stream: stream, FromEpoch: 2, FenceEpoch: 3, TransitionID: "t3",
+		OldOwner: a2.Owner, OldFollowers: back.Followers, ProposedOwner: other, Policy: majority, Reason: "owner lost"})
+	a3 := c.WaitAssignment(stream, 15*time.Second, "epoch 3 committed", func(a cluster.Assignment) error {
+		if a.Epoch != 3 {
+			return fmt.Errorf("%+v", a)
+		}
+		return nil
+	})
+	Eventually(t, 10*time.Second, "the records confirmed at epoch 2 on the new owner", func() error {
+		got, err := c.ReadAll(a3.Owner, stream)
+		if err != nil {
+			return err
+		}
+		p := Payloads(got)
+		for i, off := range confirmed {
+			if int(off) >= len(p) || p[off] != fmt.Sprintf("e2-%03d", i) {
+				tt, _ := c.Tails(a3.Owner, stream)
+				return fmt.Errorf("confirmed e2-%03d at %d missing: owner %s shows %v, publishes %+v; history %+v",
+					i, off, a3.Owner, p, tt, c.History(stream))
+			}
+		}
+		return nil
+	})
+}
