@@ -316,13 +316,31 @@ func TestBatchDeadlineSurfacesLastErrorCode(t *testing.T) {
 	}
 }
 
+// A sequence error (FailedPrecondition without an owner hint) is not
+// retried: the same batch would meet the same gap.
+func TestPublishDoesNotRetrySequenceErrors(t *testing.T) {
+	f := startFake(t, &fakeBroker{})
+	f.locate = ownedBy(f.addr)
+	f.publish = func(*strandv1.PublishRequest) (*strandv1.PublishResponse, error) {
+		return nil, connect.NewError(connect.CodeFailedPrecondition, errors.New("records[0].sequence: sequence gap"))
+	}
+	c := newTestClient(t, Config{Brokers: []string{f.addr}, Lanes: 1})
+	_, err := c.Publish(context.Background(), "s", recs("r"))
+	if connect.CodeOf(err) != connect.CodeFailedPrecondition {
+		t.Fatalf("err = %v, want FailedPrecondition", err)
+	}
+	if n := len(f.requests()); n != 1 {
+		t.Fatalf("broker saw %d attempts, want 1", n)
+	}
+}
+
 func TestPublishDoesNotRetryInvalidArgument(t *testing.T) {
 	f := startFake(t, &fakeBroker{})
 	f.locate = ownedBy(f.addr)
 	f.publish = func(*strandv1.PublishRequest) (*strandv1.PublishResponse, error) {
 		return nil, rpcerr.InvalidArgument("records", "record too large")
 	}
-	c := newTestClient(t, Config{Brokers: []string{f.addr}})
+	c := newTestClient(t, Config{Brokers: []string{f.addr}, Lanes: 1})
 	_, err := c.Publish(context.Background(), "s", recs("r"))
 	if connect.CodeOf(err) != connect.CodeInvalidArgument {
 		t.Fatalf("err = %v, want InvalidArgument", err)

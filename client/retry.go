@@ -188,9 +188,12 @@ func retryable(ctx context.Context, err error) bool {
 	case connect.CodeUnavailable, connect.CodeAborted, connect.CodeDeadlineExceeded:
 		return true
 	case connect.CodeFailedPrecondition:
-		// Not the owner (a hint is handled before this), or a copy sealed
-		// while a recovery runs: both pass once the new owner serves.
-		return true
+		// Not the owner: passes once the owner serves. Brokers always
+		// attach the owner hint there (a copy sealed for a recovery
+		// answers Unavailable). Without a hint it is a producer sequence
+		// error (gap or order), which retrying the same batch cannot mend.
+		_, hinted := rpcerr.OwnerHint(err)
+		return hinted
 	case connect.CodeCanceled:
 		// ctx is alive, so the cancel came from the other side.
 		return true
