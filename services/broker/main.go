@@ -34,6 +34,8 @@ func main() {
 	fs.IntVar(&cfg.MaxRecordBytes, "max-record-bytes", 1<<20, "largest record accepted")
 	fs.IntVar(&cfg.MaxBatchBytes, "max-batch-bytes", 16<<20, "largest publish batch accepted")
 	fs.IntVar(&cfg.MaxInflightBytes, "max-inflight-bytes", 8<<20, "unacknowledged bytes in flight per follower")
+	fs.IntVar(&cfg.DedupeProducers, "dedupe-producers", 10000, "idempotent publish: producers tracked per stream (least recently used evicted)")
+	fs.IntVar(&cfg.DedupeWindow, "dedupe-window", 256, "idempotent publish: records per producer kept for duplicate detection")
 	fs.StringVar(&cfg.LogLevel, "log-level", "info", "debug, info, warn or error")
 	debugAddr := fs.String("debug-addr", "", "serve net/http/pprof here (off when empty)")
 	memLimit := fs.Int64("memory-limit-mb", 384, "soft Go heap limit in MiB (GOMEMLIMIT wins when set); keeps a broker's resident memory flat under load")

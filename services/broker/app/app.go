@@ -41,6 +41,10 @@ type Config struct {
 	MaxBatchBytes  int
 	// MaxInflightBytes bounds unacknowledged bytes per follower.
 	MaxInflightBytes int
+	// DedupeProducers and DedupeWindow bound idempotent publish state per
+	// stream: producers tracked and records per producer (0: defaults).
+	DedupeProducers int
+	DedupeWindow    int
 	Logger           *zerolog.Logger
 	LogLevel         string
 }
@@ -111,7 +115,8 @@ func Start(ctx context.Context, cfg Config) (*App, error) {
 	if a.cfg.Advertise == "" {
 		a.cfg.Advertise = ln.Addr().String()
 	}
-	a.db, err = storage.Open(storage.Options{Dir: cfg.DataDir, Logger: log})
+	a.db, err = storage.Open(storage.Options{Dir: cfg.DataDir, Logger: log,
+		MaxProducers: cfg.DedupeProducers, ProducerWindow: cfg.DedupeWindow})
 	if err != nil {
 		_ = ln.Close()
 		return nil, fmt.Errorf("broker: storage: %w", err)
