@@ -24,7 +24,11 @@ type Config struct {
 	Nodes    int
 	Size     int
 	Inflight int
-	Duration time.Duration
+	// NoProducerIDs publishes without producer ids and sequences (no
+	// idempotent publish), to measure what dedupe costs; retries may then
+	// store a record twice.
+	NoProducerIDs bool
+	Duration      time.Duration
 	// KillAt is when to kill the owner, from the start of publishing; 0
 	// (or negative) means no kill: a plain throughput and latency bench.
 	KillAt     time.Duration

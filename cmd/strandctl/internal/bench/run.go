@@ -84,6 +84,7 @@ type Result struct {
 	Policy            string   `json:"policy"`
 	Size              int      `json:"size"`
 	Inflight          int      `json:"inflight"`
+	ProducerIDs       bool     `json:"producer_ids"`
 	Problems          []string `json:"problems,omitempty"`
 }
 
@@ -96,7 +97,7 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 	if o.Stderr == nil {
 		o.Stderr = io.Discard
 	}
-	r := &runner{o: o, res: &Result{Stream: o.Stream, Copies: o.Copies, Policy: policyName(o.Config), Size: o.Size, Inflight: o.Inflight}}
+	r := &runner{o: o, res: &Result{Stream: o.Stream, Copies: o.Copies, Policy: policyName(o.Config), Size: o.Size, Inflight: o.Inflight, ProducerIDs: !o.NoProducerIDs}}
 	if !o.External {
 		dir, err := os.MkdirTemp("", "strand-bench-")
 		if err != nil {
@@ -123,7 +124,7 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 		info := cl.Info()
 		o.Controller, o.BrokerAddrs = info.Controller, info.BrokerAddresses()
 	}
-	c, err := client.New(client.Config{Controller: o.Controller, Brokers: o.BrokerAddrs})
+	c, err := client.New(client.Config{Controller: o.Controller, Brokers: o.BrokerAddrs, Idempotent: client.Bool(!o.NoProducerIDs)})
 	if err != nil {
 		return nil, err
 	}
