@@ -188,11 +188,14 @@ func TestUnavailableAndGaps(t *testing.T) {
 
 func TestParseVmHWM(t *testing.T) {
 	status := "Name:\tstrand-broker\nVmPeak:\t  900000 kB\nVmHWM:\t  123456 kB\nVmRSS:\t  100000 kB\n"
-	if kb, ok := parseVmHWM(strings.NewReader(status)); !ok || kb != 123456 {
-		t.Fatalf("parseVmHWM = %d, %v", kb, ok)
+	if kb, ok := parseStatusKB(strings.NewReader(status), "VmHWM:"); !ok || kb != 123456 {
+		t.Fatalf("parseStatusKB VmHWM = %d, %v", kb, ok)
 	}
-	if _, ok := parseVmHWM(strings.NewReader("Name:\tx\n")); ok {
-		t.Fatal("parseVmHWM found a VmHWM that is not there")
+	if kb, ok := parseStatusKB(strings.NewReader(status), "VmRSS:"); !ok || kb != 100000 {
+		t.Fatalf("parseStatusKB VmRSS = %d, %v", kb, ok)
+	}
+	if _, ok := parseStatusKB(strings.NewReader("Name:\tx\n"), "VmHWM:"); ok {
+		t.Fatal("parseStatusKB found a VmHWM that is not there")
 	}
 }
 

@@ -53,6 +53,10 @@ type Result struct {
 	RejoinedAsFollower bool    `json:"rejoined_as_follower"`
 	Recoveries         int     `json:"recoveries"`
 	BrokerPeakRSSMB    float64 `json:"broker_peak_rss_mb"`
+	// BrokerPeakAnonMB is the largest anonymous resident memory seen in a
+	// broker (heap, stacks): RSS less the file pages Badger maps, which the
+	// kernel can reclaim.
+	BrokerPeakAnonMB float64 `json:"broker_peak_anon_mb"`
 
 	// The failover split into phases (runs with a kill only), adding up to
 	// unavailable_ms: kill → the pending recovery recorded (detect) → the
@@ -153,6 +157,7 @@ type runner struct {
 	confirmed atomic.Int64
 	failed    atomic.Int64
 	peakRSS   atomic.Int64 // kB
+	peakAnon  atomic.Int64 // kB
 
 	// watch records the recovery and assignment keys' changes (kill
 	// runs on the bench's own cluster).
@@ -299,6 +304,7 @@ func (r *runner) run(ctx context.Context) error {
 	r.res.ConfirmP50Ms, r.res.ConfirmP99Ms, r.res.ConfirmMaxMs = round(lat.P50), round(lat.P99), round(lat.Max)
 	r.res.MaxGapMs = round(ms(MaxGap(all)))
 	r.res.BrokerPeakRSSMB = round(float64(r.peakRSS.Load()) / 1024)
+	r.res.BrokerPeakAnonMB = round(float64(r.peakAnon.Load()) / 1024)
 
 	var marks []Mark
 	if o.KillAt > 0 {
@@ -547,19 +553,27 @@ func (r *runner) samplePeakRSS() {
 		return
 	}
 	for _, b := range r.cl.Info().Brokers {
-		if kb, ok := vmHWM(b.PID); ok {
-			for {
-				cur := r.peakRSS.Load()
-				if kb <= cur || r.peakRSS.CompareAndSwap(cur, kb) {
-					break
-				}
-			}
+		if kb, ok := procStatusKB(b.PID, "VmHWM:"); ok {
+			storeMax(&r.peakRSS, kb)
+		}
+		if kb, ok := procStatusKB(b.PID, "RssAnon:"); ok {
+			storeMax(&r.peakAnon, kb)
 		}
 	}
 }
 
-// vmHWM reads a process's peak resident set size, in kB, from /proc.
-func vmHWM(pid int) (int64, bool) {
+func storeMax(v *atomic.Int64, kb int64) {
+	for {
+		cur := v.Load()
+		if kb <= cur || v.CompareAndSwap(cur, kb) {
+			return
+		}
+	}
+}
+
+// procStatusKB reads one kB field of a process's /proc status (VmHWM: the
+// peak resident set size; RssAnon: resident anonymous memory now).
+func procStatusKB(pid int, field string) (int64, bool) {
 	if pid <= 0 {
 		return 0, false
 	}
@@ -568,13 +582,13 @@ func vmHWM(pid int) (int64, bool) {
 		return 0, false
 	}
 	defer f.Close()
-	return parseVmHWM(f)
+	return parseStatusKB(f, field)
 }
 
-func parseVmHWM(rd io.Reader) (int64, bool) {
+func parseStatusKB(rd io.Reader, field string) (int64, bool) {
 	sc := bufio.NewScanner(rd)
 	for sc.Scan() {
-		rest, ok := strings.CutPrefix(sc.Text(), "VmHWM:")
+		rest, ok := strings.CutPrefix(sc.Text(), field)
 		if !ok {
 			continue
 		}
