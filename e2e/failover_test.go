@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/strandhq/strand/internal/cluster"
+	"github.com/strandhq/strand/internal/onebox/ledger"
 )
 
 // TestOwnerKillFailover is the seed's cluster test: kill the owner of a
@@ -20,10 +21,10 @@ func TestOwnerKillFailover(t *testing.T) {
 	hist0 := h.history(ctx, stream)
 
 	cl := h.client()
-	l := newLedger()
+	l := ledger.New()
 	pub := startPublishing(t, cl, stream, "k", 4, l)
 	waitFor(t, 30*time.Second, "200 confirmed records before the kill", func() (bool, string) {
-		return l.count() >= 200, pub.lastError()
+		return l.Count() >= 200, pub.LastError()
 	})
 
 	owner := a0.Owner
@@ -39,12 +40,12 @@ func TestOwnerKillFailover(t *testing.T) {
 		t.Errorf("epoch after one failover is %d, want %d", a1.Epoch, a0.Epoch+1)
 	}
 	waitFor(t, 30*time.Second, "publishes confirm at the new epoch", func() (bool, string) {
-		return l.atEpoch(a1.Epoch) >= 100, pub.lastError()
+		return l.AtEpoch(a1.Epoch) >= 100, pub.LastError()
 	})
-	if first := l.firstConfirmAt(a1.Epoch); !first.IsZero() {
+	if first := l.FirstAt(a1.Epoch); !first.IsZero() {
 		t.Logf("unavailable: kill -> first confirm at epoch %d took %s", a1.Epoch, first.Sub(killed).Round(10*time.Millisecond))
 	}
-	pub.stop()
+	pub.Stop()
 
 	hist1 := h.history(ctx, stream)
 	if len(hist1) != len(hist0)+1 {
@@ -69,10 +70,10 @@ func TestOwnerKillFailover(t *testing.T) {
 		t.Errorf("a recovery is pending after the rejoin: %+v", r)
 	}
 
-	end := l.end()
+	end := l.End()
 	recs := readAll(ctx, t, "the stream at its owner", end, readThroughClient(cl, stream))
 	n := verifyLedger(t, l, recs)
 	rejoined := readAll(ctx, t, "the rejoined copy at "+owner, end, readFromCopy(h.broker(owner), stream))
 	sameRecords(t, a1.Owner, recs, owner, rejoined)
-	t.Logf("%d confirmed records verified at their offsets (%d publishes failed or were cut short)", n, l.failures())
+	t.Logf("%d confirmed records verified at their offsets (%d publishes failed or were cut short)", n, l.Failures())
 }

@@ -14,6 +14,7 @@ import (
 	"github.com/strandhq/strand/internal/cluster"
 	strandv1 "github.com/strandhq/strand/internal/gen/strand/v1"
 	"github.com/strandhq/strand/internal/gen/strand/v1/strandv1connect"
+	"github.com/strandhq/strand/internal/onebox/ledger"
 )
 
 // TestPartitionedOwner cuts the owner off the cluster network while it keeps
@@ -27,10 +28,10 @@ func TestPartitionedOwner(t *testing.T) {
 	a0 := h.createStream(ctx, stream, 3, cluster.MajorityDurable)
 
 	cl := h.client()
-	l := newLedger()
+	l := ledger.New()
 	pub := startPublishing(t, cl, stream, "p", 4, l)
 	waitFor(t, 30*time.Second, "200 confirmed records before the partition", func() (bool, string) {
-		return l.count() >= 200, pub.lastError()
+		return l.Count() >= 200, pub.LastError()
 	})
 
 	owner := a0.Owner
@@ -47,7 +48,7 @@ func TestPartitionedOwner(t *testing.T) {
 	t.Logf("failover: epoch %d -> %d, owner %s -> %s, %s after the partition",
 		a0.Epoch, a1.Epoch, owner, a1.Owner, fenced.Sub(cut).Round(10*time.Millisecond))
 	waitFor(t, 30*time.Second, "publishes confirm at the new epoch", func() (bool, string) {
-		return l.atEpoch(a1.Epoch) >= 100, pub.lastError()
+		return l.AtEpoch(a1.Epoch) >= 100, pub.LastError()
 	})
 	// At least a few publishes to the isolated owner that started after the
 	// fence have been answered.
@@ -56,7 +57,7 @@ func TestPartitionedOwner(t *testing.T) {
 		return n >= 3, fmt.Sprintf("%d answered, last error %s", n, iso.lastError())
 	})
 	iso.stop()
-	pub.stop()
+	pub.Stop()
 	t.Logf("isolated owner: %d publishes sent, %d confirmed, last error: %s", iso.sent.Load(), len(iso.confirmed()), iso.lastError())
 	for _, c := range iso.confirmed() {
 		t.Errorf("the isolated owner %s confirmed %s", owner, c)
@@ -81,8 +82,8 @@ func TestPartitionedOwner(t *testing.T) {
 		t.Fatal(err)
 	}
 	tail := copyOf(st, a1.Owner).GetRecordTail()
-	if l.end() > tail {
-		t.Fatalf("the owner's record tail %d is below the last confirmed offset %d", tail, l.end()-1)
+	if l.End() > tail {
+		t.Fatalf("the owner's record tail %d is below the last confirmed offset %d", tail, l.End()-1)
 	}
 	recs := readAll(ctx, t, "the new owner "+a1.Owner, tail, readFromCopy(h.broker(a1.Owner), stream))
 	returned := readAll(ctx, t, "the returned copy at "+owner, tail, readFromCopy(h.broker(owner), stream))

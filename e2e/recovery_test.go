@@ -13,6 +13,7 @@ import (
 
 	"github.com/strandhq/strand/internal/cluster"
 	strandv1 "github.com/strandhq/strand/internal/gen/strand/v1"
+	"github.com/strandhq/strand/internal/onebox/ledger"
 )
 
 // TestRecovererAndControllerKilledMidRecovery kills the owner while a
@@ -29,12 +30,12 @@ func TestRecovererAndControllerKilledMidRecovery(t *testing.T) {
 	hist0 := h.history(ctx, stream)
 
 	cl := h.client()
-	l := newLedger()
+	l := ledger.New()
 	pub := startPublishing(t, cl, stream, "m", 4, l)
 	waitFor(t, 30*time.Second, "200 confirmed records", func() (bool, string) {
-		return l.count() >= 200, pub.lastError()
+		return l.Count() >= 200, pub.LastError()
 	})
-	pub.stop()
+	pub.Stop()
 
 	// Every write to the assignment from here on, to count the epochs
 	// committed.
@@ -108,9 +109,9 @@ func TestRecovererAndControllerKilledMidRecovery(t *testing.T) {
 	// recovery.
 	pub = startPublishing(t, cl, stream, "n", 4, l)
 	waitFor(t, 30*time.Second, "publishes confirm at the new epoch", func() (bool, string) {
-		return l.atEpoch(a1.Epoch) >= 100, pub.lastError()
+		return l.AtEpoch(a1.Epoch) >= 100, pub.LastError()
 	})
-	pub.stop()
+	pub.Stop()
 	h.restart(owner)
 	h.waitRejoined(ctx, stream, owner, a1.Epoch, 60*time.Second)
 
@@ -129,7 +130,7 @@ func TestRecovererAndControllerKilledMidRecovery(t *testing.T) {
 		t.Errorf("assignment writes after the owner kill reached epochs %v, want only %d", epochs, a1.Epoch)
 	}
 
-	end := l.end()
+	end := l.End()
 	recs := readAll(ctx, t, "the stream at its owner", end, readThroughClient(cl, stream))
 	n := verifyLedger(t, l, recs)
 	t.Logf("%d confirmed records verified at their offsets", n)

@@ -26,7 +26,7 @@ type Ledger struct {
 	failed    map[string]error
 	byEpoch   map[uint64]int
 	firstAt   map[uint64]time.Time
-	conflicts []string
+	conflicts []string // conflicting confirms and malformed answers
 }
 
 // New returns an empty ledger.
@@ -69,6 +69,16 @@ func (l *Ledger) Fail(payload string, err error) {
 	if _, ok := l.confirmed[payload]; !ok {
 		l.failed[payload] = err
 	}
+}
+
+// malformed records that the publish of payload was answered with n offsets
+// for one record: the publish counts as failed, and Verify reports the
+// answer.
+func (l *Ledger) malformed(payload string, n int) {
+	l.mu.Lock()
+	l.conflicts = append(l.conflicts, fmt.Sprintf("the publish of %s was answered with %d offsets for one record", payload, n))
+	l.mu.Unlock()
+	l.Fail(payload, fmt.Errorf("answer with %d offsets for one record", n))
 }
 
 // Count is how many records were confirmed.
@@ -120,21 +130,27 @@ func (l *Ledger) End() uint64 {
 //   - a confirmed payload appears at no other offset (exactly once);
 //   - no payload appears twice (a failed publish retried by the idempotent
 //     client is stored at most once);
-//   - no two confirms conflicted.
+//   - no two confirms conflicted, and no publish of Start was answered
+//     with other than one offset.
 //
-// It also returns how many confirmed records it found.
+// A payload stored twice is described by the epoch, producer and sequence
+// of each copy, to tell a retry the broker failed to recognise from a
+// client bug. It also returns how many confirmed records it found.
 func (l *Ledger) Verify(recs []*strandv1.StoredRecord) (found int, problems []string) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	problems = append(problems, l.conflicts...)
 	seen := make(map[string]uint64, len(recs))
+	first := make(map[string]*strandv1.StoredRecord, len(recs))
 	for i, r := range recs {
 		if i > 0 && r.GetOffset() != recs[i-1].GetOffset()+1 {
 			problems = append(problems, fmt.Sprintf("offsets not dense: %d after %d", r.GetOffset(), recs[i-1].GetOffset()))
 		}
 		p := string(r.GetPayload())
-		if prev, dup := seen[p]; dup {
-			problems = append(problems, fmt.Sprintf("payload %q stored at %d and at %d", p, prev, r.GetOffset()))
+		if prev, dup := first[p]; dup {
+			problems = append(problems, fmt.Sprintf("payload %q stored at %s and at %s", p, describe(prev), describe(r)))
+		} else {
+			first[p] = r
 		}
 		seen[p] = r.GetOffset()
 		if want, ok := l.confirmed[p]; ok && want != r.GetOffset() {
@@ -156,6 +172,11 @@ func (l *Ledger) Verify(recs []*strandv1.StoredRecord) (found int, problems []st
 		problems = append(problems, fmt.Sprintf("%d confirmed records missing from their offsets, first at %v", missing, offsets[:min(10, len(offsets))]))
 	}
 	return found, problems
+}
+
+// describe names where and how a record was stored.
+func describe(r *strandv1.StoredRecord) string {
+	return fmt.Sprintf("offset %d (epoch %d producer %s seq %d)", r.GetOffset(), r.GetEpoch(), r.GetProducerId(), r.GetSequence())
 }
 
 // PublishFunc publishes one batch, as client.Client.Publish does.
@@ -195,7 +216,7 @@ func Start(publish PublishFunc, stream, prefix string, workers int, attempt time
 					continue
 				}
 				if len(res.GetOffsets()) != 1 {
-					l.Fail(payload, fmt.Errorf("answer with %d offsets for one record", len(res.GetOffsets())))
+					l.malformed(payload, len(res.GetOffsets()))
 					continue
 				}
 				l.Confirm(payload, res.GetOffsets()[0], res.GetEpoch())
