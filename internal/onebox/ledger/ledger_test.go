@@ -54,11 +54,14 @@ func TestVerify(t *testing.T) {
 func TestStartReportsMalformedAnswers(t *testing.T) {
 	l := New()
 	publish := func(ctx context.Context, stream string, records []*strandv1.Record) (*strandv1.PublishResponse, error) {
-		time.Sleep(time.Millisecond)
 		return &strandv1.PublishResponse{Epoch: 1}, nil // no offset
 	}
 	p := Start(publish, "s", "x", 1, time.Second, l)
-	time.Sleep(20 * time.Millisecond)
+	// Wait on the condition, with a deadline, not for a while.
+	deadline := time.Now().Add(5 * time.Second)
+	for l.Failures() == 0 && time.Now().Before(deadline) {
+		<-time.After(time.Millisecond)
+	}
 	p.Stop()
 	if l.Count() != 0 || l.Failures() == 0 {
 		t.Errorf("count %d failures %d, want only failures", l.Count(), l.Failures())
