@@ -62,6 +62,11 @@ func TestReplicatedCopiesHoldIdenticalRecords(t *testing.T) {
 	if err != nil || len(owner) != 20 {
 		t.Fatalf("owner read: %d records, %v", len(owner), err)
 	}
+	for i, r := range owner {
+		if string(r.GetPayload()) != want[i] || r.GetOffset() != uint64(i) {
+			t.Fatalf("owner offset %d holds %q, want %q at %d", r.GetOffset(), r.GetPayload(), want[i], i)
+		}
+	}
 	for _, node := range []string{"b2", "b3"} {
 		eventually(t, 10*time.Second, node+" holds every confirmed record", func() error {
 			got, err := h.readAll(node, "orders")

@@ -93,9 +93,3 @@ func (t *confirmTracker) get() (uint64, <-chan struct{}) {
 	defer t.mu.Unlock()
 	return t.watermark, t.changed
 }
-
-func (t *confirmTracker) ack(node string) uint64 {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	return t.acks[node]
-}
