@@ -212,6 +212,16 @@ func (db *DB) write(batch []*op) error {
 		return err
 	}
 	var touched []*Stream
+	// A batch of nothing but watermark touches is written without an
+	// fsync: the confirm watermark is persisted lazily (a lower value after
+	// a crash only delays reads and retention), and the next batch's sync
+	// covers it.
+	lazyOnly := true
+	for _, o := range batch {
+		if len(o.kvs) > 0 || o.meta != nil || !o.touchWM || o.done != nil {
+			lazyOnly = false
+		}
+	}
 	for _, o := range batch {
 		for _, k := range o.kvs {
 			if err := put(k); err != nil {
@@ -245,6 +255,9 @@ func (db *DB) write(batch []*op) error {
 	}
 	if err := txn.Commit(); err != nil {
 		return fmt.Errorf("storage: committing batch: %w", err)
+	}
+	if lazyOnly {
+		return nil
 	}
 	if err := db.bdb.Sync(); err != nil {
 		return fmt.Errorf("storage: syncing batch: %w", err)

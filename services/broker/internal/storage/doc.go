@@ -48,7 +48,9 @@
 //   - CommitCursor returns before the fsync (seed "Cursors": no per-commit
 //     fsync); the event is synced with the next batch. A crash may lose
 //     returned cursor commits, never records.
-//   - SetConfirmWatermark is persisted lazily with the next batch.
+//   - SetConfirmWatermark is persisted lazily with the next batch; a batch
+//     of nothing but watermark updates is written without an fsync (the
+//     next synced batch covers it; a crash can only leave an older value).
 //   - A stream's meta is written in the same transaction as (or a later one
 //     than) the entries it counts, so a durable tail never claims missing
 //     entries. Entries past a durable tail (a crash inside a split batch)
