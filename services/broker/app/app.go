@@ -45,8 +45,8 @@ type Config struct {
 	// stream: producers tracked and records per producer (0: defaults).
 	DedupeProducers int
 	DedupeWindow    int
-	Logger           *zerolog.Logger
-	LogLevel         string
+	Logger          *zerolog.Logger
+	LogLevel        string
 }
 
 func (c *Config) defaults() error {
