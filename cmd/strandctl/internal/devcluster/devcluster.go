@@ -50,7 +50,7 @@ func BrokerNode(i int) string { return "broker-" + strconv.Itoa(i) }
 const (
 	DefaultDir          = ".strand"
 	DefaultBrokers      = 3
-	DefaultPortBase     = 7100
+	DefaultPortBase     = 2379 // etcd on its usual 2379 (peer 2380), so `go tool etcdctl` needs no flags
 	DefaultReadyTimeout = 60 * time.Second
 	DefaultStopTimeout  = 10 * time.Second
 )
