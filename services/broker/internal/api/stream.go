@@ -187,6 +187,12 @@ func (s *StreamService) Subscribe(ctx context.Context, req *connect.Request[stra
 	if err != nil {
 		return toConnect(err)
 	}
+	// A first message with no records sends the response headers at once:
+	// clients wait for them before the call returns, and a live-tail
+	// subscription may have nothing to send for a long time.
+	if err := stream.Send(&strandv1.SubscribeResponse{ConfirmWatermark: sub.Watermark()}); err != nil {
+		return err
+	}
 	for {
 		recs, wm, err := sub.Next(ctx, n, b)
 		if err != nil {

@@ -212,15 +212,20 @@ func (c *Coord) watchAssignments(ctx context.Context, synced chan<- struct{}) er
 		return err
 	}
 	all := make(map[string]cluster.Assignment, len(resp.Kvs))
+	var unreadable []string
 	for _, kv := range resp.Kvs {
 		a, err := cluster.Decode[cluster.Assignment](kv.Value)
 		if err != nil {
-			c.log.Error().Err(err).Str("key", string(kv.Key)).Msg("unreadable assignment skipped")
+			// Withheld, never taken for a deletion: the copy stays as it is.
+			c.log.Error().Err(err).Str("key", string(kv.Key)).Msg("unreadable assignment withheld; copy left as it is")
+			if name, nerr := cluster.NameIn(dir, string(kv.Key)); nerr == nil {
+				unreadable = append(unreadable, name)
+			}
 			continue
 		}
 		all[a.Stream] = a
 	}
-	c.cfg.Manager.SyncAssignments(all)
+	c.cfg.Manager.SyncAssignments(all, unreadable)
 	synced <- struct{}{}
 	wch := c.cfg.Client.Watch(clientv3.WithRequireLeader(ctx), dir, clientv3.WithPrefix(), clientv3.WithRev(resp.Header.Revision+1))
 	for wr := range wch {

@@ -35,11 +35,14 @@ type Copy struct {
 	tracker    *confirmTracker
 	// follower side: the owner's watermark as last received, capped at the
 	// copy's own tail, and a channel closed when it moves.
-	followerWM      uint64
-	followerWMCh    chan struct{}
-	suspect         string
-	chainMismatch   bool
-	cursorNotify    chan struct{}
+	followerWM    uint64
+	followerWMCh  chan struct{}
+	suspect       string
+	chainMismatch bool
+	cursorNotify  chan struct{}
+	// roleChanged is closed and replaced whenever a role starts or ends, so
+	// readers parked on the previous role's watermark channel wake up.
+	roleChanged     chan struct{}
 	lastApplyErrLog time.Time
 }
 
@@ -52,6 +55,7 @@ func newCopy(m *Manager, name string, st *storage.Stream) *Copy {
 		done:         make(chan struct{}),
 		followerWMCh: make(chan struct{}),
 		cursorNotify: make(chan struct{}),
+		roleChanged:  make(chan struct{}),
 	}
 	c.roleCtx, c.roleCancel = context.WithCancel(context.Background())
 	c.roleCancel()
@@ -296,6 +300,7 @@ func (c *Copy) startRole(a cluster.Assignment, role string) {
 	defer c.mu.Unlock()
 	c.applied = a
 	c.role = role
+	c.signalRoleChangeLocked()
 	c.suspect = ""
 	c.chainMismatch = false
 	c.roleCtx, c.roleCancel = context.WithCancel(c.m.ctx)
@@ -354,7 +359,13 @@ func (c *Copy) endRole(newRole string) {
 	c.mu.Lock()
 	c.role = newRole
 	c.tracker = nil
+	c.signalRoleChangeLocked()
 	c.mu.Unlock()
+}
+
+func (c *Copy) signalRoleChangeLocked() {
+	close(c.roleChanged)
+	c.roleChanged = make(chan struct{})
 }
 
 func (c *Copy) stop() {
@@ -363,15 +374,16 @@ func (c *Copy) stop() {
 }
 
 // visible returns the watermark below which readers may see records, a
-// channel closed when it moves, and the role's context.
-func (c *Copy) visible() (uint64, <-chan struct{}, context.Context) {
+// channel closed when it moves, and one closed when the copy's role changes
+// (the first belongs to the role: a reader must re-ask after a change).
+func (c *Copy) visible() (uint64, <-chan struct{}, <-chan struct{}) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.role == cluster.RoleOwner && c.tracker != nil {
 		wm, ch := c.tracker.get()
-		return wm, ch, c.roleCtx
+		return wm, ch, c.roleChanged
 	}
-	return c.followerWM, c.followerWMCh, c.roleCtx
+	return c.followerWM, c.followerWMCh, c.roleChanged
 }
 
 func (c *Copy) setFollowerWatermark(wm uint64) {

@@ -29,15 +29,24 @@ func cutPoint(own []storage.LogEpoch, recordTail, cursorEventTail uint64, histor
 	if ownEpoch >= target {
 		return cluster.HistoryStart{}, false, nil
 	}
+	// The record cut and the cursor event cut are the lowest of each over
+	// the starts in range, taken separately: a promoted copy's record tail
+	// reaches the previous start, but its cursor event tail need not, so
+	// the start lowest in records is not always lowest in events.
 	var cut cluster.HistoryStart
 	found := false
 	for _, h := range history {
 		if h.Epoch <= ownEpoch || h.Epoch > target {
 			continue
 		}
-		if !found || h.RecordTail < cut.RecordTail {
+		if !found {
 			cut, found = h, true
+			continue
 		}
+		if h.RecordTail < cut.RecordTail {
+			cut.Epoch, cut.RecordTail, cut.Node = h.Epoch, h.RecordTail, h.Node
+		}
+		cut.CursorEventTail = min(cut.CursorEventTail, h.CursorEventTail)
 	}
 	if !found || (recordTail <= cut.RecordTail && cursorEventTail <= cut.CursorEventTail) {
 		return cluster.HistoryStart{}, false, nil

@@ -27,6 +27,7 @@ func TestCutPoint(t *testing.T) {
 		target     uint64
 		wantCut    bool
 		wantRecord uint64
+		wantEvents uint64
 		wantErr    bool
 	}{
 		{name: "returning old owner with a longer suffix", own: epochs(1), tail: 120, ctl: 10, history: h[:1], target: 2, wantCut: true, wantRecord: 100},
@@ -39,6 +40,9 @@ func TestCutPoint(t *testing.T) {
 		{name: "no start recorded in range (accepted loss without tails)", own: epochs(1), tail: 120, ctl: 10, history: nil, target: 2},
 		{name: "start of its own epoch never cuts the owner of that epoch", own: epochs(1, 2), tail: 130, ctl: 12, history: h[:1], target: 3},
 		{name: "start past the target is ignored", own: epochs(1), tail: 160, ctl: 12, history: h[1:], target: 2},
+		{name: "cursor events cut at the lowest event start, not the lowest record start's", own: epochs(1), tail: 160, ctl: 60,
+			history: cluster.HistoryStarts{{Epoch: 2, RecordTail: 100, CursorEventTail: 50}, {Epoch: 3, RecordTail: 120, CursorEventTail: 40}},
+			target:  3, wantCut: true, wantRecord: 100, wantEvents: 40},
 		{name: "out of order list withholds", own: epochs(1), tail: 160, history: cluster.HistoryStarts{h[1], h[0]}, target: 3, wantErr: true},
 	}
 	for _, c := range cases {
@@ -52,6 +56,9 @@ func TestCutPoint(t *testing.T) {
 			}
 			if ok && cut.RecordTail != c.wantRecord {
 				t.Fatalf("cut at %d, want %d", cut.RecordTail, c.wantRecord)
+			}
+			if ok && c.wantEvents != 0 && cut.CursorEventTail != c.wantEvents {
+				t.Fatalf("cursor event cut at %d, want %d", cut.CursorEventTail, c.wantEvents)
 			}
 		})
 	}

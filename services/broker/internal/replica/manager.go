@@ -204,13 +204,22 @@ func (m *Manager) DeleteAssignment(stream string) {
 
 // SyncAssignments replaces what the broker knows with a full listing (after
 // a watch restart). Copies whose stream no longer has an assignment are
-// dropped: the stream was deleted while this broker was away.
-func (m *Manager) SyncAssignments(all map[string]cluster.Assignment) {
+// dropped: the stream was deleted while this broker was away. Streams whose
+// assignment could not be decoded (unreadable) are left exactly as they
+// are: an unreadable value withholds action, it never deletes a copy.
+func (m *Manager) SyncAssignments(all map[string]cluster.Assignment, unreadable []string) {
 	m.mu.Lock()
-	m.assignments = maps.Clone(all)
+	kept := make(map[string]cluster.Assignment, len(all)+len(unreadable))
+	for _, name := range unreadable {
+		if a, ok := m.assignments[name]; ok {
+			kept[name] = a
+		}
+	}
+	maps.Copy(kept, all)
+	m.assignments = kept
 	var gone []*Copy
 	for name, c := range m.copies {
-		if _, ok := all[name]; !ok {
+		if _, ok := all[name]; !ok && !slices.Contains(unreadable, name) {
 			gone = append(gone, c)
 		}
 	}

@@ -150,12 +150,18 @@ func (m *Manager) Subscribe(stream string, from uint64) (*Subscription, error) {
 	return &Subscription{c: c, next: max(from, s.Head)}, nil
 }
 
+// Watermark is the copy's confirm watermark now.
+func (s *Subscription) Watermark() uint64 {
+	wm, _, _ := s.c.visible()
+	return wm
+}
+
 // Next blocks until confirmed records at or past the subscription's position
 // exist, then returns up to maxRecords of them. It never polls: it waits on
 // the watermark moving.
 func (s *Subscription) Next(ctx context.Context, maxRecords, maxBytes int) ([]storage.Record, uint64, error) {
 	for {
-		wm, changed, _ := s.c.visible()
+		wm, changed, roleChanged := s.c.visible()
 		head := s.c.st.State().Head
 		if s.next < head {
 			// Retention passed the reader: continue at the head, as a
@@ -177,6 +183,7 @@ func (s *Subscription) Next(ctx context.Context, maxRecords, maxBytes int) ([]st
 		}
 		select {
 		case <-changed:
+		case <-roleChanged:
 		case <-s.c.done:
 			return nil, wm, fmt.Errorf("%w: copy closed", ErrUnavailable)
 		case <-ctx.Done():

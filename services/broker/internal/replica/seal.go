@@ -24,6 +24,11 @@ func (m *Manager) Seal(ctx context.Context, stream string, fenceEpoch uint64, tr
 	case <-ctx.Done():
 		return storage.State{}, ctx.Err()
 	}
+	// select may take the slot even when ctx ended at the same time; a
+	// late seal must not run after its recoverer gave up on it.
+	if err := ctx.Err(); err != nil {
+		return storage.State{}, err
+	}
 	c := m.copy(stream)
 	if c == nil {
 		m.mu.RLock()

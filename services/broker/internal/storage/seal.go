@@ -63,6 +63,12 @@ func (s *Stream) Seal(fenceEpoch uint64, transition string) (State, error) {
 		if fenceEpoch < m.Epoch {
 			return fmt.Errorf("%w: seal at epoch %d below copy epoch %d", ErrFenced, fenceEpoch, m.Epoch)
 		}
+		if fenceEpoch == m.Epoch && m.SealEpoch == 0 && m.Epoch != 0 {
+			// The copy already applied an assignment at this epoch, which
+			// the recovery that fenced at it committed: the seal is stale
+			// (a late retry) and must not stop a serving copy.
+			return fmt.Errorf("%w: seal at epoch %d, which the copy already serves", ErrFenced, fenceEpoch)
+		}
 		if m.SealEpoch != 0 && m.SealEpoch == fenceEpoch {
 			if m.SealTransition == transition {
 				return nil // rewrite nothing new; still a barrier for the tails
