@@ -6,7 +6,6 @@
 package transition
 
 import (
-	"cmp"
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
@@ -36,30 +35,14 @@ var (
 
 // Candidate is a copy that could be promoted, with the tails its broker last
 // published in a heartbeat (zero when it published none).
-type Candidate struct {
-	Node            string
-	RecordTail      uint64
-	CursorEventTail uint64
-}
+// Candidate is a copy with the tails it last published.
+type Candidate = cluster.Candidate
 
-// Better orders candidates as the seal pick does: highest record tail, then
-// highest cursor event tail, then lowest node id (byte-wise), so the choice
-// is deterministic (seed, "Stream failover").
-func Better(a, b Candidate) int {
-	return cmp.Or(
-		-cmp.Compare(a.RecordTail, b.RecordTail),
-		-cmp.Compare(a.CursorEventTail, b.CursorEventTail),
-		cmp.Compare(a.Node, b.Node),
-	)
-}
+// Better orders candidates as the seal pick does (cluster.ComparePick).
+func Better(a, b Candidate) int { return cluster.ComparePick(a, b) }
 
-// Furthest returns the best candidate by Better.
-func Furthest(cands []Candidate) (Candidate, bool) {
-	if len(cands) == 0 {
-		return Candidate{}, false
-	}
-	return slices.MinFunc(cands, Better), true
-}
+// Furthest returns the best candidate by the seal pick's order.
+func Furthest(cands []Candidate) (Candidate, bool) { return cluster.Furthest(cands) }
 
 // Candidates returns the live copies among nodes with their published tails.
 func Candidates(s *state.Snapshot, stream string, nodes []string) []Candidate {

@@ -15,29 +15,6 @@ func asg(owner string, followers ...string) cluster.Assignment {
 	return cluster.Assignment{Stream: "s", Epoch: 3, Owner: owner, Followers: followers, Policy: majority}
 }
 
-func TestFurthest(t *testing.T) {
-	cases := []struct {
-		name  string
-		cands []Candidate
-		want  string
-	}{
-		{"highest record tail", []Candidate{{"a", 5, 9}, {"b", 7, 0}, {"c", 6, 0}}, "b"},
-		{"tie on record tail: highest cursor event tail", []Candidate{{"a", 7, 1}, {"b", 7, 4}, {"c", 7, 2}}, "b"},
-		{"full tie: lowest node id", []Candidate{{"c", 7, 4}, {"b", 7, 4}, {"d", 7, 4}}, "b"},
-		{"byte-wise node order", []Candidate{{"b10", 1, 1}, {"b9", 1, 1}}, "b10"},
-		{"one", []Candidate{{"x", 0, 0}}, "x"},
-	}
-	for _, c := range cases {
-		got, ok := Furthest(c.cands)
-		if !ok || got.Node != c.want {
-			t.Errorf("%s: got %v, want %s", c.name, got, c.want)
-		}
-	}
-	if _, ok := Furthest(nil); ok {
-		t.Error("Furthest(nil) reported a candidate")
-	}
-}
-
 func TestProposeRecovery(t *testing.T) {
 	cases := []struct {
 		name         string

@@ -7,7 +7,6 @@
 package pick
 
 import (
-	"bytes"
 	"cmp"
 	"errors"
 	"fmt"
@@ -73,35 +72,15 @@ func Threshold(old cluster.Assignment) int {
 }
 
 // Answer is one copy's reply to a stream seal: the tails it was fenced at.
-type Answer struct {
-	Node            string
-	RecordTail      uint64
-	CursorEventTail uint64
-}
+type Answer = cluster.Candidate
 
-// Further reports whether a is ahead of b in the pick order: the higher
-// record tail, then the higher cursor event tail, then the lower node id in
-// byte-wise order, so every recoverer picks the same copy from the same
-// answers (seed, "Stream failover").
-func Further(a, b Answer) bool {
-	if a.RecordTail != b.RecordTail {
-		return a.RecordTail > b.RecordTail
-	}
-	if a.CursorEventTail != b.CursorEventTail {
-		return a.CursorEventTail > b.CursorEventTail
-	}
-	return bytes.Compare([]byte(a.Node), []byte(b.Node)) < 0
-}
+// Further reports whether a is ahead of b in the pick order, the one order
+// of cluster.ComparePick (record tail, cursor event tail, lowest node id), so
+// every recoverer and the controller's proposal pick the same copy.
+func Further(a, b Answer) bool { return cluster.ComparePick(a, b) < 0 }
 
 // Furthest returns the furthest answer; ok is false when there is none.
-func Furthest(answers []Answer) (best Answer, ok bool) {
-	for i, a := range answers {
-		if i == 0 || Further(a, best) {
-			best = a
-		}
-	}
-	return best, len(answers) > 0
-}
+func Furthest(answers []Answer) (best Answer, ok bool) { return cluster.Furthest(answers) }
 
 // Verdict is what a recovery does with one round of seal answers.
 type Verdict int
