@@ -10,9 +10,8 @@ import (
 	"strings"
 	"time"
 
-	"connectrpc.com/connect"
-
 	strandv1 "github.com/strandhq/strand/internal/gen/strand/v1"
+	"github.com/strandhq/strand/internal/gen/strand/v1/strandv1connect"
 )
 
 // who names the operator in AcceptOwnerLoss, WithdrawRecovery and Failover.
@@ -41,26 +40,15 @@ func adminCommands() []*command {
 				if err := needArgs(args, 0, 0, "no arguments"); err != nil {
 					return err
 				}
-				c, err := e.admin()
-				if err != nil {
-					return err
-				}
-				ctx, cancel := e.withTimeout(ctx)
-				defer cancel()
-				res, err := c.Admin().ListBrokers(ctx, connect.NewRequest(&strandv1.ListBrokersRequest{}))
+				res, err := adminCall(ctx, e, strandv1connect.AdminServiceClient.ListBrokers, &strandv1.ListBrokersRequest{})
 				if err != nil {
 					return err
 				}
 				if e.g.json {
-					for _, b := range res.Msg.GetBrokers() {
-						if err := printMessage(e.stdout, b); err != nil {
-							return err
-						}
-					}
-					return nil
+					return printEach(e.stdout, res.GetBrokers())
 				}
 				t := newTable(e.stdout, "NODE", "ADDRESS", "LIVE", "STARTED")
-				for _, b := range res.Msg.GetBrokers() {
+				for _, b := range res.GetBrokers() {
 					started := "-"
 					if b.GetStartTime() != nil {
 						started = b.GetStartTime().AsTime().Local().Format(time.DateTime)
@@ -77,29 +65,18 @@ func adminCommands() []*command {
 				if err := needArgs(args, 0, 0, "no arguments"); err != nil {
 					return err
 				}
-				c, err := e.admin()
-				if err != nil {
-					return err
-				}
-				ctx, cancel := e.withTimeout(ctx)
-				defer cancel()
-				res, err := c.Admin().ListAttention(ctx, connect.NewRequest(&strandv1.ListAttentionRequest{}))
+				res, err := adminCall(ctx, e, strandv1connect.AdminServiceClient.ListAttention, &strandv1.ListAttentionRequest{})
 				if err != nil {
 					return err
 				}
 				if e.g.json {
-					for _, a := range res.Msg.GetEntries() {
-						if err := printMessage(e.stdout, a); err != nil {
-							return err
-						}
-					}
-					return nil
+					return printEach(e.stdout, res.GetEntries())
 				}
-				if len(res.Msg.GetEntries()) == 0 {
+				if len(res.GetEntries()) == 0 {
 					fmt.Fprintln(e.stdout, "nothing needs attention")
 					return nil
 				}
-				printAttention(e.stdout, res.Msg.GetEntries(), true)
+				printAttention(e.stdout, res.GetEntries(), true)
 				return nil
 			},
 		},
@@ -116,22 +93,16 @@ func adminCommands() []*command {
 				if strings.TrimSpace(why) == "" {
 					return usagef("--why is required: say why the loss is accepted")
 				}
-				c, err := e.admin()
-				if err != nil {
-					return err
-				}
-				ctx, cancel := e.withTimeout(ctx)
-				defer cancel()
-				res, err := c.Admin().AcceptOwnerLoss(ctx, connect.NewRequest(&strandv1.AcceptOwnerLossRequest{Stream: args[0], Node: node, Who: who(), Why: why}))
+				res, err := adminCall(ctx, e, strandv1connect.AdminServiceClient.AcceptOwnerLoss, &strandv1.AcceptOwnerLossRequest{Stream: args[0], Node: node, Who: who(), Why: why})
 				if err != nil {
 					return err
 				}
 				if e.g.json {
-					return printMessage(e.stdout, res.Msg)
+					return printMessage(e.stdout, res)
 				}
-				a := res.Msg.GetAssignment()
+				a := res.GetAssignment()
 				fmt.Fprintf(e.stdout, "stream %s now at epoch %d, owner %s, followers %s\n", args[0], a.GetEpoch(), dash(a.GetOwner()), dash(strings.Join(a.GetFollowers(), ",")))
-				if s := res.Msg.GetStart(); s != nil {
+				if s := res.GetStart(); s != nil {
 					fmt.Fprintf(e.stdout, "history start: epoch %d at record tail %d, cursor event tail %d (%s)\n", s.GetEpoch(), s.GetRecordTail(), s.GetCursorEventTail(), s.GetNode())
 				} else {
 					fmt.Fprintln(e.stdout, "no history start recorded: the new owner had published no tails")
@@ -151,18 +122,12 @@ func adminCommands() []*command {
 				if strings.TrimSpace(why) == "" {
 					return usagef("--why is required: say why the recovery is withdrawn")
 				}
-				c, err := e.admin()
-				if err != nil {
-					return err
-				}
-				ctx, cancel := e.withTimeout(ctx)
-				defer cancel()
-				res, err := c.Admin().WithdrawRecovery(ctx, connect.NewRequest(&strandv1.WithdrawRecoveryRequest{Stream: args[0], Who: who(), Why: why}))
+				res, err := adminCall(ctx, e, strandv1connect.AdminServiceClient.WithdrawRecovery, &strandv1.WithdrawRecoveryRequest{Stream: args[0], Who: who(), Why: why})
 				if err != nil {
 					return err
 				}
 				if e.g.json {
-					return printMessage(e.stdout, res.Msg)
+					return printMessage(e.stdout, res)
 				}
 				fmt.Fprintf(e.stdout, "withdrew the pending recovery of %s\n", args[0])
 				return nil
@@ -177,20 +142,14 @@ func adminCommands() []*command {
 				if err := needArgs(args, 1, 1, "NAME"); err != nil {
 					return err
 				}
-				c, err := e.admin()
-				if err != nil {
-					return err
-				}
-				ctx, cancel := e.withTimeout(ctx)
-				defer cancel()
-				res, err := c.Admin().Failover(ctx, connect.NewRequest(&strandv1.FailoverRequest{Stream: args[0], Who: who(), Why: failoverWy}))
+				res, err := adminCall(ctx, e, strandv1connect.AdminServiceClient.Failover, &strandv1.FailoverRequest{Stream: args[0], Who: who(), Why: failoverWy})
 				if err != nil {
 					return err
 				}
 				if e.g.json {
-					return printMessage(e.stdout, res.Msg)
+					return printMessage(e.stdout, res)
 				}
-				r := res.Msg.GetRecovery()
+				r := res.GetRecovery()
 				fmt.Fprintf(e.stdout, "failover of %s pending: from epoch %d, fence %d, proposed owner %s (transition %s)\n",
 					args[0], r.GetFromEpoch(), r.GetFenceEpoch(), dash(r.GetProposedOwner()), r.GetTransitionId())
 				return nil

@@ -1,12 +1,16 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"strings"
 
+	"connectrpc.com/connect"
+
 	"github.com/strandhq/strand/client"
 	"github.com/strandhq/strand/cmd/strandctl/internal/devcluster"
+	"github.com/strandhq/strand/internal/gen/strand/v1/strandv1connect"
 )
 
 // endpoints says where the cluster is: --controller/--broker (or their
@@ -50,4 +54,23 @@ func (e *env) admin() (*client.Client, error) {
 		return nil, errors.New("no controller address: pass --controller or set STRAND_CONTROLLER")
 	}
 	return c, nil
+}
+
+// adminCall makes one AdminService call on the controller leader within the
+// command's timeout; rpc is the method, e.g.
+// strandv1connect.AdminServiceClient.GetStream.
+func adminCall[Req, Res any](ctx context.Context, e *env,
+	rpc func(strandv1connect.AdminServiceClient, context.Context, *connect.Request[Req]) (*connect.Response[Res], error), req *Req,
+) (*Res, error) {
+	c, err := e.admin()
+	if err != nil {
+		return nil, err
+	}
+	ctx, cancel := e.withTimeout(ctx)
+	defer cancel()
+	res, err := rpc(c.Admin(), ctx, connect.NewRequest(req))
+	if err != nil {
+		return nil, err
+	}
+	return res.Msg, nil
 }

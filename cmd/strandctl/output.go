@@ -100,3 +100,13 @@ func orDash(n uint64) string {
 	}
 	return strconv.FormatUint(n, 10)
 }
+
+// printEach prints one JSON object per line.
+func printEach[M proto.Message](w io.Writer, msgs []M) error {
+	for _, m := range msgs {
+		if err := printMessage(w, m); err != nil {
+			return err
+		}
+	}
+	return nil
+}

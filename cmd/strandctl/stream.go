@@ -8,11 +8,11 @@ import (
 	"strings"
 	"time"
 
-	"connectrpc.com/connect"
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/strandhq/strand/internal/cluster"
 	strandv1 "github.com/strandhq/strand/internal/gen/strand/v1"
+	"github.com/strandhq/strand/internal/gen/strand/v1/strandv1connect"
 )
 
 // policyFlags are --policy and --nodes.
@@ -106,22 +106,16 @@ func streamCommands() []*command {
 						req.Retention.MaxAge = durationpb.New(retAge)
 					}
 				}
-				c, err := e.admin()
-				if err != nil {
-					return err
-				}
-				ctx, cancel := e.withTimeout(ctx)
-				defer cancel()
-				res, err := c.Admin().CreateStream(ctx, connect.NewRequest(req))
+				res, err := adminCall(ctx, e, strandv1connect.AdminServiceClient.CreateStream, req)
 				if err != nil {
 					return err
 				}
 				if e.g.json {
-					return printMessage(e.stdout, res.Msg)
+					return printMessage(e.stdout, res)
 				}
-				a := res.Msg.GetAssignment()
+				a := res.GetAssignment()
 				fmt.Fprintf(e.stdout, "created stream %s: copies %d, policy %s, epoch %d, owner %s, followers %s\n",
-					res.Msg.GetSpec().GetName(), res.Msg.GetSpec().GetCopies(), policyString(a.GetPolicy()),
+					res.GetSpec().GetName(), res.GetSpec().GetCopies(), policyString(a.GetPolicy()),
 					a.GetEpoch(), dash(a.GetOwner()), dash(strings.Join(a.GetFollowers(), ",")))
 				return nil
 			},
@@ -132,18 +126,12 @@ func streamCommands() []*command {
 				if err := needArgs(args, 1, 1, "NAME"); err != nil {
 					return err
 				}
-				c, err := e.admin()
-				if err != nil {
-					return err
-				}
-				ctx, cancel := e.withTimeout(ctx)
-				defer cancel()
-				res, err := c.Admin().DeleteStream(ctx, connect.NewRequest(&strandv1.DeleteStreamRequest{Name: args[0]}))
+				res, err := adminCall(ctx, e, strandv1connect.AdminServiceClient.DeleteStream, &strandv1.DeleteStreamRequest{Name: args[0]})
 				if err != nil {
 					return err
 				}
 				if e.g.json {
-					return printMessage(e.stdout, res.Msg)
+					return printMessage(e.stdout, res)
 				}
 				fmt.Fprintf(e.stdout, "deleted stream %s\n", args[0])
 				return nil
@@ -155,20 +143,14 @@ func streamCommands() []*command {
 				if err := needArgs(args, 1, 1, "NAME"); err != nil {
 					return err
 				}
-				c, err := e.admin()
-				if err != nil {
-					return err
-				}
-				ctx, cancel := e.withTimeout(ctx)
-				defer cancel()
-				res, err := c.Admin().GetStream(ctx, connect.NewRequest(&strandv1.GetStreamRequest{Name: args[0]}))
+				res, err := adminCall(ctx, e, strandv1connect.AdminServiceClient.GetStream, &strandv1.GetStreamRequest{Name: args[0]})
 				if err != nil {
 					return err
 				}
 				if e.g.json {
-					return printMessage(e.stdout, res.Msg)
+					return printMessage(e.stdout, res)
 				}
-				printStream(e, res.Msg)
+				printStream(e, res)
 				return nil
 			},
 		},
@@ -178,26 +160,15 @@ func streamCommands() []*command {
 				if err := needArgs(args, 0, 0, "no arguments"); err != nil {
 					return err
 				}
-				c, err := e.admin()
-				if err != nil {
-					return err
-				}
-				ctx, cancel := e.withTimeout(ctx)
-				defer cancel()
-				res, err := c.Admin().ListStreams(ctx, connect.NewRequest(&strandv1.ListStreamsRequest{}))
+				res, err := adminCall(ctx, e, strandv1connect.AdminServiceClient.ListStreams, &strandv1.ListStreamsRequest{})
 				if err != nil {
 					return err
 				}
 				if e.g.json {
-					for _, s := range res.Msg.GetStreams() {
-						if err := printMessage(e.stdout, s); err != nil {
-							return err
-						}
-					}
-					return nil
+					return printEach(e.stdout, res.GetStreams())
 				}
 				t := newTable(e.stdout, "NAME", "COPIES", "POLICY", "EPOCH", "OWNER", "FOLLOWERS", "RECORD_TAIL", "RECOVERY", "ATTENTION")
-				for _, s := range res.Msg.GetStreams() {
+				for _, s := range res.GetStreams() {
 					a := s.GetAssignment()
 					tail := uint64(0)
 					for _, cp := range s.GetCopies() {
@@ -236,22 +207,16 @@ func streamCommands() []*command {
 				if updCopies == 0 && policy == nil {
 					return usagef("nothing to update: give --copies or --policy")
 				}
-				c, err := e.admin()
-				if err != nil {
-					return err
-				}
-				ctx, cancel := e.withTimeout(ctx)
-				defer cancel()
-				res, err := c.Admin().UpdateStream(ctx, connect.NewRequest(&strandv1.UpdateStreamRequest{Name: args[0], Copies: uint32(updCopies), Policy: policy}))
+				res, err := adminCall(ctx, e, strandv1connect.AdminServiceClient.UpdateStream, &strandv1.UpdateStreamRequest{Name: args[0], Copies: uint32(updCopies), Policy: policy})
 				if err != nil {
 					return err
 				}
 				if e.g.json {
-					return printMessage(e.stdout, res.Msg)
+					return printMessage(e.stdout, res)
 				}
-				a := res.Msg.GetAssignment()
+				a := res.GetAssignment()
 				how := "through recovery"
-				if res.Msg.GetFastPath() {
+				if res.GetFastPath() {
 					how = "fast path"
 				}
 				fmt.Fprintf(e.stdout, "updated stream %s (%s): epoch %d, owner %s, followers %s, policy %s\n",
