@@ -97,9 +97,77 @@ func (c *Copy) followOnce(ctx context.Context, owner string, epoch uint64) error
 	}); err != nil {
 		return err
 	}
+	// The receiver queues each batch and goes back for the next while the
+	// acker waits for queued batches to become durable, in order, and
+	// acknowledges the durable tails: batches that arrive during one fsync
+	// share the next one (storage.EnqueueReplicated), and the owner's next
+	// batch travels while this one syncs. The owner's flow control bounds
+	// what is queued here.
+	pending := make(chan storage.Pending, 64)
+	ackErr := make(chan error, 1)
+	ackerDone := make(chan struct{})
+	defer func() {
+		cancel()
+		<-ackerDone
+	}()
+	var wmMu sync.Mutex
+	var ownerWM uint64
+	// applyWatermark makes the owner's confirm watermark visible here, never
+	// above this copy's durable tail: readers on any copy only see records
+	// below the confirm watermark.
+	applyWatermark := func(fromOwner uint64) {
+		wmMu.Lock()
+		defer wmMu.Unlock()
+		ownerWM = max(ownerWM, fromOwner)
+		st := c.st.State()
+		wm := min(ownerWM, st.RecordTail)
+		if wm > st.ConfirmWatermark {
+			c.st.SetConfirmWatermark(wm)
+		}
+		c.setFollowerWatermark(wm)
+	}
+	go func() {
+		defer close(ackerDone)
+		ackedRec, ackedEv := s.RecordTail, s.CursorEventTail
+		for {
+			var p storage.Pending
+			select {
+			case p = <-pending:
+			case <-ctx.Done():
+				return
+			}
+			if err := p.Wait(ctx); err != nil {
+				ackErr <- err
+				cancel()
+				return
+			}
+			st := c.st.State()
+			applyWatermark(0)
+			// A batch that became durable with an earlier one was
+			// acknowledged with it.
+			if st.RecordTail == ackedRec && st.CursorEventTail == ackedEv {
+				continue
+			}
+			ackedRec, ackedEv = st.RecordTail, st.CursorEventTail
+			if err := send(&strandv1.FollowRequest{
+				Stream: c.name, Node: c.m.cfg.Node, Epoch: epoch,
+				RecordTail: st.RecordTail, CursorEventTail: st.CursorEventTail, Chain: st.Chain,
+			}); err != nil {
+				ackErr <- err
+				cancel()
+				return
+			}
+		}
+	}()
+	queued := false
 	for {
 		resp, err := stream.Receive()
 		if err != nil {
+			select {
+			case aerr := <-ackErr:
+				return aerr
+			default:
+			}
 			return err
 		}
 		c.setSuspect("")
@@ -107,6 +175,11 @@ func (c *Copy) followOnce(ctx context.Context, owner string, epoch uint64) error
 			return fmt.Errorf("%w: owner at epoch %d, follower at %d", ErrEpochMismatch, resp.GetEpoch(), epoch)
 		}
 		if head := resp.GetHead(); head > 0 && head > c.st.State().RecordTail {
+			// The owner names its head only before its first batch, so
+			// nothing is queued here yet.
+			if queued {
+				return fmt.Errorf("owner sent head %d after records; following again", head)
+			}
 			if err := c.st.ResetTo(head, resp.GetChainAtHead()); err != nil {
 				return err
 			}
@@ -120,26 +193,20 @@ func (c *Copy) followOnce(ctx context.Context, owner string, epoch uint64) error
 			evs = append(evs, eventFromProto(e))
 		}
 		if len(recs) > 0 || len(evs) > 0 {
-			if err := c.st.AppendReplicated(ctx, recs, evs); err != nil {
+			p, err := c.st.EnqueueReplicated(ctx, recs, evs)
+			if err != nil {
 				if errors.Is(err, storage.ErrChainMismatch) {
 					return fmt.Errorf("%w: %v", ErrChainMismatch, err)
 				}
 				return err
 			}
-		}
-		s = c.st.State()
-		wm := min(resp.GetConfirmWatermark(), s.RecordTail)
-		if wm > s.ConfirmWatermark {
-			c.st.SetConfirmWatermark(wm)
-		}
-		c.setFollowerWatermark(wm)
-		if len(recs) > 0 || len(evs) > 0 {
-			if err := send(&strandv1.FollowRequest{
-				Stream: c.name, Node: c.m.cfg.Node, Epoch: epoch,
-				RecordTail: s.RecordTail, CursorEventTail: s.CursorEventTail, Chain: s.Chain,
-			}); err != nil {
-				return err
+			queued = true
+			select {
+			case pending <- p:
+			case <-ctx.Done():
+				return ctx.Err()
 			}
 		}
+		applyWatermark(resp.GetConfirmWatermark())
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 
 	"github.com/dgraph-io/badger/v4"
 	"github.com/dgraph-io/badger/v4/options"
@@ -29,6 +30,12 @@ type Options struct {
 	MaxProducers              int
 	ProducerWindow            int
 	ProducerCheckpointRecords int
+	// TailCacheBytes bounds each stream's cache of its newest durable
+	// records and TailCacheTotalBytes all of them together (tailcache.go);
+	// 0 picks DefaultTailCacheBytes and DefaultTailCacheTotalBytes, a
+	// negative value turns the cache off.
+	TailCacheBytes      int
+	TailCacheTotalBytes int64
 }
 
 // Memory defaults, for a broker that stays near 512 MiB RSS under load: two
@@ -54,6 +61,11 @@ type DB struct {
 
 	// Producer table limits (Options).
 	maxProducers, producerWindow, producerCheckpointEvery int
+
+	// Tail cache bounds (Options) and the bytes all streams' caches hold.
+	tailCacheBytes int
+	tailCacheLimit int64
+	tailCacheUsed  atomic.Int64
 
 	ops     chan *op
 	stop    chan struct{}
@@ -130,6 +142,8 @@ func Open(opts Options) (*DB, error) {
 		maxProducers:            orDefault(opts.MaxProducers, DefaultMaxProducers),
 		producerWindow:          orDefault(opts.ProducerWindow, DefaultProducerWindow),
 		producerCheckpointEvery: orDefault(opts.ProducerCheckpointRecords, DefaultProducerCheckpointRecords),
+		tailCacheBytes:          cacheBound(opts.TailCacheBytes, DefaultTailCacheBytes),
+		tailCacheLimit:          cacheBound(opts.TailCacheTotalBytes, DefaultTailCacheTotalBytes),
 		ops:                     make(chan *op, 4096),
 		stop:                    make(chan struct{}),
 		stopped:                 make(chan struct{}),
@@ -143,6 +157,17 @@ func Open(opts Options) (*DB, error) {
 		return nil, err
 	}
 	return db, nil
+}
+
+// cacheBound reads a cache bound: 0 is the default, negative is off.
+func cacheBound[T int | int64](v, def T) T {
+	switch {
+	case v == 0:
+		return def
+	case v < 0:
+		return 0
+	}
+	return v
 }
 
 func orDefault(v, def int) int {

@@ -100,6 +100,8 @@ type Stream struct {
 	wmQueued  bool
 	dclosed   bool
 	waiters   map[waitKey]chan struct{}
+	// tail holds the newest durable records (tailcache.go).
+	tail tailCache
 
 	// Owned by the committer goroutine.
 	cmMeta    *meta
@@ -148,6 +150,7 @@ func (db *DB) newStream(name string) *Stream {
 		producers:   newProducerTable(db.maxProducers, db.producerWindow),
 		cursors:     map[string]uint64{},
 		waiters:     map[waitKey]chan struct{}{},
+		tail:        tailCache{max: db.tailCacheBytes, total: &db.tailCacheUsed, limit: db.tailCacheLimit},
 	}
 }
 
@@ -315,6 +318,7 @@ func (s *Stream) close() {
 	s.mu.Unlock()
 	s.dmu.Lock()
 	s.dclosed = true
+	s.tail.clear()
 	s.wakeAllLocked()
 	s.dmu.Unlock()
 }
@@ -470,7 +474,7 @@ func (s *Stream) AppendIdempotent(ctx context.Context, epoch uint64, recs []Reco
 	o.meta, o.version = s.snapshotMeta()
 	o.done = make(chan error, 1)
 	tail := s.m.RecordTail
-	o.apply = func() { s.advanceDurable(tail, chain) }
+	o.apply = func() { s.advanceDurableRecords(tail, chain, fresh) }
 	if err := s.enqueueLocked(ctx, o, prev); err != nil {
 		s.mu.Unlock()
 		return AppendResult{}, err
@@ -568,24 +572,50 @@ func (s *Stream) snapshotMeta() (*meta, uint64) {
 // the copy's (else ErrFenced); a sealed copy takes nothing (ErrFenced). On
 // any error nothing is stored. It returns once the batch is fsynced.
 func (s *Stream) AppendReplicated(ctx context.Context, recs []Record, evs []CursorEvent) error {
-	if len(recs) == 0 && len(evs) == 0 {
+	p, err := s.EnqueueReplicated(ctx, recs, evs)
+	if err != nil {
+		return err
+	}
+	return p.Wait(ctx)
+}
+
+// Pending is a write handed to the committer; Wait returns once it is
+// durable (or failed). Abandoning a Pending does not stop the write.
+type Pending struct{ o *op }
+
+// Wait waits until the write is durable. Cancelling ctx stops the wait,
+// not the write.
+func (p Pending) Wait(ctx context.Context) error {
+	if p.o == nil {
 		return nil
+	}
+	return wait(ctx, p.o)
+}
+
+// EnqueueReplicated is AppendReplicated without the wait: the batch is
+// checked and queued behind every earlier one, so a follower can receive
+// its next batch while this one is being synced and the committer writes
+// both with one fsync. The durable tail moves over the batch only once it
+// is synced, in queue order (doc.go, "Ordering invariants").
+func (s *Stream) EnqueueReplicated(ctx context.Context, recs []Record, evs []CursorEvent) (Pending, error) {
+	if len(recs) == 0 && len(evs) == 0 {
+		return Pending{}, nil
 	}
 	for i := range evs {
 		if err := validCursorName(evs[i].Cursor); err != nil {
-			return fmt.Errorf("cursor event %d: %w", evs[i].Offset, err)
+			return Pending{}, fmt.Errorf("cursor event %d: %w", evs[i].Offset, err)
 		}
 	}
 	for i := range recs {
 		if n := recordSize(&recs[i]) + 32; n > s.db.maxEntryBytes {
-			return fmt.Errorf("%w: record %d of %d bytes above the %d-byte limit", ErrInvalidArgument, recs[i].Offset, n, s.db.maxEntryBytes)
+			return Pending{}, fmt.Errorf("%w: record %d of %d bytes above the %d-byte limit", ErrInvalidArgument, recs[i].Offset, n, s.db.maxEntryBytes)
 		}
 	}
 
 	s.mu.Lock()
 	if err := s.checkReplicatedLocked(recs, evs); err != nil {
 		s.mu.Unlock()
-		return err
+		return Pending{}, err
 	}
 	chain := s.m.Chain
 	if n := len(recs); n > 0 {
@@ -624,7 +654,7 @@ func (s *Stream) AppendReplicated(ctx context.Context, recs []Record, evs []Curs
 	o.done = make(chan error, 1)
 	tail, evTail := s.m.RecordTail, s.m.CursorEventTail
 	o.apply = func() {
-		s.advanceDurable(tail, chain)
+		s.advanceDurableRecords(tail, chain, recs)
 		s.advanceDurableEvents(evTail)
 	}
 	if err := s.enqueueLocked(ctx, o, prev); err != nil {
@@ -637,14 +667,14 @@ func (s *Stream) AppendReplicated(ctx context.Context, recs []Record, evs []Curs
 			}
 		}
 		s.mu.Unlock()
-		return err
+		return Pending{}, err
 	}
 	// The same table the owner built: a promoted copy deduplicates what
 	// the old owner stored (doc.go, "Idempotent publish").
 	s.applyProducersLocked(recs)
 	s.maybeCheckpointProducersLocked(ctx)
 	s.mu.Unlock()
-	return wait(ctx, o)
+	return Pending{o: o}, nil
 }
 
 // checkReplicatedLocked validates a replicated batch against the assigned
@@ -693,11 +723,15 @@ const noCursor = ^uint64(0)
 // maxOffset is the end of every offset range.
 const maxOffset = ^uint64(0)
 
-// advanceDurable moves the durable record tail (committer, after sync).
-func (s *Stream) advanceDurable(tail, chain uint64) {
+// advanceDurableRecords moves the durable record tail over recs
+// (committer, after sync) and keeps them in the tail cache.
+func (s *Stream) advanceDurableRecords(tail, chain uint64, recs []Record) {
 	s.dmu.Lock()
 	defer s.dmu.Unlock()
 	if tail > s.dTail {
+		if !s.dclosed {
+			s.tail.add(recs)
+		}
 		s.dTail, s.dChain = tail, chain
 		s.wakeLocked()
 	}
@@ -728,6 +762,9 @@ func (s *Stream) setDurable(tail, chain, evTail, watermark uint64) {
 	defer s.dmu.Unlock()
 	s.dTail, s.dChain, s.dEvTail = tail, chain, evTail
 	s.watermark = min(watermark, tail)
+	// The log changed under the cached records: the tail cache holds only
+	// what the log holds at each offset.
+	s.tail.clear()
 	s.wakeAllLocked()
 }
 
@@ -758,6 +795,12 @@ func (s *Stream) Read(from uint64, maxRecords, maxBytes int) ([]Record, error) {
 	end := tail
 	if maxRecords > 0 && uint64(maxRecords) < end-from {
 		end = from + uint64(maxRecords)
+	}
+	s.dmu.Lock()
+	cached, ok := s.tail.read(from, end, maxBytes)
+	s.dmu.Unlock()
+	if ok {
+		return cached, nil
 	}
 	var (
 		out   []Record
