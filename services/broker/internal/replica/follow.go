@@ -44,9 +44,13 @@ func (m *Manager) ServeFollow(ctx context.Context, first *strandv1.FollowRequest
 		return fmt.Errorf("%w: follower at epoch %d, owner at epoch %d", ErrEpochMismatch, first.GetEpoch(), a.Epoch)
 	}
 	s := c.st.State()
+	// Followers get records once written here, before they are durable
+	// here (storage.WrittenTail), so a follower's record tail may be past
+	// the owner's durable one, never past its written one.
+	written, _ := c.st.WrittenTail()
 	pos, cpos := first.GetRecordTail(), first.GetCursorEventTail()
-	if pos > s.RecordTail || cpos > s.CursorEventTail {
-		return fmt.Errorf("%w: follower tails %d/%d, owner tails %d/%d", ErrPastTail, pos, cpos, s.RecordTail, s.CursorEventTail)
+	if pos > written || cpos > s.CursorEventTail {
+		return fmt.Errorf("%w: follower tails %d/%d, owner tails %d/%d", ErrPastTail, pos, cpos, written, s.CursorEventTail)
 	}
 	var head, chainAtHead uint64
 	if pos < s.Head {
@@ -57,7 +61,7 @@ func (m *Manager) ServeFollow(ctx context.Context, first *strandv1.FollowRequest
 		}
 		head, chainAtHead, pos = s.Head, chain, s.Head
 	} else {
-		chain, err := c.st.ChainAt(pos)
+		chain, err := c.st.WrittenChainAt(pos)
 		if err != nil {
 			return err
 		}
@@ -112,12 +116,16 @@ func (m *Manager) ServeFollow(ctx context.Context, first *strandv1.FollowRequest
 		}
 		wm, wmChanged := tracker.get()
 		s := c.st.State()
+		written, _ := c.st.WrittenTail()
+		// WaitTail also closes on new durable cursor events, which ship
+		// only once durable here (seed, "Cursors").
 		tailCh := c.st.WaitTail(s.RecordTail)
+		writtenCh := c.st.WaitWritten(written)
 		cursorCh := c.cursorChanged()
 		var recs []storage.Record
-		if pos < s.RecordTail && fc.room() {
+		if pos < written && fc.room() {
 			var err error
-			recs, err = c.st.Read(pos, followBatchRecords, followBatchBytes)
+			recs, err = c.st.ReadWritten(pos, followBatchRecords, followBatchBytes)
 			if err != nil {
 				return err
 			}
@@ -156,6 +164,7 @@ func (m *Manager) ServeFollow(ctx context.Context, first *strandv1.FollowRequest
 		select {
 		case <-ctx.Done():
 		case <-tailCh:
+		case <-writtenCh:
 		case <-wmChanged:
 		case <-cursorCh:
 		case <-fc.acked:

@@ -45,6 +45,9 @@ type op struct {
 	// touchWM asks for the stream's newest metadata to be rewritten with the
 	// current confirm watermark (SetConfirmWatermark's lazy persistence).
 	touchWM bool
+	// written runs on the committer once Badger has taken the op, before
+	// the fsync, in queue order (Stream.WrittenTail).
+	written func()
 	// apply runs on the committer after the op is durable, in queue order.
 	apply func()
 	// done receives the outcome; nil when nobody waits.
@@ -160,6 +163,7 @@ func (db *DB) commit(batch []*op) {
 			db.failed = err
 			db.failMu.Unlock()
 			db.log.Error().Err(err).Msg("storage write failed; refusing further writes until restart")
+			forgetBoot(db.dir)
 		}
 	} else {
 		err = fmt.Errorf("%w: db stopped after a write failure: %w", ErrClosed, err)
@@ -255,6 +259,11 @@ func (db *DB) write(batch []*op) error {
 	}
 	if err := txn.Commit(); err != nil {
 		return fmt.Errorf("storage: committing batch: %w", err)
+	}
+	for _, o := range batch {
+		if o.written != nil {
+			o.written()
+		}
 	}
 	if lazyOnly {
 		return nil

@@ -36,6 +36,9 @@ type Options struct {
 	// negative value turns the cache off.
 	TailCacheBytes      int
 	TailCacheTotalBytes int64
+	// BootIDPath is read for the id of the running boot (boot.go);
+	// empty means BootIDPath. Tests point it at a file of their own.
+	BootIDPath string
 }
 
 // Memory defaults, for a broker that stays near 512 MiB RSS under load: two
@@ -61,6 +64,11 @@ type DB struct {
 
 	// Producer table limits (Options).
 	maxProducers, producerWindow, producerCheckpointEvery int
+
+	dir string
+	// mayHaveLostWritten: the last stop was unclean and the machine
+	// rebooted since (boot.go).
+	mayHaveLostWritten bool
 
 	// Tail cache bounds (Options) and the bytes all streams' caches hold.
 	tailCacheBytes int
@@ -135,8 +143,20 @@ func Open(opts Options) (*DB, error) {
 	if err != nil {
 		return nil, fmt.Errorf("storage: opening badger in %s: %w", opts.Dir, err)
 	}
+	bootIDPath := opts.BootIDPath
+	if bootIDPath == "" {
+		bootIDPath = BootIDPath
+	}
+	// After Badger's open (which holds the directory lock), before any write.
+	lost, err := checkBoot(opts.Dir, bootIDPath)
+	if err != nil {
+		_ = bdb.Close()
+		return nil, err
+	}
 	db := &DB{
 		bdb:                     bdb,
+		dir:                     opts.Dir,
+		mayHaveLostWritten:      lost,
 		log:                     opts.Logger,
 		maxEntryBytes:           int(maxBatch / 2),
 		maxProducers:            orDefault(opts.MaxProducers, DefaultMaxProducers),
@@ -201,8 +221,22 @@ func (db *DB) Close() error {
 	if err := db.bdb.Close(); err != nil {
 		return fmt.Errorf("storage: closing badger: %w", err)
 	}
-	return nil
+	db.failMu.Lock()
+	failed := db.failed
+	db.failMu.Unlock()
+	if failed != nil {
+		return nil
+	}
+	// Badger synced everything on close: the next open may trust the
+	// written records whatever the boot.
+	return markClean(db.dir)
 }
+
+// MayHaveLostWritten reports that the last stop of this store was unclean
+// and the machine has rebooted since (or that cannot be told): records that
+// were written but not yet synced then, which an owner may already have
+// shipped to followers, may be missing (boot.go).
+func (db *DB) MayHaveLostWritten() bool { return db.mayHaveLostWritten }
 
 // Open returns the stream copy called name, creating it (empty, epoch 0) if
 // it does not exist. Every call for a name returns the same *Stream until it

@@ -95,6 +95,11 @@ type Stream struct {
 	dmu       sync.Mutex
 	dTail     uint64
 	dChain    uint64
+	// wTail and wChain are the written view: records Badger has taken
+	// (they are in the OS page cache) but not necessarily fsynced yet, at
+	// or ahead of the durable view (see WrittenTail).
+	wTail  uint64
+	wChain uint64
 	dEvTail   uint64
 	watermark uint64
 	wmQueued  bool
@@ -201,6 +206,7 @@ func (db *DB) loadStream(name string) (*Stream, error) {
 	s.m = m
 	s.cmMeta = &m
 	s.dTail, s.dChain, s.dEvTail = m.RecordTail, m.Chain, m.CursorEventTail
+	s.wTail, s.wChain = s.dTail, s.dChain
 	s.watermark = min(m.ConfirmWatermark, m.RecordTail)
 	if !found {
 		s.m = meta{}
@@ -474,7 +480,8 @@ func (s *Stream) AppendIdempotent(ctx context.Context, epoch uint64, recs []Reco
 	o.meta, o.version = s.snapshotMeta()
 	o.done = make(chan error, 1)
 	tail := s.m.RecordTail
-	o.apply = func() { s.advanceDurableRecords(tail, chain, fresh) }
+	o.written = func() { s.advanceWritten(tail, chain, fresh) }
+	o.apply = func() { s.advanceDurableRecords(tail, chain, nil) }
 	if err := s.enqueueLocked(ctx, o, prev); err != nil {
 		s.mu.Unlock()
 		return AppendResult{}, err
@@ -653,8 +660,9 @@ func (s *Stream) EnqueueReplicated(ctx context.Context, recs []Record, evs []Cur
 	o.meta, o.version = s.snapshotMeta()
 	o.done = make(chan error, 1)
 	tail, evTail := s.m.RecordTail, s.m.CursorEventTail
+	o.written = func() { s.advanceWritten(tail, chain, recs) }
 	o.apply = func() {
-		s.advanceDurableRecords(tail, chain, recs)
+		s.advanceDurableRecords(tail, chain, nil)
 		s.advanceDurableEvents(evTail)
 	}
 	if err := s.enqueueLocked(ctx, o, prev); err != nil {
@@ -723,15 +731,32 @@ const noCursor = ^uint64(0)
 // maxOffset is the end of every offset range.
 const maxOffset = ^uint64(0)
 
-// advanceDurableRecords moves the durable record tail over recs
-// (committer, after sync) and keeps them in the tail cache.
-func (s *Stream) advanceDurableRecords(tail, chain uint64, recs []Record) {
+// advanceWritten moves the written record tail over recs (committer, once
+// Badger took them, before the sync) and keeps them in the tail cache.
+func (s *Stream) advanceWritten(tail, chain uint64, recs []Record) {
 	s.dmu.Lock()
 	defer s.dmu.Unlock()
-	if tail > s.dTail {
+	if tail > s.wTail {
 		if !s.dclosed {
 			s.tail.add(recs)
 		}
+		s.wTail, s.wChain = tail, chain
+		s.wakeLocked()
+	}
+}
+
+// advanceDurableRecords moves the durable record tail (committer, after
+// sync); recs, when the op had no written step, go to the tail cache.
+func (s *Stream) advanceDurableRecords(tail, chain uint64, recs []Record) {
+	s.dmu.Lock()
+	defer s.dmu.Unlock()
+	if tail > s.wTail {
+		if !s.dclosed {
+			s.tail.add(recs)
+		}
+		s.wTail, s.wChain = tail, chain
+	}
+	if tail > s.dTail {
 		s.dTail, s.dChain = tail, chain
 		s.wakeLocked()
 	}
@@ -761,6 +786,7 @@ func (s *Stream) setDurable(tail, chain, evTail, watermark uint64) {
 	s.dmu.Lock()
 	defer s.dmu.Unlock()
 	s.dTail, s.dChain, s.dEvTail = tail, chain, evTail
+	s.wTail, s.wChain = tail, chain
 	s.watermark = min(watermark, tail)
 	// The log changed under the cached records: the tail cache holds only
 	// what the log holds at each offset.
@@ -785,7 +811,21 @@ func (s *Stream) bounds() (head, tail uint64) {
 // 0 or less is no bound. from must be in [head, tail] (else ErrOutOfRange).
 // Filtering by the confirm watermark is the caller's job.
 func (s *Stream) Read(from uint64, maxRecords, maxBytes int) ([]Record, error) {
+	return s.read(from, maxRecords, maxBytes, false)
+}
+
+// ReadWritten is Read bounded by the written record tail instead of the
+// durable one: an owner ships records to its followers from here, so their
+// fsyncs run alongside its own (see WrittenTail).
+func (s *Stream) ReadWritten(from uint64, maxRecords, maxBytes int) ([]Record, error) {
+	return s.read(from, maxRecords, maxBytes, true)
+}
+
+func (s *Stream) read(from uint64, maxRecords, maxBytes int, written bool) ([]Record, error) {
 	head, tail := s.bounds()
+	if written {
+		tail, _ = s.WrittenTail()
+	}
 	if from < head || from > tail {
 		return nil, fmt.Errorf("%w: read from %d outside [%d, %d]", ErrOutOfRange, from, head, tail)
 	}
@@ -848,6 +888,10 @@ func (s *Stream) Read(from uint64, maxRecords, maxBytes int) ([]Record, error) {
 			if h, _ := s.bounds(); h > from {
 				return nil, fmt.Errorf("%w: read from %d below head %d", ErrOutOfRange, from, h)
 			}
+			if written {
+				// A cut lowered the written tail while we read.
+				return nil, fmt.Errorf("%w: read from %d: the log was cut while reading", ErrOutOfRange, from)
+			}
 			return nil, fmt.Errorf("%w: stream %q: %w", ErrCorrupt, s.name, err)
 		}
 		return nil, fmt.Errorf("storage: reading stream %q: %w", s.name, err)
@@ -878,12 +922,22 @@ func (s *Stream) readRecord(off uint64) (Record, error) {
 // the chain of record offset-1, or at the head the chain persisted below it
 // (0 for a log never trimmed or reset). offset must be in [head, tail].
 func (s *Stream) ChainAt(offset uint64) (uint64, error) {
-	s.mu.Lock()
-	head, headChain := s.m.Head, s.m.HeadChain
-	s.mu.Unlock()
 	s.dmu.Lock()
 	tail, chain := s.dTail, s.dChain
 	s.dmu.Unlock()
+	return s.chainAt(offset, tail, chain)
+}
+
+// WrittenChainAt is ChainAt for offsets up to the written record tail.
+func (s *Stream) WrittenChainAt(offset uint64) (uint64, error) {
+	tail, chain := s.WrittenTail()
+	return s.chainAt(offset, tail, chain)
+}
+
+func (s *Stream) chainAt(offset, tail, chain uint64) (uint64, error) {
+	s.mu.Lock()
+	head, headChain := s.m.Head, s.m.HeadChain
+	s.mu.Unlock()
 	switch {
 	case offset < head || offset > tail:
 		return 0, fmt.Errorf("%w: chain at %d outside [%d, %d]", ErrOutOfRange, offset, head, tail)

@@ -16,6 +16,7 @@ const (
 	waitRecordTail waitWhat = iota
 	waitConfirmed
 	waitCursorEventTail
+	waitWrittenTail
 )
 
 var closedCh = func() chan struct{} {
@@ -46,6 +47,27 @@ func (s *Stream) WaitCursorEventTail(after uint64) <-chan struct{} {
 	return s.wait(waitKey{after: after, what: waitCursorEventTail})
 }
 
+// WaitWritten is WaitTail for the written record tail (see WrittenTail):
+// closed once it is above after, or on the same events as WaitTail.
+func (s *Stream) WaitWritten(after uint64) <-chan struct{} {
+	return s.wait(waitKey{after: after, what: waitWrittenTail})
+}
+
+// WrittenTail returns the written record tail and the chain there: every
+// record below it is in Badger, and so in the OS page cache, though the
+// fsync that makes it durable may still be running. Such records survive
+// a crash of the broker process, not of the machine. An owner ships them
+// to followers before its own fsync ends, so the owner's and the
+// followers' fsyncs overlap; the owner still counts only its durable tail
+// toward W. That a machine crash can leave followers holding records the
+// owner lost is why an owner restarting after an unclean stop on a new
+// boot does not continue its epoch (replica, "unsure owner").
+func (s *Stream) WrittenTail() (tail, chain uint64) {
+	s.dmu.Lock()
+	defer s.dmu.Unlock()
+	return s.wTail, s.wChain
+}
+
 func (s *Stream) wait(k waitKey) <-chan struct{} {
 	s.dmu.Lock()
 	defer s.dmu.Unlock()
@@ -66,6 +88,8 @@ func (s *Stream) satisfiedLocked(k waitKey) bool {
 		return s.watermark > k.after
 	case waitCursorEventTail:
 		return s.dEvTail > k.after
+	case waitWrittenTail:
+		return s.wTail > k.after
 	}
 	return s.dTail > k.after
 }

@@ -57,14 +57,14 @@ func TestFurthestTable(t *testing.T) {
 		answers []Answer
 		want    string
 	}{
-		{"record tail wins over cursor event tail", []Answer{{"a", 10, 99}, {"b", 11, 0}}, "b"},
-		{"record tail wins over node id", []Answer{{"b", 7, 1}, {"a", 6, 1}, {"c", 5, 9}}, "b"},
-		{"cursor event tail breaks a record tail tie", []Answer{{"a", 10, 3}, {"b", 10, 4}}, "b"},
-		{"lowest node id breaks a full tie", []Answer{{"c", 10, 4}, {"b", 10, 4}, {"d", 10, 4}}, "b"},
-		{"node ids compare byte-wise", []Answer{{"broker-2", 1, 1}, {"broker-10", 1, 1}}, "broker-10"},
-		{"upper case sorts before lower case", []Answer{{"a", 1, 1}, {"B", 1, 1}}, "B"},
-		{"a single answer", []Answer{{"z", 0, 0}}, "z"},
-		{"all empty copies tie on node id", []Answer{{"n3", 0, 0}, {"n2", 0, 0}}, "n2"},
+		{"record tail wins over cursor event tail", []Answer{{Node: "a", RecordTail: 10, CursorEventTail: 99}, {Node: "b", RecordTail: 11, CursorEventTail: 0}}, "b"},
+		{"record tail wins over node id", []Answer{{Node: "b", RecordTail: 7, CursorEventTail: 1}, {Node: "a", RecordTail: 6, CursorEventTail: 1}, {Node: "c", RecordTail: 5, CursorEventTail: 9}}, "b"},
+		{"cursor event tail breaks a record tail tie", []Answer{{Node: "a", RecordTail: 10, CursorEventTail: 3}, {Node: "b", RecordTail: 10, CursorEventTail: 4}}, "b"},
+		{"lowest node id breaks a full tie", []Answer{{Node: "c", RecordTail: 10, CursorEventTail: 4}, {Node: "b", RecordTail: 10, CursorEventTail: 4}, {Node: "d", RecordTail: 10, CursorEventTail: 4}}, "b"},
+		{"node ids compare byte-wise", []Answer{{Node: "broker-2", RecordTail: 1, CursorEventTail: 1}, {Node: "broker-10", RecordTail: 1, CursorEventTail: 1}}, "broker-10"},
+		{"upper case sorts before lower case", []Answer{{Node: "a", RecordTail: 1, CursorEventTail: 1}, {Node: "B", RecordTail: 1, CursorEventTail: 1}}, "B"},
+		{"a single answer", []Answer{{Node: "z", RecordTail: 0, CursorEventTail: 0}}, "z"},
+		{"all empty copies tie on node id", []Answer{{Node: "n3", RecordTail: 0, CursorEventTail: 0}, {Node: "n2", RecordTail: 0, CursorEventTail: 0}}, "n2"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -100,7 +100,7 @@ func TestDecideQuorumTable(t *testing.T) {
 		{
 			name:        "majority of 3, both followers answer",
 			old:         assignment(3, majority()),
-			answers:     []Answer{{"n2", 5, 1}, {"n3", 6, 0}},
+			answers:     []Answer{{Node: "n2", RecordTail: 5, CursorEventTail: 1}, {Node: "n3", RecordTail: 6, CursorEventTail: 0}},
 			want:        Promote,
 			wantPick:    "n3",
 			wantSealed:  []string{"n2", "n3"},
@@ -109,7 +109,7 @@ func TestDecideQuorumTable(t *testing.T) {
 		{
 			name:        "majority of 3, one follower answers",
 			old:         assignment(3, majority()),
-			answers:     []Answer{{"n2", 5, 1}},
+			answers:     []Answer{{Node: "n2", RecordTail: 5, CursorEventTail: 1}},
 			want:        WaitQuorum,
 			wantSealed:  []string{"n2"},
 			wantMissing: []string{"n1", "n3"},
@@ -123,7 +123,7 @@ func TestDecideQuorumTable(t *testing.T) {
 		{
 			name:        "every copy confirms, any survivor is enough",
 			old:         assignment(3, cluster.Policy{Name: cluster.LocalDurable}),
-			answers:     []Answer{{"n3", 2, 0}},
+			answers:     []Answer{{Node: "n3", RecordTail: 2, CursorEventTail: 0}},
 			want:        Promote,
 			wantPick:    "n3",
 			wantSealed:  []string{"n3"},
@@ -132,7 +132,7 @@ func TestDecideQuorumTable(t *testing.T) {
 		{
 			name:        "a duplicate answer counts once",
 			old:         assignment(3, majority()),
-			answers:     []Answer{{"n2", 5, 1}, {"n2", 9, 9}},
+			answers:     []Answer{{Node: "n2", RecordTail: 5, CursorEventTail: 1}, {Node: "n2", RecordTail: 9, CursorEventTail: 9}},
 			want:        WaitQuorum,
 			wantSealed:  []string{"n2"},
 			wantMissing: []string{"n1", "n3"},
@@ -140,7 +140,7 @@ func TestDecideQuorumTable(t *testing.T) {
 		{
 			name:        "an answer from a node that held no copy does not count",
 			old:         assignment(3, majority()),
-			answers:     []Answer{{"n2", 5, 1}, {"stranger", 99, 99}},
+			answers:     []Answer{{Node: "n2", RecordTail: 5, CursorEventTail: 1}, {Node: "stranger", RecordTail: 99, CursorEventTail: 99}},
 			want:        WaitQuorum,
 			wantSealed:  []string{"n2"},
 			wantMissing: []string{"n1", "n3"},
@@ -148,7 +148,7 @@ func TestDecideQuorumTable(t *testing.T) {
 		{
 			name:        "replica_durable(1) of 3 needs every copy",
 			old:         assignment(3, cluster.Policy{Name: cluster.ReplicaDurable, Nodes: 1}),
-			answers:     []Answer{{"n2", 5, 1}, {"n3", 5, 1}},
+			answers:     []Answer{{Node: "n2", RecordTail: 5, CursorEventTail: 1}, {Node: "n3", RecordTail: 5, CursorEventTail: 1}},
 			want:        WaitQuorum,
 			wantSealed:  []string{"n2", "n3"},
 			wantMissing: []string{"n1"},
@@ -156,7 +156,7 @@ func TestDecideQuorumTable(t *testing.T) {
 		{
 			name:        "more than R answers: the furthest of the larger set",
 			old:         assignment(5, majority()),
-			answers:     []Answer{{"n5", 3, 0}, {"n1", 9, 2}, {"n2", 9, 2}, {"n4", 1, 0}},
+			answers:     []Answer{{Node: "n5", RecordTail: 3, CursorEventTail: 0}, {Node: "n1", RecordTail: 9, CursorEventTail: 2}, {Node: "n2", RecordTail: 9, CursorEventTail: 2}, {Node: "n4", RecordTail: 1, CursorEventTail: 0}},
 			want:        Promote,
 			wantPick:    "n1",
 			wantSealed:  []string{"n1", "n2", "n4", "n5"},
@@ -198,12 +198,12 @@ func TestDecideConfirmedPrefix(t *testing.T) {
 		want     Verdict
 		wantPick string
 	}{
-		{"followers behind the start wait", []Answer{{"n2", 90, 9}, {"n3", 80, 9}}, WaitPrefix, "n2"},
-		{"fewer than R still waits for a quorum first", []Answer{{"n2", 100, 9}}, WaitQuorum, "n2"},
-		{"a follower just below the start waits", []Answer{{"n2", 99, 99}, {"n3", 99, 99}}, WaitPrefix, "n2"},
-		{"the old owner answers at the start", []Answer{{"n2", 90, 9}, {"n3", 80, 9}, {"n1", 100, 7}}, Promote, "n1"},
-		{"a follower caught up exactly to the start", []Answer{{"n2", 100, 2}, {"n3", 80, 9}}, Promote, "n2"},
-		{"a copy past the start", []Answer{{"n3", 120, 0}, {"n2", 90, 9}}, Promote, "n3"},
+		{"followers behind the start wait", []Answer{{Node: "n2", RecordTail: 90, CursorEventTail: 9}, {Node: "n3", RecordTail: 80, CursorEventTail: 9}}, WaitPrefix, "n2"},
+		{"fewer than R still waits for a quorum first", []Answer{{Node: "n2", RecordTail: 100, CursorEventTail: 9}}, WaitQuorum, "n2"},
+		{"a follower just below the start waits", []Answer{{Node: "n2", RecordTail: 99, CursorEventTail: 99}, {Node: "n3", RecordTail: 99, CursorEventTail: 99}}, WaitPrefix, "n2"},
+		{"the old owner answers at the start", []Answer{{Node: "n2", RecordTail: 90, CursorEventTail: 9}, {Node: "n3", RecordTail: 80, CursorEventTail: 9}, {Node: "n1", RecordTail: 100, CursorEventTail: 7}}, Promote, "n1"},
+		{"a follower caught up exactly to the start", []Answer{{Node: "n2", RecordTail: 100, CursorEventTail: 2}, {Node: "n3", RecordTail: 80, CursorEventTail: 9}}, Promote, "n2"},
+		{"a copy past the start", []Answer{{Node: "n3", RecordTail: 120, CursorEventTail: 0}, {Node: "n2", RecordTail: 90, CursorEventTail: 9}}, Promote, "n3"},
 	}
 	for _, s := range steps {
 		t.Run(s.name, func(t *testing.T) {
@@ -217,7 +217,7 @@ func TestDecideConfirmedPrefix(t *testing.T) {
 		})
 	}
 	// A stream with no history yet has no prefix to wait for.
-	if d := Decide(old, nil, []Answer{{"n2", 0, 0}, {"n3", 0, 0}}); d.Verdict != Promote || d.HasStart {
+	if d := Decide(old, nil, []Answer{{Node: "n2", RecordTail: 0, CursorEventTail: 0}, {Node: "n3", RecordTail: 0, CursorEventTail: 0}}); d.Verdict != Promote || d.HasStart {
 		t.Fatalf("no history: verdict %v has start %v, want promote without a start", d.Verdict, d.HasStart)
 	}
 }
@@ -233,13 +233,13 @@ func TestFollowersTable(t *testing.T) {
 		answers []Answer
 		want    []string
 	}{
-		{"sealed copies follow the pick", majority(), nil, []Answer{{"n2", 5, 0}, {"n3", 6, 0}, {"n1", 1, 0}}, []string{"n1", "n2"}},
-		{"a left-out copy is excluded", majority(), nil, []Answer{{"n2", 5, 0}, {"n3", 6, 0}}, []string{"n2"}},
-		{"an added member that held no copy joins", majority(), []string{"n4"}, []Answer{{"n2", 5, 0}, {"n3", 6, 0}}, []string{"n2", "n4"}},
-		{"an added old member that was left out stays out", majority(), []string{"n1", "n4"}, []Answer{{"n2", 5, 0}, {"n3", 6, 0}}, []string{"n2", "n4"}},
-		{"an added member listed twice joins once", majority(), []string{"n5", "n4", "n5"}, []Answer{{"n2", 5, 0}, {"n3", 6, 0}}, []string{"n2", "n5", "n4"}},
-		{"followers keep the old assignment's order", majority(), nil, []Answer{{"n3", 1, 0}, {"n2", 1, 0}, {"n1", 9, 0}}, []string{"n2", "n3"}},
-		{"the pick alone has no followers", cluster.Policy{Name: cluster.LocalDurable}, nil, []Answer{{"n2", 5, 0}}, []string{}},
+		{"sealed copies follow the pick", majority(), nil, []Answer{{Node: "n2", RecordTail: 5, CursorEventTail: 0}, {Node: "n3", RecordTail: 6, CursorEventTail: 0}, {Node: "n1", RecordTail: 1, CursorEventTail: 0}}, []string{"n1", "n2"}},
+		{"a left-out copy is excluded", majority(), nil, []Answer{{Node: "n2", RecordTail: 5, CursorEventTail: 0}, {Node: "n3", RecordTail: 6, CursorEventTail: 0}}, []string{"n2"}},
+		{"an added member that held no copy joins", majority(), []string{"n4"}, []Answer{{Node: "n2", RecordTail: 5, CursorEventTail: 0}, {Node: "n3", RecordTail: 6, CursorEventTail: 0}}, []string{"n2", "n4"}},
+		{"an added old member that was left out stays out", majority(), []string{"n1", "n4"}, []Answer{{Node: "n2", RecordTail: 5, CursorEventTail: 0}, {Node: "n3", RecordTail: 6, CursorEventTail: 0}}, []string{"n2", "n4"}},
+		{"an added member listed twice joins once", majority(), []string{"n5", "n4", "n5"}, []Answer{{Node: "n2", RecordTail: 5, CursorEventTail: 0}, {Node: "n3", RecordTail: 6, CursorEventTail: 0}}, []string{"n2", "n5", "n4"}},
+		{"followers keep the old assignment's order", majority(), nil, []Answer{{Node: "n3", RecordTail: 1, CursorEventTail: 0}, {Node: "n2", RecordTail: 1, CursorEventTail: 0}, {Node: "n1", RecordTail: 9, CursorEventTail: 0}}, []string{"n2", "n3"}},
+		{"the pick alone has no followers", cluster.Policy{Name: cluster.LocalDurable}, nil, []Answer{{Node: "n2", RecordTail: 5, CursorEventTail: 0}}, []string{}},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -267,7 +267,7 @@ func TestCommit(t *testing.T) {
 	old.Retention = cluster.Retention{MaxRecords: 1000, MaxAge: time.Hour}
 	history := cluster.HistoryStarts{{Epoch: 2, RecordTail: 40, CursorEventTail: 3, Node: "n2"}}
 	rec := cluster.Recovery{Stream: "orders", FromEpoch: 4, FenceEpoch: 5, OldOwner: "n1", OldFollowers: []string{"n2", "n3"}, AddedMembers: []string{"n4"}}
-	d := Decide(old, history, []Answer{{"n2", 50, 6}, {"n3", 50, 8}})
+	d := Decide(old, history, []Answer{{Node: "n2", RecordTail: 50, CursorEventTail: 6}, {Node: "n3", RecordTail: 50, CursorEventTail: 8}})
 	if d.Verdict != Promote {
 		t.Fatalf("verdict %v, want promote", d.Verdict)
 	}
