@@ -18,6 +18,7 @@ import (
 	"context"
 	"fmt"
 	"maps"
+	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -113,6 +114,7 @@ func Start(t *testing.T, opts Options) *Cluster {
 	})
 	t.Cleanup(c.closeAll)
 	t.Cleanup(cancel)
+	c.SetBootID("onebox-boot-1")
 	for _, n := range opts.Brokers {
 		c.StartBroker(n)
 	}
@@ -197,6 +199,7 @@ func (c *Cluster) StartBroker(node string) *brokerapp.App {
 	a, err := brokerapp.Start(context.Background(), brokerapp.Config{
 		Node: node, Listen: listen, DataDir: filepath.Join(c.dir, node), Etcd: c.Etcd.Endpoints,
 		Heartbeat: Heartbeat, LeaseTTL: LeaseTTL, ConfirmTimeout: ConfirmTimeout, Logger: c.logger(node),
+		BootIDPath: c.BootIDPath(),
 	})
 	if err != nil {
 		c.t.Fatalf("onebox: start broker %s: %v", node, err)
@@ -215,6 +218,18 @@ func (c *Cluster) StartBroker(node string) *brokerapp.App {
 	c.addrs[node] = a.Addr()
 	c.mu.Unlock()
 	return a
+}
+
+// BootIDPath is the file the cluster's brokers read as the id of the
+// running boot; SetBootID writes it, so a test can play a machine reboot.
+func (c *Cluster) BootIDPath() string { return filepath.Join(c.dir, "boot_id") }
+
+// SetBootID writes the boot id the cluster's brokers read when they start.
+func (c *Cluster) SetBootID(id string) {
+	c.t.Helper()
+	if err := os.WriteFile(c.BootIDPath(), []byte(id+"\n"), 0o644); err != nil {
+		c.t.Fatalf("onebox: write boot id: %v", err)
+	}
 }
 
 // StopBroker shuts node down in order (its app's Close: stop publishes,

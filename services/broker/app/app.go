@@ -47,6 +47,10 @@ type Config struct {
 	DedupeWindow    int
 	Logger          *zerolog.Logger
 	LogLevel        string
+	// BootIDPath is where the id of the running boot is read (empty: the
+	// kernel's, storage.BootIDPath); tests point it at a file to play a
+	// reboot.
+	BootIDPath string
 }
 
 func (c *Config) defaults() error {
@@ -116,7 +120,7 @@ func Start(ctx context.Context, cfg Config) (*App, error) {
 		a.cfg.Advertise = ln.Addr().String()
 	}
 	a.db, err = storage.Open(storage.Options{Dir: cfg.DataDir, Logger: log,
-		MaxProducers: cfg.DedupeProducers, ProducerWindow: cfg.DedupeWindow})
+		MaxProducers: cfg.DedupeProducers, ProducerWindow: cfg.DedupeWindow, BootIDPath: cfg.BootIDPath})
 	if err != nil {
 		_ = ln.Close()
 		return nil, fmt.Errorf("broker: storage: %w", err)

@@ -43,6 +43,8 @@ func TestValidate(t *testing.T) {
 		{"signal ignored without a kill", func(c *Config) { c.KillAt, c.KillSignal = 0, "HUP" }, ""},
 		{"size below the id prefix", func(c *Config) { c.Size = 8 }, "--size"},
 		{"no window", func(c *Config) { c.Inflight = 0 }, "--inflight"},
+		{"negative lanes", func(c *Config) { c.Lanes = -1 }, "--lanes"},
+		{"too many lanes", func(c *Config) { c.Lanes = 65 }, "--lanes"},
 		{"no duration", func(c *Config) { c.Duration, c.KillAt = 0, 0 }, "--duration"},
 		{"bad stream name", func(c *Config) { c.Stream = "Bad Name" }, "--stream"},
 		{"kill on an external cluster", func(c *Config) { c.External = true }, "drop --controller/--broker"},

@@ -28,7 +28,10 @@ type Config struct {
 	// idempotent publish), to measure what dedupe costs; retries may then
 	// store a record twice.
 	NoProducerIDs bool
-	Duration      time.Duration
+	// Lanes is the client's batches in flight per stream (client.Config
+	// Lanes; 0: the client's default).
+	Lanes    int
+	Duration time.Duration
 	// KillAt is when to kill the owner, from the start of publishing; 0
 	// (or negative) means no kill: a plain throughput and latency bench.
 	KillAt     time.Duration
@@ -82,6 +85,9 @@ func (c Config) Validate() error {
 	}
 	if c.Size < MinSize {
 		return bad("--size must be at least %d bytes (the record id prefix), got %d", MinSize, c.Size)
+	}
+	if c.Lanes < 0 || c.Lanes > 64 {
+		return bad("--lanes must be 0 (the client's default) to 64, got %d", c.Lanes)
 	}
 	if c.Inflight < 1 {
 		return bad("--inflight must be at least 1, got %d", c.Inflight)

@@ -17,6 +17,11 @@ type confirmTracker struct {
 	acks      map[string]uint64
 	watermark uint64
 	changed   chan struct{}
+	// onAdvance, when set, is called with each new watermark under mu:
+	// the owner records it in storage there, so retention (which only
+	// drops confirmed records) runs on owners too and a restarted copy
+	// knows what was confirmed.
+	onAdvance func(uint64)
 }
 
 func newConfirmTracker(rule cluster.ConfirmRule, followers []string, ownerTail, watermark uint64) *confirmTracker {
@@ -84,6 +89,9 @@ func (t *confirmTracker) recomputeLocked() {
 		t.watermark = wm
 		close(t.changed)
 		t.changed = make(chan struct{})
+		if t.onAdvance != nil {
+			t.onAdvance(wm)
+		}
 	}
 }
 

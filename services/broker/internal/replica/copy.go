@@ -44,6 +44,12 @@ type Copy struct {
 	// readers parked on the previous role's watermark channel wake up.
 	roleChanged     chan struct{}
 	lastApplyErrLog time.Time
+	// unsureEpoch is the epoch this copy was at when its broker started
+	// after an unclean stop on a new boot (storage.MayHaveLostWritten),
+	// and ownerWithheld is set while it stands down as that epoch's owner
+	// (withholdOwner).
+	unsureEpoch   uint64
+	ownerWithheld bool
 }
 
 func newCopy(m *Manager, name string, st *storage.Stream) *Copy {
@@ -198,6 +204,9 @@ func (c *Copy) reconcile(ctx context.Context) (dropped bool, err error) {
 	if a.Owner == node {
 		wantRole = cluster.RoleOwner
 	}
+	if wantRole == cluster.RoleOwner && c.withholdOwner(a) {
+		return false, nil
+	}
 	c.mu.Lock()
 	same := !newEpoch && c.role == wantRole && c.applied.Epoch == a.Epoch && c.applied.Owner == a.Owner
 	if same {
@@ -216,6 +225,47 @@ func (c *Copy) reconcile(ctx context.Context) (dropped bool, err error) {
 	}
 	c.startRole(a, wantRole)
 	return false, nil
+}
+
+// withholdOwner keeps a copy from continuing as owner an epoch that its
+// broker may not hold in full. An owner ships records to followers once
+// written, before its own fsync ends (storage.WrittenTail), so after an
+// unclean stop on a new boot (a machine crash) a follower may hold records
+// this copy lost. Owning the same epoch on would give other records their
+// offsets and break the prefix property the seed's "Safety argument"
+// rests on. The copy stands down instead: it names itself suspect in its
+// heartbeat, the controller records a pending recovery
+// (liveness.OwnerStandsDown), and the recovery promotes the furthest copy
+// at a new epoch, which this one then follows or owns at its own tails. A
+// single-copy stream has no follower that could hold more, so it goes on.
+func (c *Copy) withholdOwner(a cluster.Assignment) bool {
+	c.mu.Lock()
+	if c.unsureEpoch == 0 || a.Epoch > c.unsureEpoch || len(a.Followers) == 0 {
+		if a.Epoch > c.unsureEpoch {
+			c.unsureEpoch = 0
+		}
+		c.mu.Unlock()
+		return false
+	}
+	already := c.ownerWithheld
+	c.mu.Unlock()
+	if !already {
+		c.endRole("")
+		c.mu.Lock()
+		c.ownerWithheld = true
+		c.mu.Unlock()
+		c.m.log.Warn().Str(logging.Stream, c.name).Uint64(logging.Epoch, a.Epoch).
+			Msg("restarted after an unclean stop on a new boot: records written but not synced may be gone here, so this copy does not continue the epoch as owner; asking for a recovery")
+	}
+	c.setSuspect(c.m.cfg.Node)
+	return true
+}
+
+// standingDown reports whether the copy withholds its owner role.
+func (c *Copy) standingDown() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.ownerWithheld
 }
 
 // warnBelowConfirmedPrefix logs when this copy becomes owner with a record
@@ -303,6 +353,7 @@ func (c *Copy) startRole(a cluster.Assignment, role string) {
 	c.signalRoleChangeLocked()
 	c.suspect = ""
 	c.chainMismatch = false
+	c.ownerWithheld = false
 	c.roleCtx, c.roleCancel = context.WithCancel(c.m.ctx)
 	state := c.st.State()
 	log := c.m.log.Info().Str(logging.Stream, c.name).Uint64(logging.Epoch, a.Epoch).Str(logging.Owner, a.Owner).
@@ -311,13 +362,10 @@ func (c *Copy) startRole(a cluster.Assignment, role string) {
 	case cluster.RoleOwner:
 		rule := cluster.StreamConfirmPolicy(a.Policy, a.Copies())
 		tracker := newConfirmTracker(rule, a.Followers, state.RecordTail, state.ConfirmWatermark)
+		// Storage persists it lazily, without an fsync: a lower value
+		// after a crash only delays retention and reads.
+		tracker.onAdvance = c.st.SetConfirmWatermark
 		c.tracker = tracker
-		ctx := c.roleCtx
-		c.roleWG.Add(1)
-		go func() {
-			defer c.roleWG.Done()
-			c.persistWatermark(ctx, tracker)
-		}()
 		log.Int("w", rule.W).Msg("owner at its own tails")
 	case cluster.RoleFollower:
 		c.tracker = nil
@@ -328,24 +376,6 @@ func (c *Copy) startRole(a cluster.Assignment, role string) {
 			c.runFollower(ctx, a.Owner, a.Epoch)
 		}()
 		log.Msg("following the owner")
-	}
-}
-
-// persistWatermark records the owner's confirm watermark in storage as it
-// moves, so retention (which only drops confirmed records) runs on owners
-// too and a restarted copy knows what was confirmed. It is written without
-// an fsync: a lower value after a crash only delays retention and reads.
-func (c *Copy) persistWatermark(ctx context.Context, t *confirmTracker) {
-	for {
-		wm, changed := t.get()
-		if wm > c.st.State().ConfirmWatermark {
-			c.st.SetConfirmWatermark(wm)
-		}
-		select {
-		case <-ctx.Done():
-			return
-		case <-changed:
-		}
 	}
 }
 

@@ -7,7 +7,11 @@
 // included, with W taken from cluster.StreamConfirmPolicy (seed, "One rule
 // for W"). Followers pull from the owner over ReplicationService.Follow and
 // report their durable tails back on the same stream; the owner's confirm
-// watermark is the W-th highest of those tails and its own.
+// watermark is the W-th highest of those tails and its own, each capped at
+// the owner's durable tail. The owner ships records once written, before
+// its own fsync ends (storage.WrittenTail), so its fsync and the
+// followers' overlap; a copy that restarts after an unclean stop on a new
+// boot therefore never continues its epoch as owner (withholdOwner).
 //
 // Before any role change at a new epoch a copy is cut back onto the history
 // of that epoch (seed, "Copies with a longer tail"); a sealed copy that a new

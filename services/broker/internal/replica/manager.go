@@ -94,10 +94,19 @@ func NewManager(cfg Config) (*Manager, error) {
 		cancel()
 		return nil, err
 	}
+	unsure := cfg.Storage.MayHaveLostWritten()
 	for _, name := range names {
-		if _, err := m.openCopy(name); err != nil {
+		c, err := m.openCopy(name)
+		if err != nil {
 			cancel()
 			return nil, err
+		}
+		if unsure {
+			// Before any assignment reaches the copy (withholdOwner).
+			ep := c.st.State().Epoch
+			c.mu.Lock()
+			c.unsureEpoch = ep
+			c.mu.Unlock()
 		}
 	}
 	m.wg.Add(1)

@@ -40,6 +40,9 @@ func (m *Manager) Publish(ctx context.Context, stream string, recs []storage.Rec
 		if s := c.st.State(); s.SealEpoch != 0 {
 			return PublishResult{}, fmt.Errorf("%w: stream %q sealed at epoch %d for recovery", ErrUnavailable, stream, s.SealEpoch)
 		}
+		if c.standingDown() {
+			return PublishResult{}, fmt.Errorf("%w: stream %q: the owner restarted after an unclean stop and waits for a recovery", ErrUnavailable, stream)
+		}
 		return PublishResult{}, m.notHere(stream)
 	}
 	res, err := c.st.AppendIdempotent(ctx, a.Epoch, recs)

@@ -148,6 +148,12 @@ func (db *DB) commitLoop() {
 		}
 		db.commit(batch)
 		clear(batch)
+		// Between writes, so Badger is not rotating a value log file
+		// under the advice, and after this batch's waiters are released
+		// (mappings_linux.go).
+		db.vlogMu.Lock()
+		db.advisor.wrote(size)
+		db.vlogMu.Unlock()
 	}
 }
 
@@ -267,6 +273,9 @@ func (db *DB) write(batch []*op) error {
 	}
 	if lazyOnly {
 		return nil
+	}
+	if hook := db.beforeSync; hook != nil {
+		hook()
 	}
 	if err := db.bdb.Sync(); err != nil {
 		return fmt.Errorf("storage: syncing batch: %w", err)

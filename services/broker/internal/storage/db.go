@@ -36,6 +36,9 @@ type Options struct {
 	// negative value turns the cache off.
 	TailCacheBytes      int
 	TailCacheTotalBytes int64
+	// ValueLogFileBytes is the size of one value log file (0: 64 MiB;
+	// Badger takes 1 MiB to 2 GiB).
+	ValueLogFileBytes int64
 	// BootIDPath is read for the id of the running boot (boot.go);
 	// empty means BootIDPath. Tests point it at a file of their own.
 	BootIDPath string
@@ -94,10 +97,24 @@ type DB struct {
 	mu      sync.Mutex
 	streams map[string]*Stream
 
+	// vlogMu orders the value log GC against the committer's mapping
+	// advice (mappings_linux.go); advisor is the committer's.
+	vlogMu  sync.Mutex
+	advisor *mapAdvisor
+
+	// Streams whose raised watermark waits for the next flush (wait.go).
+	wmMu    sync.Mutex
+	wmDirty []*Stream
+	wmDone  chan struct{}
+
 	// afterRecordCut, when set (tests only), runs between the record log cut
 	// and the cursor event log cut; an error aborts the cut there, leaving
 	// the intent for the next open to complete.
 	afterRecordCut func() error
+	// beforeSync, when set (tests only), runs on the committer between a
+	// batch's Badger commit and its fsync: the batch is written, not yet
+	// durable.
+	beforeSync func()
 }
 
 // Open opens (or creates) the store in opts.Dir. Pending drops are completed
@@ -134,7 +151,7 @@ func Open(opts Options) (*DB, error) {
 		WithBaseLevelSize(16 << 20).
 		WithBlockCacheSize(cache).
 		WithIndexCacheSize(cache / 2).
-		WithValueLogFileSize(valueLogFileBytes).
+		WithValueLogFileSize(cacheBound(opts.ValueLogFileBytes, valueLogFileBytes)).
 		WithValueThreshold(threshold).
 		WithNumCompactors(2).
 		WithCompression(options.None).
@@ -168,10 +185,13 @@ func Open(opts Options) (*DB, error) {
 		stop:                    make(chan struct{}),
 		stopped:                 make(chan struct{}),
 		gcDone:                  make(chan struct{}),
+		wmDone:                  make(chan struct{}),
 		streams:                 make(map[string]*Stream),
 	}
+	db.advisor = newMapAdvisor(opts.Dir)
 	go db.commitLoop()
-	go db.valueLogGC(valueLogGCInterval)
+	go db.every(valueLogGCInterval, db.gcDone, db.valueLogGC)
+	go db.every(watermarkPersistInterval, db.wmDone, db.flushWatermarks)
 	if err := db.finishDrops(); err != nil {
 		_ = db.Close()
 		return nil, err
@@ -200,6 +220,9 @@ func orDefault(v, def int) int {
 // Close stops the committer after it has written every accepted op, closes
 // every stream (waking their waiters) and closes Badger.
 func (db *DB) Close() error {
+	// A clean close keeps the latest watermarks: the committer writes
+	// every op queued before it stops.
+	db.flushWatermarks()
 	db.gate.Lock()
 	if db.closed {
 		db.gate.Unlock()
@@ -210,6 +233,7 @@ func (db *DB) Close() error {
 	close(db.stop)
 	<-db.stopped
 	<-db.gcDone
+	<-db.wmDone
 
 	db.mu.Lock()
 	for _, s := range db.streams {

@@ -45,11 +45,21 @@
 //
 //   - Append, AppendReplicated, Seal, AdvanceEpoch, ResetTo, Cut, Snapshot,
 //     Drop and retention return only after their writes are fsynced.
+//   - Between a batch's Badger commit and its fsync, its records are
+//     written (Stream.WrittenTail, ReadWritten, WaitWritten): in Badger's
+//     memory-mapped files, so in the OS page cache, and safe from a crash
+//     of the process but not of the machine. An owner ships them to
+//     followers from there so their fsyncs overlap its own; nothing counts
+//     toward W or is shown to readers before it is durable. Whether the
+//     last stop was unclean on an earlier boot, so that written records
+//     may be gone, is kept in two files next to Badger's (boot.go,
+//     DB.MayHaveLostWritten).
 //   - CommitCursor returns before the fsync (seed "Cursors": no per-commit
 //     fsync); the event is synced with the next batch. A crash may lose
 //     returned cursor commits, never records.
-//   - SetConfirmWatermark is persisted lazily with the next batch; a batch
-//     of nothing but watermark updates is written without an fsync (the
+//   - SetConfirmWatermark is persisted lazily: with the stream's next
+//     metadata write, or within 500 ms by a write of its own; a batch of
+//     nothing but such watermark writes is written without an fsync (the
 //     next synced batch covers it; a crash can only leave an older value).
 //   - A stream's meta is written in the same transaction as (or a later one
 //     than) the entries it counts, so a durable tail never claims missing

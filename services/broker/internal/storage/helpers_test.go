@@ -56,6 +56,15 @@ func recs(prefix string, n int) []Record {
 	return out
 }
 
+// sizedRecs is recs with payloads of size zero bytes each.
+func sizedRecs(prefix string, n, size int) []Record {
+	rs := recs(prefix, n)
+	for i := range rs {
+		rs[i].Payload = make([]byte, size)
+	}
+	return rs
+}
+
 func mustAppend(t testing.TB, s *Stream, epoch uint64, rs []Record) []Record {
 	t.Helper()
 	out, err := s.Append(context.Background(), epoch, rs)

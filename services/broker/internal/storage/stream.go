@@ -92,19 +92,23 @@ type Stream struct {
 	gcMu        sync.Mutex
 	prodGarbage []producerGen
 
-	dmu       sync.Mutex
-	dTail     uint64
-	dChain    uint64
+	dmu    sync.Mutex
+	dTail  uint64
+	dChain uint64
 	// wTail and wChain are the written view: records Badger has taken
 	// (they are in the OS page cache) but not necessarily fsynced yet, at
 	// or ahead of the durable view (see WrittenTail).
-	wTail  uint64
-	wChain uint64
+	wTail     uint64
+	wChain    uint64
 	dEvTail   uint64
 	watermark uint64
-	wmQueued  bool
-	dclosed   bool
-	waiters   map[waitKey]chan struct{}
+	// wmDirty: the watermark was raised and the stream is queued for the
+	// next watermark flush; wmPersisted is the highest watermark written
+	// with metadata.
+	wmDirty     bool
+	wmPersisted uint64
+	dclosed     bool
+	waiters     map[waitKey]chan struct{}
 	// tail holds the newest durable records (tailcache.go).
 	tail tailCache
 
@@ -208,6 +212,7 @@ func (db *DB) loadStream(name string) (*Stream, error) {
 	s.dTail, s.dChain, s.dEvTail = m.RecordTail, m.Chain, m.CursorEventTail
 	s.wTail, s.wChain = s.dTail, s.dChain
 	s.watermark = min(m.ConfirmWatermark, m.RecordTail)
+	s.wmPersisted = s.watermark
 	if !found {
 		s.m = meta{}
 		if err := s.commitMeta(ctx, nil); err != nil {
@@ -788,6 +793,7 @@ func (s *Stream) setDurable(tail, chain, evTail, watermark uint64) {
 	s.dTail, s.dChain, s.dEvTail = tail, chain, evTail
 	s.wTail, s.wChain = tail, chain
 	s.watermark = min(watermark, tail)
+	s.wmPersisted = min(s.wmPersisted, s.watermark)
 	// The log changed under the cached records: the tail cache holds only
 	// what the log holds at each offset.
 	s.tail.clear()

@@ -123,16 +123,9 @@ func TestTailCacheBounded(t *testing.T) {
 	defer db.Close()
 	ctx := context.Background()
 	a, b := ownerStream(t, db, "a", 1), ownerStream(t, db, "b", 1)
-	big := func(prefix string, n int) []Record {
-		rs := recs(prefix, n)
-		for i := range rs {
-			rs[i].Payload = make([]byte, 500)
-		}
-		return rs
-	}
 	for i := range 10 {
 		for _, s := range []*Stream{a, b} {
-			if _, err := s.Append(ctx, 1, big(fmt.Sprint(s.Name(), i), 5)); err != nil {
+			if _, err := s.Append(ctx, 1, sizedRecs(fmt.Sprint(s.Name(), i), 5, 500)); err != nil {
 				t.Fatal(err)
 			}
 			s.dmu.Lock()

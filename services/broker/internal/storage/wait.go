@@ -1,5 +1,7 @@
 package storage
 
+import "time"
+
 // Live tails without polling. A waiter is a channel closed once its
 // condition holds; waiters with the same condition share one channel, so a
 // reader that gives up (its context ends) leaves at most one channel per
@@ -120,9 +122,13 @@ func (s *Stream) wakeAll() {
 
 // SetConfirmWatermark raises the confirm watermark to w, capped at the
 // durable record tail; a lower w is ignored (only Cut and ResetTo lower the
-// watermark). It is persisted lazily, with the next batch the committer
-// writes, without an fsync of its own: after a crash the watermark may be
-// lower than the one last set, never above the record tail.
+// watermark). It is persisted lazily: with the stream's next metadata
+// write, or else within watermarkPersistInterval by a write of its own that
+// waits for no fsync. After a crash the watermark may be lower than the one
+// last set, never above the record tail. An owner moves it on every
+// confirm and a follower on every batch, so a write each time would be a
+// Badger transaction per batch for a value that only spares a restarted
+// copy some waiting.
 func (s *Stream) SetConfirmWatermark(w uint64) {
 	s.dmu.Lock()
 	defer s.dmu.Unlock()
@@ -132,8 +138,9 @@ func (s *Stream) SetConfirmWatermark(w uint64) {
 	}
 	s.watermark = w
 	s.wakeLocked()
-	if !s.wmQueued {
-		s.wmQueued = s.db.tryEnqueue(&op{s: s, touchWM: true})
+	if !s.wmDirty {
+		s.wmDirty = true
+		s.db.noteWatermark(s)
 	}
 }
 
@@ -142,6 +149,53 @@ func (s *Stream) SetConfirmWatermark(w uint64) {
 func (s *Stream) persistedWatermark(tail uint64) uint64 {
 	s.dmu.Lock()
 	defer s.dmu.Unlock()
-	s.wmQueued = false
-	return min(s.watermark, tail)
+	wm := min(s.watermark, tail)
+	s.wmPersisted = max(s.wmPersisted, wm)
+	return wm
+}
+
+// watermarkTouch returns an op that writes the stream's metadata with the
+// current watermark, or nil when the last metadata written carries it.
+func (s *Stream) watermarkTouch() *op {
+	s.dmu.Lock()
+	defer s.dmu.Unlock()
+	s.wmDirty = false
+	if s.dclosed || s.watermark <= s.wmPersisted {
+		return nil
+	}
+	return &op{s: s, touchWM: true}
+}
+
+// noteWatermark queues s for the next watermark flush.
+func (db *DB) noteWatermark(s *Stream) {
+	db.wmMu.Lock()
+	db.wmDirty = append(db.wmDirty, s)
+	db.wmMu.Unlock()
+}
+
+// watermarkPersistInterval bounds how long a raised watermark may stay
+// unwritten when its stream writes no metadata.
+const watermarkPersistInterval = 500 * time.Millisecond
+
+// flushWatermarks hands the committer a watermark write for every stream
+// whose raised watermark no metadata write has carried yet.
+func (db *DB) flushWatermarks() {
+	db.wmMu.Lock()
+	dirty := db.wmDirty
+	db.wmDirty = nil
+	db.wmMu.Unlock()
+	for _, s := range dirty {
+		o := s.watermarkTouch()
+		if o == nil || db.tryEnqueue(o) {
+			continue
+		}
+		// The queue is full (or closing): try again at the next flush.
+		s.dmu.Lock()
+		again := !s.wmDirty && !s.dclosed
+		s.wmDirty = true
+		s.dmu.Unlock()
+		if again {
+			db.noteWatermark(s)
+		}
+	}
 }

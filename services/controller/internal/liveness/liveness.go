@@ -135,6 +135,10 @@ func (l *loop) lostOwners(ctx context.Context, s *state.Snapshot) map[string]str
 			lost[stream] = fmt.Sprintf("owner %s lost: its broker lease ended", a.Owner)
 			continue
 		}
+		if OwnerStandsDown(s, a) {
+			lost[stream] = fmt.Sprintf("owner %s stands down: it restarted after an unclean stop on a new boot and may miss records its followers hold, so it cannot continue epoch %d", a.Owner, a.Epoch)
+			continue
+		}
 		if by := Suspecting(s, a); len(by) > 0 {
 			suspected[a.Owner] = append(suspected[a.Owner], stream)
 		}
@@ -150,6 +154,18 @@ func (l *loop) lostOwners(ctx context.Context, s *state.Snapshot) map[string]str
 		}
 	}
 	return lost
+}
+
+// OwnerStandsDown reports that a's owner names itself suspect at a's epoch:
+// a broker does that for a replicated stream it owned when it restarts
+// after an unclean stop on a new boot. Followers take records once the
+// owner has written them, before its fsync, so a machine crash can leave a
+// follower holding records the owner lost; continuing the epoch would give
+// other records their offsets. A recovery at a new epoch promotes the
+// furthest copy instead (seed, "Safety argument").
+func OwnerStandsDown(s *state.Snapshot, a cluster.Assignment) bool {
+	t, ok := s.Tails(a.Owner, a.Stream)
+	return ok && t.Suspect == a.Owner && t.Epoch == a.Epoch
 }
 
 // Suspecting returns the live members of a whose heartbeat reports a's owner

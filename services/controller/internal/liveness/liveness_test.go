@@ -94,6 +94,28 @@ func TestSuspecting(t *testing.T) {
 	}
 }
 
+func TestOwnerStandsDown(t *testing.T) {
+	a := cluster.Assignment{Stream: "s", Epoch: 4, Owner: "b1", Followers: []string{"b2", "b3"}}
+	cases := []struct {
+		name  string
+		tails cluster.CopyTails
+		node  string
+		want  bool
+	}{
+		{"owner names itself at the epoch", cluster.CopyTails{Epoch: 4, Suspect: "b1"}, "b1", true},
+		{"an older epoch's report", cluster.CopyTails{Epoch: 3, Suspect: "b1"}, "b1", false},
+		{"owner names nobody", cluster.CopyTails{Epoch: 4, Role: cluster.RoleOwner}, "b1", false},
+		{"a follower names the owner (eager failover, probed first)", cluster.CopyTails{Epoch: 4, Suspect: "b1"}, "b2", false},
+		{"owner names another node", cluster.CopyTails{Epoch: 4, Suspect: "b2"}, "b1", false},
+	}
+	for _, c := range cases {
+		s := state.Build().Live("b1", "b2", "b3").Tails(c.node, "s", c.tails).Snapshot()
+		if got := OwnerStandsDown(s, a); got != c.want {
+			t.Errorf("%s: OwnerStandsDown = %v, want %v", c.name, got, c.want)
+		}
+	}
+}
+
 // Under local_durable a returning old owner raises W (2 -> 3 copies): it is
 // not a fast-path addition, so Replenish reports it blocked and the loop
 // restores it through a recovery.

@@ -1,0 +1,123 @@
+package storage
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/rs/zerolog"
+)
+
+type smapsEntry struct {
+	path    string
+	rssKB   int
+	vmFlags []string
+}
+
+// smaps lists this process's mappings of files under dir.
+func smaps(t *testing.T, dir string) []smapsEntry {
+	t.Helper()
+	real, err := filepath.EvalSymlinks(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.Open("/proc/self/smaps")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	var out []smapsEntry
+	var cur *smapsEntry
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		line := sc.Text()
+		fields := strings.Fields(line)
+		switch {
+		case len(fields) >= 5 && strings.Contains(fields[0], "-") && !strings.HasSuffix(fields[0], ":"):
+			// A mapping's header; anonymous mappings have no path.
+			cur = nil
+			if p := strings.Join(fields[5:], " "); strings.HasPrefix(p, real+"/") {
+				out = append(out, smapsEntry{path: p})
+				cur = &out[len(out)-1]
+			}
+		case cur != nil && len(fields) >= 2 && fields[0] == "Rss:":
+			cur.rssKB, _ = strconv.Atoi(fields[1])
+		case cur != nil && fields != nil && fields[0] == "VmFlags:":
+			cur.vmFlags = fields[1:]
+		}
+	}
+	return out
+}
+
+// Badger's write-ahead logs and value log files are advised MADV_RANDOM
+// (no read-around, so fsyncs write only what changed), and value log files
+// Badger no longer appends to leave the resident set.
+func TestMappingsAdvised(t *testing.T) {
+	dir := t.TempDir()
+	db, err := Open(Options{Dir: dir, Logger: zerolog.Nop(), MemTableBytes: 8 << 20, CacheBytes: 4 << 20, ValueLogFileBytes: 1 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	s := ownerStream(t, db, "s", 1)
+	ctx := context.Background()
+	// About 4 MiB of value log: several 1 MiB files.
+	for i := range 16 {
+		if _, err := s.Append(ctx, 1, sizedRecs(fmt.Sprint("a", i), 64, 4096)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	deadline := time.Now().Add(3 * trimEvery)
+	for i := 0; ; i++ {
+		var problems []string
+		vlogs := 0
+		for _, m := range smaps(t, dir) {
+			ext := filepath.Ext(m.path)
+			if ext != ".vlog" && ext != ".mem" {
+				continue
+			}
+			if !slices.Contains(m.vmFlags, "rr") {
+				problems = append(problems, fmt.Sprintf("%s not advised random (VmFlags %v)", filepath.Base(m.path), m.vmFlags))
+			}
+			if ext == ".vlog" {
+				vlogs++
+			}
+		}
+		rss := map[string]int{}
+		var last string
+		for _, m := range smaps(t, dir) {
+			if filepath.Ext(m.path) == ".vlog" {
+				rss[filepath.Base(m.path)] += m.rssKB
+				if filepath.Base(m.path) > last {
+					last = filepath.Base(m.path)
+				}
+			}
+		}
+		for name, kb := range rss {
+			if name != last && kb > 0 {
+				problems = append(problems, fmt.Sprintf("%s (not the active file) holds %d KiB resident", name, kb))
+			}
+		}
+		if vlogs < 2 {
+			problems = append(problems, fmt.Sprintf("only %d value log mappings", vlogs))
+		}
+		if len(problems) == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("after %s: %s", 3*trimEvery, strings.Join(problems, "; "))
+		}
+		// Advice is given by the committer between writes: keep writing.
+		if _, err := s.Append(ctx, 1, recs(fmt.Sprint("tick", i), 1)); err != nil {
+			t.Fatal(err)
+		}
+		<-time.After(50 * time.Millisecond)
+	}
+}

@@ -1,0 +1,84 @@
+package storage
+
+import (
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/dgraph-io/badger/v4"
+)
+
+// storedWatermark reads the confirm watermark in s's metadata as Badger
+// holds it (what a restart would find).
+func storedWatermark(t *testing.T, s *Stream) uint64 {
+	t.Helper()
+	var m meta
+	err := s.db.bdb.View(func(txn *badger.Txn) error {
+		item, err := txn.Get(s.metaKey)
+		if err != nil {
+			return err
+		}
+		return item.Value(func(v []byte) (err error) {
+			m, err = decodeMeta(v)
+			return err
+		})
+	})
+	if err != nil && !errors.Is(err, badger.ErrKeyNotFound) {
+		t.Fatal(err)
+	}
+	return m.ConfirmWatermark
+}
+
+// A raised watermark reaches storage without any other write on the
+// stream, within the flush interval.
+func TestWatermarkPersistedWithoutOtherWrites(t *testing.T) {
+	db := openDB(t, t.TempDir())
+	defer db.Close()
+	s := ownerStream(t, db, "s", 1)
+	mustAppend(t, s, 1, recs("a", 10))
+	if got := storedWatermark(t, s); got != 0 {
+		t.Fatalf("stored watermark %d before any was set", got)
+	}
+	s.SetConfirmWatermark(7)
+	deadline := time.Now().Add(10 * watermarkPersistInterval)
+	for storedWatermark(t, s) != 7 {
+		if time.Now().After(deadline) {
+			t.Fatalf("stored watermark %d, want 7 within %s", storedWatermark(t, s), 10*watermarkPersistInterval)
+		}
+		<-time.After(10 * time.Millisecond)
+	}
+}
+
+// The next metadata write carries the watermark, and no separate write
+// follows it: a flush finds nothing to do.
+func TestWatermarkRidesOnTheNextWrite(t *testing.T) {
+	db := openDB(t, t.TempDir())
+	defer db.Close()
+	s := ownerStream(t, db, "s", 1)
+	mustAppend(t, s, 1, recs("a", 10))
+	s.SetConfirmWatermark(10)
+	mustAppend(t, s, 1, recs("b", 1))
+	if got := storedWatermark(t, s); got != 10 {
+		t.Fatalf("stored watermark %d after the next append, want 10", got)
+	}
+	if o := s.watermarkTouch(); o != nil {
+		t.Fatal("a watermark write is due although the append carried the watermark")
+	}
+}
+
+// A clean close keeps the latest watermark even inside the flush interval.
+func TestWatermarkKeptByCleanClose(t *testing.T) {
+	dir := t.TempDir()
+	db := openDB(t, dir)
+	s := ownerStream(t, db, "s", 1)
+	mustAppend(t, s, 1, recs("a", 10))
+	s.SetConfirmWatermark(9)
+	if err := db.Close(); err != nil {
+		t.Fatal(err)
+	}
+	db = openDB(t, dir)
+	defer db.Close()
+	if got := openStream(t, db, "s").State().ConfirmWatermark; got != 9 {
+		t.Fatalf("watermark %d after a clean close, want 9", got)
+	}
+}
