@@ -3,6 +3,7 @@ package storage
 import (
 	"context"
 	"fmt"
+	"time"
 
 	"github.com/dgraph-io/badger/v4"
 )
@@ -119,10 +120,18 @@ func (db *DB) do(ctx context.Context, o *op) error {
 func (db *DB) commitLoop() {
 	defer close(db.stopped)
 	batch := make([]*op, 0, 256)
+	// The mapping advice also runs while nothing is written (readers
+	// fault value log pages in too).
+	tick := time.NewTicker(trimEvery)
+	defer tick.Stop()
+	unadvised := 0
 	for {
 		var first *op
 		select {
 		case first = <-db.ops:
+		case <-tick.C:
+			unadvised = db.advise(unadvised)
+			continue
 		case <-db.stop:
 			// Close let every accepted sender finish; write what is queued.
 			for {
@@ -148,13 +157,27 @@ func (db *DB) commitLoop() {
 		}
 		db.commit(batch)
 		clear(batch)
-		// Between writes, so Badger is not rotating a value log file
-		// under the advice, and after this batch's waiters are released
-		// (mappings_linux.go).
-		db.vlogMu.Lock()
-		db.advisor.wrote(size)
-		db.vlogMu.Unlock()
+		unadvised = db.advise(unadvised + size)
 	}
+}
+
+// trimEvery is how often the mapping advice drops pages of files Badger no
+// longer writes from the resident set, writes or not (mappings_linux.go).
+const trimEvery = 2 * time.Second
+
+// advise gives the mapping advice (mappings_linux.go) for written bytes
+// committed since the last advice. It runs on the committer between its
+// writes, so Badger is not rotating a value log file under it, after the
+// batch's waiters are released. While the value log GC runs (it holds
+// vlogMu, for seconds when it rewrites a file) it skips its turn rather
+// than hold writes up, and returns the bytes still unadvised.
+func (db *DB) advise(written int) int {
+	if !db.vlogMu.TryLock() {
+		return written
+	}
+	defer db.vlogMu.Unlock()
+	db.advisor.wrote(written)
+	return 0
 }
 
 // commit writes a batch durably, then applies and releases its ops.

@@ -156,6 +156,10 @@ func Open(opts Options) (*DB, error) {
 		WithNumCompactors(2).
 		WithCompression(options.None).
 		WithNumGoroutines(2)
+	// Every level's tables the same size: a compaction builds its output
+	// tables in memory, so deeper levels with larger tables would make
+	// its peak memory grow with the store.
+	bo.TableSizeMultiplier = 1
 	bdb, err := badger.Open(bo)
 	if err != nil {
 		return nil, fmt.Errorf("storage: opening badger in %s: %w", opts.Dir, err)

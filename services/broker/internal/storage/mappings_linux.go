@@ -34,7 +34,8 @@ import (
 //     broker's page tables (the page cache keeps them, so a later read
 //     faults them back cheaply), which keeps the resident set flat as
 //     streams grow: what stays is the active value log file, the memtables
-//     and the tables, which hold keys and value pointers only.
+//     and the table pages read since the last trim (tables hold keys and
+//     value pointers only, and are paged out, see scan).
 //
 // Both are advice: they change no data and no durability. MADV_DONTNEED on
 // a shared file mapping never discards data; dirty pages stay in the page
@@ -44,17 +45,15 @@ import (
 // or moves only while writing (rotation) or collecting garbage, and the
 // advisor runs on the committer, between its writes, holding vlogMu, which
 // the value log GC also holds. Tables and memtables are unmapped by
-// Badger's own compaction and flushes at any time, so they only get
-// MADV_RANDOM, which is harmless whatever the range holds.
+// Badger's own compaction and flushes at any time, so they only get advice
+// that is harmless whatever the range holds: MADV_RANDOM for memtables,
+// MADV_PAGEOUT for tables (see scan).
 
 const (
 	// adviseEveryBytes: how much may be committed before the mappings are
 	// looked at again (a new .mem file appears every memtable's worth of
 	// writes, a new .vlog every value log file).
 	adviseEveryBytes = 1 << 20
-	// trimEvery: how often mappings of files no longer written are dropped
-	// from the resident set.
-	trimEvery = 2 * time.Second
 )
 
 type mapAdvisor struct {
@@ -119,6 +118,20 @@ func (a *mapAdvisor) scan(now time.Time) {
 			continue
 		}
 		seen[m] = true
+		if ext == ".sst" {
+			// Tables are written whole and read in order by
+			// compactions: read-around helps them. Badger unmaps them
+			// at any time, so they only get advice that is harmless to
+			// whatever may have taken the range since: MADV_PAGEOUT
+			// reclaims pages without discarding data (a table's pages
+			// are clean and are read back from disk when needed;
+			// anonymous pages are swapped out or kept), which keeps
+			// tables, which grow with the log, out of the resident set.
+			if trim {
+				madvise(m, unix.MADV_PAGEOUT)
+			}
+			continue
+		}
 		if !a.advised[m] {
 			a.advised[m] = true
 			madvise(m, unix.MADV_RANDOM)
