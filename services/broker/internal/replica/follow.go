@@ -115,15 +115,14 @@ func (m *Manager) ServeFollow(ctx context.Context, first *strandv1.FollowRequest
 			return ctx.Err()
 		}
 		wm, wmChanged := tracker.get()
-		s := c.st.State()
-		written, _ := c.st.WrittenTail()
+		t := c.st.Tails()
 		// WaitTail also closes on new durable cursor events, which ship
 		// only once durable here (seed, "Cursors").
-		tailCh := c.st.WaitTail(s.RecordTail)
-		writtenCh := c.st.WaitWritten(written)
+		tailCh := c.st.WaitTail(t.Record)
+		writtenCh := c.st.WaitWritten(t.Written)
 		cursorCh := c.cursorChanged()
 		var recs []storage.Record
-		if pos < written && fc.room() {
+		if pos < t.Written && fc.room() {
 			var err error
 			recs, err = c.st.ReadWritten(pos, followBatchRecords, followBatchBytes)
 			if err != nil {
@@ -131,7 +130,7 @@ func (m *Manager) ServeFollow(ctx context.Context, first *strandv1.FollowRequest
 			}
 		}
 		var evs []storage.CursorEvent
-		if cpos < s.CursorEventTail {
+		if cpos < t.CursorEvent {
 			var err error
 			evs, err = c.st.ReadCursorEvents(cpos, followBatchEvents)
 			if err != nil {

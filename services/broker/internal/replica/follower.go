@@ -119,12 +119,9 @@ func (c *Copy) followOnce(ctx context.Context, owner string, epoch uint64) error
 		wmMu.Lock()
 		defer wmMu.Unlock()
 		ownerWM = max(ownerWM, fromOwner)
-		st := c.st.State()
-		wm := min(ownerWM, st.RecordTail)
-		if wm > st.ConfirmWatermark {
-			c.st.SetConfirmWatermark(wm)
-		}
-		c.setFollowerWatermark(wm)
+		// Storage caps it at the durable tail and ignores a lower one.
+		c.st.SetConfirmWatermark(ownerWM)
+		c.setFollowerWatermark(min(ownerWM, c.st.Tails().Record))
 	}
 	go func() {
 		defer close(ackerDone)
@@ -141,17 +138,17 @@ func (c *Copy) followOnce(ctx context.Context, owner string, epoch uint64) error
 				cancel()
 				return
 			}
-			st := c.st.State()
+			t := c.st.Tails()
 			applyWatermark(0)
 			// A batch that became durable with an earlier one was
 			// acknowledged with it.
-			if st.RecordTail == ackedRec && st.CursorEventTail == ackedEv {
+			if t.Record == ackedRec && t.CursorEvent == ackedEv {
 				continue
 			}
-			ackedRec, ackedEv = st.RecordTail, st.CursorEventTail
+			ackedRec, ackedEv = t.Record, t.CursorEvent
 			if err := send(&strandv1.FollowRequest{
 				Stream: c.name, Node: c.m.cfg.Node, Epoch: epoch,
-				RecordTail: st.RecordTail, CursorEventTail: st.CursorEventTail, Chain: st.Chain,
+				RecordTail: t.Record, CursorEventTail: t.CursorEvent, Chain: t.Chain,
 			}); err != nil {
 				ackErr <- err
 				cancel()

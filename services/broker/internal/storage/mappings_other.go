@@ -2,13 +2,10 @@
 
 package storage
 
-import "time"
-
 // mapAdvisor advises Badger's file mappings on Linux (mappings_linux.go);
 // elsewhere it does nothing.
 type mapAdvisor struct{}
 
 func newMapAdvisor(string) *mapAdvisor { return &mapAdvisor{} }
 
-func (a *mapAdvisor) wrote(int)      {}
-func (a *mapAdvisor) scan(time.Time) {}
+func (a *mapAdvisor) wrote(int) {}

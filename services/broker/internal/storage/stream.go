@@ -486,7 +486,7 @@ func (s *Stream) AppendIdempotent(ctx context.Context, epoch uint64, recs []Reco
 	o.done = make(chan error, 1)
 	tail := s.m.RecordTail
 	o.written = func() { s.advanceWritten(tail, chain, fresh) }
-	o.apply = func() { s.advanceDurableRecords(tail, chain, nil) }
+	o.apply = func() { s.advanceDurable(tail, chain) }
 	if err := s.enqueueLocked(ctx, o, prev); err != nil {
 		s.mu.Unlock()
 		return AppendResult{}, err
@@ -667,7 +667,7 @@ func (s *Stream) EnqueueReplicated(ctx context.Context, recs []Record, evs []Cur
 	tail, evTail := s.m.RecordTail, s.m.CursorEventTail
 	o.written = func() { s.advanceWritten(tail, chain, recs) }
 	o.apply = func() {
-		s.advanceDurableRecords(tail, chain, nil)
+		s.advanceDurable(tail, chain)
 		s.advanceDurableEvents(evTail)
 	}
 	if err := s.enqueueLocked(ctx, o, prev); err != nil {
@@ -750,17 +750,12 @@ func (s *Stream) advanceWritten(tail, chain uint64, recs []Record) {
 	}
 }
 
-// advanceDurableRecords moves the durable record tail (committer, after
-// sync); recs, when the op had no written step, go to the tail cache.
-func (s *Stream) advanceDurableRecords(tail, chain uint64, recs []Record) {
+// advanceDurable moves the durable record tail (committer, after sync).
+// The written step of the same op (advanceWritten) ran before it, so the
+// written view is already at or past tail.
+func (s *Stream) advanceDurable(tail, chain uint64) {
 	s.dmu.Lock()
 	defer s.dmu.Unlock()
-	if tail > s.wTail {
-		if !s.dclosed {
-			s.tail.add(recs)
-		}
-		s.wTail, s.wChain = tail, chain
-	}
 	if tail > s.dTail {
 		s.dTail, s.dChain = tail, chain
 		s.wakeLocked()
@@ -828,23 +823,29 @@ func (s *Stream) ReadWritten(from uint64, maxRecords, maxBytes int) ([]Record, e
 }
 
 func (s *Stream) read(from uint64, maxRecords, maxBytes int, written bool) ([]Record, error) {
-	head, tail := s.bounds()
+	s.mu.Lock()
+	head := s.m.Head
+	s.mu.Unlock()
+	// The bound and the cache under one hold of dmu: the cache holds
+	// exactly the log at the tail read here.
+	s.dmu.Lock()
+	tail := s.dTail
 	if written {
-		tail, _ = s.WrittenTail()
+		tail = s.wTail
 	}
 	if from < head || from > tail {
+		s.dmu.Unlock()
 		return nil, fmt.Errorf("%w: read from %d outside [%d, %d]", ErrOutOfRange, from, head, tail)
-	}
-	if from == tail {
-		return nil, nil
 	}
 	end := tail
 	if maxRecords > 0 && uint64(maxRecords) < end-from {
 		end = from + uint64(maxRecords)
 	}
-	s.dmu.Lock()
 	cached, ok := s.tail.read(from, end, maxBytes)
 	s.dmu.Unlock()
+	if from == tail {
+		return nil, nil
+	}
 	if ok {
 		return cached, nil
 	}

@@ -63,9 +63,6 @@ func (c *tailCache) add(recs []Record) {
 			c.clear()
 			return
 		}
-		if len(c.recs) > 0 && c.end() != recs[i].Offset {
-			c.clear()
-		}
 		c.recs = append(c.recs, recs[i])
 		c.sizes = append(c.sizes, n)
 		c.bytes += n

@@ -70,6 +70,22 @@ func (s *Stream) WrittenTail() (tail, chain uint64) {
 	return s.wTail, s.wChain
 }
 
+// Tails are a copy's log ends, without the rest of State.
+type Tails struct {
+	// Record and CursorEvent are the durable tails and Chain the chain at
+	// Record; Written is the written record tail (WrittenTail).
+	Record, CursorEvent, Written, Chain uint64
+}
+
+// Tails returns the log ends: what replication checks on every batch
+// (the owner's sender, the follower's acknowledgements), without State's
+// copies of the epochs.
+func (s *Stream) Tails() Tails {
+	s.dmu.Lock()
+	defer s.dmu.Unlock()
+	return Tails{Record: s.dTail, CursorEvent: s.dEvTail, Written: s.wTail, Chain: s.dChain}
+}
+
 func (s *Stream) wait(k waitKey) <-chan struct{} {
 	s.dmu.Lock()
 	defer s.dmu.Unlock()
