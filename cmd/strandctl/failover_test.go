@@ -9,11 +9,11 @@ import (
 	"time"
 
 	"connectrpc.com/connect"
-	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/strandhq/strand/client"
 	"github.com/strandhq/strand/cmd/strandctl/internal/devcluster"
 	"github.com/strandhq/strand/internal/cluster"
+	"github.com/strandhq/strand/internal/clustertest"
 	strandv1 "github.com/strandhq/strand/internal/gen/strand/v1"
 	"github.com/strandhq/strand/internal/gen/strand/v1/strandv1connect"
 	"github.com/strandhq/strand/internal/onebox/ledger"
@@ -29,10 +29,10 @@ import (
 
 // procCluster is a dev cluster of real processes for one test.
 type procCluster struct {
+	clustertest.View
 	t      *testing.T
 	cl     *devcluster.Cluster
 	dir    string
-	schema cluster.Schema
 	client *client.Client
 }
 
@@ -53,7 +53,7 @@ func startProcCluster(t *testing.T) *procCluster {
 	if err != nil {
 		t.Fatalf("dev cluster: %v", err)
 	}
-	p := &procCluster{t: t, cl: cl, dir: dir, schema: cluster.NewSchema("")}
+	p := &procCluster{t: t, cl: cl, dir: dir, View: clustertest.View{T: t, Cli: cl.Etcd(), Schema: cluster.NewSchema("")}}
 	t.Cleanup(func() {
 		if p.client != nil {
 			_ = p.client.Close()
@@ -83,51 +83,8 @@ func (p *procCluster) ctx() context.Context {
 	return ctx
 }
 
-func etcdGet[T any](p *procCluster, key string) (T, bool) {
-	p.t.Helper()
-	var v T
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	resp, err := p.cl.Etcd().Get(ctx, key)
-	if err != nil {
-		p.t.Fatalf("etcd get %s: %v", key, err)
-	}
-	if len(resp.Kvs) == 0 {
-		return v, false
-	}
-	v, err = cluster.Decode[T](resp.Kvs[0].Value)
-	if err != nil {
-		p.t.Fatalf("decode %s: %v", key, err)
-	}
-	return v, true
-}
-
-func (p *procCluster) assignment(stream string) (cluster.Assignment, bool) {
-	return etcdGet[cluster.Assignment](p, p.schema.AssignmentKey(stream))
-}
-
-func (p *procCluster) history(stream string) cluster.HistoryStarts {
-	h, _ := etcdGet[cluster.HistoryStarts](p, p.schema.HistoryKey(stream))
-	return h
-}
-
 func (p *procCluster) recoveryPending(stream string) bool {
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	resp, err := p.cl.Etcd().Get(ctx, p.schema.RecoveryKey(stream), clientv3.WithCountOnly())
-	if err != nil {
-		p.t.Fatal(err)
-	}
-	return resp.Count > 0
-}
-
-func (p *procCluster) tails(node, stream string) (cluster.CopyTails, bool) {
-	hb, ok := etcdGet[cluster.Heartbeat](p, p.schema.HeartbeatKey(node))
-	if !ok {
-		return cluster.CopyTails{}, false
-	}
-	t, ok := hb.Streams[stream]
-	return t, ok
+	return p.HasKey(p.Schema.RecoveryKey(stream))
 }
 
 func (p *procCluster) addr(node string) string {
@@ -142,58 +99,7 @@ func (p *procCluster) addr(node string) string {
 // calls to that broker.
 func (p *procCluster) readAll(node, stream string) ([]*strandv1.StoredRecord, error) {
 	sc := strandv1connect.NewStreamServiceClient(rpcserver.HTTPClient(), rpcserver.BaseURL(p.addr(node)))
-	var out []*strandv1.StoredRecord
-	from := uint64(0)
-	for {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		resp, err := sc.Read(ctx, connect.NewRequest(&strandv1.ReadRequest{Stream: stream, FromOffset: from}))
-		cancel()
-		if err != nil {
-			return nil, fmt.Errorf("read %s on %s from %d: %w", stream, node, from, err)
-		}
-		if len(resp.Msg.GetRecords()) == 0 {
-			return out, nil
-		}
-		out = append(out, resp.Msg.GetRecords()...)
-		from = resp.Msg.GetNextOffset()
-	}
-}
-
-// waitApplied waits until every member of a publishes its copy at a's
-// epoch in its role.
-func (p *procCluster) waitApplied(a cluster.Assignment) {
-	p.t.Helper()
-	waitUntil(p.t, 20*time.Second, fmt.Sprintf("assignment of %s at epoch %d applied", a.Stream, a.Epoch), func() error {
-		for _, m := range a.Members() {
-			role := cluster.RoleFollower
-			if m == a.Owner {
-				role = cluster.RoleOwner
-			}
-			if t, ok := p.tails(m, a.Stream); !ok || t.Epoch != a.Epoch || t.Role != role {
-				return fmt.Errorf("%s publishes %+v (present %v), want %s at epoch %d", m, t, ok, role, a.Epoch)
-			}
-		}
-		return nil
-	})
-}
-
-// waitUntil polls cond until it returns nil and fails with its last error
-// at the deadline.
-func waitUntil(t *testing.T, within time.Duration, what string, cond func() error) {
-	t.Helper()
-	deadline := time.Now().Add(within)
-	tick := time.NewTicker(50 * time.Millisecond)
-	defer tick.Stop()
-	for {
-		err := cond()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not within %s: %v", what, within, err)
-		}
-		<-tick.C
-	}
+	return clustertest.ReadAll(sc, node, stream)
 }
 
 // ownerFault is what happens to the owner's process, and how it comes back.
@@ -257,9 +163,9 @@ func runOwnerFault(t *testing.T, f ownerFault) {
 	})); err != nil {
 		t.Fatal(err)
 	}
-	a0, _ := p.assignment(stream)
-	p.waitApplied(a0)
-	hist0 := p.history(stream)
+	a0, _ := p.Assignment(stream)
+	p.WaitApplied(a0, 20*time.Second, nil)
+	hist0 := p.History(stream)
 
 	l := ledger.New()
 	pub := ledger.Start(p.client.Publish, stream, "k", 4, 30*time.Second, l)
@@ -269,7 +175,7 @@ func runOwnerFault(t *testing.T, f ownerFault) {
 			pub.Stop()
 		}
 	}()
-	waitUntil(t, 30*time.Second, "200 confirmed records before the fault", func() error {
+	clustertest.Eventually(t, 30*time.Second, "200 confirmed records before the fault", func() error {
 		if n := l.Count(); n < 200 {
 			return fmt.Errorf("%d confirmed; last error %q", n, pub.LastError())
 		}
@@ -280,8 +186,8 @@ func runOwnerFault(t *testing.T, f ownerFault) {
 	faultAt := time.Now()
 	f.fault(p, owner)
 	var a1 cluster.Assignment
-	waitUntil(t, 30*time.Second, "the stream recovered onto another owner with no operator", func() error {
-		a, ok := p.assignment(stream)
+	clustertest.Eventually(t, 30*time.Second, "the stream recovered onto another owner with no operator", func() error {
+		a, ok := p.Assignment(stream)
 		if !ok || a.Epoch == a0.Epoch || p.recoveryPending(stream) {
 			return fmt.Errorf("assignment %+v", a)
 		}
@@ -295,7 +201,7 @@ func runOwnerFault(t *testing.T, f ownerFault) {
 	if a1.Epoch != a0.Epoch+1 || a1.Owner == owner || a1.Includes(owner) {
 		t.Fatalf("after the %s: %+v, was %+v", f.name, a1, a0)
 	}
-	waitUntil(t, 30*time.Second, "publishes confirm at the new epoch", func() error {
+	clustertest.Eventually(t, 30*time.Second, "publishes confirm at the new epoch", func() error {
 		if n := l.AtEpoch(a1.Epoch); n < 100 {
 			return fmt.Errorf("%d confirmed at epoch %d; last error %q", n, a1.Epoch, pub.LastError())
 		}
@@ -312,7 +218,7 @@ func runOwnerFault(t *testing.T, f ownerFault) {
 		f.name, owner, a1.Epoch, a1.Owner, committed.Round(10*time.Millisecond),
 		l.FirstAt(a1.Epoch).Sub(faultAt).Round(10*time.Millisecond), l.Count(), l.Failures())
 
-	hist1 := p.history(stream)
+	hist1 := p.History(stream)
 	if s, _ := hist1.Latest(); len(hist1) != len(hist0)+1 || s.Epoch != a1.Epoch || s.Node != a1.Owner {
 		t.Fatalf("history after the failover %+v (was %+v), want one start at epoch %d on %s", hist1, hist0, a1.Epoch, a1.Owner)
 	}
@@ -320,23 +226,23 @@ func runOwnerFault(t *testing.T, f ownerFault) {
 	// The old owner comes back with its data and rejoins as a follower,
 	// with no new recovery.
 	f.back(p, owner)
-	waitUntil(t, 40*time.Second, owner+" rejoined as a follower", func() error {
-		a, _ := p.assignment(stream)
+	clustertest.Eventually(t, 40*time.Second, owner+" rejoined as a follower", func() error {
+		a, _ := p.Assignment(stream)
 		if !slices.Contains(a.Followers, owner) {
 			return fmt.Errorf("assignment %+v", a)
 		}
-		ot, _ := p.tails(a.Owner, stream)
-		tt, ok := p.tails(owner, stream)
+		ot, _ := p.Tails(a.Owner, stream)
+		tt, ok := p.Tails(owner, stream)
 		if !ok || tt.Role != cluster.RoleFollower || tt.Epoch != a1.Epoch || tt.SealEpoch != 0 || tt.RecordTail != ot.RecordTail {
 			return fmt.Errorf("%s publishes %+v (present %v); owner %+v", owner, tt, ok, ot)
 		}
 		return nil
 	})
-	a2, _ := p.assignment(stream)
+	a2, _ := p.Assignment(stream)
 	if a2.Epoch != a1.Epoch || a2.Owner != a1.Owner {
 		t.Errorf("the rejoin moved the stream: %+v, was %+v", a2, a1)
 	}
-	if h := p.history(stream); len(h) != len(hist1) {
+	if h := p.History(stream); len(h) != len(hist1) {
 		t.Errorf("the rejoin changed the history: %+v, was %+v", h, hist1)
 	}
 	if p.recoveryPending(stream) {
@@ -354,7 +260,7 @@ func runOwnerFault(t *testing.T, f ownerFault) {
 	if found != l.Count() || found < 300 {
 		t.Errorf("%d of %d confirmed records found at their offsets", found, l.Count())
 	}
-	waitUntil(t, 20*time.Second, "the rejoined copy shows the owner's records", func() error {
+	clustertest.Eventually(t, 20*time.Second, "the rejoined copy shows the owner's records", func() error {
 		got, err := p.readAll(owner, stream)
 		if err != nil {
 			return err

@@ -9,6 +9,7 @@ import (
 	"connectrpc.com/connect"
 
 	"github.com/strandhq/strand/internal/cluster"
+	"github.com/strandhq/strand/internal/clustertest"
 	strandv1 "github.com/strandhq/strand/internal/gen/strand/v1"
 )
 
@@ -28,8 +29,8 @@ func TestKilledOwnerNotAddedBackWhileDead(t *testing.T) {
 	})); err != nil {
 		t.Fatal(err)
 	}
-	a0, _ := p.assignment(stream)
-	p.waitApplied(a0)
+	a0, _ := p.Assignment(stream)
+	p.WaitApplied(a0, 20*time.Second, nil)
 	for i := range 20 {
 		if _, err := p.client.Publish(p.ctx(), stream, []*strandv1.Record{{Payload: []byte(fmt.Sprint(i))}}); err != nil {
 			t.Fatal(err)
@@ -42,24 +43,24 @@ func TestKilledOwnerNotAddedBackWhileDead(t *testing.T) {
 	if err := p.cl.Wait(p.ctx(), owner); err != nil {
 		t.Fatal(err)
 	}
-	waitUntil(t, 20*time.Second, "recovery committed", func() error {
-		if a, _ := p.assignment(stream); a.Epoch == a0.Epoch || p.recoveryPending(stream) {
+	clustertest.Eventually(t, 20*time.Second, "recovery committed", func() error {
+		if a, _ := p.Assignment(stream); a.Epoch == a0.Epoch || p.recoveryPending(stream) {
 			return fmt.Errorf("assignment %+v", a)
 		}
 		return nil
 	})
 	// Until the dead broker's lease expires, and after, the assignment
 	// must not name it.
-	waitUntil(t, 15*time.Second, "the killed owner's lease expired", func() error {
-		if a, _ := p.assignment(stream); a.Includes(owner) {
+	clustertest.Eventually(t, 15*time.Second, "the killed owner's lease expired", func() error {
+		if a, _ := p.Assignment(stream); a.Includes(owner) {
 			t.Fatalf("assignment %+v names %s, which was SIGKILLed and judged lost; its stale heartbeat was taken for a returning copy", a, owner)
 		}
-		if _, registered := etcdGet[cluster.BrokerInfo](p, p.schema.BrokerKey(owner)); registered {
+		if _, registered := clustertest.Get[cluster.BrokerInfo](p.View, p.Schema.BrokerKey(owner)); registered {
 			return fmt.Errorf("%s still registered", owner)
 		}
 		return nil
 	})
-	if a, _ := p.assignment(stream); a.Includes(owner) {
+	if a, _ := p.Assignment(stream); a.Includes(owner) {
 		t.Fatalf("assignment %+v names the dead %s", a, owner)
 	}
 }

@@ -32,6 +32,7 @@ import (
 
 	"github.com/strandhq/strand/client"
 	"github.com/strandhq/strand/internal/cluster"
+	"github.com/strandhq/strand/internal/clustertest"
 	"github.com/strandhq/strand/internal/etcdtest"
 	strandv1 "github.com/strandhq/strand/internal/gen/strand/v1"
 	"github.com/strandhq/strand/internal/gen/strand/v1/strandv1connect"
@@ -204,15 +205,7 @@ func (c *Cluster) StartBroker(node string) *brokerapp.App {
 	if err != nil {
 		c.t.Fatalf("onebox: start broker %s: %v", node, err)
 	}
-	select {
-	case <-a.Ready():
-	case err := <-a.Err():
-		_ = a.Close()
-		c.t.Fatalf("onebox: broker %s failed while starting: %v", node, err)
-	case <-time.After(ReadyTimeout):
-		_ = a.Close()
-		c.t.Fatalf("onebox: broker %s not ready within %s", node, ReadyTimeout)
-	}
+	c.waitReady("broker "+node, a)
 	c.mu.Lock()
 	c.brokers[node] = a
 	c.addrs[node] = a.Addr()
@@ -229,6 +222,28 @@ func (c *Cluster) SetBootID(id string) {
 	c.t.Helper()
 	if err := os.WriteFile(c.BootIDPath(), []byte(id+"\n"), 0o644); err != nil {
 		c.t.Fatalf("onebox: write boot id: %v", err)
+	}
+}
+
+// service is what every service's app offers its embedder.
+type service interface {
+	Ready() <-chan struct{}
+	Err() <-chan error
+	Close() error
+}
+
+// waitReady waits until a just started service is ready; one that fails or
+// is not ready within ReadyTimeout is closed and fails the test.
+func (c *Cluster) waitReady(name string, a service) {
+	c.t.Helper()
+	select {
+	case <-a.Ready():
+	case err := <-a.Err():
+		_ = a.Close()
+		c.t.Fatalf("onebox: %s failed while starting: %v", name, err)
+	case <-time.After(ReadyTimeout):
+		_ = a.Close()
+		c.t.Fatalf("onebox: %s not ready within %s", name, ReadyTimeout)
 	}
 }
 
@@ -306,12 +321,7 @@ func (c *Cluster) StartController() *controllerapp.App {
 	if err != nil {
 		c.t.Fatalf("onebox: start %s: %v", name, err)
 	}
-	select {
-	case <-a.Ready():
-	case <-time.After(ReadyTimeout):
-		_ = a.Close()
-		c.t.Fatalf("onebox: %s not ready within %s", name, ReadyTimeout)
-	}
+	c.waitReady(name, a)
 	c.mu.Lock()
 	c.controllers = append(c.controllers, a)
 	c.mu.Unlock()
@@ -376,12 +386,7 @@ func (c *Cluster) StartRecoverer() string {
 	if err != nil {
 		c.t.Fatalf("onebox: start %s: %v", name, err)
 	}
-	select {
-	case <-a.Ready():
-	case <-time.After(ReadyTimeout):
-		_ = a.Close()
-		c.t.Fatalf("onebox: %s not ready within %s", name, ReadyTimeout)
-	}
+	c.waitReady(name, a)
 	c.mu.Lock()
 	c.recoverers[name] = a
 	c.mu.Unlock()
@@ -475,59 +480,33 @@ func (c *Cluster) Replication(node string) strandv1connect.ReplicationServiceCli
 // Ctx is the cluster's context for calls, cancelled when the test ends.
 func (c *Cluster) Ctx() context.Context { return c.ctx }
 
-// get decodes the value at key; ok is false when the key is absent.
-func get[T any](c *Cluster, key string) (T, bool) {
-	c.t.Helper()
-	var v T
-	resp, err := c.Cli.Get(c.Ctx(), key)
-	if err != nil {
-		c.t.Fatalf("onebox: get %s: %v", key, err)
-	}
-	if len(resp.Kvs) == 0 {
-		return v, false
-	}
-	v, err = cluster.Decode[T](resp.Kvs[0].Value)
-	if err != nil {
-		c.t.Fatalf("onebox: decode %s: %v", key, err)
-	}
-	return v, true
+// view is the cluster's state in etcd, as tests read it.
+func (c *Cluster) view() clustertest.View {
+	return clustertest.View{T: c.t, Cli: c.Cli, Schema: c.Schema}
 }
 
 // Assignment reads a stream's assignment from etcd.
 func (c *Cluster) Assignment(stream string) (cluster.Assignment, bool) {
-	return get[cluster.Assignment](c, c.Schema.AssignmentKey(stream))
+	return c.view().Assignment(stream)
 }
 
 // Recovery reads a stream's pending recovery from etcd.
 func (c *Cluster) Recovery(stream string) (cluster.Recovery, bool) {
-	return get[cluster.Recovery](c, c.Schema.RecoveryKey(stream))
+	return c.view().Recovery(stream)
 }
 
 // History reads a stream's history starts from etcd; absent is empty.
 func (c *Cluster) History(stream string) cluster.HistoryStarts {
-	h, _ := get[cluster.HistoryStarts](c, c.Schema.HistoryKey(stream))
-	return h
+	return c.view().History(stream)
 }
 
 // HasKey reports whether key exists in etcd.
-func (c *Cluster) HasKey(key string) bool {
-	c.t.Helper()
-	resp, err := c.Cli.Get(c.Ctx(), key, clientv3.WithCountOnly())
-	if err != nil {
-		c.t.Fatalf("onebox: get %s: %v", key, err)
-	}
-	return resp.Count > 0
-}
+func (c *Cluster) HasKey(key string) bool { return c.view().HasKey(key) }
 
 // Tails reads what node last published about its copy of stream in its
 // heartbeat; ok is false when the broker publishes no heartbeat or no copy.
 func (c *Cluster) Tails(node, stream string) (cluster.CopyTails, bool) {
-	hb, ok := get[cluster.Heartbeat](c, c.Schema.HeartbeatKey(node))
-	if !ok {
-		return cluster.CopyTails{}, false
-	}
-	t, ok := hb.Streams[stream]
-	return t, ok
+	return c.view().Tails(node, stream)
 }
 
 // Put writes a value into etcd as a service would (broker-level tests play
@@ -543,19 +522,7 @@ func (c *Cluster) Put(key string, v any) {
 // with what and cond's last error once within has passed.
 func Eventually(t testing.TB, within time.Duration, what string, cond func() error) {
 	t.Helper()
-	deadline := time.Now().Add(within)
-	tick := time.NewTicker(25 * time.Millisecond)
-	defer tick.Stop()
-	for {
-		err := cond()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not within %s: %v", what, within, err)
-		}
-		<-tick.C
-	}
+	clustertest.Eventually(t, within, what, cond)
 }
 
 // CreateStream creates a stream through the AdminService and waits until
@@ -581,22 +548,7 @@ func (c *Cluster) CreateStream(name string, copies int, policy cluster.Policy) c
 // its heartbeat at a's epoch in its role.
 func (c *Cluster) WaitApplied(a cluster.Assignment) {
 	c.t.Helper()
-	Eventually(c.t, 15*time.Second, fmt.Sprintf("assignment of %s at epoch %d applied", a.Stream, a.Epoch), func() error {
-		for _, m := range a.Members() {
-			if c.Broker(m) == nil {
-				continue
-			}
-			role := cluster.RoleFollower
-			if m == a.Owner {
-				role = cluster.RoleOwner
-			}
-			t, ok := c.Tails(m, a.Stream)
-			if !ok || t.Epoch != a.Epoch || t.Role != role {
-				return fmt.Errorf("%s publishes %+v (present %v), want %s at epoch %d", m, t, ok, role, a.Epoch)
-			}
-		}
-		return nil
-	})
+	c.view().WaitApplied(a, 15*time.Second, func(node string) bool { return c.Broker(node) == nil })
 }
 
 // WaitAssignment waits for a stream's assignment to satisfy cond and
@@ -619,21 +571,7 @@ func (c *Cluster) WaitAssignment(stream string, within time.Duration, what strin
 // from its head, with raw Read calls to that broker (a follower serves
 // reads below its watermark). The tests keep whole logs: it starts at 0.
 func (c *Cluster) ReadAll(node, stream string) ([]*strandv1.StoredRecord, error) {
-	var out []*strandv1.StoredRecord
-	sc := c.Streams(node)
-	from := uint64(0)
-	for {
-		resp, err := sc.Read(c.Ctx(), connect.NewRequest(&strandv1.ReadRequest{Stream: stream, FromOffset: from}))
-		if err != nil {
-			return nil, fmt.Errorf("read %s on %s from %d: %w", stream, node, from, err)
-		}
-		recs := resp.Msg.GetRecords()
-		if len(recs) == 0 {
-			return out, nil
-		}
-		out = append(out, recs...)
-		from = resp.Msg.GetNextOffset()
-	}
+	return clustertest.ReadAll(c.Streams(node), node, stream)
 }
 
 // Publish publishes payloads through raw Publish calls to node, retrying
