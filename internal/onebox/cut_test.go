@@ -206,12 +206,7 @@ func TestTwoFailoversWhileCopyAwayCutAtLowestStart(t *testing.T) {
 	t.Parallel()
 	c := Start(t, Options{Brokers: []string{"b1", "b2", "b3"}})
 	const stream = "away"
-	a1 := cluster.Assignment{Stream: stream, Epoch: 1, Owner: "b1", Followers: []string{"b2", "b3"}, Policy: majority}
-	c.Put(c.Schema.AssignmentKey(stream), a1)
-	c.WaitApplied(a1)
-	c.Publish("b1", stream, Numbered("e1", 10)...)
-	waitTails(t, c, "b2", stream, 10, 0)
-	waitTails(t, c, "b3", stream, 10, 0)
+	placeWithTenRecords(t, c, stream)
 
 	var history cluster.HistoryStarts
 	// failover seals the copies at fence and commits the assignment with
@@ -377,4 +372,17 @@ func TestDeletedStreamHistoryDropped(t *testing.T) {
 	}
 	publishAll(t, c, stream, l, "after")
 	verify(t, c, b1.Owner, stream, l)
+}
+
+// placeWithTenRecords writes stream's first assignment by hand (b1 owns,
+// b2 and b3 follow, epoch 1, majority; the test plays the controller),
+// publishes e1-000..e1-009 on b1 and waits until both followers hold them.
+func placeWithTenRecords(t *testing.T, c *Cluster, stream string) {
+	t.Helper()
+	a1 := cluster.Assignment{Stream: stream, Epoch: 1, Owner: "b1", Followers: []string{"b2", "b3"}, Policy: majority}
+	c.Put(c.Schema.AssignmentKey(stream), a1)
+	c.WaitApplied(a1)
+	c.Publish("b1", stream, Numbered("e1", 10)...)
+	waitTails(t, c, "b2", stream, 10, 0)
+	waitTails(t, c, "b3", stream, 10, 0)
 }

@@ -80,12 +80,7 @@ func TestSealedRawTailWithOlderSuffixLosesNoConfirmedRecord(t *testing.T) {
 	t.Parallel()
 	c := Start(t, Options{Brokers: []string{"b1", "b2", "b3"}, Recoverers: 1})
 	const stream = "raw"
-	a1 := cluster.Assignment{Stream: stream, Epoch: 1, Owner: "b1", Followers: []string{"b2", "b3"}, Policy: majority}
-	c.Put(c.Schema.AssignmentKey(stream), a1)
-	c.WaitApplied(a1)
-	c.Publish("b1", stream, Numbered("e1", 10)...)
-	waitTails(t, c, "b2", stream, 10, 0)
-	waitTails(t, c, "b3", stream, 10, 0)
+	placeWithTenRecords(t, c, stream)
 	c.StopBroker("b2")
 	c.StopBroker("b3")
 	publishUnconfirmed(t, c, "b1", stream, Numbered("e1-unconfirmed", 30))
