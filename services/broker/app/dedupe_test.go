@@ -11,6 +11,7 @@ import (
 	"connectrpc.com/connect"
 
 	"github.com/strandhq/strand/internal/cluster"
+	"github.com/strandhq/strand/internal/clustertest"
 	strandv1 "github.com/strandhq/strand/internal/gen/strand/v1"
 )
 
@@ -38,7 +39,7 @@ func (h *harness) publishRecords(node, stream string, recs []*strandv1.Record) (
 func (h *harness) publishUntilServed(node, stream string, recs []*strandv1.Record) *strandv1.PublishResponse {
 	h.t.Helper()
 	var out *strandv1.PublishResponse
-	eventually(h.t, 10*time.Second, "publish on "+node, func() error {
+	clustertest.Eventually(h.t, 10*time.Second, "publish on "+node, func() error {
 		resp, err := h.publishRecords(node, stream, recs)
 		if err != nil {
 			return err
@@ -59,7 +60,7 @@ func wantPublish(t *testing.T, what string, resp *strandv1.PublishResponse, offs
 // wantLog checks that node's confirmed records are exactly payloads, in order.
 func (h *harness) wantLog(node, stream string, payloads ...string) {
 	h.t.Helper()
-	eventually(h.t, 10*time.Second, node+" holds the log", func() error {
+	clustertest.Eventually(h.t, 10*time.Second, node+" holds the log", func() error {
 		recs, err := h.readAll(node, stream)
 		if err != nil {
 			return err
@@ -141,7 +142,7 @@ func TestPublishDeduplicatesOnNewOwner(t *testing.T) {
 	first := h.publishUntilServed("b1", "moved", sequenced("p", 1, 2, 3, 4, 5))
 	wantPublish(t, "on b1", first, []uint64{0, 1, 2, 3, 4}, []bool{false, false, false, false, false})
 	for _, n := range []string{"b2", "b3"} {
-		eventually(t, 10*time.Second, n+" holds the records", func() error {
+		clustertest.Eventually(t, 10*time.Second, n+" holds the records", func() error {
 			tails, err := h.heartbeat(n, "moved")
 			if err != nil {
 				return err
@@ -188,7 +189,7 @@ func TestRetryOfAnUnconfirmedPublishOnNewOwner(t *testing.T) {
 	if connect.CodeOf(err) != connect.CodeUnavailable {
 		t.Fatalf("publish with a copy down under local_durable: %v, want Unavailable", err)
 	}
-	eventually(t, 10*time.Second, "b2 holds the unconfirmed record", func() error {
+	clustertest.Eventually(t, 10*time.Second, "b2 holds the unconfirmed record", func() error {
 		tails, err := h.heartbeat("b2", "retry")
 		if err != nil {
 			return err

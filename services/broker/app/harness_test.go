@@ -13,6 +13,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/strandhq/strand/internal/cluster"
+	"github.com/strandhq/strand/internal/clustertest"
 	"github.com/strandhq/strand/internal/etcdtest"
 	strandv1 "github.com/strandhq/strand/internal/gen/strand/v1"
 	"github.com/strandhq/strand/internal/gen/strand/v1/strandv1connect"
@@ -98,20 +99,6 @@ func (h *harness) replication(node string) strandv1connect.ReplicationServiceCli
 	return strandv1connect.NewReplicationServiceClient(rpcserver.HTTPClient(), rpcserver.BaseURL(h.addrs[node]))
 }
 
-// eventually polls cond until it holds or the deadline passes.
-func eventually(t *testing.T, within time.Duration, what string, cond func() error) {
-	t.Helper()
-	deadline := time.Now().Add(within)
-	var err error
-	for time.Now().Before(deadline) {
-		if err = cond(); err == nil {
-			return
-		}
-		<-time.After(20 * time.Millisecond)
-	}
-	t.Fatalf("%s: not within %s: %v", what, within, err)
-}
-
 // publish sends one record per payload, retrying while the owner is not yet
 // serving the assignment (it is applied asynchronously from the watch).
 func (h *harness) publish(node, stream string, payloads ...string) []uint64 {
@@ -121,7 +108,7 @@ func (h *harness) publish(node, stream string, payloads ...string) []uint64 {
 		recs = append(recs, &strandv1.Record{Payload: []byte(p)})
 	}
 	var offsets []uint64
-	eventually(h.t, 10*time.Second, "publish", func() error {
+	clustertest.Eventually(h.t, 10*time.Second, "publish", func() error {
 		resp, err := h.streams(node).Publish(context.Background(), connect.NewRequest(&strandv1.PublishRequest{Stream: stream, Records: recs}))
 		if err != nil {
 			return err
@@ -133,36 +120,13 @@ func (h *harness) publish(node, stream string, payloads ...string) []uint64 {
 }
 
 func (h *harness) readAll(node, stream string) ([]*strandv1.StoredRecord, error) {
-	var out []*strandv1.StoredRecord
-	from := uint64(0)
-	for {
-		resp, err := h.streams(node).Read(context.Background(), connect.NewRequest(&strandv1.ReadRequest{Stream: stream, FromOffset: from}))
-		if err != nil {
-			return nil, err
-		}
-		out = append(out, resp.Msg.GetRecords()...)
-		if len(resp.Msg.GetRecords()) == 0 {
-			return out, nil
-		}
-		from = resp.Msg.GetNextOffset()
-	}
+	return clustertest.ReadAll(h.streams(node), node, stream)
 }
 
 func (h *harness) heartbeat(node, stream string) (cluster.CopyTails, error) {
-	resp, err := h.cli.Get(context.Background(), h.schema.HeartbeatKey(node))
-	if err != nil {
-		return cluster.CopyTails{}, err
-	}
-	if len(resp.Kvs) == 0 {
-		return cluster.CopyTails{}, fmt.Errorf("no heartbeat from %s", node)
-	}
-	hb, err := cluster.Decode[cluster.Heartbeat](resp.Kvs[0].Value)
-	if err != nil {
-		return cluster.CopyTails{}, err
-	}
-	t, ok := hb.Streams[stream]
+	t, ok := clustertest.View{T: h.t, Cli: h.cli, Schema: h.schema}.Tails(node, stream)
 	if !ok {
-		return cluster.CopyTails{}, fmt.Errorf("%s has no copy of %s in its heartbeat", node, stream)
+		return cluster.CopyTails{}, fmt.Errorf("no copy of %s in %s's heartbeat", stream, node)
 	}
 	return t, nil
 }

@@ -12,6 +12,7 @@ import (
 	"connectrpc.com/connect"
 
 	"github.com/strandhq/strand/internal/cluster"
+	"github.com/strandhq/strand/internal/clustertest"
 	strandv1 "github.com/strandhq/strand/internal/gen/strand/v1"
 	"github.com/strandhq/strand/internal/rpcerr"
 )
@@ -68,7 +69,7 @@ func TestReplicatedCopiesHoldIdenticalRecords(t *testing.T) {
 		}
 	}
 	for _, node := range []string{"b2", "b3"} {
-		eventually(t, 10*time.Second, node+" holds every confirmed record", func() error {
+		clustertest.Eventually(t, 10*time.Second, node+" holds every confirmed record", func() error {
 			got, err := h.readAll(node, "orders")
 			if err != nil {
 				return err
@@ -101,7 +102,7 @@ func TestMajorityKeepsConfirmingWithOneFollowerDown(t *testing.T) {
 	t.Logf("confirmed with a follower down in %s", time.Since(start))
 	// The restarted follower resumes at its own tails and catches up.
 	h.start("b3")
-	eventually(t, 10*time.Second, "b3 caught up", func() error {
+	clustertest.Eventually(t, 10*time.Second, "b3 caught up", func() error {
 		got, err := h.readAll("b3", "m")
 		if err != nil {
 			return err
@@ -158,7 +159,7 @@ func TestFastPathFollowerCatchesUpFromEmpty(t *testing.T) {
 		t.Fatal("adding a follower under replica_durable(2) must be a fast-path change")
 	}
 	h.assign(a)
-	eventually(t, 10*time.Second, "b4 caught up from empty", func() error {
+	clustertest.Eventually(t, 10*time.Second, "b4 caught up from empty", func() error {
 		got, err := h.readAll("b4", "grow")
 		if err != nil {
 			return err
@@ -168,7 +169,7 @@ func TestFastPathFollowerCatchesUpFromEmpty(t *testing.T) {
 		}
 		return nil
 	})
-	eventually(t, 5*time.Second, "b4 heartbeat shows a follower at epoch 1", func() error {
+	clustertest.Eventually(t, 5*time.Second, "b4 heartbeat shows a follower at epoch 1", func() error {
 		tails, err := h.heartbeat("b4", "grow")
 		if err != nil {
 			return err

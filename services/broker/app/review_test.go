@@ -9,6 +9,7 @@ import (
 	"connectrpc.com/connect"
 
 	"github.com/strandhq/strand/internal/cluster"
+	"github.com/strandhq/strand/internal/clustertest"
 	strandv1 "github.com/strandhq/strand/internal/gen/strand/v1"
 )
 
@@ -20,7 +21,7 @@ func TestSubscriberOnPromotedFollowerKeepsReceiving(t *testing.T) {
 	majority := cluster.Policy{Name: cluster.MajorityDurable}
 	h.assign(threeCopies("promo", majority))
 	h.publish("b1", "promo", "before")
-	eventually(t, 10*time.Second, "b2 holds the first record", func() error {
+	clustertest.Eventually(t, 10*time.Second, "b2 holds the first record", func() error {
 		got, err := h.readAll("b2", "promo")
 		if err != nil || len(got) != 1 {
 			return fmt.Errorf("%d records, %v", len(got), err)
@@ -74,7 +75,7 @@ func TestUnreadableAssignmentKeepsTheCopy(t *testing.T) {
 	h.start("b1")
 	// Restoring a readable assignment finds the records still there.
 	h.assign(a)
-	eventually(t, 10*time.Second, "records kept through an unreadable assignment", func() error {
+	clustertest.Eventually(t, 10*time.Second, "records kept through an unreadable assignment", func() error {
 		got, err := h.readAll("b1", "keep")
 		if err != nil {
 			return err

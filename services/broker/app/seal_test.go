@@ -8,6 +8,7 @@ import (
 	"connectrpc.com/connect"
 
 	"github.com/strandhq/strand/internal/cluster"
+	"github.com/strandhq/strand/internal/clustertest"
 	strandv1 "github.com/strandhq/strand/internal/gen/strand/v1"
 )
 
@@ -23,7 +24,7 @@ func TestSealFencesTheStaleOwner(t *testing.T) {
 	h.publish("b1", "fenced", "a", "b")
 	sealed := map[string]*strandv1.SealResponse{}
 	for _, n := range []string{"b2", "b3"} {
-		eventually(t, 10*time.Second, n+" caught up before the seal", func() error {
+		clustertest.Eventually(t, 10*time.Second, n+" caught up before the seal", func() error {
 			_, err := h.heartbeat(n, "fenced")
 			return err
 		})

@@ -12,6 +12,7 @@ import (
 	"connectrpc.com/connect"
 
 	"github.com/strandhq/strand/internal/cluster"
+	"github.com/strandhq/strand/internal/clustertest"
 	strandv1 "github.com/strandhq/strand/internal/gen/strand/v1"
 )
 
@@ -81,7 +82,7 @@ func TestSubscribeAndCursorResume(t *testing.T) {
 	// Cursor state survives a broker restart (snapshot + events).
 	h.stop("b1")
 	h.start("b1")
-	eventually(t, 10*time.Second, "cursor after restart", func() error {
+	clustertest.Eventually(t, 10*time.Second, "cursor after restart", func() error {
 		cur, err := h.streams("b1").GetCursor(context.Background(), connect.NewRequest(&strandv1.GetCursorRequest{Stream: "events", Cursor: "billing"}))
 		if err != nil {
 			return err
