@@ -12,6 +12,7 @@ import (
 
 	"connectrpc.com/connect"
 
+	"github.com/strandhq/strand/internal/clustertest"
 	strandv1 "github.com/strandhq/strand/internal/gen/strand/v1"
 	"github.com/strandhq/strand/internal/gen/strand/v1/strandv1connect"
 	"github.com/strandhq/strand/internal/rpcerr"
@@ -387,7 +388,7 @@ func TestConcurrentPublishesKeepSequencesInOrder(t *testing.T) {
 		})
 	}
 	// Wait until the first request is in flight and the others queued.
-	waitFor(t, 5*time.Second, "publishes queued behind the first batch", func() bool {
+	clustertest.Until(t, 5*time.Second, "publishes queued behind the first batch", func() bool {
 		reqs := f.requests()
 		return len(reqs) == 1 && queued(c, "s") == n-len(reqs[0].GetRecords())
 	})
@@ -436,20 +437,6 @@ func queued(c *Client, stream string) int {
 		p.mu.Unlock()
 	}
 	return n
-}
-
-// waitFor polls cond until it holds or the deadline passes.
-func waitFor(t *testing.T, within time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(within)
-	tick := time.NewTicker(time.Millisecond)
-	defer tick.Stop()
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		<-tick.C
-	}
 }
 
 func TestReadFollowsHint(t *testing.T) {
@@ -663,7 +650,7 @@ func TestPublishAbandonsStuckOwnerWhenOwnerMoves(t *testing.T) {
 		_, err := c.Publish(context.Background(), "s", recs("x"))
 		done <- err
 	}()
-	waitFor(t, 5*time.Second, "the publish to reach the stuck owner", func() bool { return len(stuck.requests()) == 1 })
+	clustertest.Until(t, 5*time.Second, "the publish to reach the stuck owner", func() bool { return len(stuck.requests()) == 1 })
 	moved.Store(true)
 	select {
 	case err := <-done:

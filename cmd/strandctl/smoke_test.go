@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/strandhq/strand/cmd/strandctl/internal/devcluster"
+	"github.com/strandhq/strand/internal/clustertest"
 )
 
 // The smoke test runs the real binaries: TestMain builds them once into a
@@ -68,20 +69,6 @@ func freePortBase(t *testing.T, brokers int) int {
 		t.Fatal(err)
 	}
 	return p
-}
-
-// waitFor polls cond until it holds; it fails the test at the deadline.
-func waitFor(t *testing.T, within time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(within)
-	tick := time.NewTicker(50 * time.Millisecond)
-	defer tick.Stop()
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", within, what)
-		}
-		<-tick.C
-	}
 }
 
 type result struct {
@@ -183,7 +170,7 @@ func startDev(t *testing.T, dir string, portBase, brokers int) *devProcess {
 			dumpLogs(t, dir)
 		}
 	})
-	waitFor(t, 90*time.Second, "cluster.json from strandctl dev", func() bool {
+	clustertest.Until(t, 90*time.Second, "cluster.json from strandctl dev", func() bool {
 		select {
 		case <-d.done:
 			t.Fatalf("strandctl dev exited early: %v\n%s", d.err, d.out.String())
@@ -291,7 +278,7 @@ func TestCLISmoke(t *testing.T) {
 		t.Fatalf("stream get of a missing stream: exit %d, want 1 (%s)", r.code, r.stderr)
 	}
 
-	waitFor(t, 30*time.Second, "three live brokers", func() bool {
+	clustertest.Until(t, 30*time.Second, "three live brokers", func() bool {
 		r := ctl(t, dir, "", "brokers", "--json")
 		return r.code == 0 && strings.Count(r.stdout, `"live":true`) == brokers
 	})
@@ -360,7 +347,7 @@ func TestCLISmoke(t *testing.T) {
 	if err := syscall.Kill(owner.PID, syscall.SIGKILL); err != nil {
 		t.Fatalf("kill owner %s (pid %d): %v", owner.Node, owner.PID, err)
 	}
-	waitFor(t, 10*time.Second, "the killed owner to be reaped", func() bool {
+	clustertest.Until(t, 10*time.Second, "the killed owner to be reaped", func() bool {
 		return strings.Contains(dev.out.String(), fmt.Sprintf("%s (pid %d) exited", owner.Node, owner.PID))
 	})
 	dev.stop(t)
@@ -370,7 +357,7 @@ func TestCLISmoke(t *testing.T) {
 
 	// Same dir, same ports: everything is read back.
 	dev = startDev(t, dir, port, brokers)
-	waitFor(t, 30*time.Second, "the stream readable after the restart", func() bool {
+	clustertest.Until(t, 30*time.Second, "the stream readable after the restart", func() bool {
 		return ctl(t, dir, "", "read", "smoke", "--from", "0", "--max", "1", "--json", "--timeout", "5s").code == 0
 	})
 	checkRecords(t, readJSON(t, dir, "smoke"), all, 0)

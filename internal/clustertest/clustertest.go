@@ -5,6 +5,7 @@ package clustertest
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"testing"
 	"time"
@@ -126,6 +127,19 @@ func Eventually(t testing.TB, within time.Duration, what string, cond func() err
 		<-tick.C
 	}
 }
+
+// Until is Eventually for a condition that only says whether it holds.
+func Until(t testing.TB, within time.Duration, what string, cond func() bool) {
+	t.Helper()
+	Eventually(t, within, what, func() error {
+		if cond() {
+			return nil
+		}
+		return errNotYet
+	})
+}
+
+var errNotYet = errors.New("condition does not hold yet")
 
 // ReadAll reads every confirmed record of stream that node's copy shows,
 // from offset 0, with raw Read calls to that broker (a follower serves

@@ -15,6 +15,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/strandhq/strand/internal/cluster"
+	"github.com/strandhq/strand/internal/clustertest"
 	"github.com/strandhq/strand/internal/etcdtest"
 	strandv1 "github.com/strandhq/strand/internal/gen/strand/v1"
 	"github.com/strandhq/strand/internal/gen/strand/v1/strandv1connect"
@@ -74,7 +75,7 @@ func (h *harness) controller(cfg Config) *App {
 func (h *harness) leader(cfg Config) (*App, strandv1connect.AdminServiceClient) {
 	h.t.Helper()
 	a := h.controller(cfg)
-	eventually(h.t, "controller leads", a.Leading)
+	clustertest.Until(h.t, 15*time.Second, "controller leads", a.Leading)
 	return a, adminClient(a.Addr())
 }
 
@@ -146,22 +147,6 @@ func get[T any](h *harness, key string) (T, bool) {
 		h.t.Fatal(err)
 	}
 	return v, true
-}
-
-// eventually polls cond until it holds or a deadline passes.
-func eventually(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(15 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for: %s", what)
-		}
-		select {
-		case <-time.After(20 * time.Millisecond):
-		case <-t.Context().Done():
-			t.Fatal("test ended")
-		}
-	}
 }
 
 func wantCode(t *testing.T, err error, code connect.Code) {
@@ -420,7 +405,7 @@ func TestLeaderFailover(t *testing.T) {
 	if err := first.Close(); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "second controller leads", second.Leading)
+	clustertest.Until(t, 15*time.Second, "second controller leads", second.Leading)
 	got, err := c2.GetStream(ctxT(t), connect.NewRequest(&strandv1.GetStreamRequest{Name: "s"}))
 	if err != nil {
 		t.Fatalf("new leader GetStream: %v", err)
@@ -445,10 +430,10 @@ func TestLeaderLosesSession(t *testing.T) {
 	if _, err := h.cli.Revoke(ctxT(t), clientv3.LeaseID(resp.Kvs[0].Lease)); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "second controller leads", second.Leading)
-	eventually(t, "first controller stops leading", func() bool { return !first.Leading() })
+	clustertest.Until(t, 15*time.Second, "second controller leads", second.Leading)
+	clustertest.Until(t, 15*time.Second, "first controller stops leading", func() bool { return !first.Leading() })
 	// The first campaigns again and now points at the second.
-	eventually(t, "first names the new leader", func() bool {
+	clustertest.Until(t, 15*time.Second, "first names the new leader", func() bool {
 		_, err := adminClient(first.Addr()).ListStreams(ctxT(t), connect.NewRequest(&strandv1.ListStreamsRequest{}))
 		return connect.CodeOf(err) == connect.CodeUnavailable && errMessage(err) == "not the controller leader; leader is at "+second.Addr()
 	})

@@ -6,11 +6,13 @@ import (
 	"slices"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"connectrpc.com/connect"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/strandhq/strand/internal/cluster"
+	"github.com/strandhq/strand/internal/clustertest"
 	strandv1 "github.com/strandhq/strand/internal/gen/strand/v1"
 )
 
@@ -19,7 +21,7 @@ import (
 func (h *harness) recovery(stream, not string) cluster.Recovery {
 	h.t.Helper()
 	var rec cluster.Recovery
-	eventually(h.t, "pending recovery of "+stream, func() bool {
+	clustertest.Until(h.t, 15*time.Second, "pending recovery of "+stream, func() bool {
 		r, ok := get[cluster.Recovery](h, schema.RecoveryKey(stream))
 		rec = r
 		return ok && r.TransitionID != not
@@ -137,7 +139,7 @@ func TestSingleCopyOwnerDownWaits(t *testing.T) {
 	a := create(t, c, "solo", 1, nil).GetAssignment()
 	h.kill(a.GetOwner())
 	var entries []*strandv1.AttentionEntry
-	eventually(t, "single_copy_owner_down attention", func() bool {
+	clustertest.Until(t, 15*time.Second, "single_copy_owner_down attention", func() bool {
 		resp, err := c.ListAttention(ctxT(t), connect.NewRequest(&strandv1.ListAttentionRequest{}))
 		if err != nil {
 			t.Fatal(err)
@@ -239,7 +241,7 @@ func TestSuspectedOwnerFailsProbe(t *testing.T) {
 	h.heartbeat(a.Followers[0], suspect)
 
 	// The owner answers its probe: no recovery while the loop keeps probing.
-	eventually(t, "owner probed twice", func() bool { return probes.Load() >= 2 })
+	clustertest.Until(t, 15*time.Second, "owner probed twice", func() bool { return probes.Load() >= 2 })
 	if _, ok := get[cluster.Recovery](h, schema.RecoveryKey("s")); ok {
 		t.Fatal("recovery recorded though the owner answered its probe")
 	}
@@ -287,7 +289,7 @@ func TestOldOwnerRejoinsByFastPath(t *testing.T) {
 	h.broker(a.Owner)
 	h.heartbeat(a.Owner, map[string]cluster.CopyTails{"s": {Epoch: 1, Role: cluster.RoleSealed, RecordTail: 6, SealEpoch: 2}})
 	var got cluster.Assignment
-	eventually(t, "old owner rejoins", func() bool {
+	clustertest.Until(t, 15*time.Second, "old owner rejoins", func() bool {
 		got, _ = get[cluster.Assignment](h, schema.AssignmentKey("s"))
 		return got.Includes(a.Owner)
 	})
