@@ -90,6 +90,13 @@ func (c *Copy) followOnce(ctx context.Context, owner string, epoch uint64) error
 	stop := context.AfterFunc(ctx, closeRequest)
 	defer stop()
 	defer closeRequest()
+	// Batches an earlier call queued may still be syncing (its acker stops
+	// waiting when the call ends, the writes go on). Starting from the
+	// durable tails before they land would send the owner a tail below
+	// what storage has taken, and its first batch would not line up.
+	if err := c.st.Sync(ctx); err != nil {
+		return err
+	}
 	s := c.st.State()
 	if err := send(&strandv1.FollowRequest{
 		Stream: c.name, Node: c.m.cfg.Node, Epoch: epoch,
