@@ -2,35 +2,44 @@ package storage
 
 import (
 	"encoding/binary"
-	"hash/crc64"
 	"slices"
+
+	"github.com/cespare/xxhash/v2"
 )
 
-// chainTable is CRC-64/ECMA: deterministic across processes and machines
-// (unlike hash/maphash) and fast on long payloads (slicing-by-8).
-var chainTable = crc64.MakeTable(crc64.ECMA)
-
 // Chain returns the chain value of rec given the chain of the prefix before
-// it. It covers, in this order: the previous chain value, the record's
-// offset, epoch, publish time (Unix nanoseconds; a zero time as
+// it. It is XXH64 (seed 0) over, in this order: the previous chain value,
+// the record's offset, epoch, publish time (Unix nanoseconds; a zero time as
 // math.MinInt64), producer id, sequence, the headers sorted by key and the
 // payload. Integers are 8-byte big-endian; strings and byte slices are
 // prefixed with their 4-byte big-endian length. The record's own Chain field
 // is not covered. The chain of an empty log is 0; after ResetTo it continues
 // from the value given there.
+//
+// XXH64 is deterministic across processes and machines (unlike
+// hash/maphash), which two copies comparing their prefixes need, and about
+// ten times faster than CRC-64 on a 1 KiB payload: every copy computes the
+// chain of every record (the owner to stamp it, each follower to check it),
+// and with CRC-64 it was the largest share of a broker's own CPU in the
+// cluster bench.
 func Chain(prev uint64, rec *Record) uint64 {
-	var buf [8]byte
-	c := uint64(0)
+	var (
+		d   xxhash.Digest
+		buf [8]byte
+	)
+	d.Reset()
 	put := func(v uint64) {
 		binary.BigEndian.PutUint64(buf[:], v)
-		c = crc64.Update(c, chainTable, buf[:])
+		_, _ = d.Write(buf[:])
 	}
-	putBytes := func(b []byte) {
-		binary.BigEndian.PutUint32(buf[:4], uint32(len(b)))
-		c = crc64.Update(c, chainTable, buf[:4])
-		c = crc64.Update(c, chainTable, b)
+	putLen := func(n int) {
+		binary.BigEndian.PutUint32(buf[:4], uint32(n))
+		_, _ = d.Write(buf[:4])
 	}
-	putString := func(s string) { putBytes([]byte(s)) }
+	putString := func(s string) {
+		putLen(len(s))
+		_, _ = d.WriteString(s)
+	}
 
 	put(prev)
 	put(rec.Offset)
@@ -38,16 +47,19 @@ func Chain(prev uint64, rec *Record) uint64 {
 	put(uint64(unixNanos(rec.PublishTime)))
 	putString(rec.ProducerID)
 	put(rec.Sequence)
-	keys := make([]string, 0, len(rec.Headers))
-	for k := range rec.Headers {
-		keys = append(keys, k)
+	put(uint64(len(rec.Headers)))
+	if len(rec.Headers) > 0 {
+		keys := make([]string, 0, len(rec.Headers))
+		for k := range rec.Headers {
+			keys = append(keys, k)
+		}
+		slices.Sort(keys)
+		for _, k := range keys {
+			putString(k)
+			putString(rec.Headers[k])
+		}
 	}
-	slices.Sort(keys)
-	put(uint64(len(keys)))
-	for _, k := range keys {
-		putString(k)
-		putString(rec.Headers[k])
-	}
-	putBytes(rec.Payload)
-	return c
+	putLen(len(rec.Payload))
+	_, _ = d.Write(rec.Payload)
+	return d.Sum64()
 }
