@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"testing"
+	"time"
 )
 
 func TestAppendReplicatedMatchesOwner(t *testing.T) {
@@ -167,5 +168,62 @@ func TestResetTo(t *testing.T) {
 	}
 	if n != 3 {
 		t.Fatalf("%d record keys stored, want 3", n)
+	}
+}
+
+// Sync returns only once every batch queued before it is durable. A
+// follower's follow call relies on it when it starts: batches an earlier
+// call queued may still be syncing, and the call must report tails that
+// cover them, or the owner's first batch would not line up with what
+// storage has already taken (replica/follower.go).
+func TestSyncCoversQueuedBatches(t *testing.T) {
+	db := openDB(t, t.TempDir())
+	defer db.Close()
+	ctx := context.Background()
+	owner := ownerStream(t, db, "owner", 1)
+	all := mustAppend(t, owner, 1, recs("a", 6))
+	f := openStream(t, db, "follower")
+	if err := f.AdvanceEpoch(1); err != nil {
+		t.Fatal(err)
+	}
+
+	inSync := make(chan struct{})
+	release := make(chan struct{})
+	db.beforeSync = func() {
+		select {
+		case inSync <- struct{}{}:
+			<-release
+		default:
+		}
+	}
+	// Two batches queued, nobody waiting on them: the first holds the
+	// committer at its fsync, the second queues behind it.
+	if _, err := f.EnqueueReplicated(ctx, all[:3], nil); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-inSync:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the first batch never reached its fsync")
+	}
+	if _, err := f.EnqueueReplicated(ctx, all[3:], nil); err != nil {
+		t.Fatal(err)
+	}
+	if st := f.State(); st.RecordTail != 0 {
+		t.Fatalf("durable tail %d while the first batch's fsync is held", st.RecordTail)
+	}
+	synced := make(chan error, 1)
+	go func() { synced <- f.Sync(ctx) }()
+	close(release)
+	select {
+	case err := <-synced:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Sync did not return")
+	}
+	if st := f.State(); st.RecordTail != 6 || st.Chain != all[5].Chain {
+		t.Fatalf("after Sync: durable tail %d chain %#x, want 6 and %#x", st.RecordTail, st.Chain, all[5].Chain)
 	}
 }
