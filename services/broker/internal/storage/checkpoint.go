@@ -247,30 +247,12 @@ func (s *Stream) replayProducers(t *producerTable, from, to uint64) error {
 		return nil
 	}
 	err := s.db.bdb.View(func(txn *badger.Txn) error {
-		it := txn.NewIterator(badger.IteratorOptions{PrefetchValues: true, PrefetchSize: 64, Prefix: s.recPrefix})
-		defer it.Close()
-		next := from
-		for it.Seek(offsetKey(s.recPrefix, from)); it.Valid() && next < to; it.Next() {
-			item := it.Item()
-			if off := keyOffset(item.Key()); off != next {
-				return fmt.Errorf("%w: record %d missing (found %d)", ErrCorrupt, next, off)
-			}
-			var rec Record
-			if err := item.Value(func(v []byte) (err error) {
-				rec, err = decodeRecordHeader(v)
-				return err
-			}); err != nil {
-				return fmt.Errorf("record %d: %w", next, err)
-			}
+		return s.scanRecords(txn, from, to, false, ErrCorrupt, func(rec Record, _ int) bool {
 			if sequenced(&rec) {
-				t.apply(rec.ProducerID, rec.Sequence, next)
+				t.apply(rec.ProducerID, rec.Sequence, rec.Offset)
 			}
-			next++
-		}
-		if next < to {
-			return fmt.Errorf("%w: record %d missing", ErrCorrupt, next)
-		}
-		return nil
+			return true
+		})
 	})
 	if err != nil {
 		return fmt.Errorf("storage: stream %q: replaying producers: %w", s.name, err)

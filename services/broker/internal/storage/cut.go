@@ -88,29 +88,16 @@ func (s *Stream) cutPoint(head, newRT, rt uint64) (chain, bytes uint64, err erro
 			s.mu.Lock()
 			chain = s.m.HeadChain
 			s.mu.Unlock()
-		} else {
-			item, err := txn.Get(offsetKey(s.recPrefix, newRT-1))
-			if err != nil {
-				return fmt.Errorf("record %d: %w", newRT-1, err)
-			}
-			var rec Record
-			if err := item.Value(func(v []byte) (err error) {
-				rec, err = decodeRecordHeader(v)
-				return err
-			}); err != nil {
-				return fmt.Errorf("record %d: %w", newRT-1, err)
-			}
+		} else if err := s.scanRecords(txn, newRT-1, newRT, false, ErrCorrupt, func(rec Record, _ int) bool {
 			chain = rec.Chain
+			return true
+		}); err != nil {
+			return err
 		}
-		it := txn.NewIterator(badger.IteratorOptions{Prefix: s.recPrefix})
-		defer it.Close()
-		for it.Seek(offsetKey(s.recPrefix, newRT)); it.Valid(); it.Next() {
-			if keyOffset(it.Item().Key()) >= rt {
-				break
-			}
-			bytes += uint64(it.Item().ValueSize())
-		}
-		return nil
+		return s.scanRecords(txn, newRT, rt, false, ErrCorrupt, func(_ Record, size int) bool {
+			bytes += uint64(size)
+			return true
+		})
 	})
 	if err != nil {
 		return 0, 0, fmt.Errorf("storage: preparing cut of stream %q: %w", s.name, err)
@@ -126,7 +113,7 @@ func (s *Stream) finishCut(ctx context.Context) error {
 	if c == nil {
 		return nil
 	}
-	if err := s.db.deleteRange(ctx, s.recPrefix, c.RecordTail, maxOffset); err != nil {
+	if err := s.truncateRecords(ctx, c.RecordTail); err != nil {
 		return fmt.Errorf("storage: cutting record log of stream %q: %w", s.name, err)
 	}
 	if hook := s.db.afterRecordCut; hook != nil {

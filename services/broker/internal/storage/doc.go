@@ -13,9 +13,12 @@
 //
 //	m | len | name            meta: epochs, seal, head, tails, chain, bytes,
 //	                          confirm watermark, cut intent (JSON)
-//	r | len | name | offset   record (codec.go: version, offset, epoch,
-//	                          publish time, sequence, chain, producer id,
-//	                          sorted headers, payload)
+//	r | len | name | last     record segment (segment.go): the records of
+//	                          one appended batch, keyed by the offset of
+//	                          the last one, each in its codec.go encoding
+//	                          (version, offset, epoch, publish time,
+//	                          sequence, chain, producer id, sorted headers,
+//	                          payload)
 //	e | len | name | offset   cursor event (codec.go: version, offset, epoch,
 //	                          position, cursor name)
 //	s | len | name            cursor snapshot: boundary + cursor positions (JSON)

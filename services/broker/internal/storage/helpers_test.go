@@ -120,3 +120,43 @@ func (s *Stream) scanKeys(prefix []byte, fn func(k []byte)) error {
 		return nil
 	})
 }
+
+// storedSegments returns the record segments stored for s, in key order:
+// the key's last offset and the offsets of the records in it.
+func (s *Stream) storedSegments() (lasts []uint64, offs [][]uint64, err error) {
+	err = s.db.bdb.View(func(txn *badger.Txn) error {
+		it := txn.NewIterator(badger.IteratorOptions{Prefix: s.recPrefix})
+		defer it.Close()
+		for it.Rewind(); it.Valid(); it.Next() {
+			var in []uint64
+			if err := it.Item().Value(func(seg []byte) error {
+				return eachSegmentRecord(seg, func(enc []byte) (bool, error) {
+					off, err := recordOffset(enc)
+					in = append(in, off)
+					return err == nil, err
+				})
+			}); err != nil {
+				return err
+			}
+			lasts = append(lasts, keyOffset(it.Item().Key()))
+			offs = append(offs, in)
+		}
+		return nil
+	})
+	return lasts, offs, err
+}
+
+// storedOffsets returns the offsets of every record stored for s, whether
+// or not it is above the head.
+func (s *Stream) storedOffsets(t testing.TB) []uint64 {
+	t.Helper()
+	_, offs, err := s.storedSegments()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []uint64
+	for _, o := range offs {
+		out = append(out, o...)
+	}
+	return out
+}

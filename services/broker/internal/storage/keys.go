@@ -11,7 +11,7 @@ import (
 // order. The layout is documented in doc.go; change both together.
 const (
 	kindMeta     byte = 'm' // m | len | name            -> meta (JSON)
-	kindRecord   byte = 'r' // r | len | name | offset   -> record (codec.go)
+	kindRecord   byte = 'r' // r | len | name | last     -> record segment (segment.go)
 	kindEvent    byte = 'e' // e | len | name | offset   -> cursor event (codec.go)
 	kindSnapshot byte = 's' // s | len | name            -> cursor snapshot (JSON)
 	// p | len | name | generation | chunk -> producer table checkpoint

@@ -57,32 +57,18 @@ func (s *Stream) ApplyRetention(r Retention, now time.Time) (uint64, error) {
 			headChain uint64
 		)
 		err := s.db.bdb.View(func(txn *badger.Txn) error {
-			it := txn.NewIterator(badger.IteratorOptions{PrefetchValues: true, PrefetchSize: 64, Prefix: s.recPrefix})
-			defer it.Close()
-			for it.Seek(offsetKey(s.recPrefix, head)); it.Valid() && newHead < end; it.Next() {
-				item := it.Item()
-				if off := keyOffset(item.Key()); off != newHead {
-					return fmt.Errorf("%w: record %d missing (found %d)", ErrCorrupt, newHead, off)
-				}
-				size := uint64(item.ValueSize())
-				var rec Record
-				if err := item.Value(func(v []byte) (err error) {
-					rec, err = decodeRecordHeader(v)
-					return err
-				}); err != nil {
-					return fmt.Errorf("record %d: %w", newHead, err)
-				}
+			return s.scanRecords(txn, head, end, false, ErrCorrupt, func(rec Record, size int) bool {
 				drop := newHead < byCount ||
 					(r.MaxBytes > 0 && bytes-dropped > r.MaxBytes) ||
 					(r.MaxAge > 0 && rec.PublishTime.Before(now.Add(-r.MaxAge)))
 				if !drop {
-					break
+					return false
 				}
-				dropped += size
+				dropped += uint64(size)
 				headChain = rec.Chain
 				newHead++
-			}
-			return nil
+				return true
+			})
 		})
 		if err != nil {
 			return head, fmt.Errorf("storage: retention on stream %q: %w", s.name, err)
@@ -194,7 +180,7 @@ func (s *Stream) ResetTo(head, chain uint64) error {
 		return err
 	}
 	if oldTail > head {
-		if err := s.db.deleteRange(ctx, s.recPrefix, head, maxOffset); err != nil {
+		if err := s.truncateRecords(ctx, head); err != nil {
 			return fmt.Errorf("storage: reset of stream %q: %w", s.name, err)
 		}
 	}

@@ -223,14 +223,11 @@ func (db *DB) loadStream(name string) (*Stream, error) {
 
 	// Entries past the tails were never acknowledged: a batch split by
 	// Badger's transaction bound that crashed before its metadata.
-	for _, p := range [][]byte{s.recPrefix, s.eventPrefix} {
-		tail := m.RecordTail
-		if p[0] == kindEvent {
-			tail = m.CursorEventTail
-		}
-		if err := db.deleteRange(ctx, p, tail, maxOffset); err != nil {
-			return nil, fmt.Errorf("storage: loading stream %q: %w", name, err)
-		}
+	if err := s.truncateRecords(ctx, m.RecordTail); err != nil {
+		return nil, fmt.Errorf("storage: loading stream %q: %w", name, err)
+	}
+	if err := db.deleteRange(ctx, s.eventPrefix, m.CursorEventTail, maxOffset); err != nil {
+		return nil, fmt.Errorf("storage: loading stream %q: %w", name, err)
 	}
 	s.snapBoundary = snap.Boundary
 	if err := s.rebuildCursors(snap); err != nil {
@@ -469,17 +466,17 @@ func (s *Stream) AppendIdempotent(ctx context.Context, epoch uint64, recs []Reco
 	noteEpoch(&s.m, epoch, s.m.RecordTail, s.m.CursorEventTail)
 	o := &op{s: s}
 	chain := s.m.Chain
+	seg := newSegmentBuilder(s.recPrefix, s.db.maxEntryBytes)
 	for i := range fresh {
 		r := &fresh[i]
 		r.Offset = s.m.RecordTail + uint64(i)
 		r.Epoch = epoch
 		r.Chain = Chain(chain, r)
 		chain = r.Chain
-		v := encodeRecord(make([]byte, 0, recordSize(r)), r)
-		o.add(offsetKey(s.recPrefix, r.Offset), v)
-		s.m.Bytes += uint64(len(v))
+		s.m.Bytes += uint64(seg.add(o, r))
 		res.Offsets[len(dups)+i] = r.Offset
 	}
+	seg.flush(o)
 	s.m.RecordTail += uint64(len(fresh))
 	s.m.Chain = chain
 	o.meta, o.version = s.snapshotMeta()
@@ -637,13 +634,13 @@ func (s *Stream) EnqueueReplicated(ctx context.Context, recs []Record, evs []Cur
 	prev := s.m
 	prevCursors := make(map[string]uint64, len(evs))
 	o := &op{s: s}
+	seg := newSegmentBuilder(s.recPrefix, s.db.maxEntryBytes)
 	for i := range recs {
 		r := &recs[i]
 		noteEpoch(&s.m, r.Epoch, r.Offset, et)
-		v := encodeRecord(make([]byte, 0, recordSize(r)), r)
-		o.add(offsetKey(s.recPrefix, r.Offset), v)
-		s.m.Bytes += uint64(len(v))
+		s.m.Bytes += uint64(seg.add(o, r))
 	}
+	seg.flush(o)
 	s.m.RecordTail += uint64(len(recs))
 	s.m.Chain = chain
 	for i := range evs {
@@ -852,42 +849,16 @@ func (s *Stream) read(from uint64, maxRecords, maxBytes int, written bool) ([]Re
 	var (
 		out   []Record
 		bytes int
-		full  bool
 	)
 	err := s.db.bdb.View(func(txn *badger.Txn) error {
-		it := txn.NewIterator(badger.IteratorOptions{
-			PrefetchValues: true,
-			PrefetchSize:   int(min(end-from, 64)),
-			Prefix:         s.recPrefix,
-		})
-		defer it.Close()
-		next := from
-		for it.Seek(offsetKey(s.recPrefix, from)); it.Valid() && next < end; it.Next() {
-			item := it.Item()
-			if off := keyOffset(item.Key()); off != next {
-				return fmt.Errorf("%w: record %d missing (found %d)", ErrOutOfRange, next, off)
-			}
-			size := int(item.ValueSize())
+		return s.scanRecords(txn, from, end, true, ErrOutOfRange, func(rec Record, size int) bool {
 			if maxBytes > 0 && len(out) > 0 && bytes+size > maxBytes {
-				full = true
-				return nil
+				return false
 			}
-			var rec Record
-			if err := item.Value(func(v []byte) (err error) {
-				rec, err = decodeRecord(v)
-				return err
-			}); err != nil {
-				return fmt.Errorf("record %d: %w", next, err)
-			}
-			rec.Offset = next
 			out = append(out, rec)
 			bytes += size
-			next++
-		}
-		if next < end && !full {
-			return fmt.Errorf("%w: record %d missing", ErrOutOfRange, next)
-		}
-		return nil
+			return true
+		})
 	})
 	if err != nil {
 		if errors.Is(err, ErrOutOfRange) {
@@ -906,17 +877,13 @@ func (s *Stream) read(from uint64, maxRecords, maxBytes int, written bool) ([]Re
 	return out, nil
 }
 
-// readRecord reads one record.
-func (s *Stream) readRecord(off uint64) (Record, error) {
+// readRecord reads one record, without its payload unless payload is set.
+func (s *Stream) readRecord(off uint64, payload bool) (Record, error) {
 	var rec Record
 	err := s.db.bdb.View(func(txn *badger.Txn) error {
-		item, err := txn.Get(offsetKey(s.recPrefix, off))
-		if err != nil {
-			return err
-		}
-		return item.Value(func(v []byte) (err error) {
-			rec, err = decodeRecord(v)
-			return err
+		return s.scanRecords(txn, off, off+1, payload, ErrCorrupt, func(r Record, _ int) bool {
+			rec = r
+			return true
 		})
 	})
 	if err != nil {
@@ -953,7 +920,7 @@ func (s *Stream) chainAt(offset, tail, chain uint64) (uint64, error) {
 	case offset == head:
 		return headChain, nil
 	}
-	rec, err := s.readRecord(offset - 1)
+	rec, err := s.readRecord(offset-1, false)
 	if err != nil {
 		return 0, err
 	}
