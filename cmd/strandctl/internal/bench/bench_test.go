@@ -75,6 +75,15 @@ func TestPayloadAndParseID(t *testing.T) {
 			t.Fatalf("ParseID(RecordPayload(%d)) = %d, %v", id, got, ok)
 		}
 	}
+	// After the prefix, byte i is 'a'+i%26, across the filler's own length.
+	for _, size := range []int{5, 27, 1024, 26*1024 + 100, 100_000} {
+		p := Payload("pre-", size)
+		for i := 4; i < size; i++ {
+			if p[i] != 'a'+byte(i%26) {
+				t.Fatalf("Payload(pre-, %d)[%d] = %q, want %q", size, i, p[i], 'a'+byte(i%26))
+			}
+		}
+	}
 	// An id longer than the size is kept whole.
 	if p := RecordPayload(123456789, 4); string(p) != "bench-123456789-" {
 		t.Fatalf("short payload %q", p)
