@@ -121,3 +121,33 @@ func TestMappingsAdvised(t *testing.T) {
 		<-time.After(50 * time.Millisecond)
 	}
 }
+
+// The value log file Badger appends to is dropped from the resident set as
+// it grows, a few MiB at a time, not only once Badger moves on from it.
+func TestActiveValueLogStaysSmall(t *testing.T) {
+	dir := t.TempDir()
+	db, err := Open(Options{Dir: dir, Logger: zerolog.Nop(), MemTableBytes: 8 << 20, CacheBytes: 4 << 20, ValueLogFileBytes: 64 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	s := ownerStream(t, db, "s", 1)
+	ctx := context.Background()
+	// About 24 MiB into one 64 MiB value log file, in 256 KiB batches.
+	for i := range 96 {
+		if _, err := s.Append(ctx, 1, sizedRecs(fmt.Sprint("a", i), 64, 4096)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	vlogKB := 0
+	for _, m := range smaps(t, dir) {
+		if filepath.Ext(m.path) == ".vlog" {
+			vlogKB += m.rssKB
+		}
+	}
+	// At most what was appended since the last look, plus the batch that
+	// crossed it (and a little slack for pages read back).
+	if limit := (adviseEveryBytes + maxBatchBytes + 1<<20) >> 10; vlogKB > limit {
+		t.Fatalf("value log mappings hold %d KiB resident after 24 MiB of appends, want at most %d KiB", vlogKB, limit)
+	}
+}

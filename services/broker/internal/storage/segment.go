@@ -38,12 +38,24 @@ const segmentVersion byte = 2
 type segmentBuilder struct {
 	prefix []byte
 	limit  int
-	buf    []byte
-	last   uint64
+	// left is what the records still to come are expected to take: each
+	// segment's buffer is allocated once at its final size instead of
+	// growing by doubling (copies that were most of a broker's allocation
+	// on the publish path).
+	left int
+	buf  []byte
+	last uint64
 }
 
-func newSegmentBuilder(prefix []byte, limit int) *segmentBuilder {
-	return &segmentBuilder{prefix: prefix, limit: limit}
+// newSegmentBuilder starts segments for recs, which are about to be added
+// in order (their offsets, epochs and chains may still change: sizes are
+// estimated with room for those).
+func newSegmentBuilder(prefix []byte, limit int, recs []Record) *segmentBuilder {
+	left := 1
+	for i := range recs {
+		left += recordSize(&recs[i]) + 2*binary.MaxVarintLen64 + binary.MaxVarintLen32
+	}
+	return &segmentBuilder{prefix: prefix, limit: limit, left: left}
 }
 
 // add appends rec to the current segment, first adding that segment to o
@@ -55,10 +67,12 @@ func (b *segmentBuilder) add(o *op, rec *Record) int {
 		b.flush(o)
 	}
 	if len(b.buf) == 0 {
-		b.buf = append(make([]byte, 0, min(b.limit, 64<<10)), segmentVersion)
+		b.buf = append(make([]byte, 0, max(min(b.limit, b.left), 1+binary.MaxVarintLen32+n)), segmentVersion)
 	}
+	before := len(b.buf)
 	b.buf = binary.AppendUvarint(b.buf, uint64(n))
 	b.buf = encodeRecord(b.buf, rec)
+	b.left -= len(b.buf) - before
 	b.last = rec.Offset
 	return n
 }

@@ -466,7 +466,7 @@ func (s *Stream) AppendIdempotent(ctx context.Context, epoch uint64, recs []Reco
 	noteEpoch(&s.m, epoch, s.m.RecordTail, s.m.CursorEventTail)
 	o := &op{s: s}
 	chain := s.m.Chain
-	seg := newSegmentBuilder(s.recPrefix, s.db.maxEntryBytes)
+	seg := newSegmentBuilder(s.recPrefix, s.db.maxEntryBytes, fresh)
 	for i := range fresh {
 		r := &fresh[i]
 		r.Offset = s.m.RecordTail + uint64(i)
@@ -634,7 +634,7 @@ func (s *Stream) EnqueueReplicated(ctx context.Context, recs []Record, evs []Cur
 	prev := s.m
 	prevCursors := make(map[string]uint64, len(evs))
 	o := &op{s: s}
-	seg := newSegmentBuilder(s.recPrefix, s.db.maxEntryBytes)
+	seg := newSegmentBuilder(s.recPrefix, s.db.maxEntryBytes, recs)
 	for i := range recs {
 		r := &recs[i]
 		noteEpoch(&s.m, r.Epoch, r.Offset, et)
