@@ -2,7 +2,6 @@ package storage
 
 import (
 	"encoding/binary"
-	"slices"
 
 	"github.com/cespare/xxhash/v2"
 )
@@ -48,16 +47,9 @@ func Chain(prev uint64, rec *Record) uint64 {
 	putString(rec.ProducerID)
 	put(rec.Sequence)
 	put(uint64(len(rec.Headers)))
-	if len(rec.Headers) > 0 {
-		keys := make([]string, 0, len(rec.Headers))
-		for k := range rec.Headers {
-			keys = append(keys, k)
-		}
-		slices.Sort(keys)
-		for _, k := range keys {
-			putString(k)
-			putString(rec.Headers[k])
-		}
+	for _, k := range sortedKeys(rec.Headers) {
+		putString(k)
+		putString(rec.Headers[k])
 	}
 	putLen(len(rec.Payload))
 	_, _ = d.Write(rec.Payload)

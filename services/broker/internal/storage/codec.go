@@ -49,16 +49,9 @@ func encodeRecord(dst []byte, rec *Record) []byte {
 	dst = binary.BigEndian.AppendUint64(dst, rec.Chain)
 	dst = appendString(dst, rec.ProducerID)
 	dst = binary.AppendUvarint(dst, uint64(len(rec.Headers)))
-	if len(rec.Headers) > 0 {
-		keys := make([]string, 0, len(rec.Headers))
-		for k := range rec.Headers {
-			keys = append(keys, k)
-		}
-		slices.Sort(keys)
-		for _, k := range keys {
-			dst = appendString(dst, k)
-			dst = appendString(dst, rec.Headers[k])
-		}
+	for _, k := range sortedKeys(rec.Headers) {
+		dst = appendString(dst, k)
+		dst = appendString(dst, rec.Headers[k])
 	}
 	return append(dst, rec.Payload...)
 }
@@ -150,6 +143,20 @@ func decodeEvent(b []byte) (CursorEvent, error) {
 	}
 	ev.Cursor = string(d.b)
 	return ev, nil
+}
+
+// sortedKeys returns a record's header keys in order (nil for none): the
+// order both the encoding and the chain cover them in.
+func sortedKeys(h map[string]string) []string {
+	if len(h) == 0 {
+		return nil
+	}
+	keys := make([]string, 0, len(h))
+	for k := range h {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	return keys
 }
 
 func appendString(dst []byte, s string) []byte {

@@ -160,3 +160,19 @@ func (s *Stream) storedOffsets(t testing.TB) []uint64 {
 	}
 	return out
 }
+
+// holdNextSync stops the committer at its next fsync, after the batch's
+// Badger commit, until release is closed: inSync receives once it is
+// there. Fsyncs after that one run as usual.
+func holdNextSync(db *DB) (inSync <-chan struct{}, release chan struct{}) {
+	reached := make(chan struct{})
+	release = make(chan struct{})
+	db.beforeSync = func() {
+		select {
+		case reached <- struct{}{}:
+			<-release
+		default:
+		}
+	}
+	return reached, release
+}

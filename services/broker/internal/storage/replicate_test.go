@@ -184,15 +184,7 @@ func TestSyncCoversQueuedBatches(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	inSync := make(chan struct{})
-	release := make(chan struct{})
-	db.beforeSync = func() {
-		select {
-		case inSync <- struct{}{}:
-			<-release
-		default:
-		}
-	}
+	inSync, release := holdNextSync(db)
 	// Two batches queued, nobody waiting on them: the first holds the
 	// committer at its fsync, the second queues behind it.
 	if _, err := f.EnqueueReplicated(ctx, all[:3], nil); err != nil {

@@ -20,15 +20,7 @@ func TestWrittenAheadOfDurable(t *testing.T) {
 	s := ownerStream(t, db, "s", 1)
 	first := mustAppend(t, s, 1, recs("a", 3))
 
-	inSync := make(chan struct{})
-	release := make(chan struct{})
-	db.beforeSync = func() {
-		select {
-		case inSync <- struct{}{}:
-			<-release
-		default:
-		}
-	}
+	inSync, release := holdNextSync(db)
 	done := make(chan error, 1)
 	go func() {
 		_, err := s.Append(context.Background(), 1, recs("b", 4))
