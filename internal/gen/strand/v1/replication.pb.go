@@ -110,14 +110,21 @@ func (x *FollowRequest) GetChain() uint64 {
 type FollowResponse struct {
 	state            protoimpl.MessageState `protogen:"open.v1"`
 	Epoch            uint64                 `protobuf:"varint,1,opt,name=epoch,proto3" json:"epoch,omitempty"`
-	Records          []*StoredRecord        `protobuf:"bytes,2,rep,name=records,proto3" json:"records,omitempty"`
 	CursorEvents     []*CursorEvent         `protobuf:"bytes,3,rep,name=cursor_events,json=cursorEvents,proto3" json:"cursor_events,omitempty"`
 	ConfirmWatermark uint64                 `protobuf:"varint,4,opt,name=confirm_watermark,json=confirmWatermark,proto3" json:"confirm_watermark,omitempty"`
 	// head is the owner's retained head; a follower below it starts there.
 	Head uint64 `protobuf:"varint,5,opt,name=head,proto3" json:"head,omitempty"`
 	// chain_at_head is the chain value just below head, so a follower that
 	// starts at head continues the same chain.
-	ChainAtHead   uint64 `protobuf:"varint,6,opt,name=chain_at_head,json=chainAtHead,proto3" json:"chain_at_head,omitempty"`
+	ChainAtHead uint64 `protobuf:"varint,6,opt,name=chain_at_head,json=chainAtHead,proto3" json:"chain_at_head,omitempty"`
+	// record_segment holds the records the owner ships, at its offsets and in
+	// order, in the brokers' storage encoding: a version byte (2), then for
+	// each record a uvarint length and the record (version 1, offset, epoch,
+	// publish time, sequence, chain, producer id, sorted headers, payload; see
+	// services/broker/internal/storage codec.go and segment.go). Empty when
+	// the message carries no records. The follower checks each record's chain
+	// before it stores anything.
+	RecordSegment []byte `protobuf:"bytes,7,opt,name=record_segment,json=recordSegment,proto3" json:"record_segment,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -159,13 +166,6 @@ func (x *FollowResponse) GetEpoch() uint64 {
 	return 0
 }
 
-func (x *FollowResponse) GetRecords() []*StoredRecord {
-	if x != nil {
-		return x.Records
-	}
-	return nil
-}
-
 func (x *FollowResponse) GetCursorEvents() []*CursorEvent {
 	if x != nil {
 		return x.CursorEvents
@@ -192,6 +192,13 @@ func (x *FollowResponse) GetChainAtHead() uint64 {
 		return x.ChainAtHead
 	}
 	return 0
+}
+
+func (x *FollowResponse) GetRecordSegment() []byte {
+	if x != nil {
+		return x.RecordSegment
+	}
+	return nil
 }
 
 type CursorEvent struct {
@@ -472,7 +479,7 @@ var File_strand_v1_replication_proto protoreflect.FileDescriptor
 
 const file_strand_v1_replication_proto_rawDesc = "" +
 	"\n" +
-	"\x1bstrand/v1/replication.proto\x12\tstrand.v1\x1a\x16strand/v1/stream.proto\"\xb4\x01\n" +
+	"\x1bstrand/v1/replication.proto\x12\tstrand.v1\"\xb4\x01\n" +
 	"\rFollowRequest\x12\x16\n" +
 	"\x06stream\x18\x01 \x01(\tR\x06stream\x12\x12\n" +
 	"\x04node\x18\x02 \x01(\tR\x04node\x12\x14\n" +
@@ -480,14 +487,14 @@ const file_strand_v1_replication_proto_rawDesc = "" +
 	"\vrecord_tail\x18\x04 \x01(\x04R\n" +
 	"recordTail\x12*\n" +
 	"\x11cursor_event_tail\x18\x05 \x01(\x04R\x0fcursorEventTail\x12\x14\n" +
-	"\x05chain\x18\x06 \x01(\x04R\x05chain\"\xfb\x01\n" +
+	"\x05chain\x18\x06 \x01(\x04R\x05chain\"\xfe\x01\n" +
 	"\x0eFollowResponse\x12\x14\n" +
-	"\x05epoch\x18\x01 \x01(\x04R\x05epoch\x121\n" +
-	"\arecords\x18\x02 \x03(\v2\x17.strand.v1.StoredRecordR\arecords\x12;\n" +
+	"\x05epoch\x18\x01 \x01(\x04R\x05epoch\x12;\n" +
 	"\rcursor_events\x18\x03 \x03(\v2\x16.strand.v1.CursorEventR\fcursorEvents\x12+\n" +
 	"\x11confirm_watermark\x18\x04 \x01(\x04R\x10confirmWatermark\x12\x12\n" +
 	"\x04head\x18\x05 \x01(\x04R\x04head\x12\"\n" +
-	"\rchain_at_head\x18\x06 \x01(\x04R\vchainAtHead\"o\n" +
+	"\rchain_at_head\x18\x06 \x01(\x04R\vchainAtHead\x12%\n" +
+	"\x0erecord_segment\x18\a \x01(\fR\rrecordSegmentJ\x04\b\x02\x10\x03R\arecords\"o\n" +
 	"\vCursorEvent\x12\x16\n" +
 	"\x06offset\x18\x01 \x01(\x04R\x06offset\x12\x14\n" +
 	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\x12\x16\n" +
@@ -536,21 +543,19 @@ var file_strand_v1_replication_proto_goTypes = []any{
 	(*SealRequest)(nil),    // 3: strand.v1.SealRequest
 	(*LogEpoch)(nil),       // 4: strand.v1.LogEpoch
 	(*SealResponse)(nil),   // 5: strand.v1.SealResponse
-	(*StoredRecord)(nil),   // 6: strand.v1.StoredRecord
 }
 var file_strand_v1_replication_proto_depIdxs = []int32{
-	6, // 0: strand.v1.FollowResponse.records:type_name -> strand.v1.StoredRecord
-	2, // 1: strand.v1.FollowResponse.cursor_events:type_name -> strand.v1.CursorEvent
-	4, // 2: strand.v1.SealResponse.log_epochs:type_name -> strand.v1.LogEpoch
-	0, // 3: strand.v1.ReplicationService.Follow:input_type -> strand.v1.FollowRequest
-	3, // 4: strand.v1.ReplicationService.Seal:input_type -> strand.v1.SealRequest
-	1, // 5: strand.v1.ReplicationService.Follow:output_type -> strand.v1.FollowResponse
-	5, // 6: strand.v1.ReplicationService.Seal:output_type -> strand.v1.SealResponse
-	5, // [5:7] is the sub-list for method output_type
-	3, // [3:5] is the sub-list for method input_type
-	3, // [3:3] is the sub-list for extension type_name
-	3, // [3:3] is the sub-list for extension extendee
-	0, // [0:3] is the sub-list for field type_name
+	2, // 0: strand.v1.FollowResponse.cursor_events:type_name -> strand.v1.CursorEvent
+	4, // 1: strand.v1.SealResponse.log_epochs:type_name -> strand.v1.LogEpoch
+	0, // 2: strand.v1.ReplicationService.Follow:input_type -> strand.v1.FollowRequest
+	3, // 3: strand.v1.ReplicationService.Seal:input_type -> strand.v1.SealRequest
+	1, // 4: strand.v1.ReplicationService.Follow:output_type -> strand.v1.FollowResponse
+	5, // 5: strand.v1.ReplicationService.Seal:output_type -> strand.v1.SealResponse
+	4, // [4:6] is the sub-list for method output_type
+	2, // [2:4] is the sub-list for method input_type
+	2, // [2:2] is the sub-list for extension type_name
+	2, // [2:2] is the sub-list for extension extendee
+	0, // [0:2] is the sub-list for field type_name
 }
 
 func init() { file_strand_v1_replication_proto_init() }
@@ -558,7 +563,6 @@ func file_strand_v1_replication_proto_init() {
 	if File_strand_v1_replication_proto != nil {
 		return
 	}
-	file_strand_v1_stream_proto_init()
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{

@@ -21,21 +21,6 @@ func ToProto(r storage.Record) *strandv1.StoredRecord {
 	}
 }
 
-// FromProto converts a replicated record from the wire. The publish time is
-// kept exactly so every copy holds the same bytes.
-func FromProto(r *strandv1.StoredRecord) storage.Record {
-	return storage.Record{
-		Offset:      r.GetOffset(),
-		Epoch:       r.GetEpoch(),
-		Payload:     r.GetPayload(),
-		Headers:     r.GetHeaders(),
-		PublishTime: r.GetPublishTime().AsTime(),
-		ProducerID:  r.GetProducerId(),
-		Sequence:    r.GetSequence(),
-		Chain:       r.GetChain(),
-	}
-}
-
 func eventToProto(e storage.CursorEvent) *strandv1.CursorEvent {
 	return &strandv1.CursorEvent{Offset: e.Offset, Epoch: e.Epoch, Cursor: e.Cursor, Position: e.Position}
 }

@@ -139,9 +139,11 @@ func (m *Manager) ServeFollow(ctx context.Context, first *strandv1.FollowRequest
 		}
 		if len(recs) > 0 || len(evs) > 0 || wm != lastWM || first0 {
 			resp := &strandv1.FollowResponse{Epoch: a.Epoch, ConfirmWatermark: wm, Head: head, ChainAtHead: chainAtHead}
+			// One segment in the storage encoding rather than a message
+			// per record: both sides' work per record is then a copy.
+			resp.RecordSegment = storage.EncodeSegment(recs)
 			size := 0
 			for _, r := range recs {
-				resp.Records = append(resp.Records, ToProto(r))
 				size += len(r.Payload)
 			}
 			for _, e := range evs {

@@ -188,9 +188,9 @@ func (c *Copy) followOnce(ctx context.Context, owner string, epoch uint64) error
 				return err
 			}
 		}
-		recs := make([]storage.Record, 0, len(resp.GetRecords()))
-		for _, r := range resp.GetRecords() {
-			recs = append(recs, FromProto(r))
+		recs, err := storage.DecodeSegment(resp.GetRecordSegment())
+		if err != nil {
+			return fmt.Errorf("owner sent an unreadable record segment: %w", err)
 		}
 		evs := make([]storage.CursorEvent, 0, len(resp.GetCursorEvents()))
 		for _, e := range resp.GetCursorEvents() {

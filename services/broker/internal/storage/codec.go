@@ -71,15 +71,27 @@ func recordSize(rec *Record) int {
 // decodeRecord decodes a record value. The payload is copied, so the result
 // does not alias b (Badger values are only valid inside their transaction).
 func decodeRecord(b []byte) (Record, error) {
-	return decodeRecordFields(b, true)
+	return decodeRecordFields(b, payloadCopy)
 }
 
 // decodeRecordHeader decodes every field but the payload.
 func decodeRecordHeader(b []byte) (Record, error) {
-	return decodeRecordFields(b, false)
+	return decodeRecordFields(b, payloadNone)
 }
 
-func decodeRecordFields(b []byte, payload bool) (Record, error) {
+// decodeRecordAliased decodes a record whose payload stays a slice of b.
+func decodeRecordAliased(b []byte) (Record, error) {
+	return decodeRecordFields(b, payloadAlias)
+}
+
+// How decodeRecordFields takes the payload.
+const (
+	payloadNone = iota
+	payloadCopy
+	payloadAlias
+)
+
+func decodeRecordFields(b []byte, payload int) (Record, error) {
 	d := decoder{b: b}
 	if v := d.byte(); v != recordVersion {
 		return Record{}, fmt.Errorf("%w: record version %d", ErrCorrupt, v)
@@ -109,10 +121,14 @@ func decodeRecordFields(b []byte, payload bool) (Record, error) {
 	if d.err != nil {
 		return Record{}, d.err
 	}
-	if !payload {
+	switch payload {
+	case payloadNone:
 		return rec, nil
+	case payloadCopy:
+		rec.Payload = slices.Clone(d.b)
+	default:
+		rec.Payload = d.b[:len(d.b):len(d.b)]
 	}
-	rec.Payload = slices.Clone(d.b)
 	if rec.Payload == nil {
 		rec.Payload = []byte{}
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/binary"
 	"fmt"
+	"math"
 
 	"github.com/dgraph-io/badger/v4"
 )
@@ -66,6 +67,12 @@ func (b *segmentBuilder) add(o *op, rec *Record) int {
 	if len(b.buf) > 1 && len(b.buf)+uvarintLen(uint64(n))+n > b.limit {
 		b.flush(o)
 	}
+	b.append(rec, n)
+	return n
+}
+
+// append adds rec, of encoded size n, to the current segment.
+func (b *segmentBuilder) append(rec *Record, n int) {
 	if len(b.buf) == 0 {
 		b.buf = append(make([]byte, 0, max(min(b.limit, b.left), 1+binary.MaxVarintLen32+n)), segmentVersion)
 	}
@@ -74,7 +81,6 @@ func (b *segmentBuilder) add(o *op, rec *Record) int {
 	b.buf = encodeRecord(b.buf, rec)
 	b.left -= len(b.buf) - before
 	b.last = rec.Offset
-	return n
 }
 
 // flush adds the current segment, if any, to o.
@@ -84,6 +90,40 @@ func (b *segmentBuilder) flush(o *op) {
 	}
 	o.add(offsetKey(b.prefix, b.last), b.buf)
 	b.buf = nil
+}
+
+// EncodeSegment encodes recs, in order, as one record segment: how an
+// owner ships records to its followers (FollowResponse.record_segment), in
+// the encoding its store keeps them in. Nil for no records.
+func EncodeSegment(recs []Record) []byte {
+	b := newSegmentBuilder(nil, math.MaxInt, recs)
+	for i := range recs {
+		b.append(&recs[i], recordSize(&recs[i]))
+	}
+	return b.buf
+}
+
+// DecodeSegment decodes a record segment made by EncodeSegment. The
+// records' payloads are slices of seg, which the caller must not change
+// afterwards. It checks the encoding only: offsets and chains are the
+// caller's to check (AppendReplicated does). Nil for an empty seg.
+func DecodeSegment(seg []byte) ([]Record, error) {
+	if len(seg) == 0 {
+		return nil, nil
+	}
+	var out []Record
+	err := eachSegmentRecord(seg, func(enc []byte) (bool, error) {
+		rec, err := decodeRecordAliased(enc)
+		if err != nil {
+			return false, fmt.Errorf("record %d of the segment: %w", len(out), err)
+		}
+		out = append(out, rec)
+		return true, nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
 }
 
 // eachSegmentRecord calls fn with each record encoding in seg, in order,
@@ -128,6 +168,10 @@ func (s *Stream) scanRecords(txn *badger.Txn, from, to uint64, payload bool, mis
 	if from >= to {
 		return nil
 	}
+	mode := payloadNone
+	if payload {
+		mode = payloadCopy
+	}
 	it := txn.NewIterator(badger.IteratorOptions{Prefix: s.recPrefix})
 	defer it.Close()
 	next := from
@@ -146,7 +190,7 @@ func (s *Stream) scanRecords(txn *badger.Txn, from, to uint64, payload bool, mis
 				if off != next {
 					return false, fmt.Errorf("%w: record %d missing (found %d)", missing, next, off)
 				}
-				rec, err := decodeRecordFields(enc, payload)
+				rec, err := decodeRecordFields(enc, mode)
 				if err != nil {
 					return false, fmt.Errorf("record %d: %w", off, err)
 				}
