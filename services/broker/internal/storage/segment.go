@@ -10,9 +10,9 @@ import (
 )
 
 // Records are stored in segments: one Badger entry per appended batch (or
-// per segmentBytes of it), keyed by the offset of its last record,
+// per DB.maxEntryBytes of it), keyed by the offset of its last record,
 //
-//	r | len | name | last offset  ->  version(1) | (uvarint len, record)...
+//	r | len | name | last offset  ->  version (2) | (uvarint len, record)...
 //
 // with each record in its codec.go encoding, in offset order. One entry per
 // batch instead of one per record is what keeps Badger's per-entry costs
