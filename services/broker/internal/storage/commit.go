@@ -122,7 +122,7 @@ func (db *DB) commitLoop() {
 	batch := make([]*op, 0, 256)
 	// The mapping advice also runs while nothing is written (readers
 	// fault value log pages in too).
-	tick := time.NewTicker(trimEvery)
+	tick := time.NewTicker(lookEvery)
 	defer tick.Stop()
 	unadvised := 0
 	for {
@@ -161,9 +161,15 @@ func (db *DB) commitLoop() {
 	}
 }
 
-// trimEvery is how often the mapping advice drops pages of files Badger no
-// longer writes from the resident set, writes or not (mappings_linux.go).
-const trimEvery = 2 * time.Second
+// The mapping advice (mappings_linux.go) looks at Badger's mappings at
+// least every lookEvery, writes or not, and drops value log pages from the
+// resident set each time: a reader catching up faults them in at disk or
+// page cache speed, and the resident set is bounded by what it can fault in
+// between two looks. Table pages are paged out every trimEvery.
+const (
+	lookEvery = 500 * time.Millisecond
+	trimEvery = 2 * time.Second
+)
 
 // advise gives the mapping advice (mappings_linux.go) for written bytes
 // committed since the last advice. It runs on the committer between its

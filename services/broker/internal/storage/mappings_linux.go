@@ -29,15 +29,15 @@ import (
 //   - Pages of a file mapping stay mapped, and counted in the broker's
 //     resident memory, until the kernel needs them back: a broker that has
 //     written a few GiB of value log shows GiBs of RSS although only
-//     Badger's caches and memtables are its own. MADV_DONTNEED on mappings
-//     of value log files Badger no longer appends to drops them from the
-//     broker's page tables (the page cache keeps them, so a later read
-//     faults them back cheaply), which keeps the resident set flat as
-//     streams grow: what stays is the memtables, what was appended to the
-//     active value log file since the last look, and the table pages read
-//     since the last trim (tables hold keys and value pointers only, and
-//     are paged out, see scan). The active file is dropped every
-//     adviseEveryBytes too, not only once Badger moves on from it:
+//     Badger's caches and memtables are its own. MADV_DONTNEED on the
+//     value log mappings drops them from the broker's page tables (the
+//     page cache keeps them, so a later read faults them back cheaply),
+//     which keeps the resident set flat as streams grow: what stays is the
+//     memtables, what was appended or read since the last look (every
+//     adviseEveryBytes written, at least every lookEvery), and the table
+//     pages read since the last trim (tables hold keys and value pointers
+//     only, and are paged out, see scan). The file Badger appends to is
+//     dropped at every look too, not only once Badger moves on from it:
 //     dropping a whole 64 MiB file's pages at once took the committer
 //     3-15 ms (page table teardown), a stall every publish felt; a few MiB
 //     at a time costs a fraction of a millisecond. Appends then fault in
@@ -68,6 +68,7 @@ type mapAdvisor struct {
 	dir      string // absolute, symlinks resolved, as /proc/self/maps shows it
 	advised  map[mapping]bool
 	written  int
+	lastLook time.Time
 	lastTrim time.Time
 }
 
@@ -92,7 +93,7 @@ func newMapAdvisor(dir string) *mapAdvisor {
 func (a *mapAdvisor) wrote(n int) {
 	a.written += n
 	now := time.Now()
-	if a.written < adviseEveryBytes && now.Sub(a.lastTrim) < trimEvery {
+	if a.written < adviseEveryBytes && now.Sub(a.lastLook) < lookEvery {
 		return
 	}
 	a.scan(now)
@@ -100,6 +101,7 @@ func (a *mapAdvisor) wrote(n int) {
 
 func (a *mapAdvisor) scan(now time.Time) {
 	a.written = 0
+	a.lastLook = now
 	trim := now.Sub(a.lastTrim) >= trimEvery
 	if trim {
 		a.lastTrim = now
@@ -109,11 +111,7 @@ func (a *mapAdvisor) scan(now time.Time) {
 		return
 	}
 	defer f.Close()
-	type vlogMap struct {
-		m   mapping
-		fid int
-	}
-	var vlogs []vlogMap
+	var vlogs []mapping
 	seen := make(map[mapping]bool, len(a.advised))
 	sc := bufio.NewScanner(f)
 	for sc.Scan() {
@@ -144,28 +142,16 @@ func (a *mapAdvisor) scan(now time.Time) {
 			a.advised[m] = true
 			madvise(m, unix.MADV_RANDOM)
 		}
-		switch ext {
-		case ".vlog":
-			fid, err := strconv.Atoi(strings.TrimSuffix(filepath.Base(path), ext))
-			if err == nil {
-				vlogs = append(vlogs, vlogMap{m, fid})
-			}
+		if ext == ".vlog" {
+			vlogs = append(vlogs, m)
 		}
 	}
-	if len(vlogs) > 0 {
-		// The highest file is the one Badger appends to: dropped at every
-		// look, so little is mapped when Badger moves on from it. The
-		// others are dropped at each trim again, for what readers faulted
-		// back in.
-		maxFid := vlogs[0].fid
-		for _, v := range vlogs[1:] {
-			maxFid = max(maxFid, v.fid)
-		}
-		for _, v := range vlogs {
-			if v.fid == maxFid || trim {
-				madvise(v.m, unix.MADV_DONTNEED)
-			}
-		}
+	// Every value log file is dropped at every look: the one Badger
+	// appends to, so little is mapped when Badger moves on from it, and
+	// the others for what readers faulted back in. A mapping with nothing
+	// resident costs a walk of empty page tables.
+	for _, v := range vlogs {
+		madvise(v, unix.MADV_DONTNEED)
 	}
 	for m := range a.advised {
 		if !seen[m] {
