@@ -109,7 +109,7 @@ type Stream struct {
 	wmPersisted uint64
 	dclosed     bool
 	waiters     map[waitKey]chan struct{}
-	// tail holds the newest durable records (tailcache.go).
+	// tail holds the newest written records (tailcache.go).
 	tail tailCache
 
 	// Owned by the committer goroutine.
@@ -877,19 +877,19 @@ func (s *Stream) read(from uint64, maxRecords, maxBytes int, written bool) ([]Re
 	return out, nil
 }
 
-// readRecord reads one record, without its payload unless payload is set.
-func (s *Stream) readRecord(off uint64, payload bool) (Record, error) {
-	var rec Record
+// recordChain reads the chain value stored with record off.
+func (s *Stream) recordChain(off uint64) (uint64, error) {
+	var chain uint64
 	err := s.db.bdb.View(func(txn *badger.Txn) error {
-		return s.scanRecords(txn, off, off+1, payload, ErrCorrupt, func(r Record, _ int) bool {
-			rec = r
+		return s.scanRecords(txn, off, off+1, false, ErrCorrupt, func(r Record, _ int) bool {
+			chain = r.Chain
 			return true
 		})
 	})
 	if err != nil {
-		return Record{}, fmt.Errorf("storage: stream %q record %d: %w", s.name, off, err)
+		return 0, fmt.Errorf("storage: stream %q record %d: %w", s.name, off, err)
 	}
-	return rec, nil
+	return chain, nil
 }
 
 // ChainAt returns the chain value of the prefix ending at offset (exclusive):
@@ -920,11 +920,7 @@ func (s *Stream) chainAt(offset, tail, chain uint64) (uint64, error) {
 	case offset == head:
 		return headChain, nil
 	}
-	rec, err := s.readRecord(offset-1, false)
-	if err != nil {
-		return 0, err
-	}
-	return rec.Chain, nil
+	return s.recordChain(offset - 1)
 }
 
 // scanEvents calls fn for the stored cursor events in [from, to) in order

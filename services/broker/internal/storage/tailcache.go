@@ -2,14 +2,15 @@ package storage
 
 import "sync/atomic"
 
-// The tail cache keeps each stream's newest durable records in memory, so
-// an owner ships a batch it has just synced to its followers, and serves
-// subscribers at the tail, without reading it back from Badger (a read
-// transaction, an iterator and a value log read per batch). It is only a
-// copy of durable entries: Read serves from it exactly what it would read
-// from Badger, and anything that lowers or replaces the durable view (cut,
-// reset) empties it first (setDurable), so it never shows a record the log
-// does not hold at that offset.
+// The tail cache keeps each stream's newest written records in memory
+// (advanceWritten fills it once Badger has taken them), so an owner ships
+// a batch to its followers, and serves subscribers at the tail, without
+// reading it back from Badger (a read transaction, an iterator and a value
+// log read per batch). It is only a copy of what Badger holds: Read and
+// ReadWritten serve from it exactly what they would read from Badger, each
+// bounded by its own tail (durable or written), and anything that lowers
+// or replaces the log (cut, reset) empties it first (setDurable), so it
+// never shows a record the log does not hold at that offset.
 //
 // Memory is bounded twice: per stream (Options.TailCacheBytes) and for the
 // whole DB (Options.TailCacheTotalBytes), so many streams cannot add up past
@@ -40,8 +41,8 @@ func (c *tailCache) end() uint64 {
 	return c.recs[0].Offset + uint64(len(c.recs))
 }
 
-// add appends durable records that follow the cached ones; records that do
-// not (a gap after the cache was emptied) restart it.
+// add appends written records that follow the cached ones; records that
+// do not (a gap after the cache was emptied) restart it.
 func (c *tailCache) add(recs []Record) {
 	if len(recs) == 0 || c.max <= 0 {
 		return
