@@ -36,8 +36,8 @@ type Options struct {
 	// negative value turns the cache off.
 	TailCacheBytes      int
 	TailCacheTotalBytes int64
-	// ValueLogFileBytes is the size of one value log file (0: 64 MiB;
-	// Badger takes 1 MiB to 2 GiB).
+	// ValueLogFileBytes is the size of one value log file (0 or less:
+	// 64 MiB; Badger takes 1 MiB to 2 GiB).
 	ValueLogFileBytes int64
 	// BootIDPath is read for the id of the running boot (boot.go);
 	// empty means BootIDPath. Tests point it at a file of their own.
@@ -151,7 +151,7 @@ func Open(opts Options) (*DB, error) {
 		WithBaseLevelSize(16 << 20).
 		WithBlockCacheSize(cache).
 		WithIndexCacheSize(cache / 2).
-		WithValueLogFileSize(cacheBound(opts.ValueLogFileBytes, valueLogFileBytes)).
+		WithValueLogFileSize(orDefault(opts.ValueLogFileBytes, valueLogFileBytes)).
 		WithValueThreshold(threshold).
 		WithNumCompactors(2).
 		WithCompression(options.None).
@@ -195,7 +195,7 @@ func Open(opts Options) (*DB, error) {
 	db.advisor = newMapAdvisor(opts.Dir)
 	go db.commitLoop()
 	go db.every(valueLogGCInterval, db.gcDone, db.valueLogGC)
-	go db.every(watermarkPersistInterval, db.wmDone, db.flushWatermarks)
+	go db.every(watermarkPersistInterval, db.wmDone, func() { db.flushWatermarks(false) })
 	if err := db.finishDrops(); err != nil {
 		_ = db.Close()
 		return nil, err
@@ -214,7 +214,7 @@ func cacheBound[T int | int64](v, def T) T {
 	return v
 }
 
-func orDefault(v, def int) int {
+func orDefault[T int | int64](v, def T) T {
 	if v <= 0 {
 		return def
 	}
@@ -225,8 +225,9 @@ func orDefault(v, def int) int {
 // every stream (waking their waiters) and closes Badger.
 func (db *DB) Close() error {
 	// A clean close keeps the latest watermarks: the committer writes
-	// every op queued before it stops.
-	db.flushWatermarks()
+	// every op queued before it stops, and this flush waits for room in
+	// the queue rather than leave one for a next flush that never comes.
+	db.flushWatermarks(true)
 	db.gate.Lock()
 	if db.closed {
 		db.gate.Unlock()

@@ -1,6 +1,9 @@
 package storage
 
-import "time"
+import (
+	"context"
+	"time"
+)
 
 // Live tails without polling. A waiter is a channel closed once its
 // condition holds; waiters with the same condition share one channel, so a
@@ -194,15 +197,26 @@ func (db *DB) noteWatermark(s *Stream) {
 const watermarkPersistInterval = 500 * time.Millisecond
 
 // flushWatermarks hands the committer a watermark write for every stream
-// whose raised watermark no metadata write has carried yet.
-func (db *DB) flushWatermarks() {
+// whose raised watermark no metadata write has carried yet. With wait it
+// waits for room in the queue (Close); without, a full queue leaves the
+// stream for the next flush, so the periodic flush never holds up behind
+// a busy committer.
+func (db *DB) flushWatermarks(wait bool) {
 	db.wmMu.Lock()
 	dirty := db.wmDirty
 	db.wmDirty = nil
 	db.wmMu.Unlock()
 	for _, s := range dirty {
 		o := s.watermarkTouch()
-		if o == nil || db.tryEnqueue(o) {
+		if o == nil {
+			continue
+		}
+		if wait {
+			// Fails only once the DB is closed: nothing left to flush to.
+			_ = db.enqueue(context.Background(), o)
+			continue
+		}
+		if db.tryEnqueue(o) {
 			continue
 		}
 		// The queue is full (or closing): try again at the next flush.
