@@ -241,9 +241,11 @@ func (c *Copy) reconcile(ctx context.Context) (dropped bool, err error) {
 func (c *Copy) withholdOwner(a cluster.Assignment) bool {
 	c.mu.Lock()
 	if c.unsureEpoch == 0 || a.Epoch > c.unsureEpoch || len(a.Followers) == 0 {
-		if a.Epoch > c.unsureEpoch {
-			c.unsureEpoch = 0
-		}
+		// A new epoch, or a single copy going on as owner of this one:
+		// either way this copy's log is the epoch's from here, so a
+		// follower the fast path adds to the same epoch later is no
+		// reason to stand down.
+		c.unsureEpoch = 0
 		c.mu.Unlock()
 		return false
 	}
