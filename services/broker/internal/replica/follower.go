@@ -37,8 +37,7 @@ func (c *Copy) runFollower(ctx context.Context, owner string, epoch uint64) {
 			<-ctx.Done()
 			return
 		}
-		switch connect.CodeOf(err) {
-		case connect.CodeUnavailable, connect.CodeUnknown, connect.CodeDeadlineExceeded, connect.CodeCanceled:
+		if ownerSuspected(err) {
 			c.setSuspect(owner)
 		}
 		if time.Since(lastLog) > 5*time.Second {
@@ -55,6 +54,29 @@ func (c *Copy) runFollower(ctx context.Context, owner string, epoch uint64) {
 		}
 		backoff = min(2*backoff, time.Second)
 	}
+}
+
+// errLocal marks a follow call that failed on this copy's own storage (a
+// write failure, a closed store): the owner is not to blame for it.
+var errLocal = errors.New("this copy's storage")
+
+func localErr(err error) error { return fmt.Errorf("%w: %w", errLocal, err) }
+
+// ownerSuspected reports whether a failed follow call points at the owner:
+// its connection broke, timed out or answered with an error the owner did
+// not mean. Such a follower names the owner suspect in its heartbeat, so
+// the controller can probe it and fail over without waiting for the
+// owner's lease (liveness); a failure of the follower's own storage does
+// not, or a follower with a broken disk would keep a healthy owner probed.
+func ownerSuspected(err error) bool {
+	if errors.Is(err, errLocal) {
+		return false
+	}
+	switch connect.CodeOf(err) {
+	case connect.CodeUnavailable, connect.CodeUnknown, connect.CodeDeadlineExceeded, connect.CodeCanceled:
+		return true
+	}
+	return false
 }
 
 func (c *Copy) followOnce(ctx context.Context, owner string, epoch uint64) error {
@@ -95,7 +117,7 @@ func (c *Copy) followOnce(ctx context.Context, owner string, epoch uint64) error
 	// durable tails before they land would send the owner a tail below
 	// what storage has taken, and its first batch would not line up.
 	if err := c.st.Sync(ctx); err != nil {
-		return err
+		return localErr(err)
 	}
 	s := c.st.State()
 	if err := send(&strandv1.FollowRequest{
@@ -141,7 +163,7 @@ func (c *Copy) followOnce(ctx context.Context, owner string, epoch uint64) error
 				return
 			}
 			if err := p.Wait(ctx); err != nil {
-				ackErr <- err
+				ackErr <- localErr(err)
 				cancel()
 				return
 			}
@@ -185,7 +207,7 @@ func (c *Copy) followOnce(ctx context.Context, owner string, epoch uint64) error
 				return fmt.Errorf("owner sent head %d after records; following again", head)
 			}
 			if err := c.st.ResetTo(head, resp.GetChainAtHead()); err != nil {
-				return err
+				return localErr(err)
 			}
 		}
 		recs, err := storage.DecodeSegment(resp.GetRecordSegment())
@@ -202,7 +224,7 @@ func (c *Copy) followOnce(ctx context.Context, owner string, epoch uint64) error
 				if errors.Is(err, storage.ErrChainMismatch) {
 					return fmt.Errorf("%w: %v", ErrChainMismatch, err)
 				}
-				return err
+				return localErr(err)
 			}
 			queued = true
 			select {
