@@ -15,6 +15,26 @@ import (
 	"github.com/rs/zerolog"
 )
 
+// valueLogDB opens a store with value log files of fileBytes and appends
+// batches of 256 KiB (64 records of 4 KiB, all in the value log) to an
+// owned stream "s".
+func valueLogDB(t *testing.T, fileBytes int64, batches int) (string, *DB, *Stream) {
+	t.Helper()
+	dir := t.TempDir()
+	db, err := Open(Options{Dir: dir, Logger: zerolog.Nop(), MemTableBytes: 8 << 20, CacheBytes: 4 << 20, ValueLogFileBytes: fileBytes})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := ownerStream(t, db, "s", 1)
+	for i := range batches {
+		if _, err := s.Append(context.Background(), 1, sizedRecs(fmt.Sprint("a", i), 64, 4096)); err != nil {
+			db.Close()
+			t.Fatal(err)
+		}
+	}
+	return dir, db, s
+}
+
 type smapsEntry struct {
 	path    string
 	rssKB   int
@@ -60,20 +80,10 @@ func smaps(t *testing.T, dir string) []smapsEntry {
 // (no read-around, so fsyncs write only what changed), and value log files
 // Badger no longer appends to leave the resident set.
 func TestMappingsAdvised(t *testing.T) {
-	dir := t.TempDir()
-	db, err := Open(Options{Dir: dir, Logger: zerolog.Nop(), MemTableBytes: 8 << 20, CacheBytes: 4 << 20, ValueLogFileBytes: 1 << 20})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db.Close()
-	s := ownerStream(t, db, "s", 1)
-	ctx := context.Background()
 	// About 4 MiB of value log: several 1 MiB files.
-	for i := range 16 {
-		if _, err := s.Append(ctx, 1, sizedRecs(fmt.Sprint("a", i), 64, 4096)); err != nil {
-			t.Fatal(err)
-		}
-	}
+	dir, db, s := valueLogDB(t, 1<<20, 16)
+	defer db.Close()
+	ctx := context.Background()
 	deadline := time.Now().Add(3 * trimEvery)
 	for i := 0; ; i++ {
 		var problems []string
@@ -125,20 +135,9 @@ func TestMappingsAdvised(t *testing.T) {
 // The value log file Badger appends to is dropped from the resident set as
 // it grows, a few MiB at a time, not only once Badger moves on from it.
 func TestActiveValueLogStaysSmall(t *testing.T) {
-	dir := t.TempDir()
-	db, err := Open(Options{Dir: dir, Logger: zerolog.Nop(), MemTableBytes: 8 << 20, CacheBytes: 4 << 20, ValueLogFileBytes: 64 << 20})
-	if err != nil {
-		t.Fatal(err)
-	}
+	// About 24 MiB into one 64 MiB value log file.
+	dir, db, _ := valueLogDB(t, 64<<20, 96)
 	defer db.Close()
-	s := ownerStream(t, db, "s", 1)
-	ctx := context.Background()
-	// About 24 MiB into one 64 MiB value log file, in 256 KiB batches.
-	for i := range 96 {
-		if _, err := s.Append(ctx, 1, sizedRecs(fmt.Sprint("a", i), 64, 4096)); err != nil {
-			t.Fatal(err)
-		}
-	}
 	vlogKB := 0
 	for _, m := range smaps(t, dir) {
 		if filepath.Ext(m.path) == ".vlog" {
