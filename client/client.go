@@ -29,6 +29,7 @@ const (
 	DefaultBackoffMax      = 500 * time.Millisecond
 	DefaultMaxBatchRecords = 1024
 	DefaultMaxBatchBytes   = 4 << 20
+	DefaultLinger          = 2 * time.Millisecond
 )
 
 // Config configures a Client. Zero fields take the defaults above.
@@ -76,10 +77,18 @@ type Config struct {
 	// queued while its batch is in flight as the next batch, and fewer,
 	// larger batches cost the cluster less per record than more lanes of
 	// smaller ones: with 256 publishes in flight on 3 copies, 1 lane did
-	// about 1.3x the records/s of 2 and 1.7x of 4 on a 2-core machine
-	// (strandctl bench --lanes).
+	// 1.2-1.4x the records/s of 2 on a 2-core machine (strandctl bench
+	// --lanes, with Linger at its default).
 	Lanes         int
 	MaxBatchBytes int
+	// Linger bounds how long a lane waits, once a batch is confirmed, for
+	// the Publish calls that batch released to publish again before it
+	// sends the next batch (Kafka's linger.ms, but ended early): the wait
+	// ends as soon as the lane holds as many records as it had queued plus
+	// those it just confirmed, or a full batch. The first publish on an
+	// idle lane is sent at once. Zero means DefaultLinger; negative never
+	// waits. See producer.linger for why.
+	Linger time.Duration
 }
 
 // Bool returns a pointer to v, for Config.Idempotent.
@@ -128,6 +137,7 @@ func New(cfg Config) (*Client, error) {
 	setDefault(&cfg.MaxBatchRecords, DefaultMaxBatchRecords)
 	setDefault(&cfg.Lanes, 1)
 	setDefault(&cfg.MaxBatchBytes, DefaultMaxBatchBytes)
+	setDefault(&cfg.Linger, DefaultLinger)
 	if cfg.ProducerID == "" {
 		cfg.ProducerID = randomID()
 	}

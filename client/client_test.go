@@ -361,18 +361,25 @@ func TestPublishDoesNotRetryInvalidArgument(t *testing.T) {
 	}
 }
 
-func TestConcurrentPublishesKeepSequencesInOrder(t *testing.T) {
-	release := make(chan struct{})
+// holdFirstPublish starts a fake owner storing at dense offsets whose first
+// publish waits for release to close, so later publishes queue up behind it.
+func holdFirstPublish(t *testing.T) (f *fakeBroker, release chan struct{}) {
+	release = make(chan struct{})
 	log := appendLog()
 	var first atomic.Bool
-	f := startFake(t, &fakeBroker{})
+	f = startFake(t, &fakeBroker{})
 	f.locate = ownedBy(f.addr)
 	f.publish = func(req *strandv1.PublishRequest) (*strandv1.PublishResponse, error) {
 		if first.CompareAndSwap(false, true) {
-			<-release // hold the first batch so the others queue up behind it
+			<-release
 		}
 		return log(req)
 	}
+	return f, release
+}
+
+func TestConcurrentPublishesKeepSequencesInOrder(t *testing.T) {
+	f, release := holdFirstPublish(t)
 	c := newTestClient(t, Config{Brokers: []string{f.addr}, Lanes: 1})
 	const n = 64
 	var wg sync.WaitGroup
@@ -712,5 +719,84 @@ func TestLanesKeepEachProducersSequencesInOrder(t *testing.T) {
 	}
 	if maxPerProducer != 1 {
 		t.Fatalf("%d requests of one producer in flight at once, want 1", maxPerProducer)
+	}
+}
+
+// A closed loop of publishers (each publishes again once confirmed) sends
+// one batch of all of them per round trip: the lane lingers after a
+// confirm until the publishers it released are back. Without the linger
+// the loop splits into two half batches that alternate (producer.linger).
+func TestLingerSendsReleasedPublishersInOneBatch(t *testing.T) {
+	f, release := holdFirstPublish(t)
+	// A linger far longer than a round trip here: the wait ends because
+	// the publishers are back, not because it ran out (except once, at the
+	// end, when the publishers that went first have stopped).
+	c := newTestClient(t, Config{Brokers: []string{f.addr}, Lanes: 1, Linger: time.Second})
+	const publishers, rounds = 8, 6
+	var wg sync.WaitGroup
+	start := func(i int) {
+		wg.Go(func() {
+			for r := range rounds {
+				if _, err := c.Publish(context.Background(), "s", recs(fmt.Sprint(i, "-", r))); err != nil {
+					t.Errorf("publisher %d round %d: %v", i, r, err)
+					return
+				}
+			}
+		})
+	}
+	// One publisher first, alone in the first batch, then the rest.
+	start(0)
+	clustertest.Until(t, 5*time.Second, "the first batch in flight", func() bool { return len(f.requests()) == 1 })
+	for i := 1; i < publishers; i++ {
+		start(i)
+	}
+	clustertest.Until(t, 5*time.Second, "publishes queued behind the first batch", func() bool {
+		return queued(c, "s") == publishers-1
+	})
+	close(release)
+	wg.Wait()
+	reqs := f.requests()
+	sizes := make([]int, len(reqs))
+	total := 0
+	for i, r := range reqs {
+		sizes[i] = len(r.GetRecords())
+		total += sizes[i]
+	}
+	if total != publishers*rounds {
+		t.Fatalf("%d records sent, want %d (batches %v)", total, publishers*rounds, sizes)
+	}
+	// The first publisher went alone and stays one round ahead of the
+	// rest, so the last batch holds only the rest; every batch between
+	// holds every publisher.
+	if len(reqs) != rounds+1 {
+		t.Fatalf("%d batches %v, want %d", len(reqs), sizes, rounds+1)
+	}
+	for i, n := range sizes[1 : len(sizes)-1] {
+		if n != publishers {
+			t.Fatalf("batch %d holds %d records, want all %d publishers (batches %v)", i+1, n, publishers, sizes)
+		}
+	}
+}
+
+// A lone publisher that publishes again as soon as it is confirmed never
+// waits out the linger: it is back before the lane looks.
+func TestLingerDoesNotHoldALonePublisher(t *testing.T) {
+	f := startFake(t, &fakeBroker{})
+	f.locate = ownedBy(f.addr)
+	f.publish = appendLog()
+	c := newTestClient(t, Config{Brokers: []string{f.addr}, Lanes: 1, Linger: time.Hour})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for i := range 20 {
+		res, err := c.Publish(ctx, "s", recs(fmt.Sprint(i)))
+		if err != nil {
+			t.Fatalf("publish %d: %v (held by the linger?)", i, err)
+		}
+		if got := res.GetOffsets()[0]; got != uint64(i) {
+			t.Fatalf("publish %d at offset %d", i, got)
+		}
+	}
+	if n := len(f.requests()); n != 20 {
+		t.Fatalf("%d requests for 20 sequential publishes", n)
 	}
 }

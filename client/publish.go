@@ -98,6 +98,12 @@ type producer struct {
 	seq     uint64 // last sequence assigned
 	queue   []*pendingPublish
 	sending bool
+	// queuedRecords and queuedBytes total the queue. want is what the lane
+	// lingers for after a confirm (records), and grew, while it lingers,
+	// is closed by the enqueue that brings the queue there.
+	queuedRecords, queuedBytes int
+	want                       int
+	grew                       chan struct{}
 }
 
 // producer picks the stream's next lane, round robin.
@@ -123,6 +129,12 @@ func (p *producer) enqueue(pp *pendingPublish) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.queue = append(p.queue, pp)
+	p.queuedRecords += len(pp.records)
+	p.queuedBytes += pp.bytes
+	if p.grew != nil && p.gathered() {
+		close(p.grew)
+		p.grew = nil
+	}
 	if !p.sending {
 		p.sending = true
 		go p.run()
@@ -132,6 +144,7 @@ func (p *producer) enqueue(pp *pendingPublish) {
 // run sends batches until the queue is empty.
 func (p *producer) run() {
 	for {
+		p.linger()
 		batch, records, deadline := p.take()
 		if len(batch) == 0 {
 			return
@@ -148,6 +161,11 @@ func (p *producer) run() {
 			}
 			continue
 		}
+		// Before the callers learn the outcome: one that publishes again
+		// at once must be counted as back, not as still to come.
+		p.mu.Lock()
+		p.want = len(records) + p.queuedRecords
+		p.mu.Unlock()
 		i := 0
 		for _, pp := range batch {
 			n := len(pp.records)
@@ -159,6 +177,46 @@ func (p *producer) run() {
 			i += n
 		}
 	}
+}
+
+// linger waits, after a confirm, until the lane holds want records (those
+// queued at the confirm plus those it released) or a full batch, for at
+// most Config.Linger. Without it a closed loop of N publishers, the usual
+// shape of a producer with a window of N in flight, settles into two half
+// batches: the one in flight and the one queued behind it, which leaves
+// the moment the first is confirmed, before the publishers that confirm
+// released have come back. Every round trip then carries about N/2
+// records and every record waits for two of them. Lingering until they
+// are back sends all N in one batch (measured with strandctl bench, 256
+// in flight on 3 copies: 1.2-1.4x the records/s at a quarter less p50).
+// A lane whose publishers do not come back waits Linger once and sends
+// what it has.
+func (p *producer) linger() {
+	d := p.c.cfg.Linger
+	p.mu.Lock()
+	if d <= 0 || p.gathered() {
+		p.mu.Unlock()
+		return
+	}
+	grew := make(chan struct{})
+	p.grew = grew
+	p.mu.Unlock()
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-grew:
+	case <-t.C:
+	case <-p.c.ctx.Done():
+	}
+	p.mu.Lock()
+	p.grew = nil
+	p.mu.Unlock()
+}
+
+// gathered reports whether the queue holds what the lane lingers for.
+func (p *producer) gathered() bool {
+	cfg := p.c.cfg
+	return p.queuedRecords >= min(p.want, cfg.MaxBatchRecords) || p.queuedBytes >= cfg.MaxBatchBytes
 }
 
 // take forms the next batch from whole Publish calls within the batch
@@ -192,6 +250,11 @@ func (p *producer) take() (batch []*pendingPublish, records []*strandv1.Record, 
 	}
 	clear(p.queue[len(rest):])
 	p.queue = rest
+	p.queuedRecords, p.queuedBytes, p.want = 0, 0, 0
+	for _, pp := range rest {
+		p.queuedRecords += len(pp.records)
+		p.queuedBytes += pp.bytes
+	}
 	if len(batch) == 0 {
 		p.sending = false
 		return nil, nil, time.Time{}

@@ -45,6 +45,8 @@ func TestValidate(t *testing.T) {
 		{"no window", func(c *Config) { c.Inflight = 0 }, "--inflight"},
 		{"negative lanes", func(c *Config) { c.Lanes = -1 }, "--lanes"},
 		{"too many lanes", func(c *Config) { c.Lanes = 65 }, "--lanes"},
+		{"linger off", func(c *Config) { c.Linger = -1 }, ""},
+		{"linger too long", func(c *Config) { c.Linger = 2 * time.Second }, "--linger"},
 		{"no duration", func(c *Config) { c.Duration, c.KillAt = 0, 0 }, "--duration"},
 		{"bad stream name", func(c *Config) { c.Stream = "Bad Name" }, "--stream"},
 		{"kill on an external cluster", func(c *Config) { c.External = true }, "drop --controller/--broker"},

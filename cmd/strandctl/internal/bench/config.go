@@ -30,7 +30,11 @@ type Config struct {
 	NoProducerIDs bool
 	// Lanes is the client's batches in flight per stream (client.Config
 	// Lanes; 0: the client's default).
-	Lanes    int
+	Lanes int
+	// Linger is the client's wait after a confirm for the publishers it
+	// released (client.Config Linger; 0: the client's default, negative:
+	// never).
+	Linger   time.Duration
 	Duration time.Duration
 	// KillAt is when to kill the owner, from the start of publishing; 0
 	// (or negative) means no kill: a plain throughput and latency bench.
@@ -88,6 +92,9 @@ func (c Config) Validate() error {
 	}
 	if c.Lanes < 0 || c.Lanes > 64 {
 		return bad("--lanes must be 0 (the client's default) to 64, got %d", c.Lanes)
+	}
+	if c.Linger > time.Second {
+		return bad("--linger must be at most 1s (0: the client's default, negative: never), got %v", c.Linger)
 	}
 	if c.Inflight < 1 {
 		return bad("--inflight must be at least 1, got %d", c.Inflight)

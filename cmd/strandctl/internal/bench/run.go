@@ -128,7 +128,7 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 		info := cl.Info()
 		o.Controller, o.BrokerAddrs = info.Controller, info.BrokerAddresses()
 	}
-	c, err := client.New(client.Config{Controller: o.Controller, Brokers: o.BrokerAddrs, Idempotent: client.Bool(!o.NoProducerIDs), Lanes: o.Lanes})
+	c, err := client.New(client.Config{Controller: o.Controller, Brokers: o.BrokerAddrs, Idempotent: client.Bool(!o.NoProducerIDs), Lanes: o.Lanes, Linger: o.Linger})
 	if err != nil {
 		return nil, err
 	}
