@@ -188,7 +188,7 @@ func (p *producer) run() {
 // released have come back. Every round trip then carries about N/2
 // records and every record waits for two of them. Lingering until they
 // are back sends all N in one batch (measured with strandctl bench, 256
-// in flight on 3 copies: 1.2-1.4x the records/s at a quarter less p50).
+// in flight on 3 copies: 1.2-1.3x the records/s, p50 a fifth lower).
 // A lane whose publishers do not come back waits Linger once and sends
 // what it has.
 func (p *producer) linger() {
