@@ -183,6 +183,9 @@ func (h *harness) request(name, image, port string, cmd ...string) testcontainer
 			// off from it cannot resolve its peers through the client network.
 			NetworkAliases: map[string][]string{h.clusterNet: {name}},
 			Labels:         map[string]string{"strand-e2e": h.id},
+			// Brokers refuse Follow and Seal without the cluster's peer
+			// token; the recoverer sends it with its seals.
+			Env: map[string]string{rpcserver.PeerTokenEnv: "strand-e2e-" + h.id},
 			// The health probe baked into every image, the same check compose
 			// runs. It is also run again after every restart.
 			WaitingFor: wait.ForExec(healthCommand(name, port)).

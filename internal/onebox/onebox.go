@@ -56,6 +56,10 @@ const (
 	ReadyTimeout = 20 * time.Second
 )
 
+// PeerToken is the cluster's peer token: its brokers refuse Follow and
+// Seal without it, and its recoverers and Replication clients send it.
+const PeerToken = "onebox-peer-token"
+
 // Options says what to run. Zero counts mean none of that service.
 type Options struct {
 	// Brokers are the brokers' node ids, started in this order.
@@ -200,7 +204,7 @@ func (c *Cluster) StartBroker(node string) *brokerapp.App {
 	a, err := brokerapp.Start(context.Background(), brokerapp.Config{
 		Node: node, Listen: listen, DataDir: filepath.Join(c.dir, node), Etcd: c.Etcd.Endpoints,
 		Heartbeat: Heartbeat, LeaseTTL: LeaseTTL, ConfirmTimeout: ConfirmTimeout, Logger: c.logger(node),
-		BootIDPath: c.BootIDPath(),
+		BootIDPath: c.BootIDPath(), PeerToken: PeerToken,
 	})
 	if err != nil {
 		c.t.Fatalf("onebox: start broker %s: %v", node, err)
@@ -379,7 +383,7 @@ func (c *Cluster) StartRecoverer() string {
 	name := fmt.Sprintf("recoverer-%d", c.recovererSeq)
 	c.mu.Unlock()
 	a, err := recovererapp.Start(context.Background(), recovererapp.Config{
-		Name: name, Listen: "127.0.0.1:0", Etcd: c.Etcd.Endpoints, SealTimeout: SealTimeout, Logger: c.logger(name),
+		Name: name, Listen: "127.0.0.1:0", Etcd: c.Etcd.Endpoints, SealTimeout: SealTimeout, Logger: c.logger(name), PeerToken: PeerToken,
 		QuorumGrace: 100 * time.Millisecond, SessionTTL: ElectionTTL,
 		BackoffMin: 50 * time.Millisecond, BackoffMax: 500 * time.Millisecond,
 	})
@@ -472,9 +476,10 @@ func (c *Cluster) Streams(node string) strandv1connect.StreamServiceClient {
 	return strandv1connect.NewStreamServiceClient(rpcserver.HTTPClient(), rpcserver.BaseURL(c.Addr(node)))
 }
 
-// Replication is a raw ReplicationService client of one broker.
+// Replication is a raw ReplicationService client of one broker, with the
+// cluster's peer token.
 func (c *Cluster) Replication(node string) strandv1connect.ReplicationServiceClient {
-	return strandv1connect.NewReplicationServiceClient(rpcserver.HTTPClient(), rpcserver.BaseURL(c.Addr(node)))
+	return strandv1connect.NewReplicationServiceClient(rpcserver.HTTPClient(), rpcserver.BaseURL(c.Addr(node)), rpcserver.WithPeerToken(PeerToken))
 }
 
 // Ctx is the cluster's context for calls, cancelled when the test ends.

@@ -15,6 +15,7 @@ import (
 	"syscall"
 
 	"github.com/strandhq/strand/internal/cluster"
+	"github.com/strandhq/strand/internal/rpcserver"
 	"github.com/strandhq/strand/services/broker/app"
 )
 
@@ -44,6 +45,7 @@ func main() {
 		debug.SetMemoryLimit(*memLimit << 20)
 	}
 	cfg.Etcd = strings.Split(etcd, ",")
+	cfg.PeerToken = rpcserver.PeerToken()
 	if *debugAddr != "" {
 		go func() {
 			// DefaultServeMux carries the pprof handlers (blank import).

@@ -14,6 +14,7 @@ import (
 	"syscall"
 
 	"github.com/strandhq/strand/internal/cluster"
+	"github.com/strandhq/strand/internal/rpcserver"
 	"github.com/strandhq/strand/services/recoverer/app"
 )
 
@@ -35,6 +36,8 @@ func main() {
 			cfg.Etcd = append(cfg.Etcd, e)
 		}
 	}
+
+	cfg.PeerToken = rpcserver.PeerToken()
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()

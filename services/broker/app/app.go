@@ -47,6 +47,10 @@ type Config struct {
 	DedupeWindow    int
 	Logger          *zerolog.Logger
 	LogLevel        string
+	// PeerToken is the cluster's peer token (rpcserver.PeerTokenEnv): it
+	// guards ReplicationService here and goes with this broker's own
+	// Follow calls. Empty leaves ReplicationService open to any client.
+	PeerToken string
 	// BootIDPath is where the id of the running boot is read (empty: the
 	// kernel's, storage.BootIDPath); tests point it at a file to play a
 	// reboot.
@@ -145,7 +149,7 @@ func Start(ctx context.Context, cfg Config) (*App, error) {
 			return co.History(ctx, stream)
 		},
 		Dial: func(addr string) strandv1connect.ReplicationServiceClient {
-			return strandv1connect.NewReplicationServiceClient(httpClient, rpcserver.BaseURL(addr))
+			return strandv1connect.NewReplicationServiceClient(httpClient, rpcserver.BaseURL(addr), rpcserver.WithPeerToken(cfg.PeerToken))
 		},
 	})
 	if err != nil {
@@ -167,7 +171,12 @@ func Start(ctx context.Context, cfg Config) (*App, error) {
 	mux.Handle(strandv1connect.NewStreamServiceHandler(api.NewStreamService(a.manager, api.Limits{
 		MaxRecordBytes: cfg.MaxRecordBytes, MaxBatchBytes: cfg.MaxBatchBytes,
 	}, log), noGzip))
-	mux.Handle(strandv1connect.NewReplicationServiceHandler(api.NewReplicationService(a.manager, log), noGzip))
+	// Follow and Seal are for peers only (DESIGN.md): a client that could
+	// seal would fence copies and stop their streams until a recovery.
+	if cfg.PeerToken == "" {
+		log.Warn().Msg("no peer token (" + rpcserver.PeerTokenEnv + "): Follow and Seal are open to any client that reaches this broker")
+	}
+	mux.Handle(strandv1connect.NewReplicationServiceHandler(api.NewReplicationService(a.manager, log), noGzip, rpcserver.RequirePeerToken(cfg.PeerToken)))
 	a.server = rpcserver.Serve(ln, mux)
 
 	cctx, cancel := context.WithCancel(context.Background())

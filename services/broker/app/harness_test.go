@@ -62,6 +62,7 @@ func (h *harness) start(node string) *App {
 	a, err := Start(context.Background(), Config{
 		Node: node, Listen: listen, DataDir: filepath.Join(h.dir, node), Etcd: h.etcd.Endpoints,
 		Heartbeat: 200 * time.Millisecond, LeaseTTL: 2 * time.Second, ConfirmTimeout: h.confirm, Logger: &log,
+		PeerToken: harnessPeerToken,
 	})
 	if err != nil {
 		h.t.Fatalf("start %s: %v", node, err)
@@ -95,8 +96,17 @@ func (h *harness) streams(node string) strandv1connect.StreamServiceClient {
 	return strandv1connect.NewStreamServiceClient(rpcserver.HTTPClient(), rpcserver.BaseURL(h.addrs[node]))
 }
 
+// harnessPeerToken is the harness cluster's peer token.
+const harnessPeerToken = "harness-peer-token"
+
+// replication is a ReplicationService client of node with the peer token.
 func (h *harness) replication(node string) strandv1connect.ReplicationServiceClient {
-	return strandv1connect.NewReplicationServiceClient(rpcserver.HTTPClient(), rpcserver.BaseURL(h.addrs[node]))
+	return h.replicationAs(node, harnessPeerToken)
+}
+
+// replicationAs is a ReplicationService client of node sending token.
+func (h *harness) replicationAs(node, token string) strandv1connect.ReplicationServiceClient {
+	return strandv1connect.NewReplicationServiceClient(rpcserver.HTTPClient(), rpcserver.BaseURL(h.addrs[node]), rpcserver.WithPeerToken(token))
 }
 
 // publish sends one record per payload, retrying while the owner is not yet

@@ -2,6 +2,7 @@ package app
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
@@ -69,4 +70,40 @@ func TestSealFencesTheStaleOwner(t *testing.T) {
 	if offsets[0] != sealed["b2"].GetRecordTail() {
 		t.Fatalf("new owner appended at %d, want its own tail %d", offsets[0], sealed["b2"].GetRecordTail())
 	}
+}
+
+// Follow and Seal are for peers only (DESIGN.md): without the cluster's
+// peer token both are refused with Unauthenticated before anything is read
+// or changed, while the brokers, which carry it, go on replicating.
+func TestReplicationServiceNeedsThePeerToken(t *testing.T) {
+	h := newHarness(t, "b1", "b2", "b3")
+	h.assign(threeCopies("guarded", cluster.Policy{Name: cluster.MajorityDurable}))
+	h.publish("b1", "guarded", "a", "b")
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	for _, token := range []string{"", "not-the-token"} {
+		_, err := h.replicationAs("b2", token).Seal(ctx, connect.NewRequest(&strandv1.SealRequest{Stream: "guarded", FenceEpoch: 2, TransitionId: "t1"}))
+		if connect.CodeOf(err) != connect.CodeUnauthenticated {
+			t.Fatalf("seal with token %q: %v, want Unauthenticated", token, err)
+		}
+		s := h.replicationAs("b1", token).Follow(ctx)
+		_ = s.Send(&strandv1.FollowRequest{Stream: "guarded", Node: "b2", Epoch: 1})
+		if _, err := s.Receive(); connect.CodeOf(err) != connect.CodeUnauthenticated {
+			t.Fatalf("follow with token %q: %v, want Unauthenticated", token, err)
+		}
+		_ = s.CloseRequest()
+	}
+	// Nothing was sealed: b2 still follows at epoch 1 and takes the
+	// owner's next record (a sealed b2 would refuse it).
+	h.publish("b1", "guarded", "c")
+	clustertest.Eventually(t, 10*time.Second, "b2 holds the record published after the refused calls", func() error {
+		hb, err := h.heartbeat("b2", "guarded")
+		if err != nil {
+			return err
+		}
+		if hb.SealEpoch != 0 || hb.Epoch != 1 || hb.RecordTail < 3 {
+			return fmt.Errorf("b2 at epoch %d, seal epoch %d, record tail %d", hb.Epoch, hb.SealEpoch, hb.RecordTail)
+		}
+		return nil
+	})
 }

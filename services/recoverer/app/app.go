@@ -47,6 +47,9 @@ type Config struct {
 	LogLevel string
 	// Logger, when set, replaces the stderr logger built from LogLevel.
 	Logger *zerolog.Logger
+	// PeerToken is the cluster's peer token (rpcserver.PeerTokenEnv), sent
+	// with every Seal; brokers with a token refuse a Seal without it.
+	PeerToken string
 
 	// Tuning for tests and benches; zero means the worker's default.
 	QuorumGrace time.Duration
@@ -126,6 +129,7 @@ func Start(ctx context.Context, cfg Config) (*App, error) {
 		SessionTTL:  cfg.SessionTTL,
 		BackoffMin:  cfg.BackoffMin,
 		BackoffMax:  cfg.BackoffMax,
+		PeerToken:   cfg.PeerToken,
 		Logger:      log,
 	})
 	if err != nil {

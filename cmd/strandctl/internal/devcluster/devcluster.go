@@ -7,6 +7,8 @@ package devcluster
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -87,11 +89,12 @@ type Exit struct {
 
 // Cluster is a running dev cluster.
 type Cluster struct {
-	opts   Options
-	etcd   *embed.Etcd
-	etcdCl *clientv3.Client
-	schema cluster.Schema
-	exits  chan Exit
+	opts      Options
+	peerToken string
+	etcd      *embed.Etcd
+	etcdCl    *clientv3.Client
+	schema    cluster.Schema
+	exits     chan Exit
 
 	mu       sync.Mutex
 	children map[string]*child
@@ -139,11 +142,20 @@ func Start(ctx context.Context, opts Options) (*Cluster, error) {
 	if err != nil {
 		return nil, err
 	}
+	// The children share a peer token (Follow and Seal are for peers
+	// only): the caller's, else a fresh one for this start.
+	peerToken := rpcserver.PeerToken()
+	if peerToken == "" {
+		var b [16]byte
+		_, _ = rand.Read(b[:])
+		peerToken = hex.EncodeToString(b[:])
+	}
 	c := &Cluster{
-		opts:     opts,
-		schema:   cluster.NewSchema(opts.Prefix),
-		exits:    make(chan Exit, 16),
-		children: make(map[string]*child),
+		opts:      opts,
+		peerToken: peerToken,
+		schema:    cluster.NewSchema(opts.Prefix),
+		exits:     make(chan Exit, 16),
+		children:  make(map[string]*child),
 	}
 	if err := c.startEtcd(); err != nil {
 		return nil, err
@@ -336,6 +348,7 @@ func (c *Cluster) spawn(ch *child) error {
 	}
 	fmt.Fprintf(f, "---- %s: %s %v\n", time.Now().Format(time.RFC3339Nano), ch.bin, ch.args)
 	cmd := exec.Command(ch.bin, ch.args...)
+	cmd.Env = append(os.Environ(), rpcserver.PeerTokenEnv+"="+c.peerToken)
 	cmd.Stdout, cmd.Stderr = f, f
 	cmd.SysProcAttr = &syscall.SysProcAttr{
 		// Own process group: a terminal's Ctrl-C reaches strandctl only,

@@ -62,7 +62,10 @@ type Config struct {
 	BackoffMax time.Duration
 	// HTTPClient reaches the brokers' ReplicationService (h2c).
 	HTTPClient connect.HTTPClient
-	Logger     zerolog.Logger
+	// PeerToken goes with every Seal (rpcserver.PeerTokenEnv): brokers
+	// with a token refuse a Seal without it.
+	PeerToken string
+	Logger    zerolog.Logger
 }
 
 func (c *Config) fill() {
