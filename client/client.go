@@ -77,17 +77,20 @@ type Config struct {
 	// queued while its batch is in flight as the next batch, and fewer,
 	// larger batches cost the cluster less per record than more lanes of
 	// smaller ones: with 256 publishes in flight on 3 copies, 1 lane did
-	// 1.2-1.4x the records/s of 2 on a 2-core machine (strandctl bench
-	// --lanes, with Linger at its default).
+	// about 1.5x the records/s of 2 on a 2-core machine, 1.1x with Linger
+	// off, which only a single lane uses (strandctl bench --lanes).
 	Lanes         int
 	MaxBatchBytes int
 	// Linger bounds how long a lane waits, once a batch is confirmed, for
 	// the Publish calls that batch released to publish again before it
 	// sends the next batch (Kafka's linger.ms, but ended early): the wait
-	// ends as soon as the lane holds as many records as it had queued plus
-	// those it just confirmed, or a full batch. The first publish on an
-	// idle lane is sent at once. Zero means DefaultLinger; negative never
-	// waits. See producer.linger for why.
+	// ends as soon as the lane holds as many calls as it had queued plus
+	// those it just confirmed, or a full batch. A lane whose wait runs out
+	// (its callers publish once and leave) skips the waits of its next
+	// confirms, twice as many after each such wait, up to 64. Only
+	// idempotent publishes with one lane linger: with several, a released
+	// caller may come back on any lane. Zero means DefaultLinger;
+	// negative never waits. See producer.linger for why.
 	Linger time.Duration
 }
 

@@ -778,15 +778,24 @@ func TestLingerSendsReleasedPublishersInOneBatch(t *testing.T) {
 	}
 }
 
-// A lone publisher that publishes again as soon as it is confirmed never
-// waits out the linger: it is back before the lane looks.
-func TestLingerDoesNotHoldALonePublisher(t *testing.T) {
+// hourLingerClient starts a fake owner and a client whose lanes linger for
+// an hour, with a context that gives up after 30 s: a publish the linger
+// held would fail with it.
+func hourLingerClient(t *testing.T, lanes int) (*fakeBroker, *Client, context.Context) {
+	t.Helper()
 	f := startFake(t, &fakeBroker{})
 	f.locate = ownedBy(f.addr)
 	f.publish = appendLog()
-	c := newTestClient(t, Config{Brokers: []string{f.addr}, Lanes: 1, Linger: time.Hour})
+	c := newTestClient(t, Config{Brokers: []string{f.addr}, Lanes: lanes, Linger: time.Hour})
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
+	t.Cleanup(cancel)
+	return f, c, ctx
+}
+
+// A lone publisher that publishes again as soon as it is confirmed never
+// waits out the linger: it is back before the lane looks.
+func TestLingerDoesNotHoldALonePublisher(t *testing.T) {
+	f, c, ctx := hourLingerClient(t, 1)
 	for i := range 20 {
 		res, err := c.Publish(ctx, "s", recs(fmt.Sprint(i)))
 		if err != nil {
@@ -798,5 +807,103 @@ func TestLingerDoesNotHoldALonePublisher(t *testing.T) {
 	}
 	if n := len(f.requests()); n != 20 {
 		t.Fatalf("%d requests for 20 sequential publishes", n)
+	}
+}
+
+// The linger counts Publish calls, not records: a lone publisher whose
+// calls shrink is back as soon as it publishes again, whatever it sends.
+func TestLingerCountsCallsNotRecords(t *testing.T) {
+	_, c, ctx := hourLingerClient(t, 1)
+	for i, n := range []int{3, 2, 1, 4, 1} {
+		payloads := make([]string, n)
+		for j := range payloads {
+			payloads[j] = fmt.Sprint(i, "-", j)
+		}
+		if _, err := c.Publish(ctx, "s", recs(payloads...)); err != nil {
+			t.Fatalf("publish %d of %d records: %v (held by the linger?)", i, n, err)
+		}
+	}
+}
+
+// With several lanes a released caller comes back on any lane, so no lane
+// lingers: a closed loop of publishers runs without ever waiting Linger.
+func TestNoLingerWithSeveralLanes(t *testing.T) {
+	_, c, ctx := hourLingerClient(t, 2)
+	var wg sync.WaitGroup
+	for i := range 8 {
+		wg.Go(func() {
+			for r := range 5 {
+				if _, err := c.Publish(ctx, "s", recs(fmt.Sprint(i, "-", r))); err != nil {
+					t.Errorf("publisher %d round %d: %v (held by the linger?)", i, r, err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+}
+
+// A lane whose linger runs out (its callers published once and left) skips
+// the lingers of its next confirms, twice as many after each wait that runs
+// out, and a wait that ends with the callers back resets that.
+func TestLingerBacksOffWhenCallersDoNotReturn(t *testing.T) {
+	c := newTestClient(t, Config{Brokers: []string{"127.0.0.1:1"}, Lanes: 1, Linger: 10 * time.Millisecond})
+	p := c.producer("s")
+	p.sending = true // as while run lingers: an enqueue starts no sender
+	// linger runs p.linger with the lane waiting for want calls and
+	// reports whether it returned within the deadline.
+	linger := func(want int) {
+		t.Helper()
+		p.mu.Lock()
+		p.want = want
+		p.mu.Unlock()
+		done := make(chan struct{})
+		go func() { p.linger(); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(10 * time.Second):
+			t.Fatal("linger still waiting after 10s")
+		}
+	}
+	state := func() (skip, backoff int) {
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		return p.skip, p.backoff
+	}
+	linger(1) // nobody comes back: the wait runs out
+	if skip, backoff := state(); skip != 1 || backoff != 1 {
+		t.Fatalf("after a wait that ran out: skip %d backoff %d, want 1 1", skip, backoff)
+	}
+	// The next confirm is sent on at once, even with a linger far longer
+	// than the deadline above.
+	c.cfg.Linger = time.Hour
+	linger(1)
+	if skip, _ := state(); skip != 0 {
+		t.Fatalf("skip %d after a skipped linger, want 0", skip)
+	}
+	c.cfg.Linger = 10 * time.Millisecond
+	linger(1) // runs out again: twice as many skipped
+	if skip, backoff := state(); skip != 2 || backoff != 2 {
+		t.Fatalf("after a second wait that ran out: skip %d backoff %d, want 2 2", skip, backoff)
+	}
+	p.mu.Lock()
+	p.skip = 0
+	p.mu.Unlock()
+	// A wait that ends because the caller is back resets the backoff.
+	c.cfg.Linger = time.Hour
+	go func() {
+		for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(time.Millisecond) {
+			p.mu.Lock()
+			lingering := p.grew != nil
+			p.mu.Unlock()
+			if lingering {
+				break
+			}
+		}
+		p.enqueue(&pendingPublish{ctx: context.Background(), records: recs("back"), res: make(chan publishResult, 1)})
+	}()
+	linger(1)
+	if skip, backoff := state(); skip != 0 || backoff != 0 {
+		t.Fatalf("after a wait the caller ended: skip %d backoff %d, want 0 0", skip, backoff)
 	}
 }

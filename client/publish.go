@@ -98,11 +98,13 @@ type producer struct {
 	seq     uint64 // last sequence assigned
 	queue   []*pendingPublish
 	sending bool
-	// queuedRecords and queuedBytes total the queue. want is what the lane
-	// lingers for after a confirm (records), and grew, while it lingers,
-	// is closed by the enqueue that brings the queue there.
+	// queuedRecords and queuedBytes total the queue. want is how many
+	// Publish calls the lane lingers for after a confirm, and grew, while
+	// it lingers, is closed by the enqueue that brings the queue there.
+	// skip counts the confirms still to be sent on without lingering, and
+	// backoff is what skip was last set to (producer.linger).
 	queuedRecords, queuedBytes int
-	want                       int
+	want, skip, backoff        int
 	grew                       chan struct{}
 }
 
@@ -164,7 +166,7 @@ func (p *producer) run() {
 		// Before the callers learn the outcome: one that publishes again
 		// at once must be counted as back, not as still to come.
 		p.mu.Lock()
-		p.want = len(records) + p.queuedRecords
+		p.want = len(batch) + len(p.queue)
 		p.mu.Unlock()
 		i := 0
 		for _, pp := range batch {
@@ -179,7 +181,7 @@ func (p *producer) run() {
 	}
 }
 
-// linger waits, after a confirm, until the lane holds want records (those
+// linger waits, after a confirm, until the lane holds want calls (those
 // queued at the confirm plus those it released) or a full batch, for at
 // most Config.Linger. Without it a closed loop of N publishers, the usual
 // shape of a producer with a window of N in flight, settles into two half
@@ -189,12 +191,23 @@ func (p *producer) run() {
 // records and every record waits for two of them. Lingering until they
 // are back sends all N in one batch (measured with strandctl bench, 256
 // in flight on 3 copies: 1.2-1.3x the records/s, p50 a fifth lower).
-// A lane whose publishers do not come back waits Linger once and sends
-// what it has.
+//
+// Callers that publish once and leave (requests handled one by one) never
+// come back, and lingering for them would only delay every batch by
+// Linger: a wait that runs out makes the lane skip the waits of its next
+// confirms, 1, then 2, 4, ... up to maxLingerSkip after each wait that runs
+// out again, and a wait that ends with the callers back resets that. With
+// several lanes a released caller comes back on any lane (round robin), so
+// no lane can count on its own: only a single lane lingers.
 func (p *producer) linger() {
 	d := p.c.cfg.Linger
 	p.mu.Lock()
-	if d <= 0 || p.gathered() {
+	if d <= 0 || p.c.cfg.Lanes > 1 || p.gathered() {
+		p.mu.Unlock()
+		return
+	}
+	if p.skip > 0 {
+		p.skip--
 		p.mu.Unlock()
 		return
 	}
@@ -203,20 +216,34 @@ func (p *producer) linger() {
 	p.mu.Unlock()
 	t := time.NewTimer(d)
 	defer t.Stop()
+	ranOut := false
 	select {
 	case <-grew:
 	case <-t.C:
+		ranOut = true
 	case <-p.c.ctx.Done():
 	}
 	p.mu.Lock()
+	defer p.mu.Unlock()
 	p.grew = nil
-	p.mu.Unlock()
+	switch {
+	case ranOut && !p.gathered():
+		p.backoff = min(max(1, 2*p.backoff), maxLingerSkip)
+		p.skip = p.backoff
+	case !ranOut:
+		p.backoff = 0
+	}
 }
+
+// maxLingerSkip bounds how many confirms a lane sends on without lingering
+// after its waits ran out: what lingering then costs is at most one Linger
+// per maxLingerSkip batches.
+const maxLingerSkip = 64
 
 // gathered reports whether the queue holds what the lane lingers for.
 func (p *producer) gathered() bool {
 	cfg := p.c.cfg
-	return p.queuedRecords >= min(p.want, cfg.MaxBatchRecords) || p.queuedBytes >= cfg.MaxBatchBytes
+	return len(p.queue) >= p.want || p.queuedRecords >= cfg.MaxBatchRecords || p.queuedBytes >= cfg.MaxBatchBytes
 }
 
 // take forms the next batch from whole Publish calls within the batch

@@ -41,7 +41,7 @@ func (b *benchFlags) register(fs *flag.FlagSet) {
 	fs.IntVar(&b.inflight, "inflight", bench.DefaultInflight, "records in flight at once")
 	fs.BoolVar(&b.noProducerIDs, "no-producer-ids", false, "publish without producer ids (no idempotent publish), to measure what dedupe costs")
 	fs.IntVar(&b.lanes, "lanes", 0, "idempotent batches in flight per stream (0: the client's default, 1)")
-	fs.DurationVar(&b.linger, "linger", 0, "how long a lane waits after a confirm for the publishers it released (0: the client's default, 2ms; negative: never)")
+	fs.DurationVar(&b.linger, "linger", 0, "how long a lane waits after a confirm for the publishers it released (0: the client's default, 2ms; negative: never; one lane with producer ids only)")
 	fs.DurationVar(&b.duration, "duration", bench.DefaultDuration, "how long to publish")
 	fs.Float64Var(&b.killAt, "kill-owner-at-secs", 0, "kill the stream's owner this many seconds in (0: no kill)")
 	fs.StringVar(&b.killSignal, "kill-signal", bench.DefaultKillSignal, "KILL, STOP or TERM")

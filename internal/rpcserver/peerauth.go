@@ -4,8 +4,10 @@ import (
 	"context"
 	"crypto/subtle"
 	"errors"
+	"fmt"
 	"net/http"
 	"os"
+	"strings"
 
 	"connectrpc.com/connect"
 )
@@ -18,8 +20,22 @@ import (
 // around the confirm watermark.
 const PeerTokenEnv = "STRAND_PEER_TOKEN"
 
-// PeerToken reads the peer token from the environment (empty: unset).
-func PeerToken() string { return os.Getenv(PeerTokenEnv) }
+// PeerToken reads the peer token from the environment (empty: unset),
+// without surrounding white space: a token put there from a file often
+// ends in a newline.
+func PeerToken() string { return strings.TrimSpace(os.Getenv(PeerTokenEnv)) }
+
+// ValidatePeerToken refuses a token that cannot travel in an HTTP header
+// as it is: anything but visible ASCII. Brokers and the recoverer refuse
+// to start with one, rather than fail every Follow and Seal later.
+func ValidatePeerToken(token string) error {
+	for i := 0; i < len(token); i++ {
+		if c := token[i]; c < 0x21 || c > 0x7e {
+			return fmt.Errorf("%s: byte %d is not visible ASCII (0x%02x); use letters, digits and punctuation, e.g. openssl rand -hex 16", PeerTokenEnv, i, c)
+		}
+	}
+	return nil
+}
 
 // errPeerToken is what a call without the right token gets. It does not say
 // which was wrong: a missing token, a wrong one, or the scheme.
@@ -27,9 +43,10 @@ var errPeerToken = errors.New("peer token: missing or wrong (strand.v1.Replicati
 
 // RequirePeerToken admits a handler's calls only when they carry token as a
 // bearer token (Authorization: Bearer TOKEN), and answers Unauthenticated
-// before the handler runs otherwise, so nothing is read or changed. An
-// empty token admits every call: a cluster without a token is open, as
-// before tokens existed.
+// otherwise, before the handler runs: no stream state is read or changed
+// (a unary request's message has been decoded by then; a stream's first
+// message is never received). An empty token admits every call: a cluster
+// without a token is open, as before tokens existed.
 func RequirePeerToken(token string) connect.HandlerOption {
 	return connect.WithInterceptors(peerAuth{token: token})
 }

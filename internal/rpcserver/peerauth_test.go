@@ -3,6 +3,7 @@ package rpcserver_test
 import (
 	"context"
 	"errors"
+	"strings"
 	"sync/atomic"
 	"testing"
 
@@ -47,8 +48,9 @@ func serveReplication(t *testing.T, token string) (*replication, string) {
 	return h, srv.Addr()
 }
 
-func callBoth(addr, token string) (sealErr, followErr error) {
-	c := strandv1connect.NewReplicationServiceClient(rpcserver.HTTPClient(), rpcserver.BaseURL(addr), rpcserver.WithPeerToken(token))
+func callBoth(addr, token string, opts ...connect.ClientOption) (sealErr, followErr error) {
+	opts = append(opts, rpcserver.WithPeerToken(token))
+	c := strandv1connect.NewReplicationServiceClient(rpcserver.HTTPClient(), rpcserver.BaseURL(addr), opts...)
 	ctx := context.Background()
 	_, sealErr = c.Seal(ctx, connect.NewRequest(&strandv1.SealRequest{Stream: "s"}))
 	s := c.Follow(ctx)
@@ -63,25 +65,57 @@ func callBoth(addr, token string) (sealErr, followErr error) {
 	return sealErr, err
 }
 
+// protocols are the wire protocols a broker serves (DESIGN.md: Connect,
+// gRPC and gRPC-Web clients all work); the token is checked on each.
+var protocols = map[string][]connect.ClientOption{
+	"connect":  nil,
+	"json":     {connect.WithProtoJSON()},
+	"grpc":     {connect.WithGRPC()},
+	"grpc-web": {connect.WithGRPCWeb()},
+}
+
 func TestPeerTokenRefusesCallsWithoutIt(t *testing.T) {
 	h, addr := serveReplication(t, "s3cret")
-	for _, token := range []string{"", "wrong", "s3cret-and-more", "S3CRET"} {
-		sealErr, followErr := callBoth(addr, token)
-		for name, err := range map[string]error{"Seal": sealErr, "Follow": followErr} {
-			if connect.CodeOf(err) != connect.CodeUnauthenticated {
-				t.Errorf("%s with token %q: %v, want Unauthenticated", name, token, err)
+	for proto, opts := range protocols {
+		for _, token := range []string{"", "wrong", "s3cret-and-more", "S3CRET"} {
+			sealErr, followErr := callBoth(addr, token, opts...)
+			for name, err := range map[string]error{"Seal": sealErr, "Follow": followErr} {
+				if connect.CodeOf(err) != connect.CodeUnauthenticated {
+					t.Errorf("%s: %s with token %q: %v, want Unauthenticated", proto, name, token, err)
+				}
 			}
 		}
 	}
 	if n := h.calls.Load(); n != 0 {
 		t.Fatalf("%d refused calls reached the handler", n)
 	}
-	sealErr, followErr := callBoth(addr, "s3cret")
-	if sealErr != nil || followErr != nil {
-		t.Fatalf("with the token: Seal %v, Follow %v", sealErr, followErr)
+	for proto, opts := range protocols {
+		sealErr, followErr := callBoth(addr, "s3cret", opts...)
+		if sealErr != nil || followErr != nil {
+			t.Fatalf("%s with the token: Seal %v, Follow %v", proto, sealErr, followErr)
+		}
 	}
-	if n := h.calls.Load(); n != 2 {
-		t.Fatalf("%d calls with the token reached the handler, want 2", n)
+	if n, want := h.calls.Load(), int32(2*len(protocols)); n != want {
+		t.Fatalf("%d calls with the token reached the handler, want %d", n, want)
+	}
+}
+
+func TestPeerTokenFromTheEnvironment(t *testing.T) {
+	t.Setenv(rpcserver.PeerTokenEnv, "  s3cret\n")
+	if got := rpcserver.PeerToken(); got != "s3cret" {
+		t.Fatalf("PeerToken() = %q, want the token without white space", got)
+	}
+	for token, ok := range map[string]bool{
+		"": true, "s3cret": true, "0123abcdef": true, "a-b_c.d~e/f+g=": true,
+		"two words": false, "tab\there": false, "new\nline": false, "caf\u00e9": false, "nul\x00": false,
+	} {
+		err := rpcserver.ValidatePeerToken(token)
+		if (err == nil) != ok {
+			t.Errorf("ValidatePeerToken(%q) = %v, want ok=%v", token, err, ok)
+		}
+		if err != nil && !strings.Contains(err.Error(), rpcserver.PeerTokenEnv) {
+			t.Errorf("ValidatePeerToken(%q) = %v, want it to name %s", token, err, rpcserver.PeerTokenEnv)
+		}
 	}
 }
 

@@ -61,6 +61,9 @@ func (c *Config) defaults() error {
 	if err := cluster.ValidateNodeName(c.Node); err != nil {
 		return fmt.Errorf("broker: --node: %w", err)
 	}
+	if err := rpcserver.ValidatePeerToken(c.PeerToken); err != nil {
+		return fmt.Errorf("broker: %w", err)
+	}
 	if c.DataDir == "" {
 		return errors.New("broker: --data-dir is required")
 	}

@@ -3,6 +3,7 @@ package app
 import (
 	"context"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -106,4 +107,13 @@ func TestReplicationServiceNeedsThePeerToken(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+// A token that cannot travel in a header as it is stops the broker at
+// start, naming the variable, instead of failing every Follow later.
+func TestBrokerRefusesAnUnusablePeerToken(t *testing.T) {
+	_, err := Start(context.Background(), Config{Node: "b1", DataDir: t.TempDir(), PeerToken: "two words"})
+	if err == nil || !strings.Contains(err.Error(), "STRAND_PEER_TOKEN") {
+		t.Fatalf("start with token %q: %v, want an error naming STRAND_PEER_TOKEN", "two words", err)
+	}
 }

@@ -103,6 +103,9 @@ type App struct {
 // only the start itself; the recoverer runs until Close.
 func Start(ctx context.Context, cfg Config) (*App, error) {
 	cfg.fill()
+	if err := rpcserver.ValidatePeerToken(cfg.PeerToken); err != nil {
+		return nil, fmt.Errorf("recoverer: %w", err)
+	}
 	log := logging.New(os.Stderr, "recoverer", cfg.LogLevel)
 	if cfg.Logger != nil {
 		log = *cfg.Logger
