@@ -74,11 +74,6 @@ func decodeRecord(b []byte) (Record, error) {
 	return decodeRecordFields(b, payloadCopy)
 }
 
-// decodeRecordHeader decodes every field but the payload.
-func decodeRecordHeader(b []byte) (Record, error) {
-	return decodeRecordFields(b, payloadNone)
-}
-
 // decodeRecordAliased decodes a record whose payload stays a slice of b.
 func decodeRecordAliased(b []byte) (Record, error) {
 	return decodeRecordFields(b, payloadAlias)

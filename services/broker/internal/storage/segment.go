@@ -48,15 +48,28 @@ type segmentBuilder struct {
 	last uint64
 }
 
-// newSegmentBuilder starts segments for recs, which are about to be added
-// in order (their offsets, epochs and chains may still change: sizes are
-// estimated with room for those).
-func newSegmentBuilder(prefix []byte, limit int, recs []Record) *segmentBuilder {
-	left := 1
+// segmentSlack is what a record may take in a segment beyond its
+// recordSize before its offset and epoch are assigned: room for both
+// varints and the segment's length prefix.
+const segmentSlack = 2*binary.MaxVarintLen64 + binary.MaxVarintLen32
+
+// newSegmentBuilder starts segments for records about to be added in
+// order, expected to take estimate bytes in all: 1 (the version) plus, per
+// record, its recordSize and segmentSlack. Callers sum it in the loop that
+// checks each record's size, so the publish path sizes a record once
+// before it is encoded.
+func newSegmentBuilder(prefix []byte, limit, estimate int) *segmentBuilder {
+	return &segmentBuilder{prefix: prefix, limit: limit, left: estimate}
+}
+
+// segmentEstimate is newSegmentBuilder's estimate for recs, for callers
+// that have not sized them already.
+func segmentEstimate(recs []Record) int {
+	n := 1
 	for i := range recs {
-		left += recordSize(&recs[i]) + 2*binary.MaxVarintLen64 + binary.MaxVarintLen32
+		n += recordSize(&recs[i]) + segmentSlack
 	}
-	return &segmentBuilder{prefix: prefix, limit: limit, left: left}
+	return n
 }
 
 // add appends rec to the current segment, first adding that segment to o
@@ -96,7 +109,7 @@ func (b *segmentBuilder) flush(o *op) {
 // owner ships records to its followers (FollowResponse.record_segment), in
 // the encoding its store keeps them in. Nil for no records.
 func EncodeSegment(recs []Record) []byte {
-	b := newSegmentBuilder(nil, math.MaxInt, recs)
+	b := newSegmentBuilder(nil, math.MaxInt, segmentEstimate(recs))
 	for i := range recs {
 		b.append(&recs[i], recordSize(&recs[i]))
 	}

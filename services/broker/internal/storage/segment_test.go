@@ -97,7 +97,7 @@ func TestTruncateRecordsAfterSplitOp(t *testing.T) {
 	// The state a split op leaves: the prefix [4,5] written, [4,7] not yet
 	// deleted.
 	o := &op{}
-	seg := newSegmentBuilder(s.recPrefix, db.maxEntryBytes, out[4:6])
+	seg := newSegmentBuilder(s.recPrefix, db.maxEntryBytes, segmentEstimate(out[4:6]))
 	for i := 4; i < 6; i++ {
 		seg.add(o, &out[i])
 	}

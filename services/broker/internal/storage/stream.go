@@ -426,15 +426,18 @@ func (s *Stream) AppendIdempotent(ctx context.Context, epoch uint64, recs []Reco
 	}
 	now := time.Now()
 	out := make([]Record, len(recs))
+	estimate := 1 // newSegmentBuilder
 	for i := range recs {
 		out[i] = recs[i]
 		if out[i].PublishTime.IsZero() {
 			out[i].PublishTime = now
 		}
 		out[i].PublishTime = fromUnixNanos(out[i].PublishTime.UnixNano())
-		if n := recordSize(&out[i]) + 32; n > s.db.maxEntryBytes {
+		size := recordSize(&out[i])
+		if n := size + 32; n > s.db.maxEntryBytes {
 			return AppendResult{}, fmt.Errorf("%w: record %d of %d bytes above the %d-byte limit", ErrInvalidArgument, i, n, s.db.maxEntryBytes)
 		}
+		estimate += size + segmentSlack
 		if n := len(out[i].ProducerID); n > MaxProducerID {
 			return AppendResult{}, fmt.Errorf("%w: record %d: producer id of %d bytes above the %d-byte limit", ErrInvalidArgument, i, n, MaxProducerID)
 		}
@@ -466,7 +469,9 @@ func (s *Stream) AppendIdempotent(ctx context.Context, epoch uint64, recs []Reco
 	noteEpoch(&s.m, epoch, s.m.RecordTail, s.m.CursorEventTail)
 	o := &op{s: s}
 	chain := s.m.Chain
-	seg := newSegmentBuilder(s.recPrefix, s.db.maxEntryBytes, fresh)
+	// Duplicates were counted in the estimate too: a buffer a little
+	// larger than needed, never one grown by copying.
+	seg := newSegmentBuilder(s.recPrefix, s.db.maxEntryBytes, estimate)
 	for i := range fresh {
 		r := &fresh[i]
 		r.Offset = s.m.RecordTail + uint64(i)
@@ -615,10 +620,13 @@ func (s *Stream) EnqueueReplicated(ctx context.Context, recs []Record, evs []Cur
 			return Pending{}, fmt.Errorf("cursor event %d: %w", evs[i].Offset, err)
 		}
 	}
+	estimate := 1 // newSegmentBuilder
 	for i := range recs {
-		if n := recordSize(&recs[i]) + 32; n > s.db.maxEntryBytes {
+		size := recordSize(&recs[i])
+		if n := size + 32; n > s.db.maxEntryBytes {
 			return Pending{}, fmt.Errorf("%w: record %d of %d bytes above the %d-byte limit", ErrInvalidArgument, recs[i].Offset, n, s.db.maxEntryBytes)
 		}
+		estimate += size + segmentSlack
 	}
 
 	s.mu.Lock()
@@ -634,7 +642,7 @@ func (s *Stream) EnqueueReplicated(ctx context.Context, recs []Record, evs []Cur
 	prev := s.m
 	prevCursors := make(map[string]uint64, len(evs))
 	o := &op{s: s}
-	seg := newSegmentBuilder(s.recPrefix, s.db.maxEntryBytes, recs)
+	seg := newSegmentBuilder(s.recPrefix, s.db.maxEntryBytes, estimate)
 	for i := range recs {
 		r := &recs[i]
 		noteEpoch(&s.m, r.Epoch, r.Offset, et)
