@@ -889,20 +889,26 @@ func TestLingerBacksOffWhenCallersDoNotReturn(t *testing.T) {
 	p.mu.Lock()
 	p.skip = 0
 	p.mu.Unlock()
-	// A wait that ends because the caller is back resets the backoff.
+	// A wait that ends because the caller is back resets the backoff: the
+	// lane lingers in the background, and the caller comes back once it
+	// does.
 	c.cfg.Linger = time.Hour
-	go func() {
-		for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(time.Millisecond) {
-			p.mu.Lock()
-			lingering := p.grew != nil
-			p.mu.Unlock()
-			if lingering {
-				break
-			}
-		}
-		p.enqueue(&pendingPublish{ctx: context.Background(), records: recs("back"), res: make(chan publishResult, 1)})
-	}()
-	linger(1)
+	p.mu.Lock()
+	p.want = 1
+	p.mu.Unlock()
+	done := make(chan struct{})
+	go func() { p.linger(); close(done) }()
+	clustertest.Until(t, 10*time.Second, "the lane lingering", func() bool {
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		return p.grew != nil
+	})
+	p.enqueue(&pendingPublish{ctx: context.Background(), records: recs("back"), res: make(chan publishResult, 1)})
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("linger still waiting 10s after the caller came back")
+	}
 	if skip, backoff := state(); skip != 0 || backoff != 0 {
 		t.Fatalf("after a wait the caller ended: skip %d backoff %d, want 0 0", skip, backoff)
 	}
