@@ -8,7 +8,6 @@ package devcluster
 import (
 	"context"
 	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -146,9 +145,7 @@ func Start(ctx context.Context, opts Options) (*Cluster, error) {
 	// only): the caller's, else a fresh one for this start.
 	peerToken := rpcserver.PeerToken()
 	if peerToken == "" {
-		var b [16]byte
-		_, _ = rand.Read(b[:])
-		peerToken = hex.EncodeToString(b[:])
+		peerToken = rand.Text()
 	}
 	c := &Cluster{
 		opts:      opts,
