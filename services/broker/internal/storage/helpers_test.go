@@ -3,6 +3,7 @@ package storage
 import (
 	"context"
 	"fmt"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -162,16 +163,19 @@ func (s *Stream) storedOffsets(t testing.TB) []uint64 {
 }
 
 // holdNextSync stops the committer at its next fsync, after the batch's
-// Badger commit, until release is closed: inSync receives once it is
+// Badger commit, until release is closed: inSync is closed once it is
 // there. Fsyncs after that one run as usual.
 func holdNextSync(db *DB) (inSync <-chan struct{}, release chan struct{}) {
+	// The first sync holds whether or not the test is already waiting on
+	// inSync: a send that gave up when nobody was receiving yet let the
+	// sync through unheld, and the test then timed out waiting for it.
 	reached := make(chan struct{})
 	release = make(chan struct{})
+	var held atomic.Bool
 	db.beforeSync = func() {
-		select {
-		case reached <- struct{}{}:
+		if held.CompareAndSwap(false, true) {
+			close(reached)
 			<-release
-		default:
 		}
 	}
 	return reached, release
