@@ -415,15 +415,7 @@ func TestConcurrentPublishesKeepSequencesInOrder(t *testing.T) {
 	if len(reqs) >= n {
 		t.Errorf("%d requests for %d concurrent publishes: nothing was batched", len(reqs), n)
 	}
-	var want uint64 = 1
-	for _, r := range reqs {
-		for _, rec := range r.GetRecords() {
-			if rec.GetSequence() != want {
-				t.Fatalf("sequence %d on the wire, want %d", rec.GetSequence(), want)
-			}
-			want++
-		}
-	}
+	sequencesInOrder(t, reqs)
 	f.mu.Lock()
 	maxFlight := f.maxFlight
 	f.mu.Unlock()
@@ -903,7 +895,7 @@ func TestLingerBacksOffWhenCallersDoNotReturn(t *testing.T) {
 		defer p.mu.Unlock()
 		return p.grew != nil
 	})
-	p.enqueue(&pendingPublish{ctx: context.Background(), records: recs("back"), res: make(chan publishResult, 1)})
+	p.enqueue(&pendingPublish{ctx: context.Background(), records: recs("back"), done: func(*strandv1.PublishResponse, error) {}})
 	select {
 	case <-done:
 	case <-time.After(10 * time.Second):
@@ -911,5 +903,180 @@ func TestLingerBacksOffWhenCallersDoNotReturn(t *testing.T) {
 	}
 	if skip, backoff := state(); skip != 0 || backoff != 0 {
 		t.Fatalf("after a wait the caller ended: skip %d backoff %d, want 0 0", skip, backoff)
+	}
+}
+
+// asyncResult is what one PublishAsync call's done reported.
+type asyncResult struct {
+	res   *strandv1.PublishResponse
+	err   error
+	calls int
+}
+
+// PublishAsync from one goroutine: every done is called exactly once, and
+// one lane confirms the calls in the order they were made, with sequences
+// in that order on the wire.
+func TestPublishAsyncConfirmsInCallOrder(t *testing.T) {
+	f, release := holdFirstPublish(t)
+	c := newTestClient(t, Config{Brokers: []string{f.addr}, Lanes: 1})
+	const n = 64
+	var mu sync.Mutex
+	results := make([]asyncResult, n)
+	var wg sync.WaitGroup
+	wg.Add(n)
+	for i := range n {
+		c.PublishAsync(context.Background(), "s", recs(fmt.Sprint(i)), func(res *strandv1.PublishResponse, err error) {
+			mu.Lock()
+			results[i].res, results[i].err = res, err
+			results[i].calls++
+			mu.Unlock()
+			wg.Done()
+		})
+	}
+	clustertest.Until(t, 5*time.Second, "publishes queued behind the first batch", func() bool {
+		reqs := f.requests()
+		return len(reqs) == 1 && queued(c, "s") == n-len(reqs[0].GetRecords())
+	})
+	close(release)
+	wg.Wait()
+	mu.Lock()
+	defer mu.Unlock()
+	for i, r := range results {
+		if r.calls != 1 || r.err != nil {
+			t.Fatalf("call %d: done called %d times, err %v", i, r.calls, r.err)
+		}
+		if got := r.res.GetOffsets(); len(got) != 1 || got[0] != uint64(i) {
+			t.Fatalf("call %d confirmed at offsets %v, want [%d]", i, got, i)
+		}
+	}
+	sequencesInOrder(t, f.requests())
+}
+
+// sequencesInOrder fails unless the records of reqs carry sequences 1, 2,
+// 3, ... in the order they were sent.
+func sequencesInOrder(t *testing.T, reqs []*strandv1.PublishRequest) {
+	t.Helper()
+	var want uint64 = 1
+	for _, r := range reqs {
+		for _, rec := range r.GetRecords() {
+			if rec.GetSequence() != want {
+				t.Fatalf("sequence %d on the wire, want %d", rec.GetSequence(), want)
+			}
+			want++
+		}
+	}
+}
+
+// A window kept full by one goroutine: every confirm releases the window,
+// the goroutine refills it at once, and the lane sends it as one batch.
+func TestPublishAsyncWindowGoesInOneBatch(t *testing.T) {
+	f, release := holdFirstPublish(t)
+	c := newTestClient(t, Config{Brokers: []string{f.addr}, Lanes: 1, Linger: time.Second})
+	const window, total = 8, 48
+	slots := make(chan struct{}, window)
+	var wg sync.WaitGroup
+	errs := make(chan error, total)
+	for i := range total {
+		slots <- struct{}{}
+		wg.Add(1)
+		c.PublishAsync(context.Background(), "s", recs(fmt.Sprint(i)), func(_ *strandv1.PublishResponse, err error) {
+			if err != nil {
+				errs <- err
+			}
+			<-slots
+			wg.Done()
+		})
+		if i == 0 {
+			clustertest.Until(t, 5*time.Second, "the first batch in flight", func() bool { return len(f.requests()) == 1 })
+		}
+		if i == window-1 {
+			clustertest.Until(t, 5*time.Second, "the window queued behind the first batch", func() bool {
+				return queued(c, "s") == window-1
+			})
+			close(release)
+		}
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	reqs := f.requests()
+	sizes := make([]int, len(reqs))
+	for i, r := range reqs {
+		sizes[i] = len(r.GetRecords())
+	}
+	// The first call went alone; every batch after it but the last holds
+	// the whole window.
+	for i, n := range sizes[1 : len(sizes)-1] {
+		if n != window {
+			t.Fatalf("batch %d holds %d records, want the window of %d (batches %v)", i+1, n, window, sizes)
+		}
+	}
+}
+
+// A done callback runs with no lock of the client's held: one that
+// publishes again, here from a publish whose context ended while it was
+// queued, does not deadlock the lane.
+func TestPublishAsyncDoneMayPublishAgain(t *testing.T) {
+	f, release := holdFirstPublish(t)
+	c := newTestClient(t, Config{Brokers: []string{f.addr}, Lanes: 1})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	first := make(chan error, 1)
+	c.PublishAsync(ctx, "s", recs("first"), func(_ *strandv1.PublishResponse, err error) { first <- err })
+	clustertest.Until(t, 5*time.Second, "the first batch in flight", func() bool { return len(f.requests()) == 1 })
+	gone, leave := context.WithCancel(ctx)
+	again := make(chan error, 1)
+	var droppedErr error
+	c.PublishAsync(gone, "s", recs("dropped"), func(_ *strandv1.PublishResponse, err error) {
+		droppedErr = err
+		c.PublishAsync(ctx, "s", recs("again"), func(_ *strandv1.PublishResponse, err error) { again <- err })
+	})
+	leave()
+	close(release)
+	for name, ch := range map[string]chan error{"first": first, "again": again} {
+		select {
+		case err := <-ch:
+			if err != nil {
+				t.Fatalf("%s publish: %v", name, err)
+			}
+		case <-ctx.Done():
+			t.Fatalf("%s publish not answered: %v", name, ctx.Err())
+		}
+	}
+	if !errors.Is(droppedErr, context.Canceled) {
+		t.Fatalf("publish whose context ended while queued: %v, want context.Canceled", droppedErr)
+	}
+	for _, r := range f.requests() {
+		for _, rec := range r.GetRecords() {
+			if string(rec.GetPayload()) == "dropped" {
+				t.Fatal("a publish whose context ended while queued was sent")
+			}
+		}
+	}
+}
+
+// Bad calls are answered through done, never by a panic or a silent drop.
+func TestPublishAsyncRefusesEmptyBatchAndClosedClient(t *testing.T) {
+	f := startFake(t, &fakeBroker{})
+	f.locate = ownedBy(f.addr)
+	f.publish = appendLog()
+	c := newTestClient(t, Config{Brokers: []string{f.addr}})
+	var got error
+	c.PublishAsync(context.Background(), "s", nil, func(_ *strandv1.PublishResponse, err error) { got = err })
+	if connect.CodeOf(got) != connect.CodeInvalidArgument {
+		t.Fatalf("empty batch: %v, want InvalidArgument", got)
+	}
+	if err := c.Close(); err != nil {
+		t.Fatal(err)
+	}
+	got = nil
+	c.PublishAsync(context.Background(), "s", recs("x"), func(_ *strandv1.PublishResponse, err error) { got = err })
+	if !errors.Is(got, ErrClosed) {
+		t.Fatalf("publish on a closed client: %v, want ErrClosed", got)
+	}
+	if n := len(f.requests()); n != 0 {
+		t.Fatalf("%d requests sent for bad calls", n)
 	}
 }

@@ -24,14 +24,53 @@ import (
 // may be stored. The client then gives the stream a fresh producer id, so the
 // next publish cannot trip over a sequence the broker never saw.
 func (c *Client) Publish(ctx context.Context, stream string, records []*strandv1.Record) (*strandv1.PublishResponse, error) {
-	if len(records) == 0 {
-		return nil, connect.NewError(connect.CodeInvalidArgument, errors.New("records: empty batch"))
-	}
-	if !c.idempotent {
+	if !c.idempotent && len(records) > 0 {
+		// No lane: the retry loop's own error, which names both the
+		// deadline and the last broker answer, reaches the caller.
 		return c.publishBatch(ctx, stream, records)
 	}
+	res := make(chan publishResult, 1) // buffered: done never blocks on a caller that left
+	c.PublishAsync(ctx, stream, records, func(r *strandv1.PublishResponse, err error) {
+		res <- publishResult{res: r, err: err}
+	})
+	select {
+	case r := <-res:
+		return r.res, r.err
+	case <-ctx.Done():
+		return nil, fmt.Errorf("client: publish %q: %w (the records may still be stored)", stream, ctx.Err())
+	case <-c.ctx.Done():
+		return nil, ErrClosed
+	}
+}
+
+// PublishAsync queues records for stream and returns at once; done is
+// called exactly once with what Publish would have returned. It is what a
+// producer with a window of records in flight uses (Kafka's send with a
+// callback, NATS's PublishAsync): one goroutine keeps the window full, and
+// a lane's batch is not held back waiting for a goroutine per record to be
+// scheduled (producer.linger).
+//
+// done runs on the client's goroutine for the stream: it must not block,
+// or it holds back every later publish to the stream. Records of one stream
+// are confirmed in the order PublishAsync was called on a single lane
+// (Config.Lanes 1, the default). ctx bounds the publish while it is queued
+// and retried; cancelling it after the batch was sent does not recall the
+// records, and done is then called with the batch's outcome.
+func (c *Client) PublishAsync(ctx context.Context, stream string, records []*strandv1.Record, done func(*strandv1.PublishResponse, error)) {
+	if len(records) == 0 {
+		done(nil, connect.NewError(connect.CodeInvalidArgument, errors.New("records: empty batch")))
+		return
+	}
+	if c.ctx.Err() != nil {
+		done(nil, ErrClosed)
+		return
+	}
+	if !c.idempotent {
+		go func() { done(c.publishBatch(ctx, stream, records)) }()
+		return
+	}
 	p := c.producer(stream)
-	pp := &pendingPublish{ctx: ctx, res: make(chan publishResult, 1)}
+	pp := &pendingPublish{ctx: ctx, done: done}
 	pp.records = make([]*strandv1.Record, len(records))
 	for i, r := range records {
 		// A shallow copy: the stamp must not race with a caller that
@@ -45,14 +84,6 @@ func (c *Client) Publish(ctx context.Context, stream string, records []*strandv1
 		pp.bytes += len(r.GetPayload())
 	}
 	p.enqueue(pp)
-	select {
-	case r := <-pp.res:
-		return r.res, r.err
-	case <-ctx.Done():
-		return nil, fmt.Errorf("client: publish %q: %w (the records may still be stored)", stream, ctx.Err())
-	case <-c.ctx.Done():
-		return nil, ErrClosed
-	}
 }
 
 // publishBatch sends one publish request with retries.
@@ -77,12 +108,12 @@ type publishResult struct {
 	err error
 }
 
-// pendingPublish is one Publish call waiting for its batch.
+// pendingPublish is one Publish or PublishAsync call waiting for its batch.
 type pendingPublish struct {
 	ctx     context.Context
 	records []*strandv1.Record
 	bytes   int
-	res     chan publishResult // buffered: the sender never blocks on a caller that left
+	done    func(*strandv1.PublishResponse, error) // called once, by the lane
 }
 
 // producer orders one stream's idempotent publishes: sequences are assigned
@@ -147,7 +178,11 @@ func (p *producer) enqueue(pp *pendingPublish) {
 func (p *producer) run() {
 	for {
 		p.linger()
-		batch, records, deadline := p.take()
+		batch, records, deadline, dropped := p.take()
+		// Outside p.mu: a done callback may publish again.
+		for _, pp := range dropped {
+			pp.done(nil, pp.ctx.Err())
+		}
 		if len(batch) == 0 {
 			return
 		}
@@ -159,7 +194,7 @@ func (p *producer) run() {
 			p.id, p.seq = randomID(), 0
 			p.mu.Unlock()
 			for _, pp := range batch {
-				pp.res <- publishResult{err: err}
+				pp.done(nil, err)
 			}
 			continue
 		}
@@ -175,7 +210,7 @@ func (p *producer) run() {
 			if d := res.GetDuplicate(); len(d) == len(res.GetOffsets()) {
 				part.Duplicate = d[i : i+n]
 			}
-			pp.res <- publishResult{res: part}
+			pp.done(part, nil)
 			i += n
 		}
 	}
@@ -247,17 +282,19 @@ func (p *producer) gathered() bool {
 }
 
 // take forms the next batch from whole Publish calls within the batch
-// limits, stamps it, and returns the latest deadline among its callers. It
-// clears sending when there is nothing left, under the same lock as enqueue.
-func (p *producer) take() (batch []*pendingPublish, records []*strandv1.Record, deadline time.Time) {
+// limits, stamps it, and returns the latest deadline among its callers, and
+// the calls whose context ended while queued (dropped, for the caller to
+// answer once p.mu is released). It clears sending when there is nothing
+// left, under the same lock as enqueue.
+func (p *producer) take() (batch []*pendingPublish, records []*strandv1.Record, deadline time.Time, dropped []*pendingPublish) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	cfg := p.c.cfg
 	bytes := 0
 	rest := p.queue[:0]
 	for i, pp := range p.queue {
-		if err := pp.ctx.Err(); err != nil {
-			pp.res <- publishResult{err: err}
+		if pp.ctx.Err() != nil {
+			dropped = append(dropped, pp)
 			continue
 		}
 		if len(batch) > 0 && (len(records)+len(pp.records) > cfg.MaxBatchRecords || bytes+pp.bytes > cfg.MaxBatchBytes) {
@@ -284,7 +321,7 @@ func (p *producer) take() (batch []*pendingPublish, records []*strandv1.Record, 
 	}
 	if len(batch) == 0 {
 		p.sending = false
-		return nil, nil, time.Time{}
+		return nil, nil, time.Time{}, dropped
 	}
 	for _, r := range records {
 		if r.ProducerId == "" {
@@ -292,5 +329,5 @@ func (p *producer) take() (batch []*pendingPublish, records []*strandv1.Record, 
 			r.ProducerId, r.Sequence = p.id, p.seq
 		}
 	}
-	return batch, records, deadline
+	return batch, records, deadline, dropped
 }

@@ -24,6 +24,7 @@ type benchFlags struct {
 	noProducerIDs bool
 	lanes         int
 	linger        time.Duration
+	publishers    string
 	duration      time.Duration
 	killAt        float64
 	killSignal    string
@@ -42,6 +43,7 @@ func (b *benchFlags) register(fs *flag.FlagSet) {
 	fs.BoolVar(&b.noProducerIDs, "no-producer-ids", false, "publish without producer ids (no idempotent publish), to measure what dedupe costs")
 	fs.IntVar(&b.lanes, "lanes", 0, "idempotent batches in flight per stream (0: the client's default, 1)")
 	fs.DurationVar(&b.linger, "linger", 0, "how long a lane waits after a confirm for the publishers it released (0: the client's default, 2ms; negative: never; one lane with producer ids only)")
+	fs.StringVar(&b.publishers, "publishers", bench.PublishersAsync, "async: one goroutine keeps the window full with PublishAsync (as NATS's and Kafka's producers do); sync: a goroutine per record in flight, each calling Publish")
 	fs.DurationVar(&b.duration, "duration", bench.DefaultDuration, "how long to publish")
 	fs.Float64Var(&b.killAt, "kill-owner-at-secs", 0, "kill the stream's owner this many seconds in (0: no kill)")
 	fs.StringVar(&b.killSignal, "kill-signal", bench.DefaultKillSignal, "KILL, STOP or TERM")
@@ -57,7 +59,7 @@ func (b *benchFlags) config(external bool) (bench.Config, error) {
 		return bench.Config{}, usagef("--kill-owner-at-secs must be a positive number of seconds, got %v", b.killAt)
 	}
 	cfg := bench.Config{
-		Stream: b.stream, Copies: b.copies, Policy: b.policy, Nodes: b.nodes, Size: b.size, Inflight: b.inflight, NoProducerIDs: b.noProducerIDs, Lanes: b.lanes, Linger: b.linger,
+		Stream: b.stream, Copies: b.copies, Policy: b.policy, Nodes: b.nodes, Size: b.size, Inflight: b.inflight, NoProducerIDs: b.noProducerIDs, Lanes: b.lanes, Linger: b.linger, Publishers: b.publishers,
 		Duration: b.duration, KillAt: time.Duration(b.killAt * float64(time.Second)), KillSignal: b.killSignal,
 		Plot: b.plot, Brokers: b.brokers, External: external,
 	}

@@ -34,8 +34,13 @@ type Config struct {
 	// Linger is the client's wait after a confirm for the publishers it
 	// released (client.Config Linger; 0: the client's default, negative:
 	// never).
-	Linger   time.Duration
-	Duration time.Duration
+	Linger time.Duration
+	// Publishers is how the window is kept full: PublishersAsync (one
+	// goroutine with PublishAsync, the way NATS's and Kafka's producers
+	// work) or PublishersSync (a goroutine per record in flight, each
+	// calling Publish). "" means PublishersAsync.
+	Publishers string
+	Duration   time.Duration
 	// KillAt is when to kill the owner, from the start of publishing; 0
 	// (or negative) means no kill: a plain throughput and latency bench.
 	KillAt     time.Duration
@@ -56,6 +61,12 @@ const (
 	DefaultInflight   = 256
 	DefaultDuration   = 20 * time.Second
 	DefaultKillSignal = "KILL"
+)
+
+// The two ways of keeping the window full (Config.Publishers).
+const (
+	PublishersAsync = "async"
+	PublishersSync  = "sync"
 )
 
 // MinSize is the smallest record: the id prefix must fit.
@@ -95,6 +106,9 @@ func (c Config) Validate() error {
 	}
 	if c.Linger > time.Second {
 		return bad("--linger must be at most 1s (0: the client's default, negative: never), got %v", c.Linger)
+	}
+	if c.Publishers != "" && c.Publishers != PublishersAsync && c.Publishers != PublishersSync {
+		return bad("--publishers %q: want async or sync", c.Publishers)
 	}
 	if c.Inflight < 1 {
 		return bad("--inflight must be at least 1, got %d", c.Inflight)

@@ -88,6 +88,7 @@ type Result struct {
 	Policy            string   `json:"policy"`
 	Size              int      `json:"size"`
 	Inflight          int      `json:"inflight"`
+	Publishers        string   `json:"publishers"`
 	ProducerIDs       bool     `json:"producer_ids"`
 	Problems          []string `json:"problems,omitempty"`
 }
@@ -101,7 +102,7 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 	if o.Stderr == nil {
 		o.Stderr = io.Discard
 	}
-	r := &runner{o: o, res: &Result{Stream: o.Stream, Copies: o.Copies, Policy: policyName(o.Config), Size: o.Size, Inflight: o.Inflight, ProducerIDs: !o.NoProducerIDs}}
+	r := &runner{o: o, res: &Result{Stream: o.Stream, Copies: o.Copies, Policy: policyName(o.Config), Size: o.Size, Inflight: o.Inflight, Publishers: cmp.Or(o.Publishers, PublishersAsync), ProducerIDs: !o.NoProducerIDs}}
 	if !o.External {
 		dir, err := os.MkdirTemp("", "strand-bench-")
 		if err != nil {
@@ -203,30 +204,79 @@ func (r *runner) run(ctx context.Context) error {
 	// Publish.
 	r.start = time.Now()
 	var (
-		wg       sync.WaitGroup
-		next     atomic.Uint64
-		confirms = make([][]Confirm, o.Inflight)
-		dedupe   atomic.Int64
+		wg     sync.WaitGroup
+		next   atomic.Uint64
+		dedupe atomic.Int64
+		// confirms holds one slice per publisher goroutine (sync), or
+		// chunks that the done callbacks append to under confirmsMu
+		// (async: with one lane they run one at a time, with several
+		// lanes or without producer ids they may not). Chunks, not one
+		// slice: growing a slice of a million confirms copies tens of
+		// megabytes on the lane's goroutine and stalls every publish.
+		confirms   [][]Confirm
+		confirmsMu sync.Mutex
 	)
+	const confirmChunk = 1 << 16
 	pubCtx, stopPub := context.WithCancel(ctx)
 	defer stopPub()
-	for w := range o.Inflight {
+	record := func(w int, id uint64, sent time.Duration, res *strandv1.PublishResponse) {
+		done := r.since()
+		dup := len(res.GetDuplicate()) > 0 && res.GetDuplicate()[0]
+		if dup {
+			dedupe.Add(1)
+		}
+		confirms[w] = append(confirms[w], Confirm{ID: id, Offset: res.GetOffsets()[0], Sent: sent, Done: done, Duplicate: dup})
+		r.confirmed.Add(1)
+	}
+	if r.res.Publishers == PublishersSync {
+		confirms = make([][]Confirm, o.Inflight)
+		for w := range o.Inflight {
+			wg.Go(func() {
+				for pubCtx.Err() == nil && r.since() < o.Duration {
+					id := next.Add(1)
+					sent := r.since()
+					res, err := r.c.Publish(pubCtx, o.Stream, []*strandv1.Record{{Payload: RecordPayload(id, o.Size)}})
+					if err != nil {
+						r.failed.Add(1)
+						continue
+					}
+					record(w, id, sent, res)
+				}
+			})
+		}
+	} else {
+		confirms = [][]Confirm{make([]Confirm, 0, confirmChunk)}
 		wg.Go(func() {
+			// A slot per record in flight: a confirm frees its slot, and
+			// this goroutine takes it for the next record at once.
+			slots := make(chan struct{}, o.Inflight)
+			var pending sync.WaitGroup
+			defer pending.Wait()
 			for pubCtx.Err() == nil && r.since() < o.Duration {
+				select {
+				case slots <- struct{}{}:
+				case <-pubCtx.Done():
+					return
+				}
 				id := next.Add(1)
 				sent := r.since()
-				res, err := r.c.Publish(pubCtx, o.Stream, []*strandv1.Record{{Payload: RecordPayload(id, o.Size)}})
-				if err != nil {
-					r.failed.Add(1)
-					continue
-				}
-				done := r.since()
-				dup := len(res.GetDuplicate()) > 0 && res.GetDuplicate()[0]
-				if dup {
-					dedupe.Add(1)
-				}
-				confirms[w] = append(confirms[w], Confirm{ID: id, Offset: res.GetOffsets()[0], Sent: sent, Done: done, Duplicate: dup})
-				r.confirmed.Add(1)
+				pending.Add(1)
+				r.c.PublishAsync(pubCtx, o.Stream, []*strandv1.Record{{Payload: RecordPayload(id, o.Size)}}, func(res *strandv1.PublishResponse, err error) {
+					defer pending.Done()
+					if err != nil {
+						r.failed.Add(1)
+					} else {
+						confirmsMu.Lock()
+						w := len(confirms) - 1
+						if len(confirms[w]) == confirmChunk {
+							confirms = append(confirms, make([]Confirm, 0, confirmChunk))
+							w++
+						}
+						record(w, id, sent, res)
+						confirmsMu.Unlock()
+					}
+					<-slots
+				})
 			}
 		})
 	}
