@@ -20,18 +20,63 @@ import (
 // around the confirm watermark.
 const PeerTokenEnv = "STRAND_PEER_TOKEN"
 
+// PeerTokenAcceptEnv names the environment variable that holds tokens a
+// broker accepts besides its own peer token, comma separated, but never
+// sends: what lets a cluster change its token with rolling restarts instead
+// of restarting every node at once (docs/CONTRACTS.md, "Peer token").
+const PeerTokenAcceptEnv = "STRAND_PEER_TOKEN_ACCEPT"
+
 // PeerToken reads the peer token from the environment (empty: unset),
 // without surrounding white space: a token put there from a file often
 // ends in a newline.
 func PeerToken() string { return strings.TrimSpace(os.Getenv(PeerTokenEnv)) }
 
+// PeerTokensAccepted reads the extra accepted tokens from the environment:
+// PeerTokenAcceptEnv split at commas, each without surrounding white space,
+// empty entries dropped (nil when unset).
+func PeerTokensAccepted() []string {
+	var out []string
+	for t := range strings.SplitSeq(os.Getenv(PeerTokenAcceptEnv), ",") {
+		if t = strings.TrimSpace(t); t != "" {
+			out = append(out, t)
+		}
+	}
+	return out
+}
+
+// ValidatePeerTokens checks a peer token and the tokens accepted besides it
+// (ValidatePeerToken for each). Accepting tokens without one of its own
+// would leave a broker open (no token admits every call) while it looks
+// closed, so it is refused too.
+func ValidatePeerTokens(token string, accepted []string) error {
+	if err := ValidatePeerToken(token); err != nil {
+		return err
+	}
+	if len(accepted) > 0 && token == "" {
+		return fmt.Errorf("%s is set but %s is not: set the token this node sends (and accepts) too", PeerTokenAcceptEnv, PeerTokenEnv)
+	}
+	for i, t := range accepted {
+		if err := validateToken(t); err != nil {
+			return fmt.Errorf("%s: token %d: %w", PeerTokenAcceptEnv, i+1, err)
+		}
+	}
+	return nil
+}
+
 // ValidatePeerToken refuses a token that cannot travel in an HTTP header
 // as it is: anything but visible ASCII. Brokers and the recoverer refuse
 // to start with one, rather than fail every Follow and Seal later.
 func ValidatePeerToken(token string) error {
+	if err := validateToken(token); err != nil {
+		return fmt.Errorf("%s: %w", PeerTokenEnv, err)
+	}
+	return nil
+}
+
+func validateToken(token string) error {
 	for i := 0; i < len(token); i++ {
 		if c := token[i]; c < 0x21 || c > 0x7e {
-			return fmt.Errorf("%s: byte %d is not visible ASCII (0x%02x); use letters, digits and punctuation, e.g. openssl rand -hex 16", PeerTokenEnv, i, c)
+			return fmt.Errorf("byte %d is not visible ASCII (0x%02x); use letters, digits and punctuation, e.g. openssl rand -hex 16", i, c)
 		}
 	}
 	return nil
@@ -41,14 +86,15 @@ func ValidatePeerToken(token string) error {
 // which was wrong: a missing token, a wrong one, or the scheme.
 var errPeerToken = errors.New("peer token: missing or wrong (strand.v1.ReplicationService is for brokers and the recoverer; set " + PeerTokenEnv + " to the cluster's token)")
 
-// RequirePeerToken admits a handler's calls only when they carry token as a
-// bearer token (Authorization: Bearer TOKEN), and answers Unauthenticated
-// otherwise, before the handler runs: no stream state is read or changed
-// (a unary request's message has been decoded by then; a stream's first
-// message is never received). An empty token admits every call: a cluster
-// without a token is open, as before tokens existed.
-func RequirePeerToken(token string) connect.HandlerOption {
-	return connect.WithInterceptors(peerAuth{token: token})
+// RequirePeerToken admits a handler's calls only when they carry token, or
+// one of accepted (a rotation under way), as a bearer token (Authorization:
+// Bearer TOKEN), and answers Unauthenticated otherwise, before the handler
+// runs: no stream state is read or changed (a unary request's message has
+// been decoded by then; a stream's first message is never received). An
+// empty token admits every call: a cluster without a token is open, as
+// before tokens existed.
+func RequirePeerToken(token string, accepted ...string) connect.HandlerOption {
+	return connect.WithInterceptors(peerAuth{token: token, accepted: accepted})
 }
 
 // WithPeerToken sends token as a bearer token on every call of a client
@@ -57,9 +103,14 @@ func WithPeerToken(token string) connect.ClientOption {
 	return connect.WithInterceptors(peerAuth{token: token})
 }
 
-// peerAuth is both sides of the peer token: clients add it, handlers check
-// it. The comparison takes the same time wherever the tokens differ.
-type peerAuth struct{ token string }
+// peerAuth is both sides of the peer token: clients add token, handlers
+// check for it or one of accepted. Each comparison takes the same time
+// wherever the tokens differ, and every token is compared, so the time
+// does not tell which one matched.
+type peerAuth struct {
+	token    string
+	accepted []string
+}
 
 func (a peerAuth) header() string { return "Bearer " + a.token }
 
@@ -67,7 +118,12 @@ func (a peerAuth) admits(h http.Header) bool {
 	if a.token == "" {
 		return true
 	}
-	return subtle.ConstantTimeCompare([]byte(h.Get("Authorization")), []byte(a.header())) == 1
+	got := []byte(h.Get("Authorization"))
+	ok := subtle.ConstantTimeCompare(got, []byte(a.header()))
+	for _, t := range a.accepted {
+		ok |= subtle.ConstantTimeCompare(got, []byte("Bearer "+t))
+	}
+	return ok == 1
 }
 
 func (a peerAuth) WrapUnary(next connect.UnaryFunc) connect.UnaryFunc {

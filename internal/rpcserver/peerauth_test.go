@@ -34,7 +34,7 @@ func (r *replication) Follow(_ context.Context, s *connect.BidiStream[strandv1.F
 	return s.Send(&strandv1.FollowResponse{Epoch: 7})
 }
 
-func serveReplication(t *testing.T, token string) (*replication, string) {
+func serveReplication(t *testing.T, token string, accepted ...string) (*replication, string) {
 	t.Helper()
 	ln, err := rpcserver.Listen("127.0.0.1:0")
 	if err != nil {
@@ -42,7 +42,7 @@ func serveReplication(t *testing.T, token string) (*replication, string) {
 	}
 	h := &replication{}
 	mux, _ := rpcserver.Mux(strandv1connect.ReplicationServiceName)
-	mux.Handle(strandv1connect.NewReplicationServiceHandler(h, rpcserver.RequirePeerToken(token)))
+	mux.Handle(strandv1connect.NewReplicationServiceHandler(h, rpcserver.RequirePeerToken(token, accepted...)))
 	srv := rpcserver.Serve(ln, mux)
 	t.Cleanup(func() { _ = srv.Close() })
 	return h, srv.Addr()
@@ -131,5 +131,64 @@ func TestNoPeerTokenAdmitsEveryCall(t *testing.T) {
 	}
 	if n := h.calls.Load(); n != 4 {
 		t.Fatalf("%d calls reached the handler, want 4", n)
+	}
+}
+
+// A rotation under way: a broker accepts its own token and the ones it is
+// told to accept besides it, on every protocol, and nothing else.
+func TestPeerTokenAcceptsTheRotatedTokens(t *testing.T) {
+	h, addr := serveReplication(t, "new-token", "old-token", "older-token")
+	want := int32(0)
+	for proto, opts := range protocols {
+		for _, token := range []string{"new-token", "old-token", "older-token"} {
+			sealErr, followErr := callBoth(addr, token, opts...)
+			if sealErr != nil || followErr != nil {
+				t.Fatalf("%s with accepted token %q: Seal %v, Follow %v", proto, token, sealErr, followErr)
+			}
+			want += 2
+		}
+		for _, token := range []string{"", "wrong", "old-token,new-token", "new-token old-token"} {
+			sealErr, followErr := callBoth(addr, token, opts...)
+			for name, err := range map[string]error{"Seal": sealErr, "Follow": followErr} {
+				if connect.CodeOf(err) != connect.CodeUnauthenticated {
+					t.Errorf("%s: %s with token %q: %v, want Unauthenticated", proto, name, token, err)
+				}
+			}
+		}
+	}
+	if n := h.calls.Load(); n != want {
+		t.Fatalf("%d calls reached the handler, want the %d with an accepted token", n, want)
+	}
+}
+
+func TestPeerTokensAcceptedFromTheEnvironment(t *testing.T) {
+	t.Setenv(rpcserver.PeerTokenAcceptEnv, " old-token ,, older-token\n")
+	got := rpcserver.PeerTokensAccepted()
+	if strings.Join(got, "|") != "old-token|older-token" {
+		t.Fatalf("PeerTokensAccepted() = %q, want [old-token older-token]", got)
+	}
+	t.Setenv(rpcserver.PeerTokenAcceptEnv, "")
+	if got := rpcserver.PeerTokensAccepted(); got != nil {
+		t.Fatalf("PeerTokensAccepted() with the variable empty = %q, want nil", got)
+	}
+	for _, c := range []struct {
+		token    string
+		accepted []string
+		names    string // "" when valid
+	}{
+		{"new", []string{"old"}, ""},
+		{"new", nil, ""},
+		{"", nil, ""},
+		{"", []string{"old"}, rpcserver.PeerTokenEnv},
+		{"new", []string{"old", "caf\u00e9"}, rpcserver.PeerTokenAcceptEnv + ": token 2"},
+		{"two words", []string{"old"}, rpcserver.PeerTokenEnv},
+	} {
+		err := rpcserver.ValidatePeerTokens(c.token, c.accepted)
+		switch {
+		case c.names == "" && err != nil:
+			t.Errorf("ValidatePeerTokens(%q, %q) = %v, want ok", c.token, c.accepted, err)
+		case c.names != "" && (err == nil || !strings.Contains(err.Error(), c.names)):
+			t.Errorf("ValidatePeerTokens(%q, %q) = %v, want an error naming %q", c.token, c.accepted, err, c.names)
+		}
 	}
 }

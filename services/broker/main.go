@@ -46,6 +46,7 @@ func main() {
 	}
 	cfg.Etcd = strings.Split(etcd, ",")
 	cfg.PeerToken = rpcserver.PeerToken()
+	cfg.PeerTokensAccepted = rpcserver.PeerTokensAccepted()
 	if *debugAddr != "" {
 		go func() {
 			// DefaultServeMux carries the pprof handlers (blank import).

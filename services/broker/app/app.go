@@ -51,6 +51,10 @@ type Config struct {
 	// guards ReplicationService here and goes with this broker's own
 	// Follow calls. Empty leaves ReplicationService open to any client.
 	PeerToken string
+	// PeerTokensAccepted are tokens ReplicationService accepts here
+	// besides PeerToken, never sent (rpcserver.PeerTokenAcceptEnv): a
+	// rotation under way.
+	PeerTokensAccepted []string
 	// BootIDPath is where the id of the running boot is read (empty: the
 	// kernel's, storage.BootIDPath); tests point it at a file to play a
 	// reboot.
@@ -61,7 +65,7 @@ func (c *Config) defaults() error {
 	if err := cluster.ValidateNodeName(c.Node); err != nil {
 		return fmt.Errorf("broker: --node: %w", err)
 	}
-	if err := rpcserver.ValidatePeerToken(c.PeerToken); err != nil {
+	if err := rpcserver.ValidatePeerTokens(c.PeerToken, c.PeerTokensAccepted); err != nil {
 		return fmt.Errorf("broker: %w", err)
 	}
 	if c.DataDir == "" {
@@ -179,7 +183,7 @@ func Start(ctx context.Context, cfg Config) (*App, error) {
 	if cfg.PeerToken == "" {
 		log.Warn().Msg("no peer token (" + rpcserver.PeerTokenEnv + "): Follow and Seal are open to any client that reaches this broker")
 	}
-	mux.Handle(strandv1connect.NewReplicationServiceHandler(api.NewReplicationService(a.manager, log), noGzip, rpcserver.RequirePeerToken(cfg.PeerToken)))
+	mux.Handle(strandv1connect.NewReplicationServiceHandler(api.NewReplicationService(a.manager, log), noGzip, rpcserver.RequirePeerToken(cfg.PeerToken, cfg.PeerTokensAccepted...)))
 	a.server = rpcserver.Serve(ln, mux)
 
 	cctx, cancel := context.WithCancel(context.Background())

@@ -31,13 +31,27 @@ type harness struct {
 	brokers map[string]*App
 	addrs   map[string]string
 	confirm time.Duration
+	// tokens overrides a node's peer tokens (default: harnessPeerToken
+	// alone).
+	tokens map[string]peerTokens
+}
+
+// peerTokens are a broker's peer token and the tokens it accepts besides.
+type peerTokens struct {
+	token    string
+	accepted []string
 }
 
 func newHarness(t *testing.T, nodes ...string) *harness {
 	t.Helper()
+	return newHarnessWithTokens(t, nil, nodes...)
+}
+
+func newHarnessWithTokens(t *testing.T, tokens map[string]peerTokens, nodes ...string) *harness {
+	t.Helper()
 	e := etcdtest.Start(t)
 	h := &harness{t: t, etcd: e, cli: e.Client(t), schema: cluster.NewSchema(""), dir: t.TempDir(),
-		brokers: map[string]*App{}, addrs: map[string]string{}, confirm: 2 * time.Second}
+		brokers: map[string]*App{}, addrs: map[string]string{}, confirm: 2 * time.Second, tokens: tokens}
 	for _, n := range nodes {
 		h.start(n)
 	}
@@ -59,10 +73,14 @@ func (h *harness) start(node string) *App {
 	if addr, ok := h.addrs[node]; ok {
 		listen = addr // a restarted broker keeps its address
 	}
+	tokens, ok := h.tokens[node]
+	if !ok {
+		tokens = peerTokens{token: harnessPeerToken}
+	}
 	a, err := Start(context.Background(), Config{
 		Node: node, Listen: listen, DataDir: filepath.Join(h.dir, node), Etcd: h.etcd.Endpoints,
 		Heartbeat: 200 * time.Millisecond, LeaseTTL: 2 * time.Second, ConfirmTimeout: h.confirm, Logger: &log,
-		PeerToken: harnessPeerToken,
+		PeerToken: tokens.token, PeerTokensAccepted: tokens.accepted,
 	})
 	if err != nil {
 		h.t.Fatalf("start %s: %v", node, err)

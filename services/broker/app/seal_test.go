@@ -109,11 +109,46 @@ func TestReplicationServiceNeedsThePeerToken(t *testing.T) {
 	})
 }
 
+// A rolling token rotation midway: b1 already sends the new token and
+// still accepts the old one, b2 and b3 still send the old one and already
+// accept the new one. Whichever of them owns a stream, every follower keeps
+// replicating: local_durable confirms only once all three copies hold a
+// record.
+func TestPeerTokenRotationKeepsReplicating(t *testing.T) {
+	h := newHarnessWithTokens(t, map[string]peerTokens{
+		"b1": {token: "new-token", accepted: []string{"old-token"}},
+		"b2": {token: "old-token", accepted: []string{"new-token"}},
+		"b3": {token: "old-token", accepted: []string{"new-token"}},
+	}, "b1", "b2", "b3")
+	all := cluster.Policy{Name: cluster.LocalDurable}
+	h.assign(cluster.Assignment{Stream: "new-owner", Epoch: 1, Owner: "b1", Followers: []string{"b2", "b3"}, Policy: all})
+	h.assign(cluster.Assignment{Stream: "old-owner", Epoch: 1, Owner: "b2", Followers: []string{"b1", "b3"}, Policy: all})
+	// publish fails the test unless a publish is confirmed, which needs
+	// both followers of each owner.
+	h.publish("b1", "new-owner", "a", "b")
+	h.publish("b2", "old-owner", "a", "b")
+	// Neither token admits a third one.
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	for _, node := range []string{"b1", "b2"} {
+		_, err := h.replicationAs(node, "harness-peer-token").Seal(ctx, connect.NewRequest(&strandv1.SealRequest{Stream: "new-owner", FenceEpoch: 2, TransitionId: "t1"}))
+		if connect.CodeOf(err) != connect.CodeUnauthenticated {
+			t.Fatalf("seal on %s with a token it does not accept: %v, want Unauthenticated", node, err)
+		}
+	}
+}
+
 // A token that cannot travel in a header as it is stops the broker at
 // start, naming the variable, instead of failing every Follow later.
 func TestBrokerRefusesAnUnusablePeerToken(t *testing.T) {
 	_, err := Start(context.Background(), Config{Node: "b1", DataDir: t.TempDir(), PeerToken: "two words"})
 	if err == nil || !strings.Contains(err.Error(), "STRAND_PEER_TOKEN") {
 		t.Fatalf("start with token %q: %v, want an error naming STRAND_PEER_TOKEN", "two words", err)
+	}
+	// Tokens accepted without one of its own would leave the broker open
+	// while it looks closed.
+	_, err = Start(context.Background(), Config{Node: "b1", DataDir: t.TempDir(), PeerTokensAccepted: []string{"old"}})
+	if err == nil || !strings.Contains(err.Error(), "STRAND_PEER_TOKEN_ACCEPT") {
+		t.Fatalf("start with accepted tokens and no token: %v, want an error naming STRAND_PEER_TOKEN_ACCEPT", err)
 	}
 }
