@@ -1080,3 +1080,48 @@ func TestPublishAsyncRefusesEmptyBatchAndClosedClient(t *testing.T) {
 		t.Fatalf("%d requests sent for bad calls", n)
 	}
 }
+
+// Closing the client answers every PublishAsync call, the one in flight and
+// those queued behind it, exactly once and with an error: a producer
+// waiting on its window is never left waiting.
+func TestPublishAsyncAnswersEveryCallOnClose(t *testing.T) {
+	f, release := holdFirstPublish(t)
+	defer close(release)
+	c := newTestClient(t, Config{Brokers: []string{f.addr}, Lanes: 1})
+	const n = 16
+	var mu sync.Mutex
+	calls := make([]int, n)
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	wg.Add(n)
+	for i := range n {
+		c.PublishAsync(context.Background(), "s", recs(fmt.Sprint(i)), func(_ *strandv1.PublishResponse, err error) {
+			mu.Lock()
+			calls[i]++
+			errs[i] = err
+			mu.Unlock()
+			wg.Done()
+		})
+	}
+	clustertest.Until(t, 5*time.Second, "publishes queued behind the first batch", func() bool {
+		reqs := f.requests()
+		return len(reqs) == 1 && queued(c, "s") == n-len(reqs[0].GetRecords())
+	})
+	if err := c.Close(); err != nil {
+		t.Fatal(err)
+	}
+	answered := make(chan struct{})
+	go func() { wg.Wait(); close(answered) }()
+	select {
+	case <-answered:
+	case <-time.After(10 * time.Second):
+		t.Fatal("PublishAsync calls not answered 10s after Close")
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	for i := range n {
+		if calls[i] != 1 || errs[i] == nil {
+			t.Fatalf("call %d: done called %d times, err %v; want once, with an error", i, calls[i], errs[i])
+		}
+	}
+}
