@@ -40,7 +40,7 @@ func (b *benchFlags) register(fs *flag.FlagSet) {
 	fs.IntVar(&b.nodes, "nodes", 0, "copy count for replica_durable and replica_accepted")
 	fs.IntVar(&b.size, "size", bench.DefaultSize, "record size in bytes")
 	fs.IntVar(&b.inflight, "inflight", bench.DefaultInflight, "records in flight at once")
-	fs.BoolVar(&b.noProducerIDs, "no-producer-ids", false, "publish without producer ids (no idempotent publish), to measure what dedupe costs")
+	fs.BoolVar(&b.noProducerIDs, "no-producer-ids", false, "publish without producer ids: no idempotent publish and no client batching (every record is a request of its own, as the client sends non-idempotent publishes)")
 	fs.IntVar(&b.lanes, "lanes", 0, "idempotent batches in flight per stream (0: the client's default, 1)")
 	fs.DurationVar(&b.linger, "linger", 0, "how long a lane waits after a confirm for the publishers it released (0: the client's default, 2ms; negative: never; one lane with producer ids only)")
 	fs.StringVar(&b.publishers, "publishers", bench.PublishersAsync, "async: one goroutine keeps the window full with PublishAsync (as NATS's and Kafka's producers do); sync: a goroutine per record in flight, each calling Publish")

@@ -25,8 +25,9 @@ type Config struct {
 	Size     int
 	Inflight int
 	// NoProducerIDs publishes without producer ids and sequences (no
-	// idempotent publish), to measure what dedupe costs; retries may then
-	// store a record twice.
+	// idempotent publish); retries may then store a record twice. The
+	// client sends each non-idempotent publish as a request of its own,
+	// so this measures unbatched publishing as much as dedupe.
 	NoProducerIDs bool
 	// Lanes is the client's batches in flight per stream (client.Config
 	// Lanes; 0: the client's default).
