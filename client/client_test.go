@@ -1120,8 +1120,51 @@ func TestPublishAsyncAnswersEveryCallOnClose(t *testing.T) {
 	mu.Lock()
 	defer mu.Unlock()
 	for i := range n {
-		if calls[i] != 1 || errs[i] == nil {
-			t.Fatalf("call %d: done called %d times, err %v; want once, with an error", i, calls[i], errs[i])
+		if calls[i] != 1 || !errors.Is(errs[i], ErrClosed) {
+			t.Fatalf("call %d: done called %d times, err %v; want once, with ErrClosed", i, calls[i], errs[i])
+		}
+	}
+}
+
+// A call whose ctx ends while it waits behind a batch in flight is answered
+// at once, not when that batch returns, and is never sent.
+func TestPublishAsyncAnswersACancelledQueuedCallAtOnce(t *testing.T) {
+	f, release := holdFirstPublish(t)
+	// The held attempt must not time out and let the lane answer the call
+	// itself: that would hide a drop that never came.
+	c := newTestClient(t, Config{Brokers: []string{f.addr}, Lanes: 1, AttemptTimeout: time.Hour})
+	first := make(chan error, 1)
+	c.PublishAsync(context.Background(), "s", recs("first"), func(_ *strandv1.PublishResponse, err error) { first <- err })
+	clustertest.Until(t, 5*time.Second, "the first batch in flight", func() bool { return len(f.requests()) == 1 })
+	ctx, cancel := context.WithCancel(context.Background())
+	dropped := make(chan error, 1)
+	c.PublishAsync(ctx, "s", recs("dropped"), func(_ *strandv1.PublishResponse, err error) { dropped <- err })
+	clustertest.Until(t, 5*time.Second, "the call queued", func() bool { return queued(c, "s") == 1 })
+	cancel()
+	select {
+	case err := <-dropped:
+		if !errors.Is(err, context.Canceled) {
+			t.Fatalf("cancelled queued call answered %v, want context.Canceled", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("cancelled queued call not answered while the batch ahead of it is in flight")
+	}
+	if n := queued(c, "s"); n != 0 {
+		t.Fatalf("%d calls still queued after the drop", n)
+	}
+	close(release)
+	if err := <-first; err != nil {
+		t.Fatal(err)
+	}
+	// The lane goes on: a later call is sent and confirmed.
+	if _, err := c.Publish(context.Background(), "s", recs("later")); err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range f.requests() {
+		for _, rec := range r.GetRecords() {
+			if string(rec.GetPayload()) == "dropped" {
+				t.Fatal("a call dropped while queued was sent")
+			}
 		}
 	}
 }

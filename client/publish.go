@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
@@ -24,7 +25,15 @@ import (
 // may be stored. The client then gives the stream a fresh producer id, so the
 // next publish cannot trip over a sequence the broker never saw.
 func (c *Client) Publish(ctx context.Context, stream string, records []*strandv1.Record) (*strandv1.PublishResponse, error) {
-	if !c.idempotent && len(records) > 0 {
+	// Checked here too, not only in PublishAsync, so these answers do not
+	// race the ctx cases of the select below.
+	if len(records) == 0 {
+		return nil, errEmptyBatch()
+	}
+	if c.ctx.Err() != nil {
+		return nil, ErrClosed
+	}
+	if !c.idempotent {
 		// No lane: the retry loop's own error, which names both the
 		// deadline and the last broker answer, reaches the caller.
 		return c.publishBatch(ctx, stream, records)
@@ -43,22 +52,36 @@ func (c *Client) Publish(ctx context.Context, stream string, records []*strandv1
 	}
 }
 
-// PublishAsync queues records for stream and returns at once; done is
-// called exactly once with what Publish would have returned. It is what a
+func errEmptyBatch() error {
+	return connect.NewError(connect.CodeInvalidArgument, errors.New("records: empty batch"))
+}
+
+// PublishAsync queues records for stream and returns; done is called
+// exactly once with what Publish would have returned. It is what a
 // producer with a window of records in flight uses (Kafka's send with a
 // callback, NATS's PublishAsync): one goroutine keeps the window full, and
 // a lane's batch is not held back waiting for a goroutine per record to be
 // scheduled (producer.linger).
 //
-// done runs on the client's goroutine for the stream: it must not block,
-// or it holds back every later publish to the stream. Records of one stream
-// are confirmed in the order PublishAsync was called on a single lane
-// (Config.Lanes 1, the default). ctx bounds the publish while it is queued
-// and retried; cancelling it after the batch was sent does not recall the
-// records, and done is then called with the batch's outcome.
+// On a single lane of an idempotent client (Config.Lanes 1 and Idempotent,
+// the defaults) records are confirmed in the order PublishAsync was called,
+// and done is called from the stream's lane, one call at a time, in that
+// order. The exceptions run on other goroutines: a call whose ctx ends
+// while it is queued is dropped, never sent, and answered with ctx's error
+// at once; an empty batch or a closed client is answered before
+// PublishAsync returns, on the caller's goroutine. With several lanes, or
+// without Idempotent (every publish then a request of its own, on a
+// goroutine of its own), calls to done may overlap and come in any order.
+//
+// done must not block: on a lane it holds back every later publish to the
+// stream, so it must not call Publish for the same stream either
+// (PublishAsync is fine). The records, their payloads and their headers
+// must not be changed until done is called. Cancelling ctx once the batch
+// was sent does not recall the records: done is then called with the
+// batch's outcome.
 func (c *Client) PublishAsync(ctx context.Context, stream string, records []*strandv1.Record, done func(*strandv1.PublishResponse, error)) {
 	if len(records) == 0 {
-		done(nil, connect.NewError(connect.CodeInvalidArgument, errors.New("records: empty batch")))
+		done(nil, errEmptyBatch())
 		return
 	}
 	if c.ctx.Err() != nil {
@@ -113,7 +136,12 @@ type pendingPublish struct {
 	ctx     context.Context
 	records []*strandv1.Record
 	bytes   int
-	done    func(*strandv1.PublishResponse, error) // called once, by the lane
+	done    func(*strandv1.PublishResponse, error) // called once
+	// queued is set, under the lane's mu, while the call is in the queue;
+	// whoever clears it answers the call: the lane (take) or the drop of
+	// a call whose ctx ended (unwatch stops that watch).
+	queued  bool
+	unwatch func() bool
 }
 
 // producer orders one stream's idempotent publishes: sequences are assigned
@@ -161,6 +189,9 @@ func (c *Client) producer(stream string) *producer {
 func (p *producer) enqueue(pp *pendingPublish) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	pp.queued = true
+	// Registered under mu: the drop locks mu too, so it runs after this.
+	pp.unwatch = context.AfterFunc(pp.ctx, func() { p.drop(pp) })
 	p.queue = append(p.queue, pp)
 	p.queuedRecords += len(pp.records)
 	p.queuedBytes += pp.bytes
@@ -174,6 +205,24 @@ func (p *producer) enqueue(pp *pendingPublish) {
 	}
 }
 
+// drop answers a queued call whose ctx ended at once, rather than when the
+// lane next forms a batch, which may be a retry budget away.
+func (p *producer) drop(pp *pendingPublish) {
+	p.mu.Lock()
+	if !pp.queued {
+		p.mu.Unlock()
+		return
+	}
+	pp.queued = false
+	if i := slices.Index(p.queue, pp); i >= 0 {
+		p.queue = slices.Delete(p.queue, i, i+1)
+		p.queuedRecords -= len(pp.records)
+		p.queuedBytes -= pp.bytes
+	}
+	p.mu.Unlock()
+	pp.done(nil, pp.ctx.Err())
+}
+
 // run sends batches until the queue is empty.
 func (p *producer) run() {
 	for {
@@ -184,11 +233,20 @@ func (p *producer) run() {
 			pp.done(nil, pp.ctx.Err())
 		}
 		if len(batch) == 0 {
+			if len(dropped) > 0 {
+				// take left sending set: publishes the callbacks
+				// just made are this goroutine's to send, so no
+				// second one starts while it still answers.
+				continue
+			}
 			return
 		}
 		ctx, cancel := context.WithDeadline(p.c.ctx, deadline)
 		res, err := p.c.publishBatch(ctx, p.stream, records)
 		cancel()
+		if err != nil && p.c.ctx.Err() != nil {
+			err = fmt.Errorf("%w: %w", ErrClosed, err)
+		}
 		if err != nil {
 			p.mu.Lock()
 			p.id, p.seq = randomID(), 0
@@ -293,13 +351,18 @@ func (p *producer) take() (batch []*pendingPublish, records []*strandv1.Record, 
 	bytes := 0
 	rest := p.queue[:0]
 	for i, pp := range p.queue {
+		if pp.ctx.Err() == nil && len(batch) > 0 && (len(records)+len(pp.records) > cfg.MaxBatchRecords || bytes+pp.bytes > cfg.MaxBatchBytes) {
+			// The rest stays queued, and watched.
+			rest = append(rest, p.queue[i:]...)
+			break
+		}
+		// Out of the queue either way: a drop for a ctx that ends now
+		// finds it gone and leaves it to this lane.
+		pp.queued = false
+		pp.unwatch()
 		if pp.ctx.Err() != nil {
 			dropped = append(dropped, pp)
 			continue
-		}
-		if len(batch) > 0 && (len(records)+len(pp.records) > cfg.MaxBatchRecords || bytes+pp.bytes > cfg.MaxBatchBytes) {
-			rest = append(rest, p.queue[i:]...)
-			break
 		}
 		batch = append(batch, pp)
 		records = append(records, pp.records...)
@@ -320,7 +383,11 @@ func (p *producer) take() (batch []*pendingPublish, records []*strandv1.Record, 
 		p.queuedBytes += pp.bytes
 	}
 	if len(batch) == 0 {
-		p.sending = false
+		// With calls dropped, run answers them and comes back: it stays
+		// the one sender, so the lane's own callbacks never overlap.
+		if len(dropped) == 0 {
+			p.sending = false
+		}
 		return nil, nil, time.Time{}, dropped
 	}
 	for _, r := range records {

@@ -209,8 +209,8 @@ func (r *runner) run(ctx context.Context) error {
 		dedupe atomic.Int64
 		// confirms holds one slice per publisher goroutine (sync), or
 		// chunks that the done callbacks append to under confirmsMu
-		// (async: with one lane they run one at a time, with several
-		// lanes or without producer ids they may not). Chunks, not one
+		// (async: callbacks may overlap, with several lanes, without
+		// producer ids, or for a call dropped at the end). Chunks, not one
 		// slice: growing a slice of a million confirms copies tens of
 		// megabytes on the lane's goroutine and stalls every publish.
 		confirms   [][]Confirm
@@ -219,8 +219,7 @@ func (r *runner) run(ctx context.Context) error {
 	const confirmChunk = 1 << 16
 	pubCtx, stopPub := context.WithCancel(ctx)
 	defer stopPub()
-	record := func(w int, id uint64, sent time.Duration, res *strandv1.PublishResponse) {
-		done := r.since()
+	record := func(w int, id uint64, sent, done time.Duration, res *strandv1.PublishResponse) {
 		dup := len(res.GetDuplicate()) > 0 && res.GetDuplicate()[0]
 		if dup {
 			dedupe.Add(1)
@@ -240,7 +239,7 @@ func (r *runner) run(ctx context.Context) error {
 						r.failed.Add(1)
 						continue
 					}
-					record(w, id, sent, res)
+					record(w, id, sent, r.since(), res)
 				}
 			})
 		}
@@ -251,12 +250,17 @@ func (r *runner) run(ctx context.Context) error {
 			// this goroutine takes it for the next record at once.
 			slots := make(chan struct{}, o.Inflight)
 			var pending sync.WaitGroup
-			defer pending.Wait()
 			for pubCtx.Err() == nil && r.since() < o.Duration {
 				select {
 				case slots <- struct{}{}:
 				case <-pubCtx.Done():
-					return
+					continue
+				}
+				if r.since() >= o.Duration {
+					// The window was full until the end: nothing is
+					// sent after it.
+					<-slots
+					break
 				}
 				id := next.Add(1)
 				sent := r.since()
@@ -266,18 +270,26 @@ func (r *runner) run(ctx context.Context) error {
 					if err != nil {
 						r.failed.Add(1)
 					} else {
+						done := r.since()
 						confirmsMu.Lock()
 						w := len(confirms) - 1
 						if len(confirms[w]) == confirmChunk {
 							confirms = append(confirms, make([]Confirm, 0, confirmChunk))
 							w++
 						}
-						record(w, id, sent, res)
+						record(w, id, sent, done, res)
 						confirmsMu.Unlock()
 					}
 					<-slots
 				})
 			}
+			if ctx.Err() != nil {
+				// Interrupted: a batch in flight would otherwise
+				// retry for the client's whole budget (the sync
+				// publishers' calls end with pubCtx instead).
+				_ = r.c.Close()
+			}
+			pending.Wait()
 		})
 	}
 	bg, stopBg := context.WithCancel(ctx)
