@@ -179,7 +179,7 @@ func TestPeerTokensAcceptedFromTheEnvironment(t *testing.T) {
 		{"new", []string{"old"}, ""},
 		{"new", nil, ""},
 		{"", nil, ""},
-		{"", []string{"old"}, rpcserver.PeerTokenEnv},
+		{"", []string{"old"}, rpcserver.PeerTokenAcceptEnv + " is set but " + rpcserver.PeerTokenEnv + " is not"},
 		{"new", []string{"old", "caf\u00e9"}, rpcserver.PeerTokenAcceptEnv + ": token 2"},
 		{"two words", []string{"old"}, rpcserver.PeerTokenEnv},
 	} {
