@@ -16,6 +16,9 @@
 // wire, an idempotent client sends one publish request per stream at a time
 // and merges concurrent Publish calls into that request (client-side group
 // commit); throughput comes from batching rather than from parallel requests.
+// Publish waits for its records' confirm; PublishAsync returns at once and
+// calls back with the same answer, so one goroutine can keep a window of
+// records in flight, as a Kafka or NATS producer does.
 //
 // Subscriptions resume after an error at the next offset not yet delivered and
 // drop anything below it, so a caller sees each offset once, in order.
