@@ -404,3 +404,43 @@ func subscribeAndCommit(t *testing.T, dir string, n int) {
 		t.Fatalf("subscribe after SIGINT: %v; stderr: %s", err, errb.String())
 	}
 }
+
+// TestBenchSmoke runs `strandctl bench` end to end with both publisher
+// shapes: it starts its own cluster from the built binaries, publishes for
+// a short while, reads the stream back and reports one JSON result, which
+// must show every confirmed record stored once at its confirmed offset.
+func TestBenchSmoke(t *testing.T) {
+	if buildErr != nil {
+		t.Fatal(buildErr)
+	}
+	for _, publishers := range []string{"async", "sync"} {
+		t.Run(publishers, func(t *testing.T) {
+			out := mustCtl(t, t.TempDir(), "", "bench", "--duration", "2s", "--inflight", "32", "--json",
+				"--publishers", publishers, "--bin-dir", binDir)
+			lines := strings.Split(strings.TrimSpace(out), "\n")
+			var res struct {
+				Confirmed         int    `json:"confirmed"`
+				Lost              int    `json:"lost"`
+				Duplicates        int    `json:"duplicates"`
+				OffsetMismatches  int    `json:"offset_mismatches"`
+				Stored            int    `json:"stored"`
+				UnconfirmedStored int    `json:"unconfirmed_stored"`
+				OK                bool   `json:"ok"`
+				Publishers        string `json:"publishers"`
+				Copies            int    `json:"copies"`
+			}
+			if err := json.Unmarshal([]byte(lines[len(lines)-1]), &res); err != nil {
+				t.Fatalf("bench output is not a JSON result: %v\n%s", err, out)
+			}
+			if !res.OK || res.Confirmed == 0 || res.Lost != 0 || res.Duplicates != 0 || res.OffsetMismatches != 0 {
+				t.Fatalf("bench result not clean: %+v\n%s", res, out)
+			}
+			if res.Stored != res.Confirmed+res.UnconfirmedStored {
+				t.Fatalf("stored %d, want confirmed %d + unconfirmed %d", res.Stored, res.Confirmed, res.UnconfirmedStored)
+			}
+			if res.Publishers != publishers || res.Copies != 3 {
+				t.Fatalf("bench ran %q publishers on %d copies, want %q on 3", res.Publishers, res.Copies, publishers)
+			}
+		})
+	}
+}
