@@ -251,3 +251,18 @@ func TestWriteSVG(t *testing.T) {
 		t.Fatal("mark label missing or unescaped")
 	}
 }
+
+func TestParseStatCPU(t *testing.T) {
+	// A command name with a space and a parenthesis: the fields are
+	// counted after the last ')'.
+	stat := "4242 (strand) broker) S 1 4242 4242 0 -1 4194560 9812 0 0 0 1234 567 0 0 20 0 11 0 5000 1000000 2000 18446744073709551615 1 1 0 0 0 0 0 0 0 0 0 0 17 1 0 0 0 0 0"
+	got, ok := parseStatCPU(stat)
+	if want := (1234 + 567) * time.Second / 100; !ok || got != want {
+		t.Fatalf("parseStatCPU = %v, %v; want %v, true", got, ok, want)
+	}
+	for _, bad := range []string{"", "4242 strand S 1", "4242 (strand) S 1 2 3", "4242 (strand) S 1 4242 4242 0 -1 4194560 9812 0 0 0 x 567"} {
+		if _, ok := parseStatCPU(bad); ok {
+			t.Errorf("parseStatCPU(%q) ok, want refused", bad)
+		}
+	}
+}

@@ -57,6 +57,12 @@ type Result struct {
 	// broker (heap, stacks): RSS less the file pages Badger maps, which the
 	// kernel can reclaim.
 	BrokerPeakAnonMB float64 `json:"broker_peak_anon_mb"`
+	// BrokerCPUUsPerRecord is the CPU time (user and system) all brokers
+	// spent while publishing, per confirmed record, from /proc/PID/stat at
+	// the start and the end of the publishing window: what replication
+	// costs in CPU, which bounds throughput on a small machine. Runs
+	// without a kill on a cluster the bench started only (0 otherwise).
+	BrokerCPUUsPerRecord float64 `json:"broker_cpu_us_per_record"`
 
 	// The failover split into phases (runs with a kill only), adding up to
 	// unavailable_ms: kill → the pending recovery recorded (detect) → the
@@ -202,6 +208,7 @@ func (r *runner) run(ctx context.Context) error {
 	}
 
 	// Publish.
+	cpuBefore, cpuOK := r.brokerCPU()
 	r.start = time.Now()
 	var (
 		wg     sync.WaitGroup
@@ -301,6 +308,9 @@ func (r *runner) run(ctx context.Context) error {
 	}
 	wg.Wait()
 	elapsed := r.since()
+	if cpuAfter, ok := r.brokerCPU(); ok && cpuOK && o.KillAt <= 0 && r.confirmed.Load() > 0 {
+		r.res.BrokerCPUUsPerRecord = round(float64(cpuAfter-cpuBefore) / float64(r.confirmed.Load()) / 1000)
+	}
 	if o.KillAt > 0 {
 		// The kill watcher waits for the new assignment; give it until
 		// the recovery would have to be stuck.
@@ -622,6 +632,55 @@ func (r *runner) samplePeakRSS() {
 			storeMax(&r.peakAnon, kb)
 		}
 	}
+}
+
+// brokerCPU is the CPU time all brokers of the bench's own cluster have
+// used so far; ok is false when there is no such cluster or a broker's
+// /proc/PID/stat cannot be read.
+func (r *runner) brokerCPU() (total time.Duration, ok bool) {
+	if r.cl == nil {
+		return 0, false
+	}
+	for _, b := range r.cl.Info().Brokers {
+		if b.PID <= 0 {
+			return 0, false
+		}
+		stat, err := os.ReadFile("/proc/" + strconv.Itoa(b.PID) + "/stat")
+		if err != nil {
+			return 0, false
+		}
+		cpu, ok := parseStatCPU(string(stat))
+		if !ok {
+			return 0, false
+		}
+		total += cpu
+	}
+	return total, true
+}
+
+// clockTicks is Linux's USER_HZ, the unit of /proc/PID/stat's times: 100
+// on every architecture Go supports there.
+const clockTicks = 100
+
+// parseStatCPU reads utime and stime, fields 14 and 15 of /proc/PID/stat,
+// counted after the command name, which is in parentheses and may itself
+// hold spaces and parentheses.
+func parseStatCPU(stat string) (time.Duration, bool) {
+	i := strings.LastIndexByte(stat, ')')
+	if i < 0 {
+		return 0, false
+	}
+	fields := strings.Fields(stat[i+1:])
+	// fields[0] is field 3 (state): utime is field 14, stime field 15.
+	if len(fields) < 13 {
+		return 0, false
+	}
+	utime, err1 := strconv.ParseInt(fields[11], 10, 64)
+	stime, err2 := strconv.ParseInt(fields[12], 10, 64)
+	if err1 != nil || err2 != nil || utime < 0 || stime < 0 {
+		return 0, false
+	}
+	return time.Duration(utime+stime) * time.Second / clockTicks, true
 }
 
 func storeMax(v *atomic.Int64, kb int64) {
