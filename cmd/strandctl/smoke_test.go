@@ -419,15 +419,16 @@ func TestBenchSmoke(t *testing.T) {
 				"--publishers", publishers, "--bin-dir", binDir)
 			lines := strings.Split(strings.TrimSpace(out), "\n")
 			var res struct {
-				Confirmed         int    `json:"confirmed"`
-				Lost              int    `json:"lost"`
-				Duplicates        int    `json:"duplicates"`
-				OffsetMismatches  int    `json:"offset_mismatches"`
-				Stored            int    `json:"stored"`
-				UnconfirmedStored int    `json:"unconfirmed_stored"`
-				OK                bool   `json:"ok"`
-				Publishers        string `json:"publishers"`
-				Copies            int    `json:"copies"`
+				Confirmed         int     `json:"confirmed"`
+				Lost              int     `json:"lost"`
+				Duplicates        int     `json:"duplicates"`
+				OffsetMismatches  int     `json:"offset_mismatches"`
+				Stored            int     `json:"stored"`
+				UnconfirmedStored int     `json:"unconfirmed_stored"`
+				OK                bool    `json:"ok"`
+				Publishers        string  `json:"publishers"`
+				Copies            int     `json:"copies"`
+				BrokerCPU         float64 `json:"broker_cpu_us_per_record"`
 			}
 			if err := json.Unmarshal([]byte(lines[len(lines)-1]), &res); err != nil {
 				t.Fatalf("bench output is not a JSON result: %v\n%s", err, out)
@@ -437,6 +438,9 @@ func TestBenchSmoke(t *testing.T) {
 			}
 			if res.Stored != res.Confirmed+res.UnconfirmedStored {
 				t.Fatalf("stored %d, want confirmed %d + unconfirmed %d", res.Stored, res.Confirmed, res.UnconfirmedStored)
+			}
+			if res.BrokerCPU <= 0 {
+				t.Fatalf("broker CPU per record %v, want the brokers' measured CPU", res.BrokerCPU)
 			}
 			if res.Publishers != publishers || res.Copies != 3 {
 				t.Fatalf("bench ran %q publishers on %d copies, want %q on 3", res.Publishers, res.Copies, publishers)
