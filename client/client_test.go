@@ -432,7 +432,7 @@ func queued(c *Client, stream string) int {
 	n := 0
 	for _, p := range lanes {
 		p.mu.Lock()
-		n += len(p.queue)
+		n += p.queuedCalls
 		p.mu.Unlock()
 	}
 	return n
@@ -1166,5 +1166,62 @@ func TestPublishAsyncAnswersACancelledQueuedCallAtOnce(t *testing.T) {
 				t.Fatal("a call dropped while queued was sent")
 			}
 		}
+	}
+}
+
+// Many queued calls that share a ctx are all dropped when it ends, each
+// answered once, and the lane goes on with the calls behind them.
+func TestPublishAsyncDropsManyQueuedCallsSharingACtx(t *testing.T) {
+	f, release := holdFirstPublish(t)
+	c := newTestClient(t, Config{Brokers: []string{f.addr}, Lanes: 1, AttemptTimeout: time.Hour})
+	first := make(chan error, 1)
+	c.PublishAsync(context.Background(), "s", recs("first"), func(_ *strandv1.PublishResponse, err error) { first <- err })
+	clustertest.Until(t, 5*time.Second, "the first batch in flight", func() bool { return len(f.requests()) == 1 })
+	const n = 1000
+	shared, cancel := context.WithCancel(context.Background())
+	var mu sync.Mutex
+	calls := 0
+	var wg sync.WaitGroup
+	wg.Add(n)
+	for i := range n {
+		c.PublishAsync(shared, "s", recs(fmt.Sprint("dropped-", i)), func(_ *strandv1.PublishResponse, err error) {
+			mu.Lock()
+			calls++
+			mu.Unlock()
+			if !errors.Is(err, context.Canceled) {
+				t.Errorf("dropped call %d answered %v, want context.Canceled", i, err)
+			}
+			wg.Done()
+		})
+	}
+	kept := make(chan error, 1)
+	c.PublishAsync(context.Background(), "s", recs("kept"), func(_ *strandv1.PublishResponse, err error) { kept <- err })
+	clustertest.Until(t, 5*time.Second, "the calls queued", func() bool { return queued(c, "s") == n+1 })
+	cancel()
+	answered := make(chan struct{})
+	go func() { wg.Wait(); close(answered) }()
+	select {
+	case <-answered:
+	case <-time.After(10 * time.Second):
+		t.Fatal("dropped calls not answered while the batch ahead of them is in flight")
+	}
+	if got := queued(c, "s"); got != 1 {
+		t.Fatalf("%d calls still queued after the drops, want the one kept", got)
+	}
+	close(release)
+	if err := <-first; err != nil {
+		t.Fatal(err)
+	}
+	if err := <-kept; err != nil {
+		t.Fatalf("the call queued behind the dropped ones: %v", err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if calls != n {
+		t.Fatalf("%d answers for %d dropped calls", calls, n)
+	}
+	reqs := f.requests()
+	if last := reqs[len(reqs)-1].GetRecords(); len(reqs) != 2 || len(last) != 1 || string(last[0].GetPayload()) != "kept" {
+		t.Fatalf("%d requests, the last with %d records: want the first, then the kept call alone", len(reqs), len(last))
 	}
 }

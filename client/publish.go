@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"slices"
 	"sync"
 	"time"
 
@@ -157,14 +156,16 @@ type producer struct {
 	seq     uint64 // last sequence assigned
 	queue   []*pendingPublish
 	sending bool
-	// queuedRecords and queuedBytes total the queue. want is how many
+	// queuedCalls, queuedRecords and queuedBytes total the calls still
+	// queued: the queue may also hold calls dropped since the last take
+	// (queued false), which take skips. want is how many
 	// Publish calls the lane lingers for after a confirm, and grew, while
 	// it lingers, is closed by the enqueue that brings the queue there.
 	// skip counts the confirms still to be sent on without lingering, and
 	// backoff is what skip was last set to (producer.linger).
-	queuedRecords, queuedBytes int
-	want, skip, backoff        int
-	grew                       chan struct{}
+	queuedCalls, queuedRecords, queuedBytes int
+	want, skip, backoff                     int
+	grew                                    chan struct{}
 }
 
 // producer picks the stream's next lane, round robin.
@@ -193,6 +194,7 @@ func (p *producer) enqueue(pp *pendingPublish) {
 	// Registered under mu: the drop locks mu too, so it runs after this.
 	pp.unwatch = context.AfterFunc(pp.ctx, func() { p.drop(pp) })
 	p.queue = append(p.queue, pp)
+	p.queuedCalls++
 	p.queuedRecords += len(pp.records)
 	p.queuedBytes += pp.bytes
 	if p.grew != nil && p.gathered() {
@@ -213,12 +215,13 @@ func (p *producer) drop(pp *pendingPublish) {
 		p.mu.Unlock()
 		return
 	}
+	// Left in the queue for take to skip: a ctx shared by many queued
+	// calls ends them all, and removing each would cost the queue's
+	// length.
 	pp.queued = false
-	if i := slices.Index(p.queue, pp); i >= 0 {
-		p.queue = slices.Delete(p.queue, i, i+1)
-		p.queuedRecords -= len(pp.records)
-		p.queuedBytes -= pp.bytes
-	}
+	p.queuedCalls--
+	p.queuedRecords -= len(pp.records)
+	p.queuedBytes -= pp.bytes
 	p.mu.Unlock()
 	pp.done(nil, pp.ctx.Err())
 }
@@ -259,7 +262,7 @@ func (p *producer) run() {
 		// Before the callers learn the outcome: one that publishes again
 		// at once must be counted as back, not as still to come.
 		p.mu.Lock()
-		p.want = len(batch) + len(p.queue)
+		p.want = len(batch) + p.queuedCalls
 		p.mu.Unlock()
 		i := 0
 		for _, pp := range batch {
@@ -336,7 +339,7 @@ const maxLingerSkip = 64
 // gathered reports whether the queue holds what the lane lingers for.
 func (p *producer) gathered() bool {
 	cfg := p.c.cfg
-	return len(p.queue) >= p.want || p.queuedRecords >= cfg.MaxBatchRecords || p.queuedBytes >= cfg.MaxBatchBytes
+	return p.queuedCalls >= p.want || p.queuedRecords >= cfg.MaxBatchRecords || p.queuedBytes >= cfg.MaxBatchBytes
 }
 
 // take forms the next batch from whole Publish calls within the batch
@@ -351,9 +354,17 @@ func (p *producer) take() (batch []*pendingPublish, records []*strandv1.Record, 
 	bytes := 0
 	rest := p.queue[:0]
 	for i, pp := range p.queue {
+		if !pp.queued {
+			continue // dropped, and answered, since the last take
+		}
 		if pp.ctx.Err() == nil && len(batch) > 0 && (len(records)+len(pp.records) > cfg.MaxBatchRecords || bytes+pp.bytes > cfg.MaxBatchBytes) {
-			// The rest stays queued, and watched.
-			rest = append(rest, p.queue[i:]...)
+			// The rest stays queued, and watched; rest never gets
+			// ahead of i, so this copies forward within the array.
+			for _, q := range p.queue[i:] {
+				if q.queued {
+					rest = append(rest, q)
+				}
+			}
 			break
 		}
 		// Out of the queue either way: a drop for a ctx that ends now
@@ -377,7 +388,7 @@ func (p *producer) take() (batch []*pendingPublish, records []*strandv1.Record, 
 	}
 	clear(p.queue[len(rest):])
 	p.queue = rest
-	p.queuedRecords, p.queuedBytes, p.want = 0, 0, 0
+	p.queuedCalls, p.queuedRecords, p.queuedBytes, p.want = len(rest), 0, 0, 0
 	for _, pp := range rest {
 		p.queuedRecords += len(pp.records)
 		p.queuedBytes += pp.bytes
