@@ -1023,9 +1023,7 @@ func TestPublishAsyncDoneMayPublishAgain(t *testing.T) {
 	c := newTestClient(t, Config{Brokers: []string{f.addr}, Lanes: 1})
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	first := make(chan error, 1)
-	c.PublishAsync(ctx, "s", recs("first"), func(_ *strandv1.PublishResponse, err error) { first <- err })
-	clustertest.Until(t, 5*time.Second, "the first batch in flight", func() bool { return len(f.requests()) == 1 })
+	first := publishFirst(t, c, f)
 	gone, leave := context.WithCancel(ctx)
 	again := make(chan error, 1)
 	var droppedErr error
@@ -1035,7 +1033,7 @@ func TestPublishAsyncDoneMayPublishAgain(t *testing.T) {
 	})
 	leave()
 	close(release)
-	for name, ch := range map[string]chan error{"first": first, "again": again} {
+	for name, ch := range map[string]<-chan error{"first": first, "again": again} {
 		select {
 		case err := <-ch:
 			if err != nil {
@@ -1126,6 +1124,16 @@ func TestPublishAsyncAnswersEveryCallOnClose(t *testing.T) {
 	}
 }
 
+// publishFirst sends one call, which holdFirstPublish's broker holds, and
+// waits until it is in flight; the returned channel gets its answer.
+func publishFirst(t *testing.T, c *Client, f *fakeBroker) <-chan error {
+	t.Helper()
+	first := make(chan error, 1)
+	c.PublishAsync(context.Background(), "s", recs("first"), func(_ *strandv1.PublishResponse, err error) { first <- err })
+	clustertest.Until(t, 5*time.Second, "the first batch in flight", func() bool { return len(f.requests()) == 1 })
+	return first
+}
+
 // A call whose ctx ends while it waits behind a batch in flight is answered
 // at once, not when that batch returns, and is never sent.
 func TestPublishAsyncAnswersACancelledQueuedCallAtOnce(t *testing.T) {
@@ -1133,9 +1141,7 @@ func TestPublishAsyncAnswersACancelledQueuedCallAtOnce(t *testing.T) {
 	// The held attempt must not time out and let the lane answer the call
 	// itself: that would hide a drop that never came.
 	c := newTestClient(t, Config{Brokers: []string{f.addr}, Lanes: 1, AttemptTimeout: time.Hour})
-	first := make(chan error, 1)
-	c.PublishAsync(context.Background(), "s", recs("first"), func(_ *strandv1.PublishResponse, err error) { first <- err })
-	clustertest.Until(t, 5*time.Second, "the first batch in flight", func() bool { return len(f.requests()) == 1 })
+	first := publishFirst(t, c, f)
 	ctx, cancel := context.WithCancel(context.Background())
 	dropped := make(chan error, 1)
 	c.PublishAsync(ctx, "s", recs("dropped"), func(_ *strandv1.PublishResponse, err error) { dropped <- err })
@@ -1174,9 +1180,7 @@ func TestPublishAsyncAnswersACancelledQueuedCallAtOnce(t *testing.T) {
 func TestPublishAsyncDropsManyQueuedCallsSharingACtx(t *testing.T) {
 	f, release := holdFirstPublish(t)
 	c := newTestClient(t, Config{Brokers: []string{f.addr}, Lanes: 1, AttemptTimeout: time.Hour})
-	first := make(chan error, 1)
-	c.PublishAsync(context.Background(), "s", recs("first"), func(_ *strandv1.PublishResponse, err error) { first <- err })
-	clustertest.Until(t, 5*time.Second, "the first batch in flight", func() bool { return len(f.requests()) == 1 })
+	first := publishFirst(t, c, f)
 	const n = 1000
 	shared, cancel := context.WithCancel(context.Background())
 	var mu sync.Mutex
