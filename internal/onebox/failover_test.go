@@ -35,20 +35,24 @@ func publishAll(t *testing.T, c *Cluster, stream string, l *ledger.Ledger, paylo
 	}
 }
 
-// verify reads the stream from node and checks it against the ledger.
+// verify reads the stream from node and checks it against the ledger. A
+// follower shows a record once the owner's next message brings it the
+// confirm watermark, which may come just after the confirm reached the
+// client: verify waits (bounded) until node shows every confirmed record
+// with nothing wrong, and fails the test with what it found otherwise.
 func verify(t *testing.T, c *Cluster, node, stream string, l *ledger.Ledger) []*strandv1.StoredRecord {
 	t.Helper()
-	recs, err := c.ReadAll(node, stream)
-	if err != nil {
-		t.Fatal(err)
-	}
-	found, problems := l.Verify(recs)
-	for _, p := range problems {
-		t.Errorf("%s on %s: %s", stream, node, p)
-	}
-	if found != l.Count() {
-		t.Errorf("%s on %s: %d of %d confirmed records found", stream, node, found, l.Count())
-	}
+	var recs []*strandv1.StoredRecord
+	Eventually(t, 10*time.Second, fmt.Sprintf("%s on %s shows every confirmed record", stream, node), func() error {
+		var err error
+		if recs, err = c.ReadAll(node, stream); err != nil {
+			return err
+		}
+		if found, problems := l.Verify(recs); found != l.Count() || len(problems) > 0 {
+			return fmt.Errorf("%d of %d confirmed records found; %v", found, l.Count(), problems)
+		}
+		return nil
+	})
 	return recs
 }
 
