@@ -65,12 +65,13 @@ type Config struct {
 	// BackoffMin and BackoffMax bound the jittered exponential backoff.
 	BackoffMin time.Duration
 	BackoffMax time.Duration
-	// MaxBatchRecords and MaxBatchBytes bound the requests an idempotent
-	// client merges concurrent publishes into. A single Publish call larger
-	// than them is still sent whole.
+	// MaxBatchRecords and MaxBatchBytes bound the requests a lane merges
+	// publishes into (concurrent Publish calls of an idempotent client,
+	// and every PublishAsync). A single call larger than them is still
+	// sent whole.
 	MaxBatchRecords int
-	// Lanes is how many idempotent batches one stream may have in flight at
-	// once (default 1). Each lane is its own producer id with its own
+	// Lanes is how many batches one stream may have in flight at once
+	// (default 1). Each lane is its own producer id with its own
 	// sequences, so the broker sees every producer's sequences in order.
 	// Publishes from one lane keep their order; concurrent Publish calls
 	// have no order among themselves anyway. One lane sends everything
@@ -87,9 +88,9 @@ type Config struct {
 	// ends as soon as the lane holds as many calls as it had queued plus
 	// those it just confirmed, or a full batch. A lane whose wait runs out
 	// (its callers publish once and leave) skips the waits of its next
-	// confirms, twice as many after each such wait, up to 64. Only
-	// idempotent publishes with one lane linger: with several, a released
-	// caller may come back on any lane. Zero means DefaultLinger;
+	// confirms, twice as many after each such wait, up to 64. Only a
+	// single lane lingers: with several, a released caller may come back
+	// on any lane. Zero means DefaultLinger;
 	// negative never waits. See producer.linger for why.
 	Linger time.Duration
 }

@@ -1229,3 +1229,41 @@ func TestPublishAsyncDropsManyQueuedCallsSharingACtx(t *testing.T) {
 		t.Fatalf("%d requests, the last with %d records: want the first, then the kept call alone", len(reqs), len(last))
 	}
 }
+
+// A non-idempotent client's PublishAsync calls are batched on the lane like
+// an idempotent client's, with nothing stamped on them.
+func TestPublishAsyncBatchesWithoutIdempotence(t *testing.T) {
+	f, release := holdFirstPublish(t)
+	c := newTestClient(t, Config{Brokers: []string{f.addr}, Lanes: 1, Idempotent: Bool(false)})
+	first := publishFirst(t, c, f)
+	const n = 32
+	errs := make(chan error, n)
+	for i := range n {
+		c.PublishAsync(context.Background(), "s", recs(fmt.Sprint(i)), func(_ *strandv1.PublishResponse, err error) { errs <- err })
+	}
+	clustertest.Until(t, 5*time.Second, "the calls queued behind the first", func() bool { return queued(c, "s") == n })
+	close(release)
+	if err := <-first; err != nil {
+		t.Fatal(err)
+	}
+	for range n {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	reqs := f.requests()
+	if len(reqs) != 2 || len(reqs[1].GetRecords()) != n {
+		sizes := make([]int, len(reqs))
+		for i, r := range reqs {
+			sizes[i] = len(r.GetRecords())
+		}
+		t.Fatalf("batches %v, want [1 %d]", sizes, n)
+	}
+	for _, r := range reqs {
+		for _, rec := range r.GetRecords() {
+			if rec.GetProducerId() != "" || rec.GetSequence() != 0 {
+				t.Fatalf("non-idempotent client stamped (%q, %d)", rec.GetProducerId(), rec.GetSequence())
+			}
+		}
+	}
+}

@@ -33,8 +33,10 @@ func (c *Client) Publish(ctx context.Context, stream string, records []*strandv1
 		return nil, ErrClosed
 	}
 	if !c.idempotent {
-		// No lane: the retry loop's own error, which names both the
-		// deadline and the last broker answer, reaches the caller.
+		// No lane: a non-idempotent Publish is a request of its own, and
+		// the retry loop's own error, which names both the deadline and
+		// the last broker answer, reaches the caller. (PublishAsync
+		// batches on the lanes either way.)
 		return c.publishBatch(ctx, stream, records)
 	}
 	res := make(chan publishResult, 1) // buffered: done never blocks on a caller that left
@@ -62,15 +64,17 @@ func errEmptyBatch() error {
 // a lane's batch is not held back waiting for a goroutine per record to be
 // scheduled (producer.linger).
 //
-// On a single lane of an idempotent client (Config.Lanes 1 and Idempotent,
-// the defaults) records are confirmed in the order PublishAsync was called,
-// and done is called from the stream's lane, one call at a time, in that
-// order. The exceptions run on other goroutines: a call whose ctx ends
-// while it is queued is dropped, never sent, and answered with ctx's error
-// at once; an empty batch or a closed client is answered before
-// PublishAsync returns, on the caller's goroutine. With several lanes, or
-// without Idempotent (every publish then a request of its own, on a
-// goroutine of its own), calls to done may overlap and come in any order.
+// Calls are merged into batches on the stream's lanes, as concurrent
+// Publish calls of an idempotent client are, whether or not the client is
+// idempotent (without Idempotent nothing is stamped, and a retried batch
+// may be stored twice). On a single lane (Config.Lanes 1, the default)
+// records are confirmed in the order PublishAsync was called, and done is
+// called from the stream's lane, one call at a time, in that order. The
+// exceptions run on other goroutines: a call whose ctx ends while it is
+// queued is dropped, never sent, and answered with ctx's error at once; an
+// empty batch or a closed client is answered before PublishAsync returns,
+// on the caller's goroutine. With several lanes, calls to done may overlap
+// and come in any order.
 //
 // done must not block: on a lane it holds back every later publish to the
 // stream, so it must not call Publish for the same stream either
@@ -85,10 +89,6 @@ func (c *Client) PublishAsync(ctx context.Context, stream string, records []*str
 	}
 	if c.ctx.Err() != nil {
 		done(nil, ErrClosed)
-		return
-	}
-	if !c.idempotent {
-		go func() { done(c.publishBatch(ctx, stream, records)) }()
 		return
 	}
 	p := c.producer(stream)
@@ -401,10 +401,12 @@ func (p *producer) take() (batch []*pendingPublish, records []*strandv1.Record, 
 		}
 		return nil, nil, time.Time{}, dropped
 	}
-	for _, r := range records {
-		if r.ProducerId == "" {
-			p.seq++
-			r.ProducerId, r.Sequence = p.id, p.seq
+	if p.c.idempotent {
+		for _, r := range records {
+			if r.ProducerId == "" {
+				p.seq++
+				r.ProducerId, r.Sequence = p.id, p.seq
+			}
 		}
 	}
 	return batch, records, deadline, dropped

@@ -25,9 +25,10 @@ type Config struct {
 	Size     int
 	Inflight int
 	// NoProducerIDs publishes without producer ids and sequences (no
-	// idempotent publish); retries may then store a record twice. The
-	// client sends each non-idempotent publish as a request of its own,
-	// so this measures unbatched publishing as much as dedupe.
+	// idempotent publish), to measure what dedupe costs; retries may then
+	// store a record twice. The client batches non-idempotent PublishAsync
+	// calls but sends each non-idempotent Publish as a request of its own,
+	// so with sync publishers this measures unbatched publishing.
 	NoProducerIDs bool
 	// Lanes is the client's batches in flight per stream (client.Config
 	// Lanes; 0: the client's default).
