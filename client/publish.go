@@ -137,8 +137,8 @@ type pendingPublish struct {
 	bytes   int
 	done    func(*strandv1.PublishResponse, error) // called once
 	// queued is set, under the lane's mu, while the call is in the queue;
-	// whoever clears it answers the call: the lane (take) or the drop of
-	// a call whose ctx ended (unwatch stops that watch).
+	// whoever clears it answers the call: the lane (take), or drop, which
+	// context.AfterFunc runs once ctx ends (unwatch stops that).
 	queued  bool
 	unwatch func() bool
 }
@@ -208,7 +208,8 @@ func (p *producer) enqueue(pp *pendingPublish) {
 }
 
 // drop answers a queued call whose ctx ended at once, rather than when the
-// lane next forms a batch, which may be a retry budget away.
+// lane next forms a batch, which may be a retry budget away. It is the one
+// place such a call is answered: take leaves it queued for drop.
 func (p *producer) drop(pp *pendingPublish) {
 	p.mu.Lock()
 	if !pp.queued {
@@ -230,18 +231,8 @@ func (p *producer) drop(pp *pendingPublish) {
 func (p *producer) run() {
 	for {
 		p.linger()
-		batch, records, deadline, dropped := p.take()
-		// Outside p.mu: a done callback may publish again.
-		for _, pp := range dropped {
-			pp.done(nil, pp.ctx.Err())
-		}
+		batch, records, deadline := p.take()
 		if len(batch) == 0 {
-			if len(dropped) > 0 {
-				// take left sending set: publishes the callbacks
-				// just made are this goroutine's to send, so no
-				// second one starts while it still answers.
-				continue
-			}
 			return
 		}
 		ctx, cancel := context.WithDeadline(p.c.ctx, deadline)
@@ -343,11 +334,10 @@ func (p *producer) gathered() bool {
 }
 
 // take forms the next batch from whole Publish calls within the batch
-// limits, stamps it, and returns the latest deadline among its callers, and
-// the calls whose context ended while queued (dropped, for the caller to
-// answer once p.mu is released). It clears sending when there is nothing
-// left, under the same lock as enqueue.
-func (p *producer) take() (batch []*pendingPublish, records []*strandv1.Record, deadline time.Time, dropped []*pendingPublish) {
+// limits, stamps it, and returns the latest deadline among its callers. A
+// call whose ctx has ended is left queued for its drop to answer. It clears
+// sending when nothing is left to send, under the same lock as enqueue.
+func (p *producer) take() (batch []*pendingPublish, records []*strandv1.Record, deadline time.Time) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	cfg := p.c.cfg
@@ -357,9 +347,14 @@ func (p *producer) take() (batch []*pendingPublish, records []*strandv1.Record, 
 		if !pp.queued {
 			continue // dropped, and answered, since the last take
 		}
-		if pp.ctx.Err() == nil && len(batch) > 0 && (len(records)+len(pp.records) > cfg.MaxBatchRecords || bytes+pp.bytes > cfg.MaxBatchBytes) {
-			// The rest stays queued, and watched; rest never gets
-			// ahead of i, so this copies forward within the array.
+		if pp.ctx.Err() != nil {
+			// Its drop is on its way (context.AfterFunc runs once ctx
+			// ends) and answers it; rest never gets ahead of i.
+			rest = append(rest, pp)
+			continue
+		}
+		if len(batch) > 0 && (len(records)+len(pp.records) > cfg.MaxBatchRecords || bytes+pp.bytes > cfg.MaxBatchBytes) {
+			// The rest stays queued, and watched.
 			for _, q := range p.queue[i:] {
 				if q.queued {
 					rest = append(rest, q)
@@ -367,14 +362,10 @@ func (p *producer) take() (batch []*pendingPublish, records []*strandv1.Record, 
 			}
 			break
 		}
-		// Out of the queue either way: a drop for a ctx that ends now
-		// finds it gone and leaves it to this lane.
+		// Out of the queue: a drop for a ctx that ends from now on finds
+		// it gone and leaves it to this lane.
 		pp.queued = false
 		pp.unwatch()
-		if pp.ctx.Err() != nil {
-			dropped = append(dropped, pp)
-			continue
-		}
 		batch = append(batch, pp)
 		records = append(records, pp.records...)
 		bytes += pp.bytes
@@ -394,12 +385,8 @@ func (p *producer) take() (batch []*pendingPublish, records []*strandv1.Record, 
 		p.queuedBytes += pp.bytes
 	}
 	if len(batch) == 0 {
-		// With calls dropped, run answers them and comes back: it stays
-		// the one sender, so the lane's own callbacks never overlap.
-		if len(dropped) == 0 {
-			p.sending = false
-		}
-		return nil, nil, time.Time{}, dropped
+		p.sending = false
+		return nil, nil, time.Time{}
 	}
 	if p.c.idempotent {
 		for _, r := range records {
@@ -409,5 +396,5 @@ func (p *producer) take() (batch []*pendingPublish, records []*strandv1.Record, 
 			}
 		}
 	}
-	return batch, records, deadline, dropped
+	return batch, records, deadline
 }
