@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -1046,10 +1047,17 @@ func TestPublishAsyncDoneMayPublishAgain(t *testing.T) {
 	if !errors.Is(droppedErr, context.Canceled) {
 		t.Fatalf("publish whose context ended while queued: %v, want context.Canceled", droppedErr)
 	}
+	neverSent(t, f, "dropped")
+}
+
+// neverSent fails unless no record whose payload starts with prefix
+// reached the broker.
+func neverSent(t *testing.T, f *fakeBroker, prefix string) {
+	t.Helper()
 	for _, r := range f.requests() {
 		for _, rec := range r.GetRecords() {
-			if string(rec.GetPayload()) == "dropped" {
-				t.Fatal("a publish whose context ended while queued was sent")
+			if strings.HasPrefix(string(rec.GetPayload()), prefix) {
+				t.Fatalf("%q was sent, though its call was dropped while queued", rec.GetPayload())
 			}
 		}
 	}
@@ -1090,15 +1098,14 @@ func TestPublishAsyncAnswersEveryCallOnClose(t *testing.T) {
 	var mu sync.Mutex
 	calls := make([]int, n)
 	errs := make([]error, n)
-	var wg sync.WaitGroup
-	wg.Add(n)
+	var answered atomic.Int32
 	for i := range n {
 		c.PublishAsync(context.Background(), "s", recs(fmt.Sprint(i)), func(_ *strandv1.PublishResponse, err error) {
 			mu.Lock()
 			calls[i]++
 			errs[i] = err
 			mu.Unlock()
-			wg.Done()
+			answered.Add(1)
 		})
 	}
 	clustertest.Until(t, 5*time.Second, "publishes queued behind the first batch", func() bool {
@@ -1108,13 +1115,7 @@ func TestPublishAsyncAnswersEveryCallOnClose(t *testing.T) {
 	if err := c.Close(); err != nil {
 		t.Fatal(err)
 	}
-	answered := make(chan struct{})
-	go func() { wg.Wait(); close(answered) }()
-	select {
-	case <-answered:
-	case <-time.After(10 * time.Second):
-		t.Fatal("PublishAsync calls not answered 10s after Close")
-	}
+	clustertest.Until(t, 10*time.Second, "every PublishAsync call answered after Close", func() bool { return answered.Load() >= n })
 	mu.Lock()
 	defer mu.Unlock()
 	for i := range n {
@@ -1134,81 +1135,37 @@ func publishFirst(t *testing.T, c *Client, f *fakeBroker) <-chan error {
 	return first
 }
 
-// A call whose ctx ends while it waits behind a batch in flight is answered
-// at once, not when that batch returns, and is never sent.
-func TestPublishAsyncAnswersACancelledQueuedCallAtOnce(t *testing.T) {
+// Calls whose ctx ends while they wait behind a batch in flight, here many
+// sharing one ctx, are answered at once, each exactly once, and never sent;
+// the lane goes on with the call queued behind them and with later ones.
+func TestPublishAsyncDropsQueuedCallsWhoseCtxEnds(t *testing.T) {
 	f, release := holdFirstPublish(t)
-	// The held attempt must not time out and let the lane answer the call
+	// The held attempt must not time out and let the lane answer the calls
 	// itself: that would hide a drop that never came.
-	c := newTestClient(t, Config{Brokers: []string{f.addr}, Lanes: 1, AttemptTimeout: time.Hour})
-	first := publishFirst(t, c, f)
-	ctx, cancel := context.WithCancel(context.Background())
-	dropped := make(chan error, 1)
-	c.PublishAsync(ctx, "s", recs("dropped"), func(_ *strandv1.PublishResponse, err error) { dropped <- err })
-	clustertest.Until(t, 5*time.Second, "the call queued", func() bool { return queued(c, "s") == 1 })
-	cancel()
-	select {
-	case err := <-dropped:
-		if !errors.Is(err, context.Canceled) {
-			t.Fatalf("cancelled queued call answered %v, want context.Canceled", err)
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("cancelled queued call not answered while the batch ahead of it is in flight")
-	}
-	if n := queued(c, "s"); n != 0 {
-		t.Fatalf("%d calls still queued after the drop", n)
-	}
-	close(release)
-	if err := <-first; err != nil {
-		t.Fatal(err)
-	}
-	// The lane goes on: a later call is sent and confirmed.
-	if _, err := c.Publish(context.Background(), "s", recs("later")); err != nil {
-		t.Fatal(err)
-	}
-	for _, r := range f.requests() {
-		for _, rec := range r.GetRecords() {
-			if string(rec.GetPayload()) == "dropped" {
-				t.Fatal("a call dropped while queued was sent")
-			}
-		}
-	}
-}
-
-// Many queued calls that share a ctx are all dropped when it ends, each
-// answered once, and the lane goes on with the calls behind them.
-func TestPublishAsyncDropsManyQueuedCallsSharingACtx(t *testing.T) {
-	f, release := holdFirstPublish(t)
 	c := newTestClient(t, Config{Brokers: []string{f.addr}, Lanes: 1, AttemptTimeout: time.Hour})
 	first := publishFirst(t, c, f)
 	const n = 1000
 	shared, cancel := context.WithCancel(context.Background())
 	var mu sync.Mutex
-	calls := 0
-	var wg sync.WaitGroup
-	wg.Add(n)
+	calls := make([]int, n)
+	errs := make([]error, n)
+	var answered atomic.Int32
 	for i := range n {
 		c.PublishAsync(shared, "s", recs(fmt.Sprint("dropped-", i)), func(_ *strandv1.PublishResponse, err error) {
 			mu.Lock()
-			calls++
+			calls[i]++
+			errs[i] = err
 			mu.Unlock()
-			if !errors.Is(err, context.Canceled) {
-				t.Errorf("dropped call %d answered %v, want context.Canceled", i, err)
-			}
-			wg.Done()
+			answered.Add(1)
 		})
 	}
 	kept := make(chan error, 1)
 	c.PublishAsync(context.Background(), "s", recs("kept"), func(_ *strandv1.PublishResponse, err error) { kept <- err })
 	clustertest.Until(t, 5*time.Second, "the calls queued", func() bool { return queued(c, "s") == n+1 })
 	cancel()
-	answered := make(chan struct{})
-	go func() { wg.Wait(); close(answered) }()
-	select {
-	case <-answered:
-	case <-time.After(10 * time.Second):
-		t.Fatal("dropped calls not answered while the batch ahead of them is in flight")
-	}
+	clustertest.Until(t, 10*time.Second, "the dropped calls answered while the batch ahead of them is in flight", func() bool {
+		return answered.Load() >= n
+	})
 	if got := queued(c, "s"); got != 1 {
 		t.Fatalf("%d calls still queued after the drops, want the one kept", got)
 	}
@@ -1219,15 +1176,22 @@ func TestPublishAsyncDropsManyQueuedCallsSharingACtx(t *testing.T) {
 	if err := <-kept; err != nil {
 		t.Fatalf("the call queued behind the dropped ones: %v", err)
 	}
+	// The lane goes on: a later call is sent and confirmed.
+	if _, err := c.Publish(context.Background(), "s", recs("later")); err != nil {
+		t.Fatal(err)
+	}
 	mu.Lock()
 	defer mu.Unlock()
-	if calls != n {
-		t.Fatalf("%d answers for %d dropped calls", calls, n)
+	for i := range n {
+		if calls[i] != 1 || !errors.Is(errs[i], context.Canceled) {
+			t.Fatalf("dropped call %d: done called %d times, err %v; want once, with context.Canceled", i, calls[i], errs[i])
+		}
 	}
 	reqs := f.requests()
-	if last := reqs[len(reqs)-1].GetRecords(); len(reqs) != 2 || len(last) != 1 || string(last[0].GetPayload()) != "kept" {
-		t.Fatalf("%d requests, the last with %d records: want the first, then the kept call alone", len(reqs), len(last))
+	if len(reqs) != 3 || len(reqs[1].GetRecords()) != 1 || string(reqs[1].GetRecords()[0].GetPayload()) != "kept" {
+		t.Fatalf("%d requests: want the first, then the kept call alone, then the later one", len(reqs))
 	}
+	neverSent(t, f, "dropped")
 }
 
 // A non-idempotent client's PublishAsync calls are batched on the lane like
