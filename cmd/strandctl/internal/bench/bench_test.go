@@ -5,10 +5,15 @@ import (
 	"encoding/xml"
 	"errors"
 	"io"
+	"os"
+	"path/filepath"
 	"reflect"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/prometheus/procfs"
 )
 
 func validConfig() Config {
@@ -252,17 +257,36 @@ func TestWriteSVG(t *testing.T) {
 	}
 }
 
-func TestParseStatCPU(t *testing.T) {
+func TestProcCPU(t *testing.T) {
+	dir := t.TempDir()
+	fs, err := procfs.NewFS(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stat := func(pid int, line string) {
+		t.Helper()
+		if err := os.MkdirAll(filepath.Join(dir, strconv.Itoa(pid)), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, strconv.Itoa(pid), "stat"), []byte(line), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
 	// A command name with a space and a parenthesis: the fields are
 	// counted after the last ')'.
-	stat := "4242 (strand) broker) S 1 4242 4242 0 -1 4194560 9812 0 0 0 1234 567 0 0 20 0 11 0 5000 1000000 2000 18446744073709551615 1 1 0 0 0 0 0 0 0 0 0 0 17 1 0 0 0 0 0"
-	got, ok := parseStatCPU(stat)
+	stat(4242, "4242 (strand) broker) S 1 4242 4242 0 -1 4194560 9812 0 0 0 1234 567 0 0 20 0 11 0 5000 1000000 2000 18446744073709551615 1 1 0 0 0 0 0 0 0 0 0 0 17 1 0 0 0 0 0")
+	got, ok := procCPU(fs, 4242)
 	if want := (1234 + 567) * time.Second / 100; !ok || got != want {
-		t.Fatalf("parseStatCPU = %v, %v; want %v, true", got, ok, want)
+		t.Fatalf("procCPU = %v, %v; want %v, true", got, ok, want)
 	}
-	for _, bad := range []string{"", "4242 strand S 1", "4242 (strand) S 1 2 3", "4242 (strand) S 1 4242 4242 0 -1 4194560 9812 0 0 0 x 567"} {
-		if _, ok := parseStatCPU(bad); ok {
-			t.Errorf("parseStatCPU(%q) ok, want refused", bad)
+	for i, bad := range []string{"", "4242 strand S 1", "4242 (strand) S 1 2 3", "4242 (strand) S 1 4242 4242 0 -1 4194560 9812 0 0 0 x 567"} {
+		pid := 5000 + i
+		stat(pid, bad)
+		if _, ok := procCPU(fs, pid); ok {
+			t.Errorf("procCPU of stat %q ok, want refused", bad)
 		}
+	}
+	if _, ok := procCPU(fs, 9999); ok {
+		t.Error("procCPU of a process that is not there ok, want refused")
 	}
 }

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"connectrpc.com/connect"
+	"github.com/prometheus/procfs"
 
 	"github.com/strandhq/strand/client"
 	"github.com/strandhq/strand/cmd/strandctl/internal/devcluster"
@@ -641,15 +642,12 @@ func (r *runner) brokerCPU() (total time.Duration, ok bool) {
 	if r.cl == nil {
 		return 0, false
 	}
+	fs, err := procfs.NewDefaultFS()
+	if err != nil {
+		return 0, false
+	}
 	for _, b := range r.cl.Info().Brokers {
-		if b.PID <= 0 {
-			return 0, false
-		}
-		stat, err := os.ReadFile("/proc/" + strconv.Itoa(b.PID) + "/stat")
-		if err != nil {
-			return 0, false
-		}
-		cpu, ok := parseStatCPU(string(stat))
+		cpu, ok := procCPU(fs, b.PID)
 		if !ok {
 			return 0, false
 		}
@@ -658,29 +656,21 @@ func (r *runner) brokerCPU() (total time.Duration, ok bool) {
 	return total, true
 }
 
-// clockTicks is Linux's USER_HZ, the unit of /proc/PID/stat's times: 100
-// on every architecture Go supports there.
-const clockTicks = 100
-
-// parseStatCPU reads utime and stime, fields 14 and 15 of /proc/PID/stat,
-// counted after the command name, which is in parentheses and may itself
-// hold spaces and parentheses.
-func parseStatCPU(stat string) (time.Duration, bool) {
-	i := strings.LastIndexByte(stat, ')')
-	if i < 0 {
+// procCPU is a process's user and system CPU time, from its /proc/PID/stat
+// (procfs: the command name may hold spaces and parentheses).
+func procCPU(fs procfs.FS, pid int) (time.Duration, bool) {
+	if pid <= 0 {
 		return 0, false
 	}
-	fields := strings.Fields(stat[i+1:])
-	// fields[0] is field 3 (state): utime is field 14, stime field 15.
-	if len(fields) < 13 {
+	p, err := fs.Proc(pid)
+	if err != nil {
 		return 0, false
 	}
-	utime, err1 := strconv.ParseInt(fields[11], 10, 64)
-	stime, err2 := strconv.ParseInt(fields[12], 10, 64)
-	if err1 != nil || err2 != nil || utime < 0 || stime < 0 {
+	st, err := p.Stat()
+	if err != nil {
 		return 0, false
 	}
-	return time.Duration(utime+stime) * time.Second / clockTicks, true
+	return time.Duration(st.CPUTime() * float64(time.Second)), true
 }
 
 func storeMax(v *atomic.Int64, kb int64) {
