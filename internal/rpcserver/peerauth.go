@@ -45,13 +45,15 @@ func PeerTokensAccepted() []string {
 	return out
 }
 
-// ValidatePeerTokens checks a peer token and the tokens accepted besides it
-// (ValidatePeerToken for each). Accepting tokens without one of its own
-// would leave a broker open (no token admits every call) while it looks
-// closed, so it is refused too.
+// ValidatePeerTokens refuses tokens that cannot travel in an HTTP header
+// as they are (anything but visible ASCII), and tokens accepted without one
+// of the node's own, which would leave a broker open (no token admits every
+// call) while it looks closed. Brokers and the recoverer (accepted nil)
+// refuse to start with either, rather than fail every Follow and Seal
+// later.
 func ValidatePeerTokens(token string, accepted []string) error {
-	if err := ValidatePeerToken(token); err != nil {
-		return err
+	if err := validateToken(token); err != nil {
+		return fmt.Errorf("%s: %w", PeerTokenEnv, err)
 	}
 	if len(accepted) > 0 && token == "" {
 		return fmt.Errorf("%s is set but %s is not: set the token this node sends (and accepts) too", PeerTokenAcceptEnv, PeerTokenEnv)
@@ -60,16 +62,6 @@ func ValidatePeerTokens(token string, accepted []string) error {
 		if err := validateToken(t); err != nil {
 			return fmt.Errorf("%s: token %d: %w", PeerTokenAcceptEnv, i+1, err)
 		}
-	}
-	return nil
-}
-
-// ValidatePeerToken refuses a token that cannot travel in an HTTP header
-// as it is: anything but visible ASCII. Brokers and the recoverer refuse
-// to start with one, rather than fail every Follow and Seal later.
-func ValidatePeerToken(token string) error {
-	if err := validateToken(token); err != nil {
-		return fmt.Errorf("%s: %w", PeerTokenEnv, err)
 	}
 	return nil
 }

@@ -109,12 +109,12 @@ func TestPeerTokenFromTheEnvironment(t *testing.T) {
 		"": true, "s3cret": true, "0123abcdef": true, "a-b_c.d~e/f+g=": true,
 		"two words": false, "tab\there": false, "new\nline": false, "caf\u00e9": false, "nul\x00": false,
 	} {
-		err := rpcserver.ValidatePeerToken(token)
+		err := rpcserver.ValidatePeerTokens(token, nil)
 		if (err == nil) != ok {
-			t.Errorf("ValidatePeerToken(%q) = %v, want ok=%v", token, err, ok)
+			t.Errorf("ValidatePeerTokens(%q, nil) = %v, want ok=%v", token, err, ok)
 		}
 		if err != nil && !strings.Contains(err.Error(), rpcserver.PeerTokenEnv) {
-			t.Errorf("ValidatePeerToken(%q) = %v, want it to name %s", token, err, rpcserver.PeerTokenEnv)
+			t.Errorf("ValidatePeerTokens(%q, nil) = %v, want it to name %s", token, err, rpcserver.PeerTokenEnv)
 		}
 	}
 }

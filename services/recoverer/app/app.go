@@ -103,7 +103,7 @@ type App struct {
 // only the start itself; the recoverer runs until Close.
 func Start(ctx context.Context, cfg Config) (*App, error) {
 	cfg.fill()
-	if err := rpcserver.ValidatePeerToken(cfg.PeerToken); err != nil {
+	if err := rpcserver.ValidatePeerTokens(cfg.PeerToken, nil); err != nil {
 		return nil, fmt.Errorf("recoverer: %w", err)
 	}
 	log := logging.New(os.Stderr, "recoverer", cfg.LogLevel)
