@@ -144,8 +144,7 @@ func (c *Copy) reconcile(ctx context.Context) (dropped bool, err error) {
 	c.mu.Unlock()
 	if deleted {
 		c.endRole("")
-		c.m.removeCopy(c)
-		if err := c.m.cfg.Storage.Drop(c.name); err != nil {
+		if err := c.m.dropCopy(c); err != nil {
 			c.m.log.Error().Err(err).Str(logging.Stream, c.name).Msg("drop of deleted stream failed; data stays on disk")
 		} else {
 			c.m.log.Info().Str(logging.Stream, c.name).Msg("stream deleted; copy dropped")
@@ -296,19 +295,16 @@ func (c *Copy) warnBelowConfirmedPrefix(ctx context.Context, epoch uint64) {
 	}
 }
 
-// replaceWithEmpty drops a copy of an earlier incarnation and opens an empty
-// one for assignment a.
+// replaceWithEmpty drops a copy of an earlier incarnation than assignment
+// a's; dropCopy then applies the stream's latest assignment (a, or one that
+// came since), which opens an empty copy if it names this broker.
 func (c *Copy) replaceWithEmpty(a cluster.Assignment, why error) error {
 	c.endRole("")
-	c.m.removeCopy(c)
-	if err := c.m.cfg.Storage.Drop(c.name); err != nil {
+	if err := c.m.dropCopy(c); err != nil {
 		c.m.log.Error().Err(err).Str(logging.Stream, c.name).Msg("drop of a stale incarnation failed; data stays on disk")
 		return err
 	}
-	c.m.log.Warn().Err(why).Str(logging.Stream, c.name).Msg("dropped a copy of a deleted stream of the same name")
-	if a.Includes(c.m.cfg.Node) {
-		c.m.SetAssignment(a)
-	}
+	c.m.log.Warn().Err(why).Str(logging.Stream, c.name).Uint64(logging.Epoch, a.Epoch).Msg("dropped a copy of a deleted stream of the same name")
 	return nil
 }
 

@@ -241,12 +241,29 @@ func (m *Manager) SyncAssignments(all map[string]cluster.Assignment, unreadable 
 	}
 }
 
-func (m *Manager) removeCopy(c *Copy) {
+// dropCopy drops c's data, forgets c, and then applies the stream's latest
+// assignment if there is one: the stream was deleted (or c holds another
+// incarnation of it) and may have been created again meanwhile. An
+// assignment that arrived while c was on its way out reached c, whose loop
+// is ending, and would otherwise be lost with it until the next change to
+// the stream; m.assignments always holds the latest. The data goes first,
+// while c is still the stream's copy, so no new copy opens the stream's
+// storage before its drop is done. c's role has ended.
+func (m *Manager) dropCopy(c *Copy) error {
+	err := m.cfg.Storage.Drop(c.name)
 	m.mu.Lock()
 	if m.copies[c.name] == c {
 		delete(m.copies, c.name)
 	}
+	a, ok := m.assignments[c.name]
 	m.mu.Unlock()
+	if err != nil {
+		return err
+	}
+	if ok && m.ctx.Err() == nil {
+		m.SetAssignment(a)
+	}
+	return nil
 }
 
 // Hint says who owns a stream as far as this broker knows.
