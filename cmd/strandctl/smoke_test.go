@@ -419,16 +419,17 @@ func TestBenchSmoke(t *testing.T) {
 				"--publishers", publishers, "--bin-dir", binDir)
 			lines := strings.Split(strings.TrimSpace(out), "\n")
 			var res struct {
-				Confirmed         int     `json:"confirmed"`
-				Lost              int     `json:"lost"`
-				Duplicates        int     `json:"duplicates"`
-				OffsetMismatches  int     `json:"offset_mismatches"`
-				Stored            int     `json:"stored"`
-				UnconfirmedStored int     `json:"unconfirmed_stored"`
-				OK                bool    `json:"ok"`
-				Publishers        string  `json:"publishers"`
-				Copies            int     `json:"copies"`
-				BrokerCPU         float64 `json:"broker_cpu_us_per_record"`
+				Confirmed         int                `json:"confirmed"`
+				Lost              int                `json:"lost"`
+				Duplicates        int                `json:"duplicates"`
+				OffsetMismatches  int                `json:"offset_mismatches"`
+				Stored            int                `json:"stored"`
+				UnconfirmedStored int                `json:"unconfirmed_stored"`
+				OK                bool               `json:"ok"`
+				Publishers        string             `json:"publishers"`
+				Copies            int                `json:"copies"`
+				BrokerCPU         float64            `json:"broker_cpu_us_per_record"`
+				Stages            map[string]float64 `json:"stage_mean_ms"`
 			}
 			if err := json.Unmarshal([]byte(lines[len(lines)-1]), &res); err != nil {
 				t.Fatalf("bench output is not a JSON result: %v\n%s", err, out)
@@ -441,6 +442,13 @@ func TestBenchSmoke(t *testing.T) {
 			}
 			if res.BrokerCPU <= 0 {
 				t.Fatalf("broker CPU per record %v, want the brokers' measured CPU", res.BrokerCPU)
+			}
+			// Every stage of a replicated publish was seen in the window,
+			// read from the brokers' /metrics.
+			for _, stage := range []string{"publish_durable", "publish_confirm", "owner_commit_sync", "follow_ack", "follower_commit_sync", "follow_apply"} {
+				if res.Stages[stage] <= 0 {
+					t.Fatalf("stage %s = %v ms, want a measured mean (stages %v)", stage, res.Stages[stage], res.Stages)
+				}
 			}
 			if res.Publishers != publishers || res.Copies != 3 {
 				t.Fatalf("bench ran %q publishers on %d copies, want %q on 3", res.Publishers, res.Copies, publishers)

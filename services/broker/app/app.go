@@ -22,6 +22,7 @@ import (
 	"github.com/strandhq/strand/internal/rpcserver"
 	"github.com/strandhq/strand/services/broker/internal/api"
 	"github.com/strandhq/strand/services/broker/internal/coord"
+	"github.com/strandhq/strand/services/broker/internal/metrics"
 	"github.com/strandhq/strand/services/broker/internal/replica"
 	"github.com/strandhq/strand/services/broker/internal/storage"
 )
@@ -130,8 +131,12 @@ func Start(ctx context.Context, cfg Config) (*App, error) {
 	if a.cfg.Advertise == "" {
 		a.cfg.Advertise = ln.Addr().String()
 	}
+	// Where publishes and follow batches wait, at /metrics (package
+	// metrics lists the series).
+	met := metrics.New()
 	a.db, err = storage.Open(storage.Options{Dir: cfg.DataDir, Logger: log,
-		MaxProducers: cfg.DedupeProducers, ProducerWindow: cfg.DedupeWindow, BootIDPath: cfg.BootIDPath})
+		MaxProducers: cfg.DedupeProducers, ProducerWindow: cfg.DedupeWindow, BootIDPath: cfg.BootIDPath,
+		OnCommit: met.Commit})
 	if err != nil {
 		_ = ln.Close()
 		return nil, fmt.Errorf("broker: storage: %w", err)
@@ -158,6 +163,7 @@ func Start(ctx context.Context, cfg Config) (*App, error) {
 		Dial: func(addr string) strandv1connect.ReplicationServiceClient {
 			return strandv1connect.NewReplicationServiceClient(httpClient, rpcserver.BaseURL(addr), rpcserver.WithPeerToken(cfg.PeerToken))
 		},
+		Metrics: met,
 	})
 	if err != nil {
 		_ = ln.Close()
@@ -184,6 +190,7 @@ func Start(ctx context.Context, cfg Config) (*App, error) {
 		log.Warn().Msg("no peer token (" + rpcserver.PeerTokenEnv + "): Follow and Seal are open to any client that reaches this broker")
 	}
 	mux.Handle(strandv1connect.NewReplicationServiceHandler(api.NewReplicationService(a.manager, log), noGzip, rpcserver.RequirePeerToken(cfg.PeerToken, cfg.PeerTokensAccepted...)))
+	mux.Handle(metrics.Path, met.Handler())
 	a.server = rpcserver.Serve(ln, mux)
 
 	cctx, cancel := context.WithCancel(context.Background())

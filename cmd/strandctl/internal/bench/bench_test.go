@@ -5,6 +5,7 @@ import (
 	"encoding/xml"
 	"errors"
 	"io"
+	"math"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -288,5 +289,37 @@ func TestProcCPU(t *testing.T) {
 	}
 	if _, ok := procCPU(fs, 9999); ok {
 		t.Error("procCPU of a process that is not there ok, want refused")
+	}
+}
+
+// TestStageMeans: each stage's mean over the window comes from the owner's
+// histograms or the followers' together, a broker whose counters went back
+// (a restart) is left out, and a stage without samples is not reported.
+func TestStageMeans(t *testing.T) {
+	before := map[string]brokerHistograms{
+		"b1": {"publish_confirm_seconds": {sum: 1, count: 10}, "commit_sync_seconds": {sum: 0.5, count: 100}},
+		"b2": {"commit_sync_seconds": {sum: 2, count: 50}, "follow_apply_seconds": {sum: 0, count: 0}},
+		"b3": {"commit_sync_seconds": {sum: 9, count: 900}, "follow_apply_seconds": {sum: 1, count: 10}},
+	}
+	after := map[string]brokerHistograms{
+		// 4 publishes confirmed in 0.024 s: 6 ms each; 10 syncs of 2 ms.
+		"b1": {"publish_confirm_seconds": {sum: 1.024, count: 14}, "commit_sync_seconds": {sum: 0.52, count: 110}},
+		// b2: 10 syncs of 3 ms; 10 batches applied in 4 ms each.
+		"b2": {"commit_sync_seconds": {sum: 2.03, count: 60}, "follow_apply_seconds": {sum: 0.04, count: 10}},
+		// b3 restarted: its counters began again, so it is left out.
+		"b3": {"commit_sync_seconds": {sum: 0.001, count: 1}, "follow_apply_seconds": {sum: 0.001, count: 1}},
+	}
+	got := stageMeans("b1", before, after)
+	want := map[string]float64{"publish_confirm": 6, "owner_commit_sync": 2, "follower_commit_sync": 3, "follow_apply": 4}
+	if len(got) != len(want) {
+		t.Fatalf("stages %v, want %v", got, want)
+	}
+	for k, v := range want {
+		if math.Abs(got[k]-v) > 1e-9 {
+			t.Errorf("stage %s = %v ms, want %v", k, got[k], v)
+		}
+	}
+	if s := stageMeans("b1", before, before); s != nil {
+		t.Errorf("stages of an empty window %v, want none", s)
 	}
 }

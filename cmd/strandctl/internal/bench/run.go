@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net/http"
 	"os"
 	"slices"
 	"strconv"
@@ -64,6 +65,15 @@ type Result struct {
 	// costs in CPU, which bounds throughput on a small machine. Runs
 	// without a kill on a cluster the bench started only (0 otherwise).
 	BrokerCPUUsPerRecord float64 `json:"broker_cpu_us_per_record"`
+	// StageMeanMs is where a publish waited, as the mean milliseconds of
+	// each stage over the publishing window, from the brokers' /metrics
+	// (stages.go): on the owner publish_durable and publish_confirm (from
+	// queued for the log), owner_commit_write and owner_commit_sync (one
+	// committer batch), follow_ack (a batch sent to a follower until it is
+	// acknowledged durable); on the followers follower_commit_write,
+	// follower_commit_sync and follow_apply (a batch received until
+	// durable). Runs without a kill on a cluster the bench started only.
+	StageMeanMs map[string]float64 `json:"stage_mean_ms,omitempty"`
 
 	// The failover split into phases (runs with a kill only), adding up to
 	// unavailable_ms: kill → the pending recovery recorded (detect) → the
@@ -210,6 +220,7 @@ func (r *runner) run(ctx context.Context) error {
 
 	// Publish.
 	cpuBefore, cpuOK := r.brokerCPU()
+	stagesBefore := r.brokerHistograms(ctx)
 	r.start = time.Now()
 	var (
 		wg     sync.WaitGroup
@@ -311,6 +322,11 @@ func (r *runner) run(ctx context.Context) error {
 	elapsed := r.since()
 	if cpuAfter, ok := r.brokerCPU(); ok && cpuOK && o.KillAt <= 0 && r.confirmed.Load() > 0 {
 		r.res.BrokerCPUUsPerRecord = round(float64(cpuAfter-cpuBefore) / float64(r.confirmed.Load()) / 1000)
+	}
+	if stagesBefore != nil && o.KillAt <= 0 {
+		if after := r.brokerHistograms(ctx); after != nil {
+			r.res.StageMeanMs = stageMeans(r.owner, stagesBefore, after)
+		}
 	}
 	if o.KillAt > 0 {
 		// The kill watcher waits for the new assignment; give it until
@@ -654,6 +670,25 @@ func (r *runner) brokerCPU() (total time.Duration, ok bool) {
 		total += cpu
 	}
 	return total, true
+}
+
+// brokerHistograms reads every broker's /metrics histograms, by node; nil
+// when there is no cluster of the bench's own or a broker cannot be read
+// (the result then has no stages).
+func (r *runner) brokerHistograms(ctx context.Context) map[string]brokerHistograms {
+	if r.cl == nil {
+		return nil
+	}
+	hc := &http.Client{}
+	out := map[string]brokerHistograms{}
+	for _, b := range r.cl.Info().Brokers {
+		h, err := scrapeHistograms(ctx, hc, b.Address)
+		if err != nil {
+			return nil
+		}
+		out[b.Node] = h
+	}
+	return out
 }
 
 // procCPU is a process's user and system CPU time, from its /proc/PID/stat

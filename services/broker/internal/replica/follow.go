@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"sync"
+	"time"
 
 	strandv1 "github.com/strandhq/strand/internal/gen/strand/v1"
 	"github.com/strandhq/strand/services/broker/internal/storage"
@@ -81,7 +82,8 @@ func (m *Manager) ServeFollow(ctx context.Context, first *strandv1.FollowRequest
 	stop := context.AfterFunc(roleCtx, cancel)
 	defer stop()
 
-	fc := &flowControl{max: m.cfg.MaxInflightBytes, acked: make(chan struct{}, 1)}
+	fc := &flowControl{max: m.cfg.MaxInflightBytes, acked: make(chan struct{}, 1),
+		onAck: func(sent time.Time) { m.cfg.Metrics.FollowAcked(node, sent) }}
 	recvErr := make(chan error, 1)
 	go func() {
 		for {
@@ -99,7 +101,7 @@ func (m *Manager) ServeFollow(ctx context.Context, first *strandv1.FollowRequest
 		}
 	}()
 
-	fc.setSent(pos, 0)
+	fc.setSent(pos, 0, time.Time{})
 	var lastWM uint64
 	first0 := true
 	for {
@@ -155,7 +157,7 @@ func (m *Manager) ServeFollow(ctx context.Context, first *strandv1.FollowRequest
 			if n := len(evs); n > 0 {
 				cpos = evs[n-1].Offset + 1
 			}
-			fc.setSent(pos, size)
+			fc.setSent(pos, size, time.Now())
 			if err := fs.Send(resp); err != nil {
 				return err
 			}
@@ -181,19 +183,25 @@ type flowControl struct {
 	bytes    int
 	tail     uint64
 	acked    chan struct{}
+	// onAck, when set, is called with the send time of each batch the
+	// follower acknowledges (metrics: follow_ack_seconds).
+	onAck func(sent time.Time)
 }
 
 type sentBatch struct {
 	end   uint64
 	bytes int
+	sent  time.Time
 }
 
-func (f *flowControl) setSent(tail uint64, bytes int) {
+// setSent records the records sent up to tail: a batch of bytes payload
+// bytes, sent at sent, when bytes > 0.
+func (f *flowControl) setSent(tail uint64, bytes int, sent time.Time) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.tail = tail
 	if bytes > 0 {
-		f.inflight = append(f.inflight, sentBatch{end: tail, bytes: bytes})
+		f.inflight = append(f.inflight, sentBatch{end: tail, bytes: bytes, sent: sent})
 		f.bytes += bytes
 	}
 }
@@ -213,6 +221,9 @@ func (f *flowControl) room() bool {
 func (f *flowControl) ack(tail uint64) {
 	f.mu.Lock()
 	for len(f.inflight) > 0 && f.inflight[0].end <= tail {
+		if f.onAck != nil {
+			f.onAck(f.inflight[0].sent)
+		}
 		f.bytes -= f.inflight[0].bytes
 		f.inflight = f.inflight[1:]
 	}

@@ -132,7 +132,12 @@ func (c *Copy) followOnce(ctx context.Context, owner string, epoch uint64) error
 	// share the next one (storage.EnqueueReplicated), and the owner's next
 	// batch travels while this one syncs. The owner's flow control bounds
 	// what is queued here.
-	pending := make(chan storage.Pending, 64)
+	type receivedBatch struct {
+		storage.Pending
+		at   time.Time // when the batch arrived (follow_apply_seconds)
+		recs bool      // whether it held records
+	}
+	pending := make(chan receivedBatch, 64)
 	ackErr := make(chan error, 1)
 	ackerDone := make(chan struct{})
 	defer func() {
@@ -156,7 +161,7 @@ func (c *Copy) followOnce(ctx context.Context, owner string, epoch uint64) error
 		defer close(ackerDone)
 		ackedRec, ackedEv := s.RecordTail, s.CursorEventTail
 		for {
-			var p storage.Pending
+			var p receivedBatch
 			select {
 			case p = <-pending:
 			case <-ctx.Done():
@@ -166,6 +171,9 @@ func (c *Copy) followOnce(ctx context.Context, owner string, epoch uint64) error
 				ackErr <- localErr(err)
 				cancel()
 				return
+			}
+			if p.recs {
+				c.m.cfg.Metrics.FollowApplied(p.at)
 			}
 			t := c.st.Tails()
 			applyWatermark(0)
@@ -188,6 +196,7 @@ func (c *Copy) followOnce(ctx context.Context, owner string, epoch uint64) error
 	queued := false
 	for {
 		resp, err := stream.Receive()
+		arrived := time.Now()
 		if err != nil {
 			select {
 			case aerr := <-ackErr:
@@ -228,7 +237,7 @@ func (c *Copy) followOnce(ctx context.Context, owner string, epoch uint64) error
 			}
 			queued = true
 			select {
-			case pending <- p:
+			case pending <- receivedBatch{Pending: p, at: arrived, recs: len(recs) > 0}:
 			case <-ctx.Done():
 				return ctx.Err()
 			}

@@ -16,6 +16,7 @@ import (
 	strandv1 "github.com/strandhq/strand/internal/gen/strand/v1"
 	"github.com/strandhq/strand/internal/gen/strand/v1/strandv1connect"
 	"github.com/strandhq/strand/internal/logging"
+	"github.com/strandhq/strand/services/broker/internal/metrics"
 	"github.com/strandhq/strand/services/broker/internal/storage"
 )
 
@@ -37,6 +38,9 @@ type Config struct {
 	History func(ctx context.Context, stream string) (cluster.HistoryStarts, error)
 	// Dial returns a replication client for a peer address.
 	Dial func(addr string) strandv1connect.ReplicationServiceClient
+	// Metrics records where publishes and follow batches wait; nil
+	// records nothing.
+	Metrics *metrics.Broker
 }
 
 // Manager holds every copy on this broker and what the broker knows of the

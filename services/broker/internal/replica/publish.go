@@ -45,6 +45,7 @@ func (m *Manager) Publish(ctx context.Context, stream string, recs []storage.Rec
 		}
 		return PublishResult{}, m.notHere(stream)
 	}
+	start := time.Now()
 	res, err := c.st.AppendIdempotent(ctx, a.Epoch, recs)
 	if err != nil {
 		if errorsIsAny(err, storage.ErrSealed, storage.ErrFenced) {
@@ -59,10 +60,12 @@ func (m *Manager) Publish(ctx context.Context, stream string, recs []storage.Rec
 	// AppendIdempotent returned once everything it reports is durable
 	// here: the stored records, or the originals of a batch of duplicates.
 	tail := slices.Max(res.Offsets) + 1
+	m.cfg.Metrics.PublishDurable(start)
 	tracker.ownerDurable(tail)
 	if err := waitConfirmed(ctx, roleCtx, tracker, tail, m.cfg.ConfirmTimeout); err != nil {
 		return out, err
 	}
+	m.cfg.Metrics.PublishConfirmed(start)
 	return out, nil
 }
 

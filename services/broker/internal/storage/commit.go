@@ -219,6 +219,7 @@ func (db *DB) commit(batch []*op) {
 }
 
 func (db *DB) write(batch []*op) error {
+	start := time.Now()
 	txn := db.bdb.NewTransaction(true)
 	defer func() { txn.Discard() }()
 	flush := func() error {
@@ -300,7 +301,11 @@ func (db *DB) write(batch []*op) error {
 			o.written()
 		}
 	}
+	written := time.Now()
 	if lazyOnly {
+		if db.onCommit != nil {
+			db.onCommit(written.Sub(start), 0, false)
+		}
 		return nil
 	}
 	if hook := db.beforeSync; hook != nil {
@@ -308,6 +313,9 @@ func (db *DB) write(batch []*op) error {
 	}
 	if err := db.bdb.Sync(); err != nil {
 		return fmt.Errorf("storage: syncing batch: %w", err)
+	}
+	if db.onCommit != nil {
+		db.onCommit(written.Sub(start), time.Since(written), true)
 	}
 	return nil
 }

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/dgraph-io/badger/v4"
 	"github.com/dgraph-io/badger/v4/options"
@@ -42,6 +43,10 @@ type Options struct {
 	// BootIDPath is read for the id of the running boot (boot.go);
 	// empty means BootIDPath. Tests point it at a file of their own.
 	BootIDPath string
+	// OnCommit, when set, is called on the committer after every batch it
+	// wrote: how long the Badger write took and, when the batch was synced
+	// (synced), its fsync. The broker's metrics take it.
+	OnCommit func(write, sync time.Duration, synced bool)
 }
 
 // Memory defaults, for a broker that stays near 512 MiB RSS under load: two
@@ -115,6 +120,8 @@ type DB struct {
 	// batch's Badger commit and its fsync: the batch is written, not yet
 	// durable.
 	beforeSync func()
+	// onCommit is Options.OnCommit.
+	onCommit func(write, sync time.Duration, synced bool)
 }
 
 // Open opens (or creates) the store in opts.Dir. Pending drops are completed
@@ -185,6 +192,7 @@ func Open(opts Options) (*DB, error) {
 		producerCheckpointEvery: orDefault(opts.ProducerCheckpointRecords, DefaultProducerCheckpointRecords),
 		tailCacheBytes:          cacheBound(opts.TailCacheBytes, DefaultTailCacheBytes),
 		tailCacheLimit:          cacheBound(opts.TailCacheTotalBytes, DefaultTailCacheTotalBytes),
+		onCommit:                opts.OnCommit,
 		ops:                     make(chan *op, 4096),
 		stop:                    make(chan struct{}),
 		stopped:                 make(chan struct{}),
