@@ -208,16 +208,32 @@ func TestUnavailableAndGaps(t *testing.T) {
 	}
 }
 
-func TestParseVmHWM(t *testing.T) {
-	status := "Name:\tstrand-broker\nVmPeak:\t  900000 kB\nVmHWM:\t  123456 kB\nVmRSS:\t  100000 kB\n"
-	if kb, ok := parseStatusKB(strings.NewReader(status), "VmHWM:"); !ok || kb != 123456 {
-		t.Fatalf("parseStatusKB VmHWM = %d, %v", kb, ok)
+func TestProcMemoryKB(t *testing.T) {
+	dir := t.TempDir()
+	fs, err := procfs.NewFS(dir)
+	if err != nil {
+		t.Fatal(err)
 	}
-	if kb, ok := parseStatusKB(strings.NewReader(status), "VmRSS:"); !ok || kb != 100000 {
-		t.Fatalf("parseStatusKB VmRSS = %d, %v", kb, ok)
+	status := func(pid int, text string) {
+		t.Helper()
+		if err := os.MkdirAll(filepath.Join(dir, strconv.Itoa(pid)), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, strconv.Itoa(pid), "status"), []byte(text), 0o644); err != nil {
+			t.Fatal(err)
+		}
 	}
-	if _, ok := parseStatusKB(strings.NewReader("Name:\tx\n"), "VmHWM:"); ok {
-		t.Fatal("parseStatusKB found a VmHWM that is not there")
+	status(4242, "Name:\tstrand-broker\nVmPeak:\t  900000 kB\nVmHWM:\t  123456 kB\nVmRSS:\t  100000 kB\nRssAnon:\t   51200 kB\n")
+	if hwm, anon, ok := procMemoryKB(fs, 4242); !ok || hwm != 123456 || anon != 51200 {
+		t.Fatalf("procMemoryKB = %d, %d, %v; want 123456, 51200, true", hwm, anon, ok)
+	}
+	// No VmHWM (a kernel thread, say): nothing to report.
+	status(4243, "Name:\tx\n")
+	if _, _, ok := procMemoryKB(fs, 4243); ok {
+		t.Error("procMemoryKB of a status without VmHWM ok, want refused")
+	}
+	if _, _, ok := procMemoryKB(fs, 9999); ok {
+		t.Error("procMemoryKB of a process that is not there ok, want refused")
 	}
 }
 

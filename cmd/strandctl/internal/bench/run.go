@@ -1,7 +1,6 @@
 package bench
 
 import (
-	"bufio"
 	"cmp"
 	"context"
 	"errors"
@@ -641,12 +640,14 @@ func (r *runner) samplePeakRSS() {
 	if r.cl == nil {
 		return
 	}
+	fs, err := procfs.NewDefaultFS()
+	if err != nil {
+		return
+	}
 	for _, b := range r.cl.Info().Brokers {
-		if kb, ok := procStatusKB(b.PID, "VmHWM:"); ok {
-			storeMax(&r.peakRSS, kb)
-		}
-		if kb, ok := procStatusKB(b.PID, "RssAnon:"); ok {
-			storeMax(&r.peakAnon, kb)
+		if hwm, anon, ok := procMemoryKB(fs, b.PID); ok {
+			storeMax(&r.peakRSS, hwm)
+			storeMax(&r.peakAnon, anon)
 		}
 	}
 }
@@ -717,35 +718,21 @@ func storeMax(v *atomic.Int64, kb int64) {
 	}
 }
 
-// procStatusKB reads one kB field of a process's /proc status (VmHWM: the
-// peak resident set size; RssAnon: resident anonymous memory now).
-func procStatusKB(pid int, field string) (int64, bool) {
+// procMemoryKB reads a process's peak resident set size (VmHWM) and its
+// resident anonymous memory now (RssAnon), in KiB, from /proc/PID/status.
+func procMemoryKB(fs procfs.FS, pid int) (hwm, anon int64, ok bool) {
 	if pid <= 0 {
-		return 0, false
+		return 0, 0, false
 	}
-	f, err := os.Open("/proc/" + strconv.Itoa(pid) + "/status")
+	p, err := fs.Proc(pid)
 	if err != nil {
-		return 0, false
+		return 0, 0, false
 	}
-	defer f.Close()
-	return parseStatusKB(f, field)
-}
-
-func parseStatusKB(rd io.Reader, field string) (int64, bool) {
-	sc := bufio.NewScanner(rd)
-	for sc.Scan() {
-		rest, ok := strings.CutPrefix(sc.Text(), field)
-		if !ok {
-			continue
-		}
-		fields := strings.Fields(rest)
-		if len(fields) == 0 {
-			return 0, false
-		}
-		kb, err := strconv.ParseInt(fields[0], 10, 64)
-		return kb, err == nil
+	st, err := p.NewStatus()
+	if err != nil || st.VmHWM == 0 {
+		return 0, 0, false
 	}
-	return 0, false
+	return int64(st.VmHWM >> 10), int64(st.RssAnon >> 10), true
 }
 
 func (r *runner) plot(all []Confirm, elapsed time.Duration, marks []Mark) error {
