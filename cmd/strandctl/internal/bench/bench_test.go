@@ -208,21 +208,29 @@ func TestUnavailableAndGaps(t *testing.T) {
 	}
 }
 
-func TestProcMemoryKB(t *testing.T) {
+// procTree is a procfs over a temp dir, and a function that writes a
+// process's file there.
+func procTree(t *testing.T) (procfs.FS, func(pid int, file, text string)) {
+	t.Helper()
 	dir := t.TempDir()
 	fs, err := procfs.NewFS(dir)
 	if err != nil {
 		t.Fatal(err)
 	}
-	status := func(pid int, text string) {
+	return fs, func(pid int, file, text string) {
 		t.Helper()
 		if err := os.MkdirAll(filepath.Join(dir, strconv.Itoa(pid)), 0o755); err != nil {
 			t.Fatal(err)
 		}
-		if err := os.WriteFile(filepath.Join(dir, strconv.Itoa(pid), "status"), []byte(text), 0o644); err != nil {
+		if err := os.WriteFile(filepath.Join(dir, strconv.Itoa(pid), file), []byte(text), 0o644); err != nil {
 			t.Fatal(err)
 		}
 	}
+}
+
+func TestProcMemoryKB(t *testing.T) {
+	fs, write := procTree(t)
+	status := func(pid int, text string) { write(pid, "status", text) }
 	status(4242, "Name:\tstrand-broker\nVmPeak:\t  900000 kB\nVmHWM:\t  123456 kB\nVmRSS:\t  100000 kB\nRssAnon:\t   51200 kB\n")
 	if hwm, anon, ok := procMemoryKB(fs, 4242); !ok || hwm != 123456 || anon != 51200 {
 		t.Fatalf("procMemoryKB = %d, %d, %v; want 123456, 51200, true", hwm, anon, ok)
@@ -275,20 +283,8 @@ func TestWriteSVG(t *testing.T) {
 }
 
 func TestProcCPU(t *testing.T) {
-	dir := t.TempDir()
-	fs, err := procfs.NewFS(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	stat := func(pid int, line string) {
-		t.Helper()
-		if err := os.MkdirAll(filepath.Join(dir, strconv.Itoa(pid)), 0o755); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(filepath.Join(dir, strconv.Itoa(pid), "stat"), []byte(line), 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
+	fs, write := procTree(t)
+	stat := func(pid int, line string) { write(pid, "stat", line) }
 	// A command name with a space and a parenthesis: the fields are
 	// counted after the last ')'.
 	stat(4242, "4242 (strand) broker) S 1 4242 4242 0 -1 4194560 9812 0 0 0 1234 567 0 0 20 0 11 0 5000 1000000 2000 18446744073709551615 1 1 0 0 0 0 0 0 0 0 0 0 17 1 0 0 0 0 0")
