@@ -51,7 +51,7 @@ func New() *Broker {
 	}
 	b := &Broker{
 		registry:       prometheus.NewRegistry(),
-		commitWrite:    hist("commit_write_seconds", "Time the committer takes to write one batch of operations into Badger, before its fsync."),
+		commitWrite:    hist("commit_write_seconds", "Time the committer takes to write one batch of operations into Badger, before its fsync (a batch split at Badger's transaction bound includes the fsync between its parts)."),
 		commitSync:     hist("commit_sync_seconds", "Time the fsync of one committed batch takes (group commit: one per batch, for every stream)."),
 		publishDurable: hist("publish_durable_seconds", "Owner: time from a publish being queued for the log to its records being durable on the owner."),
 		publishConfirm: hist("publish_confirm_seconds", "Owner: time from a publish being queued for the log to W copies holding it durably (the confirm)."),
