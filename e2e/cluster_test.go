@@ -20,6 +20,8 @@ import (
 	"connectrpc.com/connect"
 	"github.com/moby/moby/api/types/network"
 	"github.com/moby/moby/client"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
 	"github.com/testcontainers/testcontainers-go"
 	"github.com/testcontainers/testcontainers-go/wait"
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -717,4 +719,36 @@ func waitFor(t testing.TB, timeout time.Duration, what string, cond func() (bool
 		}
 		<-tick.C
 	}
+}
+
+// sampleCount reads a broker's /metrics and returns the sample count of
+// histogram metric (summed over its label series), or an error when the
+// broker does not serve it.
+func (h *harness) sampleCount(ctx context.Context, name, metric string) (uint64, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, rpcserver.BaseURL(name+":"+brokerPort)+"/metrics", nil)
+	if err != nil {
+		return 0, err
+	}
+	resp, err := h.http.Do(req)
+	if err != nil {
+		return 0, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return 0, fmt.Errorf("%s /metrics: %s", name, resp.Status)
+	}
+	p := expfmt.NewTextParser(model.UTF8Validation)
+	fams, err := p.TextToMetricFamilies(resp.Body)
+	if err != nil {
+		return 0, fmt.Errorf("%s /metrics: %w", name, err)
+	}
+	f, ok := fams[metric]
+	if !ok {
+		return 0, fmt.Errorf("%s /metrics has no %s", name, metric)
+	}
+	var n uint64
+	for _, m := range f.GetMetric() {
+		n += m.GetHistogram().GetSampleCount()
+	}
+	return n, nil
 }

@@ -76,4 +76,12 @@ func TestOwnerKillFailover(t *testing.T) {
 	rejoined := readAll(ctx, t, "the rejoined copy at "+owner, end, readFromCopy(h.broker(owner), stream))
 	sameRecords(t, a1.Owner, recs, owner, rejoined)
 	t.Logf("%d confirmed records verified at their offsets (%d publishes failed or were cut short)", n, l.Failures())
+
+	// The image serves the new owner's metrics, which saw its confirms
+	// and its fsyncs.
+	for _, metric := range []string{"strand_broker_publish_confirm_seconds", "strand_broker_commit_sync_seconds"} {
+		if c, err := h.sampleCount(ctx, a1.Owner, metric); err != nil || c == 0 {
+			t.Errorf("new owner %s: %s has %d samples (%v), want its confirms counted", a1.Owner, metric, c, err)
+		}
+	}
 }
