@@ -54,6 +54,16 @@ func histogramCount(fams map[string]*dto.MetricFamily, name, label, value string
 	return -1
 }
 
+// counterValue is the value of counter name (its only series), or -1 when
+// there is none.
+func counterValue(fams map[string]*dto.MetricFamily, name string) float64 {
+	f, ok := fams[name]
+	if !ok || len(f.GetMetric()) != 1 {
+		return -1
+	}
+	return f.GetMetric()[0].GetCounter().GetValue()
+}
+
 // TestMetricsShowWhereAPublishWaits: every stage a publish passes through
 // is counted where it happens. With local_durable every copy must hold a
 // record before it is confirmed, so each follower has applied and
@@ -100,6 +110,9 @@ func TestMetricsShowWhereAPublishWaits(t *testing.T) {
 		if n := histogramCount(f, "strand_broker_publish_confirm_seconds", "", ""); n != 0 {
 			t.Errorf("follower %s: publish_confirm_seconds has %d samples, want 0", node, n)
 		}
+	}
+	if v := counterValue(owner, "strand_broker_publish_confirm_timeouts_total"); v != 0 {
+		t.Errorf("owner b1: publish_confirm_timeouts_total = %v, want 0: every publish confirmed", v)
 	}
 	// The Go runtime and process collectors are on each broker's registry.
 	if _, ok := owner["go_goroutines"]; !ok {

@@ -129,6 +129,10 @@ func TestLocalDurableWaitsForEveryCopy(t *testing.T) {
 	if connect.CodeOf(err) != connect.CodeUnavailable {
 		t.Fatalf("publish with a copy down under local_durable: %v, want Unavailable", err)
 	}
+	// The owner shows why it answered so: one confirm timed out.
+	if v := counterValue(h.scrape("b1"), "strand_broker_publish_confirm_timeouts_total"); v != 1 {
+		t.Fatalf("owner's publish_confirm_timeouts_total = %v after one timed out publish, want 1", v)
+	}
 	// Readers never see a record above the confirm watermark.
 	recs, err := h.readAll("b1", "all")
 	if err != nil || len(recs) != 1 {

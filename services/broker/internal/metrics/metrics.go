@@ -7,6 +7,9 @@
 //	strand_broker_commit_sync_seconds        committer: that batch's fsync
 //	strand_broker_publish_durable_seconds    owner: publish queued to durable here
 //	strand_broker_publish_confirm_seconds    owner: publish queued to confirmed by W copies
+//	strand_broker_publish_confirm_timeouts_total
+//	                                         owner: publishes answered Unavailable because
+//	                                         fewer than W copies held them in time
 //	strand_broker_follow_ack_seconds         owner: a batch sent to a follower to its
 //	                                         acknowledgement, by follower
 //	strand_broker_follow_apply_seconds       follower: a batch received to durable here
@@ -35,12 +38,15 @@ type Broker struct {
 	commitSync     prometheus.Histogram
 	publishDurable prometheus.Histogram
 	publishConfirm prometheus.Histogram
+	confirmTimeout prometheus.Counter
 	followAck      *prometheus.HistogramVec
 	followApply    prometheus.Histogram
 }
 
 // buckets run from 100 µs to about 6.5 s, doubling: a fsync on a fast
-// disk is in the first few, a confirm timeout (5 s) in the last.
+// disk is in the first few, a confirm that took most of the confirm
+// timeout (5 s) in the last. A publish that timed out is not a confirm:
+// publish_confirm_timeouts_total counts it.
 var buckets = prometheus.ExponentialBuckets(100e-6, 2, 17)
 
 // New registers a broker's collectors, with the Go runtime's and the
@@ -55,13 +61,17 @@ func New() *Broker {
 		commitSync:     hist("commit_sync_seconds", "Time the fsync of one committed batch takes (group commit: one per batch, for every stream)."),
 		publishDurable: hist("publish_durable_seconds", "Owner: time from a publish being queued for the log to its records being durable on the owner."),
 		publishConfirm: hist("publish_confirm_seconds", "Owner: time from a publish being queued for the log to W copies holding it durably (the confirm)."),
+		confirmTimeout: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: "strand", Subsystem: "broker", Name: "publish_confirm_timeouts_total",
+			Help: "Owner: publishes answered Unavailable because fewer than W copies held their records durably within the confirm timeout (the records may remain, unconfirmed).",
+		}),
 		followAck: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Namespace: "strand", Subsystem: "broker", Name: "follow_ack_seconds", Buckets: buckets,
 			Help: "Owner: time from sending a batch of records to a follower to the follower acknowledging it durable.",
 		}, []string{"follower"}),
 		followApply: hist("follow_apply_seconds", "Follower: time from receiving a batch of records from the owner to holding it durably."),
 	}
-	b.registry.MustRegister(b.commitWrite, b.commitSync, b.publishDurable, b.publishConfirm, b.followAck, b.followApply,
+	b.registry.MustRegister(b.commitWrite, b.commitSync, b.publishDurable, b.publishConfirm, b.confirmTimeout, b.followAck, b.followApply,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return b
 }
@@ -96,6 +106,13 @@ func (b *Broker) PublishDurable(start time.Time) {
 func (b *Broker) PublishConfirmed(start time.Time) {
 	if b != nil {
 		b.publishConfirm.Observe(time.Since(start).Seconds())
+	}
+}
+
+// PublishConfirmTimedOut counts a publish whose confirm timed out.
+func (b *Broker) PublishConfirmTimedOut() {
+	if b != nil {
+		b.confirmTimeout.Inc()
 	}
 }
 

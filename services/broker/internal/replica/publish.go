@@ -63,6 +63,9 @@ func (m *Manager) Publish(ctx context.Context, stream string, recs []storage.Rec
 	m.cfg.Metrics.PublishDurable(start)
 	tracker.ownerDurable(tail)
 	if err := waitConfirmed(ctx, roleCtx, tracker, tail, m.cfg.ConfirmTimeout); err != nil {
+		if errors.Is(err, ErrConfirmTimeout) {
+			m.cfg.Metrics.PublishConfirmTimedOut()
+		}
 		return out, err
 	}
 	m.cfg.Metrics.PublishConfirmed(start)
