@@ -253,6 +253,13 @@ func (m *Manager) SyncAssignments(all map[string]cluster.Assignment, unreadable 
 // the stream; m.assignments always holds the latest. The data goes first,
 // while c is still the stream's copy, so no new copy opens the stream's
 // storage before its drop is done. c's role has ended.
+//
+// A drop that fails (the store refuses writes after a failed fsync, or is
+// closing) leaves the data on disk and applies nothing: the assignment
+// would open the same stale data and drop it again, in a loop. The stream
+// is applied again with its next change, a full resync (SyncAssignments),
+// or the broker's restart, which finds the stale copy on disk and drops it
+// again (replaceWithEmpty).
 func (m *Manager) dropCopy(c *Copy) error {
 	err := m.cfg.Storage.Drop(c.name)
 	m.mu.Lock()
