@@ -395,11 +395,7 @@ func TestConcurrentPublishesKeepSequencesInOrder(t *testing.T) {
 			}
 		})
 	}
-	// Wait until the first request is in flight and the others queued.
-	clustertest.Until(t, 5*time.Second, "publishes queued behind the first batch", func() bool {
-		reqs := f.requests()
-		return len(reqs) == 1 && queued(c, "s") == n-len(reqs[0].GetRecords())
-	})
+	untilQueuedBehindFirst(t, c, f, n)
 	close(release)
 	wg.Wait()
 	seen := map[uint64]bool{}
@@ -425,7 +421,30 @@ func TestConcurrentPublishesKeepSequencesInOrder(t *testing.T) {
 	}
 }
 
+// untilQueuedBehindFirst waits until the first request of n one-record
+// calls to stream "s" is in flight, held (holdFirstPublish), and every
+// call it does not carry is queued behind it.
+func untilQueuedBehindFirst(t *testing.T, c *Client, f *fakeBroker, n int) {
+	t.Helper()
+	clustertest.Until(t, 5*time.Second, "publishes queued behind the first batch", func() bool {
+		reqs := f.requests()
+		return len(reqs) == 1 && queued(c, "s") == n-len(reqs[0].GetRecords())
+	})
+}
+
+// queueLen is how many calls the lanes of stream hold in their queues,
+// dropped ones included.
+func queueLen(c *Client, stream string) int {
+	return sumLanes(c, stream, func(p *producer) int { return len(p.queue) })
+}
+
+// queued is how many calls the lanes of stream hold queued, not dropped.
 func queued(c *Client, stream string) int {
+	return sumLanes(c, stream, func(p *producer) int { return p.queuedCalls })
+}
+
+// sumLanes adds up f over stream's lanes, each under its lock.
+func sumLanes(c *Client, stream string, f func(*producer) int) int {
 	c.producer(stream) // makes the lanes
 	c.mu.Lock()
 	lanes := c.producers[stream]
@@ -433,7 +452,7 @@ func queued(c *Client, stream string) int {
 	n := 0
 	for _, p := range lanes {
 		p.mu.Lock()
-		n += p.queuedCalls
+		n += f(p)
 		p.mu.Unlock()
 	}
 	return n
@@ -934,10 +953,7 @@ func TestPublishAsyncConfirmsInCallOrder(t *testing.T) {
 			wg.Done()
 		})
 	}
-	clustertest.Until(t, 5*time.Second, "publishes queued behind the first batch", func() bool {
-		reqs := f.requests()
-		return len(reqs) == 1 && queued(c, "s") == n-len(reqs[0].GetRecords())
-	})
+	untilQueuedBehindFirst(t, c, f, n)
 	close(release)
 	wg.Wait()
 	mu.Lock()
@@ -1108,10 +1124,7 @@ func TestPublishAsyncAnswersEveryCallOnClose(t *testing.T) {
 			answered.Add(1)
 		})
 	}
-	clustertest.Until(t, 5*time.Second, "publishes queued behind the first batch", func() bool {
-		reqs := f.requests()
-		return len(reqs) == 1 && queued(c, "s") == n-len(reqs[0].GetRecords())
-	})
+	untilQueuedBehindFirst(t, c, f, n)
 	if err := c.Close(); err != nil {
 		t.Fatal(err)
 	}
@@ -1139,32 +1152,15 @@ func publishFirst(t *testing.T, c *Client, f *fakeBroker) <-chan error {
 // sharing one ctx, are answered at once, each exactly once, and never sent;
 // the lane goes on with the call queued behind them and with later ones.
 func TestPublishAsyncDropsQueuedCallsWhoseCtxEnds(t *testing.T) {
-	f, release := holdFirstPublish(t)
-	// The held attempt must not time out and let the lane answer the calls
-	// itself: that would hide a drop that never came.
-	c := newTestClient(t, Config{Brokers: []string{f.addr}, Lanes: 1, AttemptTimeout: time.Hour})
-	first := publishFirst(t, c, f)
+	f, release, c, first := heldLane(t)
 	const n = 1000
-	shared, cancel := context.WithCancel(context.Background())
-	var mu sync.Mutex
-	calls := make([]int, n)
-	errs := make([]error, n)
-	var answered atomic.Int32
-	for i := range n {
-		c.PublishAsync(shared, "s", recs(fmt.Sprint("dropped-", i)), func(_ *strandv1.PublishResponse, err error) {
-			mu.Lock()
-			calls[i]++
-			errs[i] = err
-			mu.Unlock()
-			answered.Add(1)
-		})
-	}
+	d := queueSharingCtx(c, n)
 	kept := make(chan error, 1)
 	c.PublishAsync(context.Background(), "s", recs("kept"), func(_ *strandv1.PublishResponse, err error) { kept <- err })
 	clustertest.Until(t, 5*time.Second, "the calls queued", func() bool { return queued(c, "s") == n+1 })
-	cancel()
+	d.cancel()
 	clustertest.Until(t, 10*time.Second, "the dropped calls answered while the batch ahead of them is in flight", func() bool {
-		return answered.Load() >= n
+		return d.answered.Load() >= n
 	})
 	if got := queued(c, "s"); got != 1 {
 		t.Fatalf("%d calls still queued after the drops, want the one kept", got)
@@ -1180,16 +1176,74 @@ func TestPublishAsyncDropsQueuedCallsWhoseCtxEnds(t *testing.T) {
 	if _, err := c.Publish(context.Background(), "s", recs("later")); err != nil {
 		t.Fatal(err)
 	}
-	mu.Lock()
-	defer mu.Unlock()
+	d.mu.Lock()
+	defer d.mu.Unlock()
 	for i := range n {
-		if calls[i] != 1 || !errors.Is(errs[i], context.Canceled) {
-			t.Fatalf("dropped call %d: done called %d times, err %v; want once, with context.Canceled", i, calls[i], errs[i])
+		if d.calls[i] != 1 || !errors.Is(d.errs[i], context.Canceled) {
+			t.Fatalf("dropped call %d: done called %d times, err %v; want once, with context.Canceled", i, d.calls[i], d.errs[i])
 		}
 	}
 	reqs := f.requests()
 	if len(reqs) != 3 || len(reqs[1].GetRecords()) != 1 || string(reqs[1].GetRecords()[0].GetPayload()) != "kept" {
 		t.Fatalf("%d requests: want the first, then the kept call alone, then the later one", len(reqs))
+	}
+	neverSent(t, f, "dropped")
+}
+
+// heldLane is a one-lane client whose first publish (publishFirst) is
+// held by the fake owner until release closes, so later calls queue. The
+// held attempt must not time out and let the lane answer queued calls
+// itself: that would hide a drop that never came.
+func heldLane(t *testing.T) (f *fakeBroker, release chan struct{}, c *Client, first <-chan error) {
+	t.Helper()
+	f, release = holdFirstPublish(t)
+	c = newTestClient(t, Config{Brokers: []string{f.addr}, Lanes: 1, AttemptTimeout: time.Hour})
+	return f, release, c, publishFirst(t, c, f)
+}
+
+// droppedCalls are PublishAsync calls sharing one ctx: how often each was
+// answered, and with what.
+type droppedCalls struct {
+	cancel   context.CancelFunc
+	answered atomic.Int32
+	mu       sync.Mutex
+	calls    []int
+	errs     []error
+}
+
+// queueSharingCtx makes n one-record PublishAsync calls to stream "s",
+// with payloads "dropped-i", sharing a ctx that d.cancel ends.
+func queueSharingCtx(c *Client, n int) *droppedCalls {
+	shared, cancel := context.WithCancel(context.Background())
+	d := &droppedCalls{cancel: cancel, calls: make([]int, n), errs: make([]error, n)}
+	for i := range n {
+		c.PublishAsync(shared, "s", recs(fmt.Sprint("dropped-", i)), func(_ *strandv1.PublishResponse, err error) {
+			d.mu.Lock()
+			d.calls[i]++
+			d.errs[i] = err
+			d.mu.Unlock()
+			d.answered.Add(1)
+		})
+	}
+	return d
+}
+
+// Calls dropped while nothing else is queued are let go at once, with
+// their records, not kept until the lane's next batch, which may never
+// come.
+func TestPublishAsyncLetsDroppedCallsGo(t *testing.T) {
+	f, release, c, first := heldLane(t)
+	const n = 10
+	d := queueSharingCtx(c, n)
+	clustertest.Until(t, 5*time.Second, "the calls queued", func() bool { return queued(c, "s") == n })
+	d.cancel()
+	clustertest.Until(t, 10*time.Second, "the dropped calls answered", func() bool { return d.answered.Load() == n })
+	if got := queueLen(c, "s"); got != 0 {
+		t.Fatalf("the lane still holds %d dropped calls with nothing queued, want none", got)
+	}
+	close(release)
+	if err := <-first; err != nil {
+		t.Fatal(err)
 	}
 	neverSent(t, f, "dropped")
 }

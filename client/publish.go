@@ -223,6 +223,13 @@ func (p *producer) drop(pp *pendingPublish) {
 	p.queuedCalls--
 	p.queuedRecords -= len(pp.records)
 	p.queuedBytes -= pp.bytes
+	if p.queuedCalls == 0 {
+		// Only dropped calls are left: let them, and their records, go
+		// now rather than at the lane's next take, which may never come.
+		// Once per emptied queue, so still linear in the calls dropped.
+		clear(p.queue)
+		p.queue = p.queue[:0]
+	}
 	p.mu.Unlock()
 	pp.done(nil, pp.ctx.Err())
 }
