@@ -699,7 +699,8 @@ func (x *CommitCursorRequest) GetOffset() uint64 {
 
 type CommitCursorResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// offset is the cursor position after the commit (clamped to [head, tail]).
+	// offset is the cursor position after the commit: clamped to [head,
+	// confirm watermark], since readers only see records below the watermark.
 	Offset            uint64 `protobuf:"varint,1,opt,name=offset,proto3" json:"offset,omitempty"`
 	CursorEventOffset uint64 `protobuf:"varint,2,opt,name=cursor_event_offset,json=cursorEventOffset,proto3" json:"cursor_event_offset,omitempty"`
 	unknownFields     protoimpl.UnknownFields

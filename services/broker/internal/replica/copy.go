@@ -191,10 +191,17 @@ func (c *Copy) reconcile(ctx context.Context) (dropped bool, err error) {
 	}
 	newEpoch := a.Epoch > state.Epoch || (sealed && a.Epoch >= state.SealEpoch)
 	if newEpoch {
+		// Fence the old epoch and stop the old role before the cut: a
+		// publish or follow batch of the old role already past its role
+		// check would otherwise land between the cut and the advance, and
+		// the advance would make it part of the new epoch's history, on
+		// offsets the new owner gives to other records (seed, "Copies with
+		// a longer tail"; storage.FenceBelow).
+		c.st.FenceBelow(a.Epoch)
+		c.endRole("")
 		if err := c.bringOntoHistory(ctx, state, a.Epoch); err != nil {
 			return false, err
 		}
-		c.endRole("")
 		if err := c.st.AdvanceEpoch(a.Epoch); err != nil {
 			return false, fmt.Errorf("advance epoch: %w", err)
 		}
@@ -325,7 +332,7 @@ func (c *Copy) bringOntoHistory(ctx context.Context, state storage.State, target
 	if err != nil {
 		return fmt.Errorf("read history starts: %w", err)
 	}
-	cut, ok, err := cutPoint(own, state.RecordTail, state.CursorEventTail, history, target)
+	cut, ok, err := cutPoint(c.m.cfg.Node, own, state.RecordTail, state.CursorEventTail, history, target)
 	if err != nil || !ok {
 		return err
 	}
@@ -336,6 +343,14 @@ func (c *Copy) bringOntoHistory(ctx context.Context, state storage.State, target
 	if err := c.st.Cut(cut.RecordTail, cut.CursorEventTail); err != nil {
 		return fmt.Errorf("cut: %w", err)
 	}
+	// The cut lowered storage's watermark to the new record tail; the
+	// copy's own view must come down with it, or readers would be shown a
+	// watermark above the records this copy holds. Records the cut took
+	// that were confirmed (an accepted owner loss cuts lower than needed)
+	// are shown again once fetched back from the owner.
+	c.mu.Lock()
+	c.followerWM = min(c.followerWM, c.st.State().ConfirmWatermark)
+	c.mu.Unlock()
 	c.m.log.Warn().Str(logging.Stream, c.name).Uint64(logging.Epoch, target).
 		Uint64("from_record_tail", state.RecordTail).Uint64(logging.RecordTail, cut.RecordTail).
 		Uint64(logging.CursorEventTail, cut.CursorEventTail).Str("start_node", cut.Node).

@@ -14,9 +14,18 @@ import (
 // false when nothing needs cutting: the copy is already on the target
 // history, no start lies in range, or the copy ends at or below the start.
 //
+// A start recorded for self, the copy's own node, never cuts it: the owner
+// of an epoch is never cut at its own start (seed, "Known limits"). A start
+// is a point on its node's own log, and that node's records past it are the
+// epoch's history. A recovery records the promoted copy's sealed tails, so
+// the start is its tail; an accepted owner loss records the tails the new
+// owner last published in its heartbeat, which can lag its log, and cutting
+// there would drop records confirmed on it and give their offsets to new
+// ones.
+//
 // An out-of-order list is an error: the caller withholds the role change
 // rather than cutting on a guess.
-func cutPoint(own []storage.LogEpoch, recordTail, cursorEventTail uint64, history cluster.HistoryStarts, target uint64) (cluster.HistoryStart, bool, error) {
+func cutPoint(self string, own []storage.LogEpoch, recordTail, cursorEventTail uint64, history cluster.HistoryStarts, target uint64) (cluster.HistoryStart, bool, error) {
 	for i := 1; i < len(history); i++ {
 		if history[i].Epoch <= history[i-1].Epoch {
 			return cluster.HistoryStart{}, false, fmt.Errorf("replica: history starts out of order at epoch %d", history[i].Epoch)
@@ -36,7 +45,7 @@ func cutPoint(own []storage.LogEpoch, recordTail, cursorEventTail uint64, histor
 	var cut cluster.HistoryStart
 	found := false
 	for _, h := range history {
-		if h.Epoch <= ownEpoch || h.Epoch > target {
+		if h.Epoch <= ownEpoch || h.Epoch > target || (self != "" && h.Node == self) {
 			continue
 		}
 		if !found {

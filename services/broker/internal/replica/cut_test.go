@@ -21,6 +21,7 @@ func TestCutPoint(t *testing.T) {
 	}
 	cases := []struct {
 		name       string
+		self       string
 		own        []storage.LogEpoch
 		tail, ctl  uint64
 		history    cluster.HistoryStarts
@@ -40,6 +41,12 @@ func TestCutPoint(t *testing.T) {
 		{name: "no start recorded in range (accepted loss without tails)", own: epochs(1), tail: 120, ctl: 10, history: nil, target: 2},
 		{name: "start of its own epoch never cuts the owner of that epoch", own: epochs(1, 2), tail: 130, ctl: 12, history: h[:1], target: 3},
 		{name: "start past the target is ignored", own: epochs(1), tail: 160, ctl: 12, history: h[1:], target: 2},
+		// Accepted owner loss: b's start at 2 is the tails its last heartbeat
+		// showed, below its log. b owns epoch 2 at its own tails; another
+		// copy is cut there (and fetches the shared records again from b).
+		{name: "accepted loss: the new owner is not cut at its own lagging start", self: "b", own: epochs(1), tail: 130, ctl: 12, history: h[:1], target: 2},
+		{name: "accepted loss: another copy is cut at the new owner's start", self: "x", own: epochs(1), tail: 130, ctl: 12, history: h[:1], target: 2, wantCut: true, wantRecord: 100},
+		{name: "own start skipped, a later start of another node still cuts", self: "b", own: epochs(1), tail: 160, ctl: 12, history: h, target: 3, wantCut: true, wantRecord: 150},
 		{name: "cursor events cut at the lowest event start, not the lowest record start's", own: epochs(1), tail: 160, ctl: 60,
 			history: cluster.HistoryStarts{{Epoch: 2, RecordTail: 100, CursorEventTail: 50}, {Epoch: 3, RecordTail: 120, CursorEventTail: 40}},
 			target:  3, wantCut: true, wantRecord: 100, wantEvents: 40},
@@ -47,7 +54,7 @@ func TestCutPoint(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			cut, ok, err := cutPoint(c.own, c.tail, c.ctl, c.history, c.target)
+			cut, ok, err := cutPoint(c.self, c.own, c.tail, c.ctl, c.history, c.target)
 			if (err != nil) != c.wantErr {
 				t.Fatalf("err = %v, want error %v", err, c.wantErr)
 			}

@@ -2,6 +2,10 @@ package replica
 
 import (
 	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
 	"testing"
 	"time"
 
@@ -18,21 +22,8 @@ import (
 // stream's copy before that copy's loop drops it, and must not be dropped
 // with it. Real Badger in a temp dir; no etcd is needed below the watch.
 func TestDeletedAndRecreatedAtOnceIsApplied(t *testing.T) {
-	db, err := storage.Open(storage.Options{Dir: t.TempDir(), Logger: zerolog.Nop()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	m, err := NewManager(Config{Node: "b1", Storage: db, Logger: zerolog.Nop(), ConfirmTimeout: time.Second,
-		// No history starts: a single copy that never failed over.
-		History: func(context.Context, string) (cluster.HistoryStarts, error) { return nil, nil },
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		m.Close()
-		_ = db.Close()
-	})
+	// No history starts: a single copy that never failed over.
+	m := newTestManager(t, "b1", func() cluster.HistoryStarts { return nil })
 	const stream = "again"
 	// publish waits for the copy of incarnation inc (a publish the deleted
 	// copy confirmed before its drop would go with it), then publishes.
@@ -58,5 +49,236 @@ func TestDeletedAndRecreatedAtOnceIsApplied(t *testing.T) {
 		if err != nil || len(res.Records) != 1 || string(res.Records[0].Payload) != inc {
 			t.Fatalf("incarnation %q holds %v, %v; want only its own record", inc, res.Records, err)
 		}
+	}
+}
+
+// newTestManager runs a manager for node on real Badger in a temp dir, its
+// history starts read from history. No etcd is needed below the watch.
+func newTestManager(t *testing.T, node string, history func() cluster.HistoryStarts) *Manager {
+	t.Helper()
+	m, _ := openTestManager(t, t.TempDir(), node, history)
+	return m
+}
+
+// openTestManager is newTestManager on dir, with a stop that closes the
+// manager and its store (a restart opens dir again).
+func openTestManager(t *testing.T, dir, node string, history func() cluster.HistoryStarts) (*Manager, func()) {
+	t.Helper()
+	db, err := storage.Open(storage.Options{Dir: dir, Logger: zerolog.Nop()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := NewManager(Config{Node: node, Storage: db, Logger: zerolog.Nop(), ConfirmTimeout: time.Second,
+		History: func(context.Context, string) (cluster.HistoryStarts, error) { return history(), nil },
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var once sync.Once
+	stop := func() {
+		once.Do(func() {
+			m.Close()
+			_ = db.Close()
+		})
+	}
+	t.Cleanup(stop)
+	return m, stop
+}
+
+// The owner of an epoch is never cut at its own start (seed, "Known
+// limits"). An accepted owner loss records the new owner's start from the
+// tails its last heartbeat showed, which can lag its log: here 7 of its 10
+// records. Records 7 to 9 may have been confirmed (on this copy and a lost
+// one); cutting them would lose them and give their offsets to new records.
+func TestOwnerIsNotCutAtItsOwnStart(t *testing.T) {
+	var mu sync.Mutex
+	var history cluster.HistoryStarts
+	m := newTestManager(t, "b1", func() cluster.HistoryStarts {
+		mu.Lock()
+		defer mu.Unlock()
+		return slices.Clone(history)
+	})
+	const stream = "accepted"
+	ctx := context.Background()
+	m.SetAssignment(cluster.Assignment{Stream: stream, Epoch: 1, Owner: "b1"})
+	clustertest.Until(t, 10*time.Second, "the owner at epoch 1 confirms a publish", func() bool {
+		_, err := m.Publish(ctx, stream, []storage.Record{{Payload: []byte("r0")}})
+		return err == nil
+	})
+	for i := 1; i < 10; i++ {
+		if _, err := m.Publish(ctx, stream, []storage.Record{{Payload: fmt.Appendf(nil, "r%d", i)}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	mu.Lock()
+	history = cluster.HistoryStarts{{Epoch: 2, RecordTail: 7, Node: "b1"}}
+	mu.Unlock()
+	m.SetAssignment(cluster.Assignment{Stream: stream, Epoch: 2, Owner: "b1"})
+	clustertest.Until(t, 10*time.Second, "the copy at epoch 2", func() bool {
+		return m.copy(stream).st.State().Epoch == 2
+	})
+	var res PublishResult
+	clustertest.Until(t, 10*time.Second, "the owner at epoch 2 confirms a publish", func() bool {
+		var err error
+		res, err = m.Publish(ctx, stream, []storage.Record{{Payload: []byte("r10")}})
+		return err == nil && res.Epoch == 2
+	})
+	if res.Offsets[0] != 10 {
+		t.Fatalf("the first record at epoch 2 went to offset %d, want 10: the owner was cut at its own start", res.Offsets[0])
+	}
+	got, err := m.Read(stream, 0, 20, 1<<20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got.Records) != 11 {
+		t.Fatalf("read %d records, want 11", len(got.Records))
+	}
+	for i, r := range got.Records {
+		if want := fmt.Sprintf("r%d", i); string(r.Payload) != want || r.Offset != uint64(i) {
+			t.Fatalf("record %d is %q at offset %d, want %q", i, r.Payload, r.Offset, want)
+		}
+	}
+}
+
+// A role change at a new epoch fences the old epoch and stops the old role
+// before it cuts (storage.FenceBelow): a write of the old role that was
+// already past its role check must not land between the cut and the
+// advance, where the advance would make it history of the new epoch. The
+// history read comes right before the cut, so a write tried there must be
+// refused.
+func TestRoleChangeFencesTheOldEpochBeforeTheCut(t *testing.T) {
+	const stream = "moved"
+	ctx := context.Background()
+	var (
+		mu       sync.Mutex
+		history  cluster.HistoryStarts
+		m        *Manager
+		lateErr  error
+		lateTold bool
+	)
+	m = newTestManager(t, "b1", func() cluster.HistoryStarts {
+		mu.Lock()
+		defer mu.Unlock()
+		if history != nil && !lateTold {
+			// What a publish of the old role past its role check does.
+			_, lateErr = m.copy(stream).st.Append(ctx, 1, []storage.Record{{Payload: []byte("late")}})
+			lateTold = true
+		}
+		return slices.Clone(history)
+	})
+	m.SetAssignment(cluster.Assignment{Stream: stream, Epoch: 1, Owner: "b1"})
+	clustertest.Until(t, 10*time.Second, "the owner at epoch 1 confirms a publish", func() bool {
+		_, err := m.Publish(ctx, stream, []storage.Record{{Payload: []byte("r0")}})
+		return err == nil
+	})
+	for i := 1; i < 10; i++ {
+		if _, err := m.Publish(ctx, stream, []storage.Record{{Payload: fmt.Appendf(nil, "r%d", i)}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Another copy, b2, was promoted at epoch 2 with 7 records: this copy's
+	// last 3 were never confirmed and go.
+	mu.Lock()
+	history = cluster.HistoryStarts{{Epoch: 2, RecordTail: 7, Node: "b2"}}
+	mu.Unlock()
+	m.SetAssignment(cluster.Assignment{Stream: stream, Epoch: 2, Owner: "b2", Followers: []string{"b1"}})
+	clustertest.Until(t, 10*time.Second, "the copy at epoch 2", func() bool {
+		return m.copy(stream).st.State().Epoch == 2
+	})
+	mu.Lock()
+	err := lateErr
+	mu.Unlock()
+	if !errors.Is(err, storage.ErrFenced) {
+		t.Fatalf("a write at epoch 1 during the role change to epoch 2: %v, want storage.ErrFenced", err)
+	}
+	st := m.copy(stream).st.State()
+	les := st.LogEpochs
+	if st.RecordTail != 7 || les[len(les)-1] != (storage.LogEpoch{Epoch: 2, RecordStart: 7}) {
+		t.Fatalf("after the role change: record tail %d, log epochs %+v; want 7 and epoch 2 from 7", st.RecordTail, les)
+	}
+}
+
+// A cut lowers the copy's confirm watermark with its record tail. A copy
+// opened after a restart starts from the watermark it stored, 10 here; an
+// accepted owner loss (seed, "Known limits") may then cut it lower, to 7.
+// A watermark left above the tail would be shown to readers and in
+// heartbeats, and readers waiting between the two would never be answered.
+func TestCutLowersTheConfirmWatermark(t *testing.T) {
+	const stream = "lowered"
+	ctx := context.Background()
+	dir := t.TempDir()
+	var (
+		mu      sync.Mutex
+		history cluster.HistoryStarts
+	)
+	read := func() cluster.HistoryStarts {
+		mu.Lock()
+		defer mu.Unlock()
+		return slices.Clone(history)
+	}
+	m, stop := openTestManager(t, dir, "b1", read)
+	m.SetAssignment(cluster.Assignment{Stream: stream, Epoch: 1, Owner: "b1"})
+	clustertest.Until(t, 10*time.Second, "the owner at epoch 1 confirms a publish", func() bool {
+		_, err := m.Publish(ctx, stream, []storage.Record{{Payload: []byte("r0")}})
+		return err == nil
+	})
+	for i := 1; i < 10; i++ {
+		if _, err := m.Publish(ctx, stream, []storage.Record{{Payload: fmt.Appendf(nil, "r%d", i)}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	stop()
+
+	m, _ = openTestManager(t, dir, "b1", read)
+	mu.Lock()
+	history = cluster.HistoryStarts{{Epoch: 2, RecordTail: 7, Node: "b2"}}
+	mu.Unlock()
+	m.SetAssignment(cluster.Assignment{Stream: stream, Epoch: 1, Owner: "b1"})
+	clustertest.Until(t, 10*time.Second, "the reopened copy at watermark 10", func() bool {
+		c := m.copy(stream)
+		if c == nil {
+			return false
+		}
+		tails, _ := c.tails()
+		return tails.ConfirmWatermark == 10
+	})
+	m.SetAssignment(cluster.Assignment{Stream: stream, Epoch: 2, Owner: "b2", Followers: []string{"b1"}})
+	clustertest.Until(t, 10*time.Second, "the copy at epoch 2", func() bool {
+		return m.copy(stream).st.State().Epoch == 2
+	})
+	tails, _ := m.copy(stream).tails()
+	if tails.RecordTail != 7 || tails.ConfirmWatermark > tails.RecordTail {
+		t.Fatalf("after the cut: record tail %d, confirm watermark %d; want 7 and at most 7", tails.RecordTail, tails.ConfirmWatermark)
+	}
+	if wm, _, _ := m.copy(stream).visible(); wm > 7 {
+		t.Fatalf("readers see below watermark %d after the cut to 7", wm)
+	}
+}
+
+// A cursor never moves past the confirm watermark: a record durable on the
+// owner but not yet on W copies may be lost in a failover, and a cursor
+// pointing past it would make a resumed reader skip what the new owner
+// stores at those offsets.
+func TestCursorStopsAtTheConfirmWatermark(t *testing.T) {
+	m := newTestManager(t, "b1", func() cluster.HistoryStarts { return nil })
+	const stream = "cursors"
+	ctx := context.Background()
+	// Every copy must confirm, and b2 never follows: records stay
+	// unconfirmed on the owner.
+	m.SetAssignment(cluster.Assignment{Stream: stream, Epoch: 1, Owner: "b1", Followers: []string{"b2"},
+		Policy: cluster.Policy{Name: cluster.LocalDurable}})
+	clustertest.Until(t, 10*time.Second, "the owner holds 3 unconfirmed records", func() bool {
+		_, _ = m.Publish(ctx, stream, []storage.Record{{Payload: []byte("r")}}) // times out: not confirmed
+		return m.copy(stream).st.State().RecordTail >= 3
+	})
+	ev, err := m.CommitCursor(ctx, stream, "c", 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ev.Position != 0 {
+		t.Fatalf("cursor committed at %d with the confirm watermark at 0", ev.Position)
+	}
+	if got, _, err := m.Cursor(stream, "c"); err != nil || got != 0 {
+		t.Fatalf("cursor reads %d (%v) with the confirm watermark at 0", got, err)
 	}
 }

@@ -201,7 +201,12 @@ func (s *Subscription) Next(ctx context.Context, maxRecords, maxBytes int) ([]st
 	}
 }
 
-// CommitCursor moves a named cursor on the owner.
+// CommitCursor moves a named cursor on the owner, never past the confirm
+// watermark. Readers are only shown records below it, and a failover
+// promotes a copy holding every record below it but maybe none above: a
+// cursor past it could point beyond the new owner's tail, and the records
+// the new owner then stores there would be skipped by a reader resuming
+// from it (DESIGN, "Invariants": a resumed reader never skips a record).
 func (m *Manager) CommitCursor(ctx context.Context, stream, cursor string, position uint64) (storage.CursorEvent, error) {
 	if m.stopping.Load() {
 		return storage.CursorEvent{}, fmt.Errorf("%w: broker shutting down", ErrUnavailable)
@@ -210,11 +215,12 @@ func (m *Manager) CommitCursor(ctx context.Context, stream, cursor string, posit
 	if c == nil {
 		return storage.CursorEvent{}, m.notHere(stream)
 	}
-	a, _, _, ok := c.ownerRole()
+	a, tracker, _, ok := c.ownerRole()
 	if !ok {
 		return storage.CursorEvent{}, m.notHere(stream)
 	}
-	ev, err := c.st.CommitCursor(ctx, a.Epoch, cursor, position)
+	wm, _ := tracker.get()
+	ev, err := c.st.CommitCursor(ctx, a.Epoch, cursor, min(position, wm))
 	if err != nil {
 		if errorsIsAny(err, storage.ErrSealed, storage.ErrFenced) {
 			return storage.CursorEvent{}, fmt.Errorf("%w: %v", ErrUnavailable, err)

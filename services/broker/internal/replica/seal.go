@@ -79,7 +79,7 @@ func (c *Copy) effectiveTails(ctx context.Context, s storage.State, fenceEpoch u
 	if err != nil {
 		return storage.State{}, fmt.Errorf("%w: history starts unreadable: %v", ErrUnavailable, err)
 	}
-	cut, ok, err := cutPoint(own, s.RecordTail, s.CursorEventTail, history, fenceEpoch)
+	cut, ok, err := cutPoint(c.m.cfg.Node, own, s.RecordTail, s.CursorEventTail, history, fenceEpoch)
 	if err != nil {
 		return storage.State{}, fmt.Errorf("%w: %v", ErrUnavailable, err)
 	}

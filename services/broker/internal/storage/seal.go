@@ -6,6 +6,21 @@ import (
 	"slices"
 )
 
+// FenceBelow starts a role change to epoch: from now on the copy refuses
+// owner writes (Append, CommitCursor) at epochs below epoch, and replicated
+// batches until AdvanceEpoch reaches it. A broker fences before it cuts the
+// copy onto the history of epoch and advances it (seed, "Copies with a
+// longer tail"): a publish or a follow batch of the old role that was
+// already past the role check must not land between the cut and the
+// advance, where the advance would count it as the new epoch's history and
+// no later cut would remove it. Only ever raised; in memory only, since a
+// restarted broker takes its roles from the assignment again.
+func (s *Stream) FenceBelow(epoch uint64) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.roleFence = max(s.roleFence, epoch)
+}
+
 // AdvanceEpoch is the role change at epoch (owner promotion or following a
 // new owner). Below the copy's epoch it is ErrFenced; at the copy's epoch on
 // an unsealed copy it is a no-op. Otherwise it appends LogEpoch{epoch,

@@ -125,3 +125,55 @@ func TestSealReportsTailsAndFencesReplication(t *testing.T) {
 		t.Fatalf("replication after release: %v", err)
 	}
 }
+
+// A role change fences the old epoch before its cut (FenceBelow): owner
+// writes below the new epoch and replicated batches are refused until the
+// copy advances, and nothing they carried is stored.
+func TestFenceBelowRefusesTheOldRoleUntilTheAdvance(t *testing.T) {
+	db := openDB(t, t.TempDir())
+	defer db.Close()
+	ctx := context.Background()
+	owner := ownerStream(t, db, "owner", 1)
+	out := mustAppend(t, owner, 1, recs("a", 4))
+	follower := ownerStream(t, db, "follower", 1)
+	if err := follower.AppendReplicated(ctx, out[:2], nil); err != nil {
+		t.Fatal(err)
+	}
+
+	owner.FenceBelow(2)
+	follower.FenceBelow(2)
+	if _, err := owner.Append(ctx, 1, recs("late", 1)); !errors.Is(err, ErrFenced) {
+		t.Fatalf("owner append at epoch 1 after FenceBelow(2): %v, want ErrFenced", err)
+	}
+	if _, err := owner.CommitCursor(ctx, 1, "c", 1); !errors.Is(err, ErrFenced) {
+		t.Fatalf("cursor commit at epoch 1 after FenceBelow(2): %v, want ErrFenced", err)
+	}
+	if err := follower.AppendReplicated(ctx, out[2:], nil); !errors.Is(err, ErrFenced) {
+		t.Fatalf("replicated batch after FenceBelow(2): %v, want ErrFenced", err)
+	}
+	if rt, ct := owner.State().RecordTail, owner.State().CursorEventTail; rt != 4 || ct != 0 {
+		t.Fatalf("owner tails %d/%d after refused writes, want 4/0", rt, ct)
+	}
+	if rt := follower.State().RecordTail; rt != 2 {
+		t.Fatalf("follower record tail %d after a refused batch, want 2", rt)
+	}
+	// A lower fence does not lower it.
+	owner.FenceBelow(1)
+	if _, err := owner.Append(ctx, 1, recs("late", 1)); !errors.Is(err, ErrFenced) {
+		t.Fatalf("owner append at epoch 1 after FenceBelow(1): %v, want ErrFenced", err)
+	}
+
+	// Once advanced, the new role writes.
+	if err := owner.AdvanceEpoch(2); err != nil {
+		t.Fatal(err)
+	}
+	if err := follower.AdvanceEpoch(2); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := owner.Append(ctx, 2, recs("b", 1)); err != nil {
+		t.Fatalf("owner append at epoch 2: %v", err)
+	}
+	if err := follower.AppendReplicated(ctx, out[2:], nil); err != nil {
+		t.Fatalf("replicated batch at epoch 2: %v", err)
+	}
+}

@@ -85,6 +85,10 @@ type Stream struct {
 	producers    *producerTable
 	prodBoundary uint64
 	closed       bool
+	// roleFence is the epoch of a role change under way (FenceBelow): owner
+	// writes below it and replicated batches while the copy's epoch is
+	// below it are refused. In memory only.
+	roleFence uint64
 
 	// gcMu guards prodGarbage: checkpoints no durable meta names any more,
 	// whose chunks the next checkpoint deletes. A leaf lock, so the
@@ -347,6 +351,9 @@ func (s *Stream) checkOwnerLocked(epoch uint64) error {
 	}
 	if epoch < s.m.Epoch {
 		return fmt.Errorf("%w: epoch %d below copy epoch %d", ErrFenced, epoch, s.m.Epoch)
+	}
+	if epoch < s.roleFence {
+		return fmt.Errorf("%w: epoch %d: role change to epoch %d under way", ErrFenced, epoch, s.roleFence)
 	}
 	if epoch > s.m.Epoch {
 		return fmt.Errorf("%w: epoch %d above copy epoch %d (role change not applied)", ErrFenced, epoch, s.m.Epoch)
@@ -706,6 +713,9 @@ func (s *Stream) checkReplicatedLocked(recs []Record, evs []CursorEvent) error {
 	}
 	if s.m.SealEpoch != 0 {
 		return fmt.Errorf("%w: sealed at fence epoch %d (transition %q)", ErrFenced, s.m.SealEpoch, s.m.SealTransition)
+	}
+	if s.m.Epoch < s.roleFence {
+		return fmt.Errorf("%w: copy at epoch %d: role change to epoch %d under way", ErrFenced, s.m.Epoch, s.roleFence)
 	}
 	rt, et := s.m.RecordTail, s.m.CursorEventTail
 	chain := s.m.Chain
