@@ -379,6 +379,12 @@ func (c *Copy) startRole(a cluster.Assignment, role string) {
 		// after a crash only delays retention and reads.
 		tracker.onAdvance = c.st.SetConfirmWatermark
 		c.tracker = tracker
+		ctx := c.roleCtx
+		c.roleWG.Add(1)
+		go func() {
+			defer c.roleWG.Done()
+			c.trackOwnerDurable(ctx, tracker)
+		}()
 		log.Int("w", rule.W).Msg("owner at its own tails")
 	case cluster.RoleFollower:
 		c.tracker = nil
@@ -389,6 +395,24 @@ func (c *Copy) startRole(a cluster.Assignment, role string) {
 			c.runFollower(ctx, a.Owner, a.Epoch)
 		}()
 		log.Msg("following the owner")
+	}
+}
+
+// trackOwnerDurable counts the owner's own copy toward W as storage makes
+// records durable, whoever waited for them. Publish reports its records
+// too, at once, but a publish whose caller went away before its fsync
+// ended reports nothing: its records, durable here and maybe on every
+// follower, would stay above the confirm watermark (hidden from readers,
+// never confirmed to a retry) until the next publish.
+func (c *Copy) trackOwnerDurable(ctx context.Context, tracker *confirmTracker) {
+	for {
+		tail := c.st.Tails().Record
+		tracker.ownerDurable(tail)
+		select {
+		case <-ctx.Done():
+			return
+		case <-c.st.WaitTail(tail):
+		}
 	}
 }
 

@@ -282,3 +282,30 @@ func TestCursorStopsAtTheConfirmWatermark(t *testing.T) {
 		t.Fatalf("cursor reads %d (%v) with the confirm watermark at 0", got, err)
 	}
 }
+
+// Records the owner made durable count toward W whoever waited for them: a
+// publish whose caller went away before the fsync ended must not leave its
+// records above the confirm watermark until some later publish.
+func TestOwnerCountsRecordsNoPublishWaitedFor(t *testing.T) {
+	m := newTestManager(t, "b1", func() cluster.HistoryStarts { return nil })
+	const stream = "unwaited"
+	ctx := context.Background()
+	m.SetAssignment(cluster.Assignment{Stream: stream, Epoch: 1, Owner: "b1"})
+	clustertest.Until(t, 10*time.Second, "the owner confirms a publish", func() bool {
+		_, err := m.Publish(ctx, stream, []storage.Record{{Payload: []byte("r0")}})
+		return err == nil
+	})
+	// What a publish whose caller left does: the records reach storage,
+	// and nobody reports them to the confirm tracker.
+	if _, err := m.copy(stream).st.Append(ctx, 1, []storage.Record{{Payload: []byte("r1")}, {Payload: []byte("r2")}}); err != nil {
+		t.Fatal(err)
+	}
+	clustertest.Until(t, 10*time.Second, "the confirm watermark at 3", func() bool {
+		tails, _ := m.copy(stream).tails()
+		return tails.ConfirmWatermark == 3
+	})
+	res, err := m.Read(stream, 0, 10, 1<<20)
+	if err != nil || len(res.Records) != 3 {
+		t.Fatalf("read %d records (%v), want 3", len(res.Records), err)
+	}
+}
