@@ -109,8 +109,11 @@ func ProposeRecovery(s *state.Snapshot, stream string, lost []string, reason str
 		OldFollowers:  slices.Clone(a.Followers),
 		ProposedOwner: proposed,
 		AddedMembers:  added,
-		Policy:        policy,
-		Reason:        reason,
+		// The added members replace gone copies: the stream keeps its
+		// copy count, and grows only through its own change.
+		Copies: a.Copies(),
+		Policy: policy,
+		Reason: reason,
 	}, nil
 }
 

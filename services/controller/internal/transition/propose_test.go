@@ -75,7 +75,7 @@ func TestProposeRecovery(t *testing.T) {
 		a := c.snap.Assignments["s"].Value
 		if rec.ProposedOwner != c.wantProposed || !slices.Equal(rec.AddedMembers, c.wantAdded) ||
 			rec.FromEpoch != 3 || rec.FenceEpoch != 4 || rec.OldOwner != a.Owner || !slices.Equal(rec.OldFollowers, a.Followers) ||
-			rec.Policy != majority || rec.Reason != "why" {
+			rec.Policy != majority || rec.Reason != "why" || rec.Copies != a.Copies() {
 			t.Errorf("%s: got %+v, want proposed %s added %v", c.name, rec, c.wantProposed, c.wantAdded)
 		}
 	}

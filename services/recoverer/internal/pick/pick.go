@@ -170,9 +170,12 @@ func Decide(old cluster.Assignment, history cluster.HistoryStarts, answers []Ans
 
 // Followers are the new assignment's followers: the other sealed copies in
 // the old assignment's order, then the members the proposal added that held
-// no copy, in the proposal's order. Old copies that did not answer are left
-// out; they stay sealed until a later assignment includes them (seed,
-// "Stream failover").
+// no copy, in the proposal's order, while the assignment has fewer than
+// rec.Copies copies (when set): an added member replaces a copy counted
+// gone, and a copy that answered its seal after all needs no replacement,
+// or the stream would grow past its copy count and W with it. Old copies
+// that did not answer are left out; they stay sealed until a later
+// assignment includes them (seed, "Stream failover").
 func Followers(old cluster.Assignment, rec cluster.Recovery, d Decision) []string {
 	followers := []string{}
 	add := func(node string) {
@@ -184,6 +187,9 @@ func Followers(old cluster.Assignment, rec cluster.Recovery, d Decision) []strin
 		add(node)
 	}
 	for _, node := range rec.AddedMembers {
+		if rec.Copies > 0 && 1+len(followers) >= rec.Copies {
+			break
+		}
 		if node != "" && !old.Includes(node) {
 			add(node)
 		}

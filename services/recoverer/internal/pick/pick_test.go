@@ -230,21 +230,28 @@ func TestFollowersTable(t *testing.T) {
 		name    string
 		policy  cluster.Policy
 		added   []string
+		copies  int
 		answers []Answer
 		want    []string
 	}{
-		{"sealed copies follow the pick", majority(), nil, []Answer{{Node: "n2", RecordTail: 5, CursorEventTail: 0}, {Node: "n3", RecordTail: 6, CursorEventTail: 0}, {Node: "n1", RecordTail: 1, CursorEventTail: 0}}, []string{"n1", "n2"}},
-		{"a left-out copy is excluded", majority(), nil, []Answer{{Node: "n2", RecordTail: 5, CursorEventTail: 0}, {Node: "n3", RecordTail: 6, CursorEventTail: 0}}, []string{"n2"}},
-		{"an added member that held no copy joins", majority(), []string{"n4"}, []Answer{{Node: "n2", RecordTail: 5, CursorEventTail: 0}, {Node: "n3", RecordTail: 6, CursorEventTail: 0}}, []string{"n2", "n4"}},
-		{"an added old member that was left out stays out", majority(), []string{"n1", "n4"}, []Answer{{Node: "n2", RecordTail: 5, CursorEventTail: 0}, {Node: "n3", RecordTail: 6, CursorEventTail: 0}}, []string{"n2", "n4"}},
-		{"an added member listed twice joins once", majority(), []string{"n5", "n4", "n5"}, []Answer{{Node: "n2", RecordTail: 5, CursorEventTail: 0}, {Node: "n3", RecordTail: 6, CursorEventTail: 0}}, []string{"n2", "n5", "n4"}},
-		{"followers keep the old assignment's order", majority(), nil, []Answer{{Node: "n3", RecordTail: 1, CursorEventTail: 0}, {Node: "n2", RecordTail: 1, CursorEventTail: 0}, {Node: "n1", RecordTail: 9, CursorEventTail: 0}}, []string{"n2", "n3"}},
-		{"the pick alone has no followers", cluster.Policy{Name: cluster.LocalDurable}, nil, []Answer{{Node: "n2", RecordTail: 5, CursorEventTail: 0}}, []string{}},
+		{"sealed copies follow the pick", majority(), nil, 0, []Answer{{Node: "n2", RecordTail: 5, CursorEventTail: 0}, {Node: "n3", RecordTail: 6, CursorEventTail: 0}, {Node: "n1", RecordTail: 1, CursorEventTail: 0}}, []string{"n1", "n2"}},
+		{"a left-out copy is excluded", majority(), nil, 0, []Answer{{Node: "n2", RecordTail: 5, CursorEventTail: 0}, {Node: "n3", RecordTail: 6, CursorEventTail: 0}}, []string{"n2"}},
+		{"an added member that held no copy joins", majority(), []string{"n4"}, 0, []Answer{{Node: "n2", RecordTail: 5, CursorEventTail: 0}, {Node: "n3", RecordTail: 6, CursorEventTail: 0}}, []string{"n2", "n4"}},
+		{"an added old member that was left out stays out", majority(), []string{"n1", "n4"}, 0, []Answer{{Node: "n2", RecordTail: 5, CursorEventTail: 0}, {Node: "n3", RecordTail: 6, CursorEventTail: 0}}, []string{"n2", "n4"}},
+		{"an added member listed twice joins once", majority(), []string{"n5", "n4", "n5"}, 0, []Answer{{Node: "n2", RecordTail: 5, CursorEventTail: 0}, {Node: "n3", RecordTail: 6, CursorEventTail: 0}}, []string{"n2", "n5", "n4"}},
+		{"followers keep the old assignment's order", majority(), nil, 0, []Answer{{Node: "n3", RecordTail: 1, CursorEventTail: 0}, {Node: "n2", RecordTail: 1, CursorEventTail: 0}, {Node: "n1", RecordTail: 9, CursorEventTail: 0}}, []string{"n2", "n3"}},
+		{"the pick alone has no followers", cluster.Policy{Name: cluster.LocalDurable}, nil, 0, []Answer{{Node: "n2", RecordTail: 5, CursorEventTail: 0}}, []string{}},
+		// The owner was counted gone (it stands down, or failed the probe
+		// while registered) and answered its seal after all: its
+		// replacement is not needed, and 4 copies would raise W to 3.
+		{"a gone copy that answered needs no replacement", majority(), []string{"n4"}, 3, []Answer{{Node: "n2", RecordTail: 5, CursorEventTail: 0}, {Node: "n3", RecordTail: 6, CursorEventTail: 0}, {Node: "n1", RecordTail: 6, CursorEventTail: 0}}, []string{"n2", "n3"}},
+		{"a gone copy that did not answer is replaced", majority(), []string{"n4"}, 3, []Answer{{Node: "n2", RecordTail: 5, CursorEventTail: 0}, {Node: "n3", RecordTail: 6, CursorEventTail: 0}}, []string{"n2", "n4"}},
+		{"replacements stop at the copy count", majority(), []string{"n4", "n5"}, 3, []Answer{{Node: "n2", RecordTail: 5, CursorEventTail: 0}, {Node: "n3", RecordTail: 6, CursorEventTail: 0}}, []string{"n2", "n4"}},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			old := assignment(3, c.policy)
-			rec := cluster.Recovery{Stream: "orders", FromEpoch: 4, FenceEpoch: 5, OldOwner: "n1", OldFollowers: []string{"n2", "n3"}, AddedMembers: c.added}
+			rec := cluster.Recovery{Stream: "orders", FromEpoch: 4, FenceEpoch: 5, OldOwner: "n1", OldFollowers: []string{"n2", "n3"}, AddedMembers: c.added, Copies: c.copies}
 			d := Decide(old, nil, c.answers)
 			if d.Verdict != Promote {
 				t.Fatalf("verdict %v, want promote", d.Verdict)
