@@ -100,20 +100,25 @@ func TestReturningOldOwnerIsCutAndTakesNewEntries(t *testing.T) {
 	c.StopBroker(f2)
 	const unconfirmed = 600
 	publishUnconfirmed(t, c, old, stream, Numbered("unconfirmed", unconfirmed))
-	// Cursor commits past the confirmed records, enough to fold the state
+	// Cursor commits the followers never get, enough to fold the state
 	// into a snapshot (every 4096 events) that covers events past the cut.
-	const cursors, commits = 8, 512
+	// A cursor never passes the confirm watermark (20 here), so each
+	// cursor moves 16 times, up to 20.
+	const workers, perWorker, commits = 8, 32, 16
+	const cursors = workers * perWorker
 	var wg sync.WaitGroup
-	errs := make(chan error, cursors)
-	for i := range cursors {
+	errs := make(chan error, workers)
+	for w := range workers {
 		wg.Go(func() {
 			sc := c.Streams(old)
-			for p := range commits {
-				if _, err := sc.CommitCursor(c.Ctx(), connect.NewRequest(&strandv1.CommitCursorRequest{
-					Stream: stream, Cursor: fmt.Sprintf("c%d", i), Offset: uint64(21 + p),
-				})); err != nil {
-					errs <- err
-					return
+			for k := range perWorker {
+				for p := range commits {
+					if _, err := sc.CommitCursor(c.Ctx(), connect.NewRequest(&strandv1.CommitCursorRequest{
+						Stream: stream, Cursor: fmt.Sprintf("c%d", w*perWorker+k), Offset: uint64(20 - commits + 1 + p),
+					})); err != nil {
+						errs <- err
+						return
+					}
 				}
 			}
 		})
@@ -178,8 +183,8 @@ func TestReturningOldOwnerIsCutAndTakesNewEntries(t *testing.T) {
 	})
 	verify(t, c, old, stream, l)
 
-	// Cursors: the snapshot's cursors above the cut were clamped to it, so
-	// a reader resuming from one receives the new owner's records from the
+	// Cursors: the snapshot kept its cursors, at most at the cut, so a
+	// reader resuming from one receives the new owner's records from the
 	// cut on, none skipped; the new owner's commit replayed over the
 	// lowered snapshot boundary.
 	got := subscribeFrom(t, c, old, &strandv1.SubscribeRequest{Stream: stream, Start: strandv1.StartPosition_START_POSITION_CURSOR, Cursor: "c3"}, 15)
