@@ -136,9 +136,19 @@ func (s *Service) AcceptOwnerLoss(ctx context.Context, req *connect.Request[stra
 	return connect.NewResponse(resp), nil
 }
 
-// WithdrawRecovery deletes a pending recovery. If the owner is still lost,
-// the controller's liveness loop records a new one at the same fence epoch
-// with a new transition id.
+// WithdrawRecovery deletes a pending recovery. Copies the recoverer already
+// sealed for it stay sealed at its fence epoch, refusing publishes, since a
+// copy fenced past its assignment waits for a new one. The controller's
+// liveness loop records a new recovery of a replicated stream, at the same
+// fence epoch with a new transition id that takes the seals over, when the
+// owner is still lost or when a member of the assignment reports its copy
+// sealed past the assignment's epoch (liveness.SealedPast); the latter
+// covers an operator's failover or a stream change withdrawn while the
+// owner is live. A single-copy stream left sealed is listed under
+// attention until a recovery that adds copies takes its seal over (a stream
+// update to more copies records one, and so does the liveness loop while
+// the stream's spec asks for more copies than it has). If nothing was
+// sealed and the owner is live, the stream goes on at its assignment.
 func (s *Service) WithdrawRecovery(ctx context.Context, req *connect.Request[strandv1.WithdrawRecoveryRequest]) (*connect.Response[strandv1.WithdrawRecoveryResponse], error) {
 	m := req.Msg
 	if err := validateOperator(m.GetStream(), ""); err != nil {

@@ -1,7 +1,8 @@
 // Package attention judges what in the cluster waits on something an operator
 // may want to see: pending recoveries that cannot finish yet, single-copy
-// streams whose owner is down, brokers down that hold copies, eager-failover
-// suspects and chain mismatches. It is a pure function of a snapshot.
+// streams whose owner is down or whose copy is sealed with no recovery
+// pending, brokers down that hold copies, eager-failover suspects and chain
+// mismatches. It is a pure function of a snapshot.
 package attention
 
 import (
@@ -11,6 +12,7 @@ import (
 	"strings"
 
 	"github.com/strandhq/strand/internal/cluster"
+	"github.com/strandhq/strand/services/controller/internal/liveness"
 	"github.com/strandhq/strand/services/controller/internal/state"
 )
 
@@ -19,6 +21,7 @@ const (
 	RecoveryWaitingCopies = "recovery_waiting_copies"
 	RecoveryWaitingPrefix = "recovery_waiting_prefix"
 	SingleCopyOwnerDown   = "single_copy_owner_down"
+	SingleCopySealed      = "single_copy_sealed"
 	BrokerDown            = "broker_down"
 	FailoverSuspect       = "failover_suspect"
 	ChainMismatch         = "chain_mismatch"
@@ -45,6 +48,16 @@ func Judge(s *state.Snapshot) []Entry {
 			if e, wait := judgeRecovery(s, a, rec.Value, s.History[name].Value); wait {
 				out = append(out, e)
 			}
+		} else if fence, by := liveness.SealedPast(s, a); len(by) > 0 && a.Copies() == 1 {
+			// A replicated stream sealed like this gets a new recovery from
+			// the liveness loop; a single copy gets none of its own, and
+			// refuses publishes until a recovery that adds copies takes
+			// the seal over.
+			out = append(out, Entry{
+				Stream: name, Kind: SingleCopySealed, Node: a.Owner,
+				Reason: fmt.Sprintf("single-copy stream is sealed at epoch %d on %s, past its assignment's epoch %d, with no recovery pending (one was withdrawn); it refuses publishes until a stream update to more copies recovers it",
+					fence, a.Owner, a.Epoch),
+			})
 		}
 		for _, m := range a.Members() {
 			if s.Live(m) {

@@ -20,7 +20,7 @@ func rec(owner string, followers ...string) cluster.Recovery {
 }
 
 func tails(rt uint64) cluster.CopyTails {
-	return cluster.CopyTails{Epoch: 4, Role: cluster.RoleSealed, RecordTail: rt}
+	return cluster.CopyTails{Epoch: 4, Role: cluster.RoleSealed, RecordTail: rt, SealEpoch: 4}
 }
 
 // brief renders entries as kind/node[/missing][/start] for comparison.
@@ -97,6 +97,27 @@ func TestJudge(t *testing.T) {
 				Tails("b3", "s", cluster.CopyTails{Epoch: 3, Suspect: "b0"}).
 				Stream(asg("b1", "b2", "b3")).Snapshot(),
 			want: []string{"s:failover_suspect/b1"},
+		},
+		{
+			// Sealed for a recovery that was withdrawn: it refuses
+			// publishes and the liveness loop records nothing for it.
+			name: "single copy sealed past its assignment, no recovery pending",
+			snap: state.Build().Live("b1").Tails("b1", "s", tails(9)).Stream(asg("b1")).Snapshot(),
+			want: []string{"s:single_copy_sealed/b1"},
+		},
+		{
+			name: "single copy sealed for a pending recovery: no wait",
+			snap: state.Build().Live("b1").Tails("b1", "s", tails(9)).Stream(asg("b1")).
+				Recovery(cluster.Recovery{Stream: "s", FromEpoch: 3, FenceEpoch: 4, OldOwner: "b1", ProposedOwner: "b1", AddedMembers: []string{"b2"}}).Snapshot(),
+		},
+		{
+			name: "single copy sealed at its assignment's epoch: no wait",
+			snap: state.Build().Live("b1").Tails("b1", "s", cluster.CopyTails{Epoch: 3, Role: cluster.RoleSealed, SealEpoch: 3}).Stream(asg("b1")).Snapshot(),
+		},
+		{
+			// The liveness loop records a new recovery for it.
+			name: "replicated copies sealed past the assignment: no entry",
+			snap: state.Build().Live("b1", "b2").Tails("b1", "s", tails(9)).Tails("b2", "s", tails(9)).Stream(asg("b1", "b2")).Snapshot(),
 		},
 		{
 			name: "chain mismatch",

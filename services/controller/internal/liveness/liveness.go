@@ -116,11 +116,47 @@ func (l *loop) reconcile(ctx context.Context, s *state.Snapshot) {
 			continue
 		}
 		if reason, ok := lost[stream]; ok {
-			l.recordRecovery(ctx, s, stream, reason)
+			l.recordRecovery(ctx, s, stream, []string{s.Assignments[stream].Value.Owner}, reason, "owner lost; pending recovery recorded")
+			continue
+		}
+		a := s.Assignments[stream].Value
+		if fence, by := SealedPast(s, a); len(by) > 0 && a.Copies() > 1 {
+			reason := fmt.Sprintf("copies on %s sealed at epoch %d past assignment epoch %d with no recovery pending (a recovery was withdrawn)",
+				strings.Join(by, ", "), fence, a.Epoch)
+			// The owner is not lost: as for an operator's failover, a live
+			// owner is not replaced, since its copy answers the seal.
+			l.recordRecovery(ctx, s, stream, nil, reason, "copies sealed past their assignment with no recovery pending; pending recovery recorded")
 			continue
 		}
 		l.replenish(ctx, s, stream)
 	}
+}
+
+// SealedPast returns the members of a whose heartbeat reports their copy
+// sealed at a fence epoch above a's epoch, and the highest such epoch.
+//
+// Only a pending recovery seals past the assignment's epoch, and a sealed
+// copy waits until an assignment at or past its fence epoch includes it
+// (seed, "Stream failover"). A member sealed past a with no recovery
+// pending was sealed for a recovery an operator withdrew before it
+// committed. Nothing else releases it: the owner is registered, and a
+// sealed copy reports the fence epoch, which Suspecting does not match. So
+// the loop records a new recovery, whose transition takes the seal over at
+// the same fence epoch (seed, "Copies with a longer tail").
+//
+// The comparison is strict. A recovery's commit moves the assignment to
+// its fence epoch and clears the recovery in one transaction, so a copy
+// that has not applied that commit yet, or is left sealed at that epoch,
+// is not past the assignment. Copies left out of the assignment stay
+// sealed by design and are not looked at.
+func SealedPast(s *state.Snapshot, a cluster.Assignment) (fence uint64, by []string) {
+	for _, m := range a.Members() {
+		if t, ok := s.Tails(m, a.Stream); ok && t.SealEpoch > a.Epoch {
+			by = append(by, m)
+			fence = max(fence, t.SealEpoch)
+		}
+	}
+	return fence, by
 }
 
 // lostOwners decides which streams lost their owner: its broker key is gone
@@ -203,16 +239,24 @@ func (l *loop) probe(ctx context.Context, s *state.Snapshot, owners []string) ma
 }
 
 // recordRecovery records a pending recovery for a replicated stream whose
-// owner is lost; a single-copy stream waits for its owner under attention.
-func (l *loop) recordRecovery(ctx context.Context, s *state.Snapshot, stream, reason string) {
+// owner is lost or whose copies are sealed past its assignment, logging
+// msg; a single-copy stream waits under attention. lost names members known
+// lost beyond those whose broker key is gone (transition.ProposeRecovery).
+// The fence epoch is the next epoch, or the highest one a member is sealed
+// at already: a copy refuses a seal below its epoch, and a new transition
+// at the seal's own fence epoch takes it over.
+func (l *loop) recordRecovery(ctx context.Context, s *state.Snapshot, stream string, lost []string, reason, msg string) {
 	a := s.Assignments[stream].Value
 	if a.Copies() == 1 {
 		return
 	}
-	rec, err := transition.ProposeRecovery(s, stream, []string{a.Owner}, reason)
+	rec, err := transition.ProposeRecovery(s, stream, lost, reason)
 	if err != nil {
 		l.cfg.Log.Warn().Err(err).Str(logging.Stream, stream).Msg("liveness: cannot propose a recovery; retrying at the next change")
 		return
+	}
+	if fence, _ := SealedPast(s, a); fence > rec.FenceEpoch {
+		rec.FenceEpoch = fence
 	}
 	rec = transition.Stamp(rec, l.cfg.Now())
 	if err := l.commit.WriteRecovery(ctx, s.Assignments[stream].ModRev, rec); err != nil {
@@ -221,7 +265,7 @@ func (l *loop) recordRecovery(ctx context.Context, s *state.Snapshot, stream, re
 	}
 	l.cfg.Log.Info().Str(logging.Stream, stream).Uint64(logging.Epoch, rec.FromEpoch).Uint64(logging.FenceEpoch, rec.FenceEpoch).
 		Str(logging.Transition, rec.TransitionID).Str(logging.Owner, rec.OldOwner).Str("proposed_owner", rec.ProposedOwner).
-		Strs("added_members", rec.AddedMembers).Str(logging.Reason, reason).Msg("owner lost; pending recovery recorded")
+		Strs("added_members", rec.AddedMembers).Str(logging.Reason, reason).Msg(msg)
 }
 
 // replenish adds followers to a stream with fewer copies than its spec asks

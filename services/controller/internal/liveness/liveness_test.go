@@ -129,3 +129,59 @@ func TestReplenishBlockedWhereWRises(t *testing.T) {
 		t.Fatalf("added %v blocked %v, want none added and [b1] blocked", added, blocked)
 	}
 }
+
+// A member sealed past the assignment's epoch with no recovery pending is
+// left over from a withdrawn recovery; copies sealed at the assignment's
+// epoch (a committed recovery) or left out of the assignment are not.
+func TestSealedPast(t *testing.T) {
+	a := cluster.Assignment{Stream: "s", Epoch: 4, Owner: "b1", Followers: []string{"b2", "b3"}}
+	sealedAt := func(e uint64) cluster.CopyTails {
+		return cluster.CopyTails{Epoch: e, Role: cluster.RoleSealed, SealEpoch: e}
+	}
+	cases := []struct {
+		name      string
+		snap      *state.Snapshot
+		wantFence uint64
+		wantBy    []string
+	}{
+		{
+			name:      "every copy sealed at the next epoch (failover withdrawn before it committed)",
+			snap:      state.Build().Live("b1", "b2", "b3").Tails("b1", "s", sealedAt(5)).Tails("b2", "s", sealedAt(5)).Tails("b3", "s", sealedAt(5)).Snapshot(),
+			wantFence: 5, wantBy: []string{"b1", "b2", "b3"},
+		},
+		{
+			name: "one follower sealed, the others serving",
+			snap: state.Build().Live("b1", "b2", "b3").Tails("b1", "s", cluster.CopyTails{Epoch: 4, Role: cluster.RoleOwner}).
+				Tails("b3", "s", sealedAt(5)).Snapshot(),
+			wantFence: 5, wantBy: []string{"b3"},
+		},
+		{
+			name:      "the highest fence epoch",
+			snap:      state.Build().Live("b1", "b2", "b3").Tails("b1", "s", sealedAt(5)).Tails("b2", "s", sealedAt(6)).Snapshot(),
+			wantFence: 6, wantBy: []string{"b1", "b2"},
+		},
+		{
+			name: "sealed at the assignment's epoch: a committed recovery not applied yet",
+			snap: state.Build().Live("b1", "b2", "b3").Tails("b1", "s", sealedAt(4)).Tails("b2", "s", sealedAt(4)).Snapshot(),
+		},
+		{
+			name: "sealed below the assignment's epoch",
+			snap: state.Build().Live("b1", "b2", "b3").Tails("b2", "s", sealedAt(3)).Snapshot(),
+		},
+		{
+			name: "a copy left out of the assignment stays sealed by design",
+			snap: state.Build().Live("b1", "b2", "b3", "b4").Tails("b4", "s", sealedAt(5)).Snapshot(),
+		},
+		{
+			name: "serving copies",
+			snap: state.Build().Live("b1", "b2", "b3").Tails("b1", "s", cluster.CopyTails{Epoch: 4, Role: cluster.RoleOwner}).
+				Tails("b2", "s", cluster.CopyTails{Epoch: 4, Role: cluster.RoleFollower}).Snapshot(),
+		},
+	}
+	for _, c := range cases {
+		fence, by := SealedPast(c.snap, a)
+		if fence != c.wantFence || !slices.Equal(by, c.wantBy) {
+			t.Errorf("%s: SealedPast = %d %v, want %d %v", c.name, fence, by, c.wantFence, c.wantBy)
+		}
+	}
+}
