@@ -15,15 +15,17 @@ import (
 )
 
 // Mux builds a ServeMux with grpchealth and grpcreflect registered for the
-// named services, so grpcurl works without proto files. The returned checker
+// named services, so grpcurl works without proto files, each reading
+// requests of at most ToolRequestMaxBytes (ReadLimit). The returned checker
 // starts with every service serving.
 func Mux(services ...string) (*http.ServeMux, *grpchealth.StaticChecker) {
 	mux := http.NewServeMux()
+	limit := ReadLimit(ToolRequestMaxBytes)
 	checker := grpchealth.NewStaticChecker(services...)
-	mux.Handle(grpchealth.NewHandler(checker))
+	mux.Handle(grpchealth.NewHandler(checker, limit))
 	reflector := grpcreflect.NewStaticReflector(services...)
-	mux.Handle(grpcreflect.NewHandlerV1(reflector))
-	mux.Handle(grpcreflect.NewHandlerV1Alpha(reflector))
+	mux.Handle(grpcreflect.NewHandlerV1(reflector, limit))
+	mux.Handle(grpcreflect.NewHandlerV1Alpha(reflector, limit))
 	return mux, checker
 }
 

@@ -17,6 +17,7 @@ import (
 	"github.com/strandhq/strand/internal/cluster"
 	"github.com/strandhq/strand/internal/rpcserver"
 	"github.com/strandhq/strand/services/broker/app"
+	"github.com/strandhq/strand/services/broker/internal/api"
 )
 
 func main() {
@@ -32,8 +33,9 @@ func main() {
 	fs.DurationVar(&cfg.Heartbeat, "heartbeat", 1e9, "heartbeat interval")
 	fs.DurationVar(&cfg.LeaseTTL, "lease-ttl", 3e9, "lease TTL; the broker is lost this long after it stops")
 	fs.DurationVar(&cfg.ConfirmTimeout, "confirm-timeout", 5e9, "how long a publish waits for W copies")
-	fs.IntVar(&cfg.MaxRecordBytes, "max-record-bytes", 1<<20, "largest record accepted")
-	fs.IntVar(&cfg.MaxBatchBytes, "max-batch-bytes", 16<<20, "largest publish batch accepted")
+	fs.IntVar(&cfg.MaxRecordBytes, "max-record-bytes", api.DefaultMaxRecordBytes, "largest record accepted")
+	fs.IntVar(&cfg.MaxBatchBytes, "max-batch-bytes", api.DefaultMaxBatchBytes, "largest publish batch accepted, in payload and header bytes")
+	fs.IntVar(&cfg.MaxBatchRecords, "max-batch-records", api.DefaultMaxBatchRecords, "most records in one publish batch")
 	fs.IntVar(&cfg.MaxInflightBytes, "max-inflight-bytes", 8<<20, "unacknowledged bytes in flight per follower")
 	fs.IntVar(&cfg.DedupeProducers, "dedupe-producers", 10000, "idempotent publish: producers tracked per stream (least recently used evicted)")
 	fs.IntVar(&cfg.DedupeWindow, "dedupe-window", 256, "idempotent publish: records per producer kept for duplicate detection")

@@ -38,8 +38,12 @@ type Config struct {
 	Heartbeat      time.Duration
 	LeaseTTL       time.Duration
 	ConfirmTimeout time.Duration
-	MaxRecordBytes int
-	MaxBatchBytes  int
+	// MaxRecordBytes, MaxBatchBytes and MaxBatchRecords bound what one
+	// publish may carry (0: api.Default*). They also set how large a
+	// publish request is read at all (api.StreamService.Handler).
+	MaxRecordBytes  int
+	MaxBatchBytes   int
+	MaxBatchRecords int
 	// MaxInflightBytes bounds unacknowledged bytes per follower.
 	MaxInflightBytes int
 	// DedupeProducers and DedupeWindow bound idempotent publish state per
@@ -181,15 +185,16 @@ func Start(ctx context.Context, cfg Config) (*App, error) {
 	// more CPU than the whole log write (measured with perf under the
 	// cluster bench).
 	noGzip := connect.WithCompressMinBytes(math.MaxInt)
-	mux.Handle(strandv1connect.NewStreamServiceHandler(api.NewStreamService(a.manager, api.Limits{
-		MaxRecordBytes: cfg.MaxRecordBytes, MaxBatchBytes: cfg.MaxBatchBytes,
-	}, log), noGzip))
+	streams := api.NewStreamService(a.manager, api.Limits{
+		MaxRecordBytes: cfg.MaxRecordBytes, MaxBatchBytes: cfg.MaxBatchBytes, MaxBatchRecords: cfg.MaxBatchRecords,
+	}, log)
+	mux.Handle(streams.Handler(noGzip))
 	// Follow and Seal are for peers only (DESIGN.md): a client that could
 	// seal would fence copies and stop their streams until a recovery.
 	if cfg.PeerToken == "" {
 		log.Warn().Msg("no peer token (" + rpcserver.PeerTokenEnv + "): Follow and Seal are open to any client that reaches this broker")
 	}
-	mux.Handle(strandv1connect.NewReplicationServiceHandler(api.NewReplicationService(a.manager, log), noGzip, rpcserver.RequirePeerToken(cfg.PeerToken, cfg.PeerTokensAccepted...)))
+	mux.Handle(api.NewReplicationService(a.manager, log).Handler(noGzip, rpcserver.RequirePeerToken(cfg.PeerToken, cfg.PeerTokensAccepted...)))
 	mux.Handle(metrics.Path, met.Handler())
 	a.server = rpcserver.Serve(ln, mux)
 

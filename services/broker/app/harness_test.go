@@ -34,6 +34,8 @@ type harness struct {
 	// tokens overrides a node's peer tokens (default: harnessPeerToken
 	// alone).
 	tokens map[string]peerTokens
+	// configure, when set, adjusts a broker's Config before it starts.
+	configure func(*Config)
 }
 
 // peerTokens are a broker's peer token and the tokens it accepts besides.
@@ -77,11 +79,15 @@ func (h *harness) start(node string) *App {
 	if !ok {
 		tokens = peerTokens{token: harnessPeerToken}
 	}
-	a, err := Start(context.Background(), Config{
+	cfg := Config{
 		Node: node, Listen: listen, DataDir: filepath.Join(h.dir, node), Etcd: h.etcd.Endpoints,
 		Heartbeat: 200 * time.Millisecond, LeaseTTL: 2 * time.Second, ConfirmTimeout: h.confirm, Logger: &log,
 		PeerToken: tokens.token, PeerTokensAccepted: tokens.accepted,
-	})
+	}
+	if h.configure != nil {
+		h.configure(&cfg)
+	}
+	a, err := Start(context.Background(), cfg)
 	if err != nil {
 		h.t.Fatalf("start %s: %v", node, err)
 	}

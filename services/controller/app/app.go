@@ -103,6 +103,9 @@ type App struct {
 	closeErr  error
 }
 
+// adminRequestMaxBytes bounds one AdminService request.
+const adminRequestMaxBytes = 1 << 20
+
 // Start connects to etcd, serves on the listen address and campaigns for
 // leadership in the background.
 func Start(ctx context.Context, cfg Config) (*App, error) {
@@ -135,7 +138,10 @@ func Start(ctx context.Context, cfg Config) (*App, error) {
 	mux, checker := rpcserver.Mux(strandv1connect.AdminServiceName)
 	checker.SetStatus(strandv1connect.AdminServiceName, grpchealth.StatusNotServing)
 	a.checker = checker
-	mux.Handle(strandv1connect.NewAdminServiceHandler(svc))
+	// Operator requests are names, numbers and a stream spec: a read limit
+	// keeps a request of any size, or a gzip body that inflates to one,
+	// from being held in memory (rpcserver.ReadLimit).
+	mux.Handle(strandv1connect.NewAdminServiceHandler(svc, rpcserver.ReadLimit(adminRequestMaxBytes)))
 	a.srv = rpcserver.Serve(ln, mux)
 
 	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))

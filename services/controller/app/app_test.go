@@ -13,6 +13,8 @@ import (
 
 	"connectrpc.com/connect"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/protobuf/encoding/protowire"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/strandhq/strand/internal/cluster"
 	"github.com/strandhq/strand/internal/clustertest"
@@ -292,7 +294,8 @@ func TestBadInputChangesNothing(t *testing.T) {
 	h := newHarness(t)
 	h.broker("b1")
 	h.broker("b2")
-	_, c := h.leader(Config{})
+	a, c := h.leader(Config{})
+	addr := a.Addr()
 	create(t, c, "exists", 1, nil)
 	ctx := ctxT(t)
 
@@ -358,6 +361,17 @@ func TestBadInputChangesNothing(t *testing.T) {
 			_, err := c.Failover(ctx, connect.NewRequest(&strandv1.FailoverRequest{Stream: "exists"}))
 			return err
 		}, connect.CodeFailedPrecondition, ""},
+		// Above the read limit, as sent or as inflated: refused before it
+		// is decoded (rpcserver.ReadLimit).
+		{"request above the read limit", func() error {
+			_, err := c.CreateStream(ctx, connect.NewRequest(withPadding(&strandv1.CreateStreamRequest{Name: "big", Copies: 1}, 2<<20)))
+			return err
+		}, connect.CodeResourceExhausted, ""},
+		{"gzip request inflating past the read limit", func() error {
+			gz := strandv1connect.NewAdminServiceClient(rpcserver.HTTPClient(), rpcserver.BaseURL(addr), connect.WithSendGzip())
+			_, err := gz.CreateStream(ctx, connect.NewRequest(withPadding(&strandv1.CreateStreamRequest{Name: "bomb", Copies: 1}, 64<<20)))
+			return err
+		}, connect.CodeResourceExhausted, ""},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -372,6 +386,14 @@ func TestBadInputChangesNothing(t *testing.T) {
 			}
 		})
 	}
+}
+
+// withPadding adds an unknown field of n zero bytes to m: bytes no handler
+// reads, which gzip shrinks to almost nothing.
+func withPadding[M proto.Message](m M, n int) M {
+	b := protowire.AppendTag(nil, 999, protowire.BytesType)
+	m.ProtoReflect().SetUnknown(protowire.AppendBytes(b, make([]byte, n)))
+	return m
 }
 
 func errMessage(err error) string {

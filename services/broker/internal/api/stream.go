@@ -16,19 +16,7 @@ import (
 	"github.com/strandhq/strand/services/broker/internal/storage"
 )
 
-// Limits bounds what a client may send.
-type Limits struct {
-	MaxRecordBytes int
-	MaxBatchBytes  int
-	// MaxReadRecords and MaxReadBytes bound one Read or Subscribe message.
-	MaxReadRecords int
-	MaxReadBytes   int
-}
-
-const (
-	maxCursorName = 256
-	maxHeaderKey  = 256
-)
+const maxHeaderKey = 256
 
 // StreamService implements strand.v1.StreamService.
 type StreamService struct {
@@ -38,21 +26,10 @@ type StreamService struct {
 	log    zerolog.Logger
 }
 
-// NewStreamService returns the client-facing handler.
+// NewStreamService returns the client-facing handler; zero limits take
+// the defaults. Serve it with Handler, which applies its read limits.
 func NewStreamService(m *replica.Manager, limits Limits, log zerolog.Logger) *StreamService {
-	if limits.MaxRecordBytes <= 0 {
-		limits.MaxRecordBytes = 1 << 20
-	}
-	if limits.MaxBatchBytes <= 0 {
-		limits.MaxBatchBytes = 16 << 20
-	}
-	if limits.MaxReadRecords <= 0 {
-		limits.MaxReadRecords = 1000
-	}
-	if limits.MaxReadBytes <= 0 {
-		limits.MaxReadBytes = 4 << 20
-	}
-	return &StreamService{m: m, limits: limits, log: log}
+	return &StreamService{m: m, limits: limits.withDefaults(), log: log}
 }
 
 func validStream(name string) error {
@@ -91,6 +68,12 @@ func validStream(name string) error {
 // without a sequence are never deduplicated.
 func (s *StreamService) Publish(ctx context.Context, req *connect.Request[strandv1.PublishRequest]) (*connect.Response[strandv1.PublishResponse], error) {
 	msg := req.Msg
+	// First: of a batch above the limit, Handler's codecs decode only the
+	// first MaxBatchRecords+1 records (publishcodec.go), so nothing else in
+	// it is known, and what was decoded must never be stored.
+	if len(msg.GetRecords()) > s.limits.MaxBatchRecords {
+		return nil, connect.NewError(connect.CodeResourceExhausted, fmt.Errorf("records: more than %d records in one batch, the batch limit", s.limits.MaxBatchRecords))
+	}
 	if err := validStream(msg.GetStream()); err != nil {
 		return nil, err
 	}
@@ -124,7 +107,7 @@ func (s *StreamService) Publish(ctx context.Context, req *connect.Request[strand
 	}
 	res, err := s.m.Publish(ctx, msg.GetStream(), recs)
 	if err != nil {
-		return nil, toConnect(err)
+		return nil, publishError(err)
 	}
 	return connect.NewResponse(&strandv1.PublishResponse{Epoch: res.Epoch, Offsets: res.Offsets, Duplicate: res.Duplicate}), nil
 }
@@ -169,6 +152,13 @@ func (s *StreamService) Subscribe(ctx context.Context, req *connect.Request[stra
 	case strandv1.StartPosition_START_POSITION_LATEST:
 		from = ^uint64(0)
 	case strandv1.StartPosition_START_POSITION_OFFSET:
+		// replica.Subscribe reads ^uint64(0) as the latest position: an
+		// explicit offset must never become that. No log gets there (it
+		// takes 2^64-1 records), so it is past every copy's record tail,
+		// and answered as any offset past this copy's is.
+		if msg.GetOffset() == ^uint64(0) {
+			return connect.NewError(connect.CodeOutOfRange, fmt.Errorf("offset: %d is past the record tail", msg.GetOffset()))
+		}
 		from = msg.GetOffset()
 	case strandv1.StartPosition_START_POSITION_CURSOR:
 		if err := validCursor(msg.GetCursor(), "cursor"); err != nil {
@@ -212,8 +202,8 @@ func (s *StreamService) Subscribe(ctx context.Context, req *connect.Request[stra
 }
 
 func validCursor(name, field string) error {
-	if name == "" || len(name) > maxCursorName {
-		return rpcerr.InvalidArgument(field, "cursor names must be 1..%d bytes", maxCursorName)
+	if name == "" || len(name) > storage.MaxCursorName {
+		return rpcerr.InvalidArgument(field, "cursor names must be 1..%d bytes", storage.MaxCursorName)
 	}
 	return nil
 }
