@@ -64,6 +64,10 @@ type Config struct {
 	// kernel's, storage.BootIDPath); tests point it at a file to play a
 	// reboot.
 	BootIDPath string
+	// StorageFault, when set, fails the store's next writes while it
+	// returns an error (storage.Options.WriteFault): fault tests of a
+	// broker whose disk fails.
+	StorageFault func() error
 }
 
 func (c *Config) defaults() error {
@@ -140,7 +144,16 @@ func Start(ctx context.Context, cfg Config) (*App, error) {
 	met := metrics.New()
 	a.db, err = storage.Open(storage.Options{Dir: cfg.DataDir, Logger: log,
 		MaxProducers: cfg.DedupeProducers, ProducerWindow: cfg.DedupeWindow, BootIDPath: cfg.BootIDPath,
-		OnCommit: met.Commit})
+		OnCommit: met.Commit, WriteFault: cfg.StorageFault,
+		// A failed write stops the store until it is opened again, and
+		// with it every stream this broker holds. The broker stops too, as
+		// etcd does on a failed fsync: Run closes it, which revokes its
+		// lease, so the streams it owns fail over at once (eager failover)
+		// instead of answering Unavailable until an operator restarts it.
+		OnFail: func(err error) {
+			log.Error().Err(err).Msg("storage failed; stopping the broker so its streams fail over")
+			a.fail(fmt.Errorf("broker: storage failed: %w", err))
+		}})
 	if err != nil {
 		_ = ln.Close()
 		return nil, fmt.Errorf("broker: storage: %w", err)

@@ -192,13 +192,21 @@ func (db *DB) commit(batch []*op) {
 	err := db.failed
 	db.failMu.Unlock()
 	if err == nil {
-		err = db.write(batch)
+		if db.writeFault != nil {
+			err = db.writeFault()
+		}
+		if err == nil {
+			err = db.write(batch)
+		}
 		if err != nil {
 			db.failMu.Lock()
 			db.failed = err
 			db.failMu.Unlock()
 			db.log.Error().Err(err).Msg("storage write failed; refusing further writes until restart")
 			forgetBoot(db.dir)
+			if db.onFail != nil {
+				db.onFail(err)
+			}
 		}
 	} else {
 		err = fmt.Errorf("%w: db stopped after a write failure: %w", ErrClosed, err)

@@ -47,6 +47,15 @@ type Options struct {
 	// wrote: how long the Badger write took and, when the batch was synced
 	// (synced), its fsync. The broker's metrics take it.
 	OnCommit func(write, sync time.Duration, synced bool)
+	// OnFail, when set, is called once, on the committer, with the first
+	// write error: the DB refuses every later write until it is opened
+	// again (after a failed fsync the page cache no longer says what the
+	// disk holds). A broker stops on it, so the streams it owns fail over.
+	OnFail func(error)
+	// WriteFault, when set, is called before each batch is written; an
+	// error fails the batch as a failed Badger write or fsync would. For
+	// fault tests of what a failed disk does.
+	WriteFault func() error
 }
 
 // Memory defaults, for a broker that stays near 512 MiB RSS under load: two
@@ -120,8 +129,10 @@ type DB struct {
 	// batch's Badger commit and its fsync: the batch is written, not yet
 	// durable.
 	beforeSync func()
-	// onCommit is Options.OnCommit.
-	onCommit func(write, sync time.Duration, synced bool)
+	// onCommit, onFail and writeFault are the Options'.
+	onCommit   func(write, sync time.Duration, synced bool)
+	onFail     func(error)
+	writeFault func() error
 }
 
 // Open opens (or creates) the store in opts.Dir. Pending drops are completed
@@ -193,6 +204,8 @@ func Open(opts Options) (*DB, error) {
 		tailCacheBytes:          cacheBound(opts.TailCacheBytes, DefaultTailCacheBytes),
 		tailCacheLimit:          cacheBound(opts.TailCacheTotalBytes, DefaultTailCacheTotalBytes),
 		onCommit:                opts.OnCommit,
+		onFail:                  opts.OnFail,
+		writeFault:              opts.WriteFault,
 		ops:                     make(chan *op, 4096),
 		stop:                    make(chan struct{}),
 		stopped:                 make(chan struct{}),

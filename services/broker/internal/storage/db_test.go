@@ -4,7 +4,12 @@ import (
 	"context"
 	"errors"
 	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
+
+	"github.com/rs/zerolog"
 )
 
 func TestDropDeletesEverything(t *testing.T) {
@@ -70,5 +75,50 @@ func TestBadNames(t *testing.T) {
 		if _, err := db.Open(name); !errors.Is(err, ErrInvalidArgument) {
 			t.Fatalf("Open(%d bytes): %v", len(name), err)
 		}
+	}
+}
+
+// A failed write stops the DB and is reported once through OnFail (the
+// broker stops on it, so the streams it owns fail over); the batch is not
+// confirmed and nothing later is written.
+func TestFailedWriteIsReportedOnce(t *testing.T) {
+	var fault atomic.Bool
+	var mu sync.Mutex
+	var reported []error
+	db, err := Open(Options{Dir: t.TempDir(), Logger: zerolog.Nop(), MemTableBytes: 8 << 20, CacheBytes: 4 << 20,
+		WriteFault: func() error {
+			if fault.Load() {
+				return errors.New("injected: no space left on device")
+			}
+			return nil
+		},
+		OnFail: func(err error) {
+			mu.Lock()
+			defer mu.Unlock()
+			reported = append(reported, err)
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	s := ownerStream(t, db, "s", 1)
+	ctx := context.Background()
+	mustAppend(t, s, 1, recs("a", 2))
+	fault.Store(true)
+	if _, err := s.Append(ctx, 1, recs("b", 1)); err == nil {
+		t.Fatal("an append whose write failed was confirmed")
+	}
+	fault.Store(false)
+	if _, err := s.Append(ctx, 1, recs("c", 1)); !errors.Is(err, ErrClosed) {
+		t.Fatalf("an append after a failed write: %v, want ErrClosed", err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(reported) != 1 || !strings.Contains(reported[0].Error(), "injected") {
+		t.Fatalf("OnFail got %v, want the one injected error", reported)
+	}
+	if tail := s.State().RecordTail; tail > 3 {
+		t.Fatalf("record tail %d after a failed write and a refused one", tail)
 	}
 }
