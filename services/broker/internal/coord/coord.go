@@ -113,13 +113,15 @@ func (c *Coord) runSession(ctx context.Context, readyOnce *bool) error {
 	defer cancel()
 	watchErr := make(chan error, 2)
 	synced := make(chan struct{}, 2)
-	go func() { watchErr <- c.watchBrokers(wctx, synced) }()
-	go func() { watchErr <- c.watchAssignments(wctx, synced) }()
+	go func() { watchErr <- c.keepWatching(wctx, "brokers", synced, c.watchBrokers) }()
+	go func() { watchErr <- c.keepWatching(wctx, "assignments", synced, c.watchAssignments) }()
 	for range 2 {
 		select {
 		case <-synced:
 		case err := <-watchErr:
 			return err
+		case <-sess.Done():
+			return errors.New("coord: lease expired")
 		case <-ctx.Done():
 			return ctx.Err()
 		}
@@ -171,18 +173,53 @@ func (c *Coord) Revoke(ctx context.Context) error {
 	return err
 }
 
-func (c *Coord) watchBrokers(ctx context.Context, synced chan<- struct{}) error {
+// keepWatching runs watch (a listing, then a watch from it) until ctx
+// ends, signalling synced after its first listing. A watch that fails (its
+// revision compacted while the connection was down, or etcd without a
+// leader for a moment) lists and watches again in the same session: a
+// broken watch says nothing about this broker's lease, and closing the
+// session would revoke it, failing over every stream the broker owns
+// (DESIGN, "The failover path": a lease that expires or is revoked).
+func (c *Coord) keepWatching(ctx context.Context, what string, synced chan<- struct{}, watch func(context.Context, func()) error) error {
+	first := true
+	onSynced := func() {
+		if first {
+			first = false
+			synced <- struct{}{}
+		}
+	}
+	backoff := 50 * time.Millisecond
+	for {
+		err := watch(ctx, onSynced)
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		c.log.Warn().Err(err).Str("watch", what).Msg("etcd watch failed; listing and watching again")
+		t := time.NewTimer(backoff)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return ctx.Err()
+		case <-t.C:
+		}
+		backoff = min(2*backoff, time.Second)
+	}
+}
+
+func (c *Coord) watchBrokers(ctx context.Context, synced func()) error {
 	dir := c.cfg.Schema.BrokersDir()
 	resp, err := c.cfg.Client.Get(ctx, dir, clientv3.WithPrefix())
 	if err != nil {
 		return err
 	}
+	all := make([]cluster.BrokerInfo, 0, len(resp.Kvs))
 	for _, kv := range resp.Kvs {
 		if info, err := cluster.Decode[cluster.BrokerInfo](kv.Value); err == nil {
-			c.cfg.Manager.SetBroker(info)
+			all = append(all, info)
 		}
 	}
-	synced <- struct{}{}
+	c.cfg.Manager.SyncBrokers(all)
+	synced()
 	wch := c.cfg.Client.Watch(clientv3.WithRequireLeader(ctx), dir, clientv3.WithPrefix(), clientv3.WithRev(resp.Header.Revision+1))
 	for wr := range wch {
 		if err := wr.Err(); err != nil {
@@ -205,7 +242,7 @@ func (c *Coord) watchBrokers(ctx context.Context, synced chan<- struct{}) error 
 	return ctx.Err()
 }
 
-func (c *Coord) watchAssignments(ctx context.Context, synced chan<- struct{}) error {
+func (c *Coord) watchAssignments(ctx context.Context, synced func()) error {
 	dir := c.cfg.Schema.AssignmentsDir()
 	resp, err := c.cfg.Client.Get(ctx, dir, clientv3.WithPrefix())
 	if err != nil {
@@ -226,7 +263,7 @@ func (c *Coord) watchAssignments(ctx context.Context, synced chan<- struct{}) er
 		all[a.Stream] = a
 	}
 	c.cfg.Manager.SyncAssignments(all, unreadable)
-	synced <- struct{}{}
+	synced()
 	wch := c.cfg.Client.Watch(clientv3.WithRequireLeader(ctx), dir, clientv3.WithPrefix(), clientv3.WithRev(resp.Header.Revision+1))
 	for wr := range wch {
 		if err := wr.Err(); err != nil {

@@ -171,6 +171,18 @@ func (m *Manager) SetBroker(info cluster.BrokerInfo) {
 	m.mu.Unlock()
 }
 
+// SyncBrokers replaces the known brokers with a full listing: brokers
+// whose lease ended while no watch was running are forgotten too.
+func (m *Manager) SyncBrokers(all []cluster.BrokerInfo) {
+	brokers := make(map[string]cluster.BrokerInfo, len(all))
+	for _, info := range all {
+		brokers[info.Node] = info
+	}
+	m.mu.Lock()
+	m.brokers = brokers
+	m.mu.Unlock()
+}
+
 // DeleteBroker forgets a broker whose lease is gone.
 func (m *Manager) DeleteBroker(node string) {
 	m.mu.Lock()
