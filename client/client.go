@@ -48,7 +48,12 @@ type Config struct {
 	// Idempotent stamps a producer id and per-stream sequences on published
 	// records so retries are stored once. nil means true.
 	Idempotent *bool
-	// ProducerID is the producer id to stamp; empty picks a random one.
+	// ProducerID names this client's producers; empty picks a random id.
+	// It is the prefix of the ids stamped: each Client adds a session of
+	// its own (ProducerID-<random>), because a new client's sequences
+	// start at 1 again and a broker would take them for retries of what an
+	// earlier client stored under the same id, answering duplicate and
+	// storing nothing. At most MaxProducerIDPrefix bytes.
 	ProducerID string
 
 	// RetryBudget bounds retries of a call whose context has no deadline.
@@ -122,6 +127,8 @@ type Client struct {
 	streams   map[string]strandv1connect.StreamServiceClient
 	producers map[string][]*producer
 	nextLane  atomic.Uint64
+	// idPrefix is Config.ProducerID as configured (newProducerID).
+	idPrefix string
 }
 
 // New returns a client for the cluster cfg describes. It does not dial.
@@ -142,12 +149,15 @@ func New(cfg Config) (*Client, error) {
 	setDefault(&cfg.Lanes, 1)
 	setDefault(&cfg.MaxBatchBytes, DefaultMaxBatchBytes)
 	setDefault(&cfg.Linger, DefaultLinger)
-	if cfg.ProducerID == "" {
-		cfg.ProducerID = randomID()
+	if len(cfg.ProducerID) > MaxProducerIDPrefix {
+		return nil, fmt.Errorf("client: ProducerID of %d bytes above the %d-byte limit", len(cfg.ProducerID), MaxProducerIDPrefix)
 	}
+	idPrefix := cfg.ProducerID
+	cfg.ProducerID = newProducerID(idPrefix)
 	ctx, cancel := context.WithCancel(context.Background())
 	c := &Client{
 		cfg:        cfg,
+		idPrefix:   idPrefix,
 		httpClient: cfg.HTTPClient,
 		idempotent: cfg.Idempotent == nil || *cfg.Idempotent,
 		ctx:        ctx,
@@ -170,8 +180,14 @@ func (c *Client) Close() error {
 	return nil
 }
 
+// MaxProducerIDPrefix bounds Config.ProducerID: what is left of a broker's
+// 256-byte producer id after the client's session (25 bytes) and a lane's
+// suffix (up to 4).
+const MaxProducerIDPrefix = 256 - 25 - 4
+
 // ProducerID is the producer id the client stamps on records of streams that
-// have not had a failed publish (after one, that stream gets a fresh id).
+// have not had a failed publish (after one, that stream gets a fresh id):
+// Config.ProducerID with this client's session added.
 func (c *Client) ProducerID() string { return c.cfg.ProducerID }
 
 func setDefault[T comparable](v *T, def T) {
@@ -179,6 +195,15 @@ func setDefault[T comparable](v *T, def T) {
 	if *v == zero {
 		*v = def
 	}
+}
+
+// newProducerID returns a producer id no client used before: prefix (the
+// configured Config.ProducerID) with a random session, or a random id.
+func newProducerID(prefix string) string {
+	if prefix == "" {
+		return randomID()
+	}
+	return prefix + "-" + randomID()
 }
 
 func randomID() string {

@@ -543,6 +543,63 @@ func TestSubscribeResumesWithoutGapsOrDuplicates(t *testing.T) {
 	}
 }
 
+// A subscription on a quiet stream survives failovers further apart than
+// the retry budget: the budget counts time without a serving owner, and a
+// reconnect that only receives the owner's first message (the watermark,
+// no records) was served. Before, only delivered records reset it, so the
+// second failover ended the subscription at once.
+func TestSubscribeSurvivesFailoversOnAQuietStream(t *testing.T) {
+	const budget = 300 * time.Millisecond
+	var mu sync.Mutex
+	starts := 0
+	f := startFake(t, &fakeBroker{})
+	f.locate = ownedBy(f.addr)
+	f.subscribe = func(ctx context.Context, req *strandv1.SubscribeRequest, stream *connect.ServerStream[strandv1.SubscribeResponse]) error {
+		mu.Lock()
+		starts++
+		n := starts
+		mu.Unlock()
+		// What a broker sends first: the watermark, no records.
+		if err := stream.Send(&strandv1.SubscribeResponse{ConfirmWatermark: 1}); err != nil {
+			return err
+		}
+		switch n {
+		case 1:
+			if err := stream.Send(&strandv1.SubscribeResponse{ConfirmWatermark: 1, Records: []*strandv1.StoredRecord{{Offset: 0}}}); err != nil {
+				return err
+			}
+			return connect.NewError(connect.CodeUnavailable, errors.New("owner lost"))
+		case 2:
+			// A new owner, quiet for longer than the budget, then lost too.
+			select {
+			case <-time.After(3 * budget):
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+			return connect.NewError(connect.CodeUnavailable, errors.New("owner lost again"))
+		}
+		if err := stream.Send(&strandv1.SubscribeResponse{ConfirmWatermark: 2, Records: []*strandv1.StoredRecord{{Offset: 1}}}); err != nil {
+			return err
+		}
+		<-ctx.Done()
+		return ctx.Err()
+	}
+	c := newTestClient(t, Config{Brokers: []string{f.addr}, RetryBudget: budget})
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	sub := c.Subscribe(ctx, "s", SubscribeOptions{Start: strandv1.StartPosition_START_POSITION_EARLIEST})
+	defer sub.Close()
+	for want := uint64(0); want < 2; want++ {
+		batch, err := sub.Recv()
+		if err != nil {
+			t.Fatalf("recv of offset %d: %v", want, err)
+		}
+		if len(batch) != 1 || batch[0].GetOffset() != want {
+			t.Fatalf("received %v, want offset %d", batch, want)
+		}
+	}
+}
+
 // fakeController is an AdminService whose ListBrokers the test scripts.
 type fakeController struct {
 	strandv1connect.UnimplementedAdminServiceHandler

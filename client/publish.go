@@ -250,7 +250,7 @@ func (p *producer) run() {
 		}
 		if err != nil {
 			p.mu.Lock()
-			p.id, p.seq = randomID(), 0
+			p.id, p.seq = newProducerID(p.c.idPrefix), 0
 			p.mu.Unlock()
 			for _, pp := range batch {
 				pp.done(nil, err)

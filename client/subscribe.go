@@ -112,6 +112,13 @@ func (s *Subscription) Recv() ([]*strandv1.StoredRecord, error) {
 		}
 		if s.cur.Receive() {
 			msg := s.cur.Msg()
+			// An owner serves: the retry budget counts time without one,
+			// so it starts again at the next failure. The broker's first
+			// message carries no records (the confirm watermark only); on
+			// a quiet stream it is all a reconnect receives, and a budget
+			// kept running from an earlier failover would end the
+			// subscription at the next one.
+			s.failing, s.lastErr = time.Time{}, nil
 			s.watermark = max(s.watermark, msg.GetConfirmWatermark())
 			recs := msg.GetRecords()
 			if !s.known && len(recs) == 0 && s.opts.Start == strandv1.StartPosition_START_POSITION_LATEST {
@@ -130,7 +137,6 @@ func (s *Subscription) Recv() ([]*strandv1.StoredRecord, error) {
 				continue
 			}
 			s.next, s.known = recs[len(recs)-1].GetOffset()+1, true
-			s.failing, s.lastErr = time.Time{}, nil
 			s.backoff.reset()
 			return recs, nil
 		}
