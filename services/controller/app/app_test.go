@@ -357,6 +357,14 @@ func TestBadInputChangesNothing(t *testing.T) {
 			_, err := c.Failover(ctx, connect.NewRequest(&strandv1.FailoverRequest{Stream: ""}))
 			return err
 		}, connect.CodeInvalidArgument, "stream"},
+		{"failover with a note too long", func() error {
+			_, err := c.Failover(ctx, connect.NewRequest(&strandv1.FailoverRequest{Stream: "exists", Why: strings.Repeat("<", 300000)}))
+			return err
+		}, connect.CodeInvalidArgument, "why"},
+		{"withdraw with a name too long", func() error {
+			_, err := c.WithdrawRecovery(ctx, connect.NewRequest(&strandv1.WithdrawRecoveryRequest{Stream: "exists", Who: strings.Repeat("w", 2000)}))
+			return err
+		}, connect.CodeInvalidArgument, "who"},
 		{"failover single copy", func() error {
 			_, err := c.Failover(ctx, connect.NewRequest(&strandv1.FailoverRequest{Stream: "exists"}))
 			return err

@@ -93,7 +93,7 @@ func (s *Service) UpdateStream(ctx context.Context, req *connect.Request[strandv
 
 // validateOperator checks the stream field and, when set, the node field of
 // an operator action.
-func validateOperator(stream, node string) error {
+func validateOperator(stream, node, who, why string) error {
 	if err := validateName("stream", stream); err != nil {
 		return err
 	}
@@ -102,15 +102,28 @@ func validateOperator(stream, node string) error {
 			return rpcerr.InvalidArgument("node", "%v", err)
 		}
 	}
+	// Who and why go into logs and, for a failover, into the stored
+	// recovery that every controller pass reads: bounded, so a long note
+	// is refused here rather than by etcd's request limit (which would
+	// answer Unavailable, and a retry would never pass).
+	if len(who) > maxOperatorNote {
+		return rpcerr.InvalidArgument("who", "at most %d bytes, got %d", maxOperatorNote, len(who))
+	}
+	if len(why) > maxOperatorNote {
+		return rpcerr.InvalidArgument("why", "at most %d bytes, got %d", maxOperatorNote, len(why))
+	}
 	return nil
 }
+
+// maxOperatorNote bounds an operator action's who and why.
+const maxOperatorNote = 1024
 
 // AcceptOwnerLoss moves a stream whose owner is down to a chosen (or the
 // best live) copy without sealing, recording the new owner's last published
 // tails as the history start of the new epoch.
 func (s *Service) AcceptOwnerLoss(ctx context.Context, req *connect.Request[strandv1.AcceptOwnerLossRequest]) (*connect.Response[strandv1.AcceptOwnerLossResponse], error) {
 	m := req.Msg
-	if err := validateOperator(m.GetStream(), m.GetNode()); err != nil {
+	if err := validateOperator(m.GetStream(), m.GetNode(), m.GetWho(), m.GetWhy()); err != nil {
 		return nil, err
 	}
 	term, snap, err := s.lead(ctx)
@@ -151,7 +164,7 @@ func (s *Service) AcceptOwnerLoss(ctx context.Context, req *connect.Request[stra
 // sealed and the owner is live, the stream goes on at its assignment.
 func (s *Service) WithdrawRecovery(ctx context.Context, req *connect.Request[strandv1.WithdrawRecoveryRequest]) (*connect.Response[strandv1.WithdrawRecoveryResponse], error) {
 	m := req.Msg
-	if err := validateOperator(m.GetStream(), ""); err != nil {
+	if err := validateOperator(m.GetStream(), "", m.GetWho(), m.GetWhy()); err != nil {
 		return nil, err
 	}
 	term, snap, err := s.lead(ctx)
@@ -174,7 +187,7 @@ func (s *Service) WithdrawRecovery(ctx context.Context, req *connect.Request[str
 // operator's word (eager failover by hand); the recoverer seals and commits.
 func (s *Service) Failover(ctx context.Context, req *connect.Request[strandv1.FailoverRequest]) (*connect.Response[strandv1.FailoverResponse], error) {
 	m := req.Msg
-	if err := validateOperator(m.GetStream(), ""); err != nil {
+	if err := validateOperator(m.GetStream(), "", m.GetWho(), m.GetWhy()); err != nil {
 		return nil, err
 	}
 	term, snap, err := s.lead(ctx)
