@@ -152,3 +152,28 @@ func TestBrokerRefusesAnUnusablePeerToken(t *testing.T) {
 		t.Fatalf("start with accepted tokens and no token: %v, want an error naming STRAND_PEER_TOKEN_ACCEPT", err)
 	}
 }
+
+// A seal for another incarnation of a stream is refused and changes
+// nothing: a recovery of a deleted stream whose seal reaches a broker late,
+// after the name was created again, must not fence the new stream's copy
+// at an epoch its assignments have not reached (it would wait there for a
+// recovery that never comes).
+func TestSealOfAnotherIncarnationIsRefused(t *testing.T) {
+	h := newHarness(t, "b1")
+	h.assign(cluster.Assignment{Stream: "again", Epoch: 1, Owner: "b1", Incarnation: "inc-new"})
+	h.publish("b1", "again", "r0")
+	ctx := context.Background()
+	_, err := h.replication("b1").Seal(ctx, connect.NewRequest(&strandv1.SealRequest{
+		Stream: "again", FenceEpoch: 6, TransitionId: "old-recovery", Incarnation: "inc-old",
+	}))
+	wantCode(t, "seal of the deleted incarnation", err, connect.CodeFailedPrecondition, "")
+	if offs := h.publish("b1", "again", "r1"); offs[0] != 1 {
+		t.Fatalf("publish after the refused seal went to offset %d, want 1", offs[0])
+	}
+	// The stream's own incarnation is sealed as before.
+	if _, err := h.replication("b1").Seal(ctx, connect.NewRequest(&strandv1.SealRequest{
+		Stream: "again", FenceEpoch: 2, TransitionId: "recovery", Incarnation: "inc-new",
+	})); err != nil {
+		t.Fatalf("seal of the stream's own incarnation: %v", err)
+	}
+}

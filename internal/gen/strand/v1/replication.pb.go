@@ -270,10 +270,15 @@ func (x *CursorEvent) GetPosition() uint64 {
 }
 
 type SealRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Stream        string                 `protobuf:"bytes,1,opt,name=stream,proto3" json:"stream,omitempty"`
-	FenceEpoch    uint64                 `protobuf:"varint,2,opt,name=fence_epoch,json=fenceEpoch,proto3" json:"fence_epoch,omitempty"`
-	TransitionId  string                 `protobuf:"bytes,3,opt,name=transition_id,json=transitionId,proto3" json:"transition_id,omitempty"`
+	state        protoimpl.MessageState `protogen:"open.v1"`
+	Stream       string                 `protobuf:"bytes,1,opt,name=stream,proto3" json:"stream,omitempty"`
+	FenceEpoch   uint64                 `protobuf:"varint,2,opt,name=fence_epoch,json=fenceEpoch,proto3" json:"fence_epoch,omitempty"`
+	TransitionId string                 `protobuf:"bytes,3,opt,name=transition_id,json=transitionId,proto3" json:"transition_id,omitempty"`
+	// incarnation is the incarnation of the stream the recovery is for (its
+	// assignment's). A copy of another incarnation refuses the seal with
+	// FailedPrecondition: a late seal for a deleted stream must never fence
+	// one created again under its name. Empty is not checked.
+	Incarnation   string `protobuf:"bytes,4,opt,name=incarnation,proto3" json:"incarnation,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -325,6 +330,13 @@ func (x *SealRequest) GetFenceEpoch() uint64 {
 func (x *SealRequest) GetTransitionId() string {
 	if x != nil {
 		return x.TransitionId
+	}
+	return ""
+}
+
+func (x *SealRequest) GetIncarnation() string {
+	if x != nil {
+		return x.Incarnation
 	}
 	return ""
 }
@@ -499,12 +511,13 @@ const file_strand_v1_replication_proto_rawDesc = "" +
 	"\x06offset\x18\x01 \x01(\x04R\x06offset\x12\x14\n" +
 	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\x12\x16\n" +
 	"\x06cursor\x18\x03 \x01(\tR\x06cursor\x12\x1a\n" +
-	"\bposition\x18\x04 \x01(\x04R\bposition\"k\n" +
+	"\bposition\x18\x04 \x01(\x04R\bposition\"\x8d\x01\n" +
 	"\vSealRequest\x12\x16\n" +
 	"\x06stream\x18\x01 \x01(\tR\x06stream\x12\x1f\n" +
 	"\vfence_epoch\x18\x02 \x01(\x04R\n" +
 	"fenceEpoch\x12#\n" +
-	"\rtransition_id\x18\x03 \x01(\tR\ftransitionId\"q\n" +
+	"\rtransition_id\x18\x03 \x01(\tR\ftransitionId\x12 \n" +
+	"\vincarnation\x18\x04 \x01(\tR\vincarnation\"q\n" +
 	"\bLogEpoch\x12\x14\n" +
 	"\x05epoch\x18\x01 \x01(\x04R\x05epoch\x12!\n" +
 	"\frecord_start\x18\x02 \x01(\x04R\vrecordStart\x12,\n" +

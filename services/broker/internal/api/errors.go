@@ -46,7 +46,8 @@ func toConnect(err error) error {
 		return connect.NewError(connect.CodeUnavailable, errors.New(err.Error()))
 	case errors.Is(err, replica.ErrNotMember):
 		return connect.NewError(connect.CodePermissionDenied, errors.New(err.Error()))
-	case errors.Is(err, replica.ErrEpochMismatch), errors.Is(err, replica.ErrStaleFence), errors.Is(err, storage.ErrFenced):
+	case errors.Is(err, replica.ErrEpochMismatch), errors.Is(err, replica.ErrStaleFence), errors.Is(err, replica.ErrOtherIncarnation),
+		errors.Is(err, storage.ErrFenced):
 		return connect.NewError(connect.CodeFailedPrecondition, errors.New(err.Error()))
 	case errors.Is(err, replica.ErrPastTail), errors.Is(err, storage.ErrOutOfRange):
 		return connect.NewError(connect.CodeOutOfRange, errors.New(err.Error()))

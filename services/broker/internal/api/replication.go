@@ -50,7 +50,7 @@ func (s *ReplicationService) Seal(ctx context.Context, req *connect.Request[stra
 	if msg.GetTransitionId() == "" || len(msg.GetTransitionId()) > 128 {
 		return nil, rpcerr.InvalidArgument("transition_id", "must be 1..128 bytes")
 	}
-	st, err := s.m.Seal(ctx, msg.GetStream(), msg.GetFenceEpoch(), msg.GetTransitionId())
+	st, err := s.m.Seal(ctx, msg.GetStream(), msg.GetFenceEpoch(), msg.GetTransitionId(), msg.GetIncarnation())
 	if err != nil {
 		return nil, toConnect(err)
 	}

@@ -26,6 +26,9 @@ var (
 	ErrChainMismatch = errors.New("replica: chain mismatch")
 	// ErrStaleFence: a seal below the copy's epoch.
 	ErrStaleFence = errors.New("replica: stale fence epoch")
+	// ErrOtherIncarnation: a seal for another incarnation of the stream
+	// (one deleted, or created again, since).
+	ErrOtherIncarnation = errors.New("replica: seal for another incarnation of the stream")
 )
 
 // NotOwnerError says this broker does not own the stream, and who does.

@@ -17,7 +17,7 @@ import (
 // ends. Seals are idempotent; a newer transition at the same fence epoch
 // takes over an existing seal. Its cost does not grow with the log: the
 // chain value at the tail replaces a whole-log digest.
-func (m *Manager) Seal(ctx context.Context, stream string, fenceEpoch uint64, transition string) (storage.State, error) {
+func (m *Manager) Seal(ctx context.Context, stream string, fenceEpoch uint64, transition, incarnation string) (storage.State, error) {
 	select {
 	case m.seals <- struct{}{}:
 		defer func() { <-m.seals }()
@@ -29,11 +29,24 @@ func (m *Manager) Seal(ctx context.Context, stream string, fenceEpoch uint64, tr
 	if err := ctx.Err(); err != nil {
 		return storage.State{}, err
 	}
+	// A recovery seals the incarnation it was recorded for. A seal that
+	// arrives after the stream was deleted and created again under its
+	// name (a slow broker, a recoverer that gave up late) would fence the
+	// new stream's copy at an epoch its assignments have not reached, and
+	// it would wait there for a recovery that never comes.
+	m.mu.RLock()
+	a, known := m.assignments[stream]
+	m.mu.RUnlock()
+	if incarnation != "" && known && a.Incarnation != "" && a.Incarnation != incarnation {
+		return storage.State{}, fmt.Errorf("%w: seal of incarnation %q, assignment of %q", ErrOtherIncarnation, incarnation, a.Incarnation)
+	}
 	c := m.copy(stream)
+	if c != nil && incarnation != "" {
+		if inc := c.st.State().Incarnation; inc != "" && inc != incarnation {
+			return storage.State{}, fmt.Errorf("%w: seal of incarnation %q, copy of %q", ErrOtherIncarnation, incarnation, inc)
+		}
+	}
 	if c == nil {
-		m.mu.RLock()
-		a, known := m.assignments[stream]
-		m.mu.RUnlock()
 		if !known || !a.Includes(m.cfg.Node) {
 			return storage.State{}, fmt.Errorf("%w: no copy of %q on this broker", ErrUnknownStream, stream)
 		}

@@ -98,6 +98,7 @@ func (t *term) seal(ctx context.Context, snap snapshot, node string) sealResult 
 		Stream:       snap.stream,
 		FenceEpoch:   rec.FenceEpoch,
 		TransitionId: rec.TransitionID,
+		Incarnation:  snap.assignment.Incarnation,
 	}))
 	if err != nil {
 		return sealResult{node: node, err: fmt.Errorf("worker: seal %s at %s: %w", node, addr, err)}
