@@ -421,6 +421,36 @@ func TestConcurrentPublishesKeepSequencesInOrder(t *testing.T) {
 	}
 }
 
+// Merged batches stay within the brokers' default dedupe window: a retry
+// of a batch whose answer was lost is answered as duplicates only while its
+// first record is in the window (256 records per producer); a larger batch
+// would be refused on retry although stored.
+func TestMergedBatchesFitTheDedupeWindow(t *testing.T) {
+	f, release := holdFirstPublish(t)
+	c := newTestClient(t, Config{Brokers: []string{f.addr}})
+	const n = 600
+	var wg sync.WaitGroup
+	errs := make([]error, n)
+	for i := range n {
+		wg.Go(func() {
+			_, errs[i] = c.Publish(context.Background(), "s", recs(fmt.Sprint(i)))
+		})
+	}
+	untilQueuedBehindFirst(t, c, f, n)
+	close(release)
+	wg.Wait()
+	for i, err := range errs {
+		if err != nil {
+			t.Fatalf("publish %d: %v", i, err)
+		}
+	}
+	for _, req := range f.requests() {
+		if n := len(req.GetRecords()); n > 256 {
+			t.Fatalf("a merged batch of %d records, above the brokers' default dedupe window of 256", n)
+		}
+	}
+}
+
 // untilQueuedBehindFirst waits until the first request of n one-record
 // calls to stream "s" is in flight, held (holdFirstPublish), and every
 // call it does not carry is queued behind it.
@@ -596,6 +626,58 @@ func TestSubscribeSurvivesFailoversOnAQuietStream(t *testing.T) {
 		}
 		if len(batch) != 1 || batch[0].GetOffset() != want {
 			t.Fatalf("received %v, want offset %d", batch, want)
+		}
+	}
+}
+
+// Closing the client ends its subscriptions: a Recv waiting on a quiet
+// stream answers ErrClosed instead of holding its stream open.
+func TestCloseEndsSubscriptions(t *testing.T) {
+	f := startFake(t, &fakeBroker{})
+	f.locate = ownedBy(f.addr)
+	f.subscribe = func(ctx context.Context, req *strandv1.SubscribeRequest, stream *connect.ServerStream[strandv1.SubscribeResponse]) error {
+		if err := stream.Send(&strandv1.SubscribeResponse{}); err != nil {
+			return err
+		}
+		<-ctx.Done()
+		return ctx.Err()
+	}
+	c := newTestClient(t, Config{Brokers: []string{f.addr}})
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	sub := c.Subscribe(ctx, "s", SubscribeOptions{})
+	defer sub.Close()
+	got := make(chan error, 1)
+	go func() {
+		_, err := sub.Recv()
+		got <- err
+	}()
+	_ = c.Close()
+	if err := <-got; !errors.Is(err, ErrClosed) {
+		t.Fatalf("Recv after Close: %v, want ErrClosed", err)
+	}
+}
+
+// A call the broker would refuse for a header key is answered alone, at
+// once: merged into a batch it would fail every call in it.
+func TestBadHeaderKeyFailsOnlyItsCall(t *testing.T) {
+	f, release := holdFirstPublish(t)
+	c := newTestClient(t, Config{Brokers: []string{f.addr}})
+	first := make(chan error, 1)
+	c.PublishAsync(context.Background(), "s", recs("first"), func(_ *strandv1.PublishResponse, err error) { first <- err })
+	untilQueuedBehindFirst(t, c, f, 1)
+	bad := make(chan error, 1)
+	c.PublishAsync(context.Background(), "s", []*strandv1.Record{{Payload: []byte("bad"), Headers: map[string]string{"": "v"}}},
+		func(_ *strandv1.PublishResponse, err error) { bad <- err })
+	good := make(chan error, 1)
+	c.PublishAsync(context.Background(), "s", recs("good"), func(_ *strandv1.PublishResponse, err error) { good <- err })
+	close(release)
+	if err := <-bad; connect.CodeOf(err) != connect.CodeInvalidArgument || !strings.Contains(err.Error(), "records[0].headers") {
+		t.Fatalf("the bad call: %v, want InvalidArgument naming records[0].headers", err)
+	}
+	for name, ch := range map[string]chan error{"first": first, "good": good} {
+		if err := <-ch; err != nil {
+			t.Fatalf("the %s call failed with the bad one: %v", name, err)
 		}
 	}
 }

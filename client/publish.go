@@ -53,6 +53,9 @@ func (c *Client) Publish(ctx context.Context, stream string, records []*strandv1
 	}
 }
 
+// maxHeaderKey is the brokers' bound on a header key.
+const maxHeaderKey = 256
+
 func errEmptyBatch() error {
 	return connect.NewError(connect.CodeInvalidArgument, errors.New("records: empty batch"))
 }
@@ -91,6 +94,16 @@ func (c *Client) PublishAsync(ctx context.Context, stream string, records []*str
 		done(nil, ErrClosed)
 		return
 	}
+	// A header key the broker refuses would fail every call merged into
+	// the same batch: such a call is answered alone, at once.
+	for i, r := range records {
+		for k := range r.GetHeaders() {
+			if k == "" || len(k) > maxHeaderKey {
+				done(nil, connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("records[%d].headers: header keys must be 1..%d bytes", i, maxHeaderKey)))
+				return
+			}
+		}
+	}
 	p := c.producer(stream)
 	pp := &pendingPublish{ctx: ctx, done: done}
 	pp.records = make([]*strandv1.Record, len(records))
@@ -103,7 +116,12 @@ func (c *Client) PublishAsync(ctx context.Context, stream string, records []*str
 			ProducerId: r.GetProducerId(),
 			Sequence:   r.GetSequence(),
 		}
+		// What the broker counts toward its batch limit: payload and
+		// header bytes.
 		pp.bytes += len(r.GetPayload())
+		for k, v := range r.GetHeaders() {
+			pp.bytes += len(k) + len(v)
+		}
 	}
 	p.enqueue(pp)
 }

@@ -61,7 +61,10 @@ func (c *Client) Subscribe(ctx context.Context, stream string, opts SubscribeOpt
 		opts.Start = strandv1.StartPosition_START_POSITION_EARLIEST
 	}
 	ctx, cancel := context.WithCancel(ctx)
-	s := &Subscription{c: c, stream: stream, opts: opts, ctx: ctx, cancel: cancel, backoff: c.newBackoff()}
+	// Closing the client ends its subscriptions too (Recv answers
+	// ErrClosed), as it answers its queued publishes.
+	stop := context.AfterFunc(c.ctx, cancel)
+	s := &Subscription{c: c, stream: stream, opts: opts, ctx: ctx, cancel: func() { stop(); cancel() }, backoff: c.newBackoff()}
 	if opts.Start == strandv1.StartPosition_START_POSITION_OFFSET {
 		s.next, s.known = opts.Offset, true
 	}
@@ -179,11 +182,11 @@ func (s *Subscription) open() error {
 // wait handles a failed or ended stream: follows a hint, forgets a dead
 // owner, and backs off. It returns an error when the subscription must end.
 func (s *Subscription) wait(err error) error {
-	if s.ctx.Err() != nil {
-		return s.ctx.Err()
-	}
 	if s.c.ctx.Err() != nil {
 		return ErrClosed
+	}
+	if s.ctx.Err() != nil {
+		return s.ctx.Err()
 	}
 	if s.failing.IsZero() {
 		s.failing = time.Now()

@@ -28,7 +28,7 @@ type Limits struct {
 
 // Defaults for Limits fields left zero (strand-broker's flag defaults).
 // The Go client's batches stay well inside them: it merges publishes into
-// batches of at most client.DefaultMaxBatchRecords (1024) records and
+// batches of at most client.DefaultMaxBatchRecords (256) records and
 // client.DefaultMaxBatchBytes (4 MiB) of payload.
 const (
 	DefaultMaxRecordBytes  = 1 << 20
