@@ -100,16 +100,7 @@ func TestOwnerIsNotCutAtItsOwnStart(t *testing.T) {
 	})
 	const stream = "accepted"
 	ctx := context.Background()
-	m.SetAssignment(cluster.Assignment{Stream: stream, Epoch: 1, Owner: "b1"})
-	clustertest.Until(t, 10*time.Second, "the owner at epoch 1 confirms a publish", func() bool {
-		_, err := m.Publish(ctx, stream, []storage.Record{{Payload: []byte("r0")}})
-		return err == nil
-	})
-	for i := 1; i < 10; i++ {
-		if _, err := m.Publish(ctx, stream, []storage.Record{{Payload: fmt.Appendf(nil, "r%d", i)}}); err != nil {
-			t.Fatal(err)
-		}
-	}
+	ownTenRecords(t, m, stream)
 	mu.Lock()
 	history = cluster.HistoryStarts{{Epoch: 2, RecordTail: 7, Node: "b1"}}
 	mu.Unlock()
@@ -166,16 +157,7 @@ func TestRoleChangeFencesTheOldEpochBeforeTheCut(t *testing.T) {
 		}
 		return slices.Clone(history)
 	})
-	m.SetAssignment(cluster.Assignment{Stream: stream, Epoch: 1, Owner: "b1"})
-	clustertest.Until(t, 10*time.Second, "the owner at epoch 1 confirms a publish", func() bool {
-		_, err := m.Publish(ctx, stream, []storage.Record{{Payload: []byte("r0")}})
-		return err == nil
-	})
-	for i := 1; i < 10; i++ {
-		if _, err := m.Publish(ctx, stream, []storage.Record{{Payload: fmt.Appendf(nil, "r%d", i)}}); err != nil {
-			t.Fatal(err)
-		}
-	}
+	ownTenRecords(t, m, stream)
 	// Another copy, b2, was promoted at epoch 2 with 7 records: this copy's
 	// last 3 were never confirmed and go.
 	mu.Lock()
@@ -205,7 +187,6 @@ func TestRoleChangeFencesTheOldEpochBeforeTheCut(t *testing.T) {
 // heartbeats, and readers waiting between the two would never be answered.
 func TestCutLowersTheConfirmWatermark(t *testing.T) {
 	const stream = "lowered"
-	ctx := context.Background()
 	dir := t.TempDir()
 	var (
 		mu      sync.Mutex
@@ -217,16 +198,7 @@ func TestCutLowersTheConfirmWatermark(t *testing.T) {
 		return slices.Clone(history)
 	}
 	m, stop := openTestManager(t, dir, "b1", read)
-	m.SetAssignment(cluster.Assignment{Stream: stream, Epoch: 1, Owner: "b1"})
-	clustertest.Until(t, 10*time.Second, "the owner at epoch 1 confirms a publish", func() bool {
-		_, err := m.Publish(ctx, stream, []storage.Record{{Payload: []byte("r0")}})
-		return err == nil
-	})
-	for i := 1; i < 10; i++ {
-		if _, err := m.Publish(ctx, stream, []storage.Record{{Payload: fmt.Appendf(nil, "r%d", i)}}); err != nil {
-			t.Fatal(err)
-		}
-	}
+	ownTenRecords(t, m, stream)
 	stop()
 
 	m, _ = openTestManager(t, dir, "b1", read)
@@ -307,5 +279,22 @@ func TestOwnerCountsRecordsNoPublishWaitedFor(t *testing.T) {
 	res, err := m.Read(stream, 0, 10, 1<<20)
 	if err != nil || len(res.Records) != 3 {
 		t.Fatalf("read %d records (%v), want 3", len(res.Records), err)
+	}
+}
+
+// ownTenRecords makes m's node, b1, the single-copy owner of stream at
+// epoch 1 and publishes r0..r9 to it, each confirmed.
+func ownTenRecords(t *testing.T, m *Manager, stream string) {
+	t.Helper()
+	ctx := context.Background()
+	m.SetAssignment(cluster.Assignment{Stream: stream, Epoch: 1, Owner: "b1"})
+	clustertest.Until(t, 10*time.Second, "the owner at epoch 1 confirms a publish", func() bool {
+		_, err := m.Publish(ctx, stream, []storage.Record{{Payload: []byte("r0")}})
+		return err == nil
+	})
+	for i := 1; i < 10; i++ {
+		if _, err := m.Publish(ctx, stream, []storage.Record{{Payload: fmt.Appendf(nil, "r%d", i)}}); err != nil {
+			t.Fatal(err)
+		}
 	}
 }
