@@ -504,6 +504,17 @@ func (c *Copy) applyRetention(now time.Time) {
 }
 
 // ownerRole returns the owner's state if this copy is the owner.
+// everApplied reports whether the copy has taken a role from an assignment
+// since it was opened. A copy found on disk at start (or opened for a seal)
+// is not read from before: it may hold a deleted stream's records under a
+// name created again, or records its next role change cuts, and its stored
+// watermark belongs to what it was (seed, "Copies with a longer tail").
+func (c *Copy) everApplied() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.applied.Epoch != 0
+}
+
 func (c *Copy) ownerRole() (cluster.Assignment, *confirmTracker, context.Context, bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()

@@ -298,3 +298,32 @@ func ownTenRecords(t *testing.T, m *Manager, stream string) {
 		}
 	}
 }
+
+// A copy found on disk at start serves no reads until an assignment gave
+// it a role: it may hold a deleted stream's records under a name created
+// again, or records its next role change cuts, and its stored watermark
+// belongs to what it was.
+func TestReopenedCopyServesNoReadsBeforeItsAssignment(t *testing.T) {
+	const stream = "reopened"
+	dir := t.TempDir()
+	none := func() cluster.HistoryStarts { return nil }
+	m, stop := openTestManager(t, dir, "b1", none)
+	ownTenRecords(t, m, stream)
+	stop()
+
+	m, _ = openTestManager(t, dir, "b1", none)
+	if m.copy(stream) == nil {
+		t.Fatal("the reopened manager has no copy of the stream on disk; the test needs one")
+	}
+	if res, err := m.Read(stream, 0, 100, 1<<20); err == nil {
+		t.Fatalf("a copy with no assignment yet served %d records", len(res.Records))
+	}
+	if _, err := m.Subscribe(stream, 0); err == nil {
+		t.Fatal("a copy with no assignment yet took a subscription")
+	}
+	m.SetAssignment(cluster.Assignment{Stream: stream, Epoch: 1, Owner: "b1"})
+	clustertest.Until(t, 10*time.Second, "reads once the copy is owner again", func() bool {
+		res, err := m.Read(stream, 0, 100, 1<<20)
+		return err == nil && len(res.Records) == 10
+	})
+}

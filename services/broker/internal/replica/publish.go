@@ -104,7 +104,7 @@ type ReadResult struct {
 // only ever see records below the confirm watermark.
 func (m *Manager) Read(stream string, from uint64, maxRecords, maxBytes int) (ReadResult, error) {
 	c := m.copy(stream)
-	if c == nil {
+	if c == nil || !c.everApplied() {
 		return ReadResult{}, m.notHere(stream)
 	}
 	wm, _, _ := c.visible()
@@ -145,7 +145,7 @@ type Subscription struct {
 // from of ^uint64(0) means the latest confirmed position.
 func (m *Manager) Subscribe(stream string, from uint64) (*Subscription, error) {
 	c := m.copy(stream)
-	if c == nil {
+	if c == nil || !c.everApplied() {
 		return nil, m.notHere(stream)
 	}
 	s := c.st.State()
