@@ -682,6 +682,34 @@ func TestBadHeaderKeyFailsOnlyItsCall(t *testing.T) {
 	}
 }
 
+// A subscription made right after CreateStream may reach a broker that
+// has not seen the stream yet: a NotFound within notFoundGrace is retried,
+// as for unary calls.
+func TestSubscribeWaitsOutNotFoundRightAfterCreate(t *testing.T) {
+	var calls atomic.Int32
+	f := startFake(t, &fakeBroker{})
+	f.locate = ownedBy(f.addr)
+	f.subscribe = func(ctx context.Context, req *strandv1.SubscribeRequest, stream *connect.ServerStream[strandv1.SubscribeResponse]) error {
+		if calls.Add(1) == 1 {
+			return connect.NewError(connect.CodeNotFound, errors.New("no stream \"s\""))
+		}
+		if err := stream.Send(&strandv1.SubscribeResponse{ConfirmWatermark: 1, Records: []*strandv1.StoredRecord{{Offset: 0}}}); err != nil {
+			return err
+		}
+		<-ctx.Done()
+		return ctx.Err()
+	}
+	c := newTestClient(t, Config{Brokers: []string{f.addr}})
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	sub := c.Subscribe(ctx, "s", SubscribeOptions{})
+	defer sub.Close()
+	recs, err := sub.Recv()
+	if err != nil || len(recs) != 1 {
+		t.Fatalf("recv after a NotFound right after create: %v, %v", recs, err)
+	}
+}
+
 // fakeController is an AdminService whose ListBrokers the test scripts.
 type fakeController struct {
 	strandv1connect.UnimplementedAdminServiceHandler

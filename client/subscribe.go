@@ -53,6 +53,8 @@ type Subscription struct {
 	lastErr    error
 	watermark  uint64
 	reconnects int
+	// started is when the subscription was made (notFoundGrace).
+	started time.Time
 }
 
 // Subscribe opens a subscription; the first Recv connects. Close it when done.
@@ -64,7 +66,7 @@ func (c *Client) Subscribe(ctx context.Context, stream string, opts SubscribeOpt
 	// Closing the client ends its subscriptions too (Recv answers
 	// ErrClosed), as it answers its queued publishes.
 	stop := context.AfterFunc(c.ctx, cancel)
-	s := &Subscription{c: c, stream: stream, opts: opts, ctx: ctx, cancel: func() { stop(); cancel() }, backoff: c.newBackoff()}
+	s := &Subscription{c: c, stream: stream, opts: opts, ctx: ctx, cancel: func() { stop(); cancel() }, backoff: c.newBackoff(), started: time.Now()}
 	if opts.Start == strandv1.StartPosition_START_POSITION_OFFSET {
 		s.next, s.known = opts.Offset, true
 	}
@@ -196,6 +198,10 @@ func (s *Subscription) wait(err error) error {
 	if hint, ok := rpcerr.OwnerHint(err); ok && hint.GetAddress() != "" && hint.GetAddress() != s.addr {
 		s.c.setOwner(s.stream, hint.GetAddress())
 	} else if _, ok := rpcerr.OwnerHint(err); ok || retryable(s.ctx, err) {
+		s.c.forgetOwner(s.stream, s.addr)
+	} else if connect.CodeOf(err) == connect.CodeNotFound && time.Since(s.started) < notFoundGrace {
+		// As for unary calls: right after CreateStream a broker may not
+		// have seen the stream yet.
 		s.c.forgetOwner(s.stream, s.addr)
 	} else {
 		return fmt.Errorf("client: subscribe %q: %w", s.stream, err)
