@@ -413,6 +413,12 @@ func (c *Copy) trackOwnerDurable(ctx context.Context, tracker *confirmTracker) {
 			return
 		case <-c.st.WaitTail(tail):
 		}
+		if c.st.Closed() {
+			// Its waits return at once from now on; the role ends with
+			// the copy (roles end before their stream is closed).
+			<-ctx.Done()
+			return
+		}
 	}
 }
 

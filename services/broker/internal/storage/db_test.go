@@ -122,3 +122,25 @@ func TestFailedWriteIsReportedOnce(t *testing.T) {
 		t.Fatalf("record tail %d after a failed write and a refused one", tail)
 	}
 }
+
+// Closed tells a loop over a stream's waits that they will return at once
+// from now on: the stream was dropped (or its DB closed).
+func TestClosedAfterDrop(t *testing.T) {
+	db := openDB(t, t.TempDir())
+	defer db.Close()
+	s := ownerStream(t, db, "s", 1)
+	if s.Closed() {
+		t.Fatal("an open stream reports closed")
+	}
+	if err := db.Drop("s"); err != nil {
+		t.Fatal(err)
+	}
+	if !s.Closed() {
+		t.Fatal("a dropped stream does not report closed")
+	}
+	select {
+	case <-s.WaitTail(s.Tails().Record):
+	default:
+		t.Fatal("a dropped stream's wait does not return at once")
+	}
+}

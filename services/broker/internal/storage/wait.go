@@ -89,6 +89,14 @@ func (s *Stream) Tails() Tails {
 	return Tails{Record: s.dTail, CursorEvent: s.dEvTail, Written: s.wTail, Chain: s.dChain}
 }
 
+// Closed reports that the stream was closed or dropped: its waits return
+// at once from then on, so a loop waiting on them must stop.
+func (s *Stream) Closed() bool {
+	s.dmu.Lock()
+	defer s.dmu.Unlock()
+	return s.dclosed
+}
+
 func (s *Stream) wait(k waitKey) <-chan struct{} {
 	s.dmu.Lock()
 	defer s.dmu.Unlock()
