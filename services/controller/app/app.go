@@ -13,6 +13,7 @@ import (
 	"sync"
 	"time"
 
+	"connectrpc.com/connect"
 	"connectrpc.com/grpchealth"
 	"github.com/rs/zerolog"
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -103,8 +104,12 @@ type App struct {
 	closeErr  error
 }
 
-// adminRequestMaxBytes bounds one AdminService request.
-const adminRequestMaxBytes = 1 << 20
+// adminRequestMaxBytes bounds one AdminService request, and
+// adminCallTimeout one call that arrives without a deadline.
+const (
+	adminRequestMaxBytes = 1 << 20
+	adminCallTimeout     = 30 * time.Second
+)
 
 // Start connects to etcd, serves on the listen address and campaigns for
 // leadership in the background.
@@ -141,7 +146,10 @@ func Start(ctx context.Context, cfg Config) (*App, error) {
 	// Operator requests are names, numbers and a stream spec: a read limit
 	// keeps a request of any size, or a gzip body that inflates to one,
 	// from being held in memory (rpcserver.ReadLimit).
-	mux.Handle(strandv1connect.NewAdminServiceHandler(svc, rpcserver.ReadLimit(adminRequestMaxBytes)))
+	// A call without a deadline of its own is bounded too: one waiting on
+	// etcd while etcd is away would otherwise hold its handler as long.
+	mux.Handle(strandv1connect.NewAdminServiceHandler(svc, rpcserver.ReadLimit(adminRequestMaxBytes),
+		connect.WithInterceptors(rpcserver.DefaultTimeout(adminCallTimeout))))
 	a.srv = rpcserver.Serve(ln, mux)
 
 	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
