@@ -277,7 +277,14 @@ func (db *DB) write(batch []*op) error {
 			}
 		}
 		s := o.s
-		if s == nil || (o.meta == nil && !o.touchWM) {
+		// A closed stream's metadata is not written: the stream is being
+		// dropped (DB.Close stops the committer before it closes streams),
+		// and an op queued before the drop, in the same batch as the drop's
+		// marker, would otherwise rewrite its metadata without the marker,
+		// last, and a crash later in the drop would leave a stream whose
+		// entries are gone and whose metadata still names them: Open would
+		// refuse it for ever instead of finishing the drop.
+		if s == nil || (o.meta == nil && !o.touchWM) || s.Closed() {
 			continue
 		}
 		if !s.cmTouched {

@@ -8,8 +8,11 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/rs/zerolog"
+
+	"github.com/strandhq/strand/internal/clustertest"
 )
 
 func TestDropDeletesEverything(t *testing.T) {
@@ -142,5 +145,59 @@ func TestClosedAfterDrop(t *testing.T) {
 	case <-s.WaitTail(s.Tails().Record):
 	default:
 		t.Fatal("a dropped stream's wait does not return at once")
+	}
+}
+
+// A drop a crash interrupts is finished by the next Open, even when an op
+// of the stream queued before the drop was written in the same batch as
+// the drop's marker: the committer wrote that op's metadata last, without
+// the marker, so the next Open found a stream whose records were deleted
+// and whose metadata still named them, and refused it for ever.
+func TestDropInterruptedAfterAQueuedOpIsFinishedOnOpen(t *testing.T) {
+	dir := t.TempDir()
+	db := openDB(t, dir)
+	ctx := context.Background()
+	s := ownerStream(t, db, "x", 1)
+	mustAppend(t, s, 1, recs("a", 10))
+	if _, err := s.CommitCursor(ctx, 1, "c", 3); err != nil {
+		t.Fatal(err)
+	}
+	// Hold the committer at the sync of an append, so the next ops queue.
+	inSync, release := holdNextSync(db)
+	go func() { _, _ = s.Append(ctx, 1, recs("b", 1)) }()
+	<-inSync
+	if _, err := s.CommitCursor(ctx, 1, "c", 5); err != nil {
+		t.Fatal(err)
+	}
+	dropped := make(chan error, 1)
+	go func() { dropped <- db.Drop("x") }()
+	clustertest.Until(t, 10*time.Second, "the cursor commit and the drop's marker queued", func() bool {
+		return len(db.ops) == 2
+	})
+	// Then the drop is cut short after it deleted the records: the writes
+	// after the batch with its marker and the record delete fail, as a
+	// crash there would leave the store.
+	var writes atomic.Int32
+	db.writeFault = func() error {
+		if writes.Add(1) > 2 {
+			return errors.New("injected: crash")
+		}
+		return nil
+	}
+	close(release)
+	if err := <-dropped; err == nil {
+		t.Fatal("the drop finished; the test needs it cut short")
+	}
+	_ = db.Close()
+
+	db = openDB(t, dir)
+	defer db.Close()
+	names, err := db.Streams()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if slices.Contains(names, "x") {
+		_, err := db.Open("x")
+		t.Fatalf("after reopening, the dropped stream is still listed (opening it: %v)", err)
 	}
 }
