@@ -28,7 +28,7 @@ test: ## Run every test suite with -race (unit, integration, CLI smoke, e2e).
 	@# Compile every test binary in parallel, then run the packages one at a
 	@# time: the process, in-process and container clusters run on short
 	@# leases and must not starve each other's etcd on a 2-core machine.
-	$(GO) test -race -count=1 -run '^$$' ./... >/dev/null
+	@out=$$(mktemp); $(GO) test -race -count=1 -run '^$$' ./... >$$out 2>&1 || { cat $$out; rm -f $$out; exit 1; }; rm -f $$out
 	$(GO) test -race -count=1 -p 1 -timeout 25m ./...
 
 .PHONY: test-short

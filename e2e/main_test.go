@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -23,6 +24,10 @@ func TestMain(m *testing.M) {
 		fmt.Fprintf(os.Stderr, "e2e: the suite needs a reachable Docker engine: %v\n", err)
 		os.Exit(1)
 	}
+	if err := removeLeftovers(); err != nil {
+		fmt.Fprintf(os.Stderr, "e2e: removing containers an earlier run left: %v\n", err)
+		os.Exit(1)
+	}
 	if os.Getenv("STRAND_E2E_SKIP_IMAGES") == "" {
 		if err := buildImages(); err != nil {
 			fmt.Fprintf(os.Stderr, "e2e: make images: %v\n", err)
@@ -30,6 +35,34 @@ func TestMain(m *testing.M) {
 		}
 	}
 	os.Exit(m.Run())
+}
+
+// removeLeftovers removes the containers and networks an earlier run left
+// (labelled strand-e2e): a run stopped by its -timeout panics without its
+// cleanups, and its brokers would keep using this machine's two cores.
+func removeLeftovers() error {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	for _, kind := range []struct{ name, list, remove string }{
+		{"container", "ps -aq", "rm -f"},
+		{"network", "network ls -q", "network rm"},
+	} {
+		list := append(strings.Fields(kind.list), "--filter", "label=strand-e2e")
+		out, err := exec.CommandContext(ctx, "docker", list...).Output()
+		if err != nil {
+			return fmt.Errorf("docker %s: %w", kind.list, err)
+		}
+		ids := strings.Fields(string(out))
+		if len(ids) == 0 {
+			continue
+		}
+		rm := append(strings.Fields(kind.remove), ids...)
+		if out, err := exec.CommandContext(ctx, "docker", rm...).CombinedOutput(); err != nil {
+			return fmt.Errorf("docker %s: %w: %s", kind.remove, err, out)
+		}
+		fmt.Fprintf(os.Stderr, "e2e: removed %d %ss an earlier run left\n", len(ids), kind.name)
+	}
+	return nil
 }
 
 func dockerReachable() error {

@@ -138,6 +138,9 @@ func TestVerify(t *testing.T) {
 			t.Errorf("%s: OK() = %v", c.name, got.OK())
 		}
 	}
+	if v := Verify(nil, stored(0, 1)); v.OK() {
+		t.Error("a run that confirmed nothing is OK")
+	}
 	if v := Verify(confirms, stored(0, 1)); len(v.Examples) == 0 || !strings.Contains(v.Examples[0], "missing") {
 		t.Errorf("examples %v, want the missing record described", v.Examples)
 	}

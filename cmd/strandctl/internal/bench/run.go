@@ -405,7 +405,11 @@ func (r *runner) run(ctx context.Context) error {
 		if uok {
 			r.res.UnavailableMs = round(ms(u))
 		} else {
+			// Nothing was confirmed after the kill: the stream never
+			// served again, which is the failure this bench looks for.
 			r.res.UnavailableMs = -1
+			r.res.OK = false
+			r.res.Problems = append(r.res.Problems, "no publish was confirmed after the kill: the stream did not serve again within the run")
 		}
 		r.phases(killAt, u, uok)
 		marks = append(marks, Mark{At: killAt, Label: "SIG" + strings.TrimPrefix(o.KillSignal, "SIG") + " " + r.res.OldOwner, Color: "#c0392b"})

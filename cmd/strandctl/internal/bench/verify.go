@@ -69,7 +69,11 @@ type Verdict struct {
 }
 
 // OK reports whether nothing confirmed was lost, duplicated or moved.
-func (v Verdict) OK() bool { return v.Lost == 0 && v.Duplicates == 0 && v.OffsetMismatches == 0 }
+//
+// A run that confirmed nothing proved nothing and is not OK.
+func (v Verdict) OK() bool {
+	return v.Confirmed > 0 && v.Lost == 0 && v.Duplicates == 0 && v.OffsetMismatches == 0
+}
 
 const maxExamples = 5
 
