@@ -135,7 +135,12 @@ func Start(ctx context.Context, opts Options) (*Cluster, error) {
 		return nil, fmt.Errorf("devcluster: %w", err)
 	}
 	// A cluster.json left by a cluster that is gone must not be mistaken
-	// for this one before it is ready.
+	// for this one before it is ready. One of a cluster still running is
+	// left alone, and this start refused: it would fail on the running
+	// cluster's ports after cutting every other command off from it.
+	if info, err := ReadInfo(dir); err == nil && info.PID > 0 && info.PID != os.Getpid() && syscall.Kill(info.PID, 0) == nil {
+		return nil, fmt.Errorf("devcluster: a cluster already runs from %s (strandctl pid %d); stop it or use another data dir", dir, info.PID)
+	}
 	_ = os.Remove(filepath.Join(dir, InfoFile))
 	bins, err := findBinaries(opts.BinDir)
 	if err != nil {
