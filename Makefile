@@ -99,5 +99,7 @@ clean: ## Remove bin/ (keeps .strand/ data).
 
 .PHONY: bench-failover
 bench-failover: build ## Cluster bench: 3 copies, majority_durable, 1 KiB, 256 in flight, SIGKILL the owner at 8 s of 20.
-	$(BIN)/strandctl bench --stream durable --copies 3 --policy majority_durable --size 1024 --inflight 256 \
+	@# The kill needs the bench's own cluster: an exported STRAND_CONTROLLER or
+	@# STRAND_BROKER (the compose README sets them) would point it elsewhere.
+	env -u STRAND_CONTROLLER -u STRAND_BROKER $(BIN)/strandctl bench --stream durable --copies 3 --policy majority_durable --size 1024 --inflight 256 \
 		--duration 20s --kill-owner-at-secs 8 --bin-dir $(BIN) $(BENCH_FLAGS)
