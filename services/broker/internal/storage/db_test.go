@@ -155,7 +155,29 @@ func TestClosedAfterDrop(t *testing.T) {
 // and whose metadata still named them, and refused it for ever.
 func TestDropInterruptedAfterAQueuedOpIsFinishedOnOpen(t *testing.T) {
 	dir := t.TempDir()
-	db := openDB(t, dir)
+	// The hooks are set before anything is written and steered by atomics:
+	// the committer reads them on every batch.
+	var failFrom atomic.Int32 // fail every write from this one on (0: none)
+	var writes atomic.Int32
+	db, err := Open(Options{Dir: dir, Logger: zerolog.Nop(), MemTableBytes: 8 << 20, CacheBytes: 4 << 20,
+		WriteFault: func() error {
+			n := writes.Add(1)
+			if from := failFrom.Load(); from > 0 && n >= from {
+				return errors.New("injected: crash")
+			}
+			return nil
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var hold atomic.Bool
+	inSync, release := make(chan struct{}), make(chan struct{})
+	db.beforeSync = func() {
+		if hold.CompareAndSwap(true, false) {
+			close(inSync)
+			<-release
+		}
+	}
 	ctx := context.Background()
 	s := ownerStream(t, db, "x", 1)
 	mustAppend(t, s, 1, recs("a", 10))
@@ -163,7 +185,7 @@ func TestDropInterruptedAfterAQueuedOpIsFinishedOnOpen(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Hold the committer at the sync of an append, so the next ops queue.
-	inSync, release := holdNextSync(db)
+	hold.Store(true)
 	go func() { _, _ = s.Append(ctx, 1, recs("b", 1)) }()
 	<-inSync
 	if _, err := s.CommitCursor(ctx, 1, "c", 5); err != nil {
@@ -177,13 +199,7 @@ func TestDropInterruptedAfterAQueuedOpIsFinishedOnOpen(t *testing.T) {
 	// Then the drop is cut short after it deleted the records: the writes
 	// after the batch with its marker and the record delete fail, as a
 	// crash there would leave the store.
-	var writes atomic.Int32
-	db.writeFault = func() error {
-		if writes.Add(1) > 2 {
-			return errors.New("injected: crash")
-		}
-		return nil
-	}
+	failFrom.Store(writes.Load() + 3)
 	close(release)
 	if err := <-dropped; err == nil {
 		t.Fatal("the drop finished; the test needs it cut short")
