@@ -614,11 +614,7 @@ func TestSubscribeSurvivesFailoversOnAQuietStream(t *testing.T) {
 		<-ctx.Done()
 		return ctx.Err()
 	}
-	c := newTestClient(t, Config{Brokers: []string{f.addr}, RetryBudget: budget})
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	sub := c.Subscribe(ctx, "s", SubscribeOptions{Start: strandv1.StartPosition_START_POSITION_EARLIEST})
-	defer sub.Close()
+	_, sub := testSubscription(t, Config{Brokers: []string{f.addr}, RetryBudget: budget}, SubscribeOptions{Start: strandv1.StartPosition_START_POSITION_EARLIEST})
 	for want := uint64(0); want < 2; want++ {
 		batch, err := sub.Recv()
 		if err != nil {
@@ -642,11 +638,7 @@ func TestCloseEndsSubscriptions(t *testing.T) {
 		<-ctx.Done()
 		return ctx.Err()
 	}
-	c := newTestClient(t, Config{Brokers: []string{f.addr}})
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	sub := c.Subscribe(ctx, "s", SubscribeOptions{})
-	defer sub.Close()
+	c, sub := testSubscription(t, Config{Brokers: []string{f.addr}}, SubscribeOptions{})
 	got := make(chan error, 1)
 	go func() {
 		_, err := sub.Recv()
@@ -699,15 +691,23 @@ func TestSubscribeWaitsOutNotFoundRightAfterCreate(t *testing.T) {
 		<-ctx.Done()
 		return ctx.Err()
 	}
-	c := newTestClient(t, Config{Brokers: []string{f.addr}})
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	sub := c.Subscribe(ctx, "s", SubscribeOptions{})
-	defer sub.Close()
+	_, sub := testSubscription(t, Config{Brokers: []string{f.addr}}, SubscribeOptions{})
 	recs, err := sub.Recv()
 	if err != nil || len(recs) != 1 {
 		t.Fatalf("recv after a NotFound right after create: %v, %v", recs, err)
 	}
+}
+
+// testSubscription subscribes to stream "s" through a client of cfg, for
+// at most 10 s; the subscription and the client end with the test.
+func testSubscription(t *testing.T, cfg Config, opts SubscribeOptions) (*Client, *Subscription) {
+	t.Helper()
+	c := newTestClient(t, cfg)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	t.Cleanup(cancel)
+	sub := c.Subscribe(ctx, "s", opts)
+	t.Cleanup(func() { _ = sub.Close() })
+	return c, sub
 }
 
 // fakeController is an AdminService whose ListBrokers the test scripts.
