@@ -53,6 +53,10 @@ func toConnect(err error) error {
 		return connect.NewError(connect.CodeOutOfRange, errors.New(err.Error()))
 	case errors.Is(err, replica.ErrChainMismatch), errors.Is(err, storage.ErrChainMismatch):
 		return connect.NewError(connect.CodeDataLoss, errors.New(err.Error()))
+	case errors.Is(err, storage.ErrTooLarge):
+		// A record above what one storage entry holds (reached when
+		// --max-record-bytes is set above it): too large, as DESIGN says.
+		return connect.NewError(connect.CodeResourceExhausted, fmt.Errorf("records: %s", err.Error()))
 	case errors.Is(err, storage.ErrInvalidArgument):
 		// Input storage refuses that the handler's checks let through
 		// (its message names what and the bound).
@@ -63,16 +67,4 @@ func toConnect(err error) error {
 		return connect.NewError(connect.CodeDeadlineExceeded, err)
 	}
 	return connect.NewError(connect.CodeInternal, errors.New("internal error"))
-}
-
-// publishError is toConnect for Publish. After Publish's own checks, the
-// one argument storage refuses in a batch is a record too large for one of
-// its entries (half of Badger's transaction bound; reached when
-// --max-record-bytes is set above it): a record too large is
-// ResourceExhausted (DESIGN.md), naming the field.
-func publishError(err error) error {
-	if errors.Is(err, storage.ErrInvalidArgument) {
-		return connect.NewError(connect.CodeResourceExhausted, fmt.Errorf("records: %s", err.Error()))
-	}
-	return toConnect(err)
 }

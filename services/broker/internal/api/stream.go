@@ -107,7 +107,7 @@ func (s *StreamService) Publish(ctx context.Context, req *connect.Request[strand
 	}
 	res, err := s.m.Publish(ctx, msg.GetStream(), recs)
 	if err != nil {
-		return nil, publishError(err)
+		return nil, toConnect(err)
 	}
 	return connect.NewResponse(&strandv1.PublishResponse{Epoch: res.Epoch, Offsets: res.Offsets, Duplicate: res.Duplicate}), nil
 }

@@ -1,6 +1,9 @@
 package storage
 
-import "errors"
+import (
+	"errors"
+	"fmt"
+)
 
 // Sentinel errors. Every error the package returns wraps one of them with %w
 // and adds the numbers that explain it, so callers match with errors.Is and
@@ -27,8 +30,12 @@ var (
 	// stopped after a write failure.
 	ErrClosed = errors.New("storage: closed")
 	// ErrInvalidArgument: malformed input (an empty or oversized cursor
-	// name, a bad stream name, a record too large for one write).
+	// name, a bad stream name, an oversized producer id).
 	ErrInvalidArgument = errors.New("storage: invalid argument")
+	// ErrTooLarge: a record too large for one storage entry (half of
+	// Badger's transaction bound). It is an ErrInvalidArgument too; the
+	// API answers it ResourceExhausted, as DESIGN does a record too large.
+	ErrTooLarge = fmt.Errorf("%w: record too large", ErrInvalidArgument)
 	// ErrCorrupt: stored bytes that do not decode.
 	ErrCorrupt = errors.New("storage: corrupt")
 	// ErrSequenceGap: a record's sequence skips ahead of its producer's

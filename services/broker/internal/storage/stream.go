@@ -442,7 +442,7 @@ func (s *Stream) AppendIdempotent(ctx context.Context, epoch uint64, recs []Reco
 		out[i].PublishTime = fromUnixNanos(out[i].PublishTime.UnixNano())
 		size := recordSize(&out[i])
 		if n := size + 32; n > s.db.maxEntryBytes {
-			return AppendResult{}, fmt.Errorf("%w: record %d of %d bytes above the %d-byte limit", ErrInvalidArgument, i, n, s.db.maxEntryBytes)
+			return AppendResult{}, fmt.Errorf("%w: record %d of %d bytes above the %d-byte limit", ErrTooLarge, i, n, s.db.maxEntryBytes)
 		}
 		estimate += size + segmentSlack
 		if n := len(out[i].ProducerID); n > MaxProducerID {
@@ -631,7 +631,7 @@ func (s *Stream) EnqueueReplicated(ctx context.Context, recs []Record, evs []Cur
 	for i := range recs {
 		size := recordSize(&recs[i])
 		if n := size + 32; n > s.db.maxEntryBytes {
-			return Pending{}, fmt.Errorf("%w: record %d of %d bytes above the %d-byte limit", ErrInvalidArgument, recs[i].Offset, n, s.db.maxEntryBytes)
+			return Pending{}, fmt.Errorf("%w: record %d of %d bytes above the %d-byte limit", ErrTooLarge, recs[i].Offset, n, s.db.maxEntryBytes)
 		}
 		estimate += size + segmentSlack
 	}
