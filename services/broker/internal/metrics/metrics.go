@@ -116,11 +116,15 @@ func (b *Broker) PublishConfirmTimedOut() {
 	}
 }
 
-// FollowAcked records a batch acknowledged by follower, sent at sent.
-func (b *Broker) FollowAcked(follower string, sent time.Time) {
-	if b != nil {
-		b.followAck.WithLabelValues(follower).Observe(time.Since(sent).Seconds())
+// FollowAcked returns what records a batch acknowledged by follower, sent
+// at sent. The follower's series is looked up once, for a follow stream,
+// not once per batch.
+func (b *Broker) FollowAcked(follower string) func(sent time.Time) {
+	if b == nil {
+		return func(time.Time) {}
 	}
+	o := b.followAck.WithLabelValues(follower)
+	return func(sent time.Time) { o.Observe(time.Since(sent).Seconds()) }
 }
 
 // FollowApplied records a batch durable on this follower, received at

@@ -83,7 +83,7 @@ func (m *Manager) ServeFollow(ctx context.Context, first *strandv1.FollowRequest
 	defer stop()
 
 	fc := &flowControl{max: m.cfg.MaxInflightBytes, acked: make(chan struct{}, 1),
-		onAck: func(sent time.Time) { m.cfg.Metrics.FollowAcked(node, sent) }}
+		onAck: m.cfg.Metrics.FollowAcked(node)}
 	recvErr := make(chan error, 1)
 	go func() {
 		for {
