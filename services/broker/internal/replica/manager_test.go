@@ -91,19 +91,12 @@ func openTestManager(t *testing.T, dir, node string, history func() cluster.Hist
 // records. Records 7 to 9 may have been confirmed (on this copy and a lost
 // one); cutting them would lose them and give their offsets to new records.
 func TestOwnerIsNotCutAtItsOwnStart(t *testing.T) {
-	var mu sync.Mutex
-	var history cluster.HistoryStarts
-	m := newTestManager(t, "b1", func() cluster.HistoryStarts {
-		mu.Lock()
-		defer mu.Unlock()
-		return slices.Clone(history)
-	})
+	var history historyBox
+	m := newTestManager(t, "b1", history.read)
 	const stream = "accepted"
 	ctx := context.Background()
 	ownTenRecords(t, m, stream)
-	mu.Lock()
-	history = cluster.HistoryStarts{{Epoch: 2, RecordTail: 7, Node: "b1"}}
-	mu.Unlock()
+	history.set(cluster.HistoryStarts{{Epoch: 2, RecordTail: 7, Node: "b1"}})
 	m.SetAssignment(cluster.Assignment{Stream: stream, Epoch: 2, Owner: "b1"})
 	clustertest.Until(t, 10*time.Second, "the copy at epoch 2", func() bool {
 		return m.copy(stream).st.State().Epoch == 2
@@ -141,28 +134,27 @@ func TestRoleChangeFencesTheOldEpochBeforeTheCut(t *testing.T) {
 	const stream = "moved"
 	ctx := context.Background()
 	var (
-		mu       sync.Mutex
-		history  cluster.HistoryStarts
+		history  historyBox
 		m        *Manager
+		mu       sync.Mutex
 		lateErr  error
 		lateTold bool
 	)
 	m = newTestManager(t, "b1", func() cluster.HistoryStarts {
+		starts := history.read()
 		mu.Lock()
 		defer mu.Unlock()
-		if history != nil && !lateTold {
+		if starts != nil && !lateTold {
 			// What a publish of the old role past its role check does.
 			_, lateErr = m.copy(stream).st.Append(ctx, 1, []storage.Record{{Payload: []byte("late")}})
 			lateTold = true
 		}
-		return slices.Clone(history)
+		return starts
 	})
 	ownTenRecords(t, m, stream)
 	// Another copy, b2, was promoted at epoch 2 with 7 records: this copy's
 	// last 3 were never confirmed and go.
-	mu.Lock()
-	history = cluster.HistoryStarts{{Epoch: 2, RecordTail: 7, Node: "b2"}}
-	mu.Unlock()
+	history.set(cluster.HistoryStarts{{Epoch: 2, RecordTail: 7, Node: "b2"}})
 	m.SetAssignment(cluster.Assignment{Stream: stream, Epoch: 2, Owner: "b2", Followers: []string{"b1"}})
 	clustertest.Until(t, 10*time.Second, "the copy at epoch 2", func() bool {
 		return m.copy(stream).st.State().Epoch == 2
@@ -188,23 +180,13 @@ func TestRoleChangeFencesTheOldEpochBeforeTheCut(t *testing.T) {
 func TestCutLowersTheConfirmWatermark(t *testing.T) {
 	const stream = "lowered"
 	dir := t.TempDir()
-	var (
-		mu      sync.Mutex
-		history cluster.HistoryStarts
-	)
-	read := func() cluster.HistoryStarts {
-		mu.Lock()
-		defer mu.Unlock()
-		return slices.Clone(history)
-	}
-	m, stop := openTestManager(t, dir, "b1", read)
+	var history historyBox
+	m, stop := openTestManager(t, dir, "b1", history.read)
 	ownTenRecords(t, m, stream)
 	stop()
 
-	m, _ = openTestManager(t, dir, "b1", read)
-	mu.Lock()
-	history = cluster.HistoryStarts{{Epoch: 2, RecordTail: 7, Node: "b2"}}
-	mu.Unlock()
+	m, _ = openTestManager(t, dir, "b1", history.read)
+	history.set(cluster.HistoryStarts{{Epoch: 2, RecordTail: 7, Node: "b2"}})
 	m.SetAssignment(cluster.Assignment{Stream: stream, Epoch: 1, Owner: "b1"})
 	clustertest.Until(t, 10*time.Second, "the reopened copy at watermark 10", func() bool {
 		c := m.copy(stream)
@@ -326,4 +308,23 @@ func TestReopenedCopyServesNoReadsBeforeItsAssignment(t *testing.T) {
 		res, err := m.Read(stream, 0, 100, 1<<20)
 		return err == nil && len(res.Records) == 10
 	})
+}
+
+// historyBox holds the history starts a test manager reads, set by the
+// test while the manager runs.
+type historyBox struct {
+	mu     sync.Mutex
+	starts cluster.HistoryStarts
+}
+
+func (h *historyBox) set(starts cluster.HistoryStarts) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.starts = starts
+}
+
+func (h *historyBox) read() cluster.HistoryStarts {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return slices.Clone(h.starts)
 }
