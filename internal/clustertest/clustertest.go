@@ -12,6 +12,8 @@ import (
 
 	"connectrpc.com/connect"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/protobuf/encoding/protowire"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/strandhq/strand/internal/cluster"
 	strandv1 "github.com/strandhq/strand/internal/gen/strand/v1"
@@ -161,4 +163,13 @@ func ReadAll(sc strandv1connect.StreamServiceClient, node, stream string) ([]*st
 		out = append(out, recs...)
 		from = resp.Msg.GetNextOffset()
 	}
+}
+
+// WithUnknownField adds an unknown field of n zero bytes to m and returns
+// it: bytes no handler reads or counts, which gzip shrinks to almost
+// nothing (tests of request read limits).
+func WithUnknownField[M proto.Message](m M, n int) M {
+	b := protowire.AppendTag(nil, 999, protowire.BytesType)
+	m.ProtoReflect().SetUnknown(protowire.AppendBytes(b, make([]byte, n)))
+	return m
 }

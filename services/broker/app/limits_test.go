@@ -11,11 +11,10 @@ import (
 	"testing"
 
 	"connectrpc.com/connect"
-	"google.golang.org/protobuf/encoding/protowire"
-	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/emptypb"
 
 	"github.com/strandhq/strand/internal/cluster"
+	"github.com/strandhq/strand/internal/clustertest"
 	strandv1 "github.com/strandhq/strand/internal/gen/strand/v1"
 	"github.com/strandhq/strand/internal/gen/strand/v1/strandv1connect"
 	"github.com/strandhq/strand/internal/rpcserver"
@@ -28,14 +27,6 @@ var wireProtocols = map[string][]connect.ClientOption{
 	"json":     {connect.WithProtoJSON()},
 	"grpc":     {connect.WithGRPC()},
 	"grpc-web": {connect.WithGRPCWeb()},
-}
-
-// withUnknown adds an unknown field of n zero bytes to m: bytes a handler
-// neither counts nor needs, which gzip shrinks to almost nothing.
-func withUnknown[M proto.Message](m M, n int) M {
-	b := protowire.AppendTag(nil, 999, protowire.BytesType)
-	m.ProtoReflect().SetUnknown(protowire.AppendBytes(b, make([]byte, n)))
-	return m
 }
 
 func wantCode(t *testing.T, what string, err error, code connect.Code, field string) {
@@ -132,7 +123,7 @@ func TestPublishReadLimit(t *testing.T) {
 			cli := strandv1connect.NewStreamServiceClient(rpcserver.HTTPClient(), rpcserver.BaseURL(h.addrs["b1"]), opts...)
 			// Without the read limit this one is stored: the handler
 			// counts payload and header bytes only.
-			rec := withUnknown(&strandv1.Record{Payload: []byte("x")}, 1<<20)
+			rec := clustertest.WithUnknownField(&strandv1.Record{Payload: []byte("x")}, 1<<20)
 			_, err := cli.Publish(ctx, connect.NewRequest(&strandv1.PublishRequest{Stream: "s", Records: []*strandv1.Record{rec}}))
 			wantCode(t, fmt.Sprintf("%s (gzip %v): 1 MiB request", name, gzip), err, connect.CodeResourceExhausted, "larger than")
 		}
@@ -158,15 +149,15 @@ func TestSmallRequestReadLimits(t *testing.T) {
 		}
 		opts = append(opts, connect.WithSendGzip())
 		streams := strandv1connect.NewStreamServiceClient(rpcserver.HTTPClient(), rpcserver.BaseURL(h.addrs["b1"]), opts...)
-		_, err := streams.GetCursor(ctx, connect.NewRequest(withUnknown(&strandv1.GetCursorRequest{Stream: "s", Cursor: "c"}, big)))
+		_, err := streams.GetCursor(ctx, connect.NewRequest(clustertest.WithUnknownField(&strandv1.GetCursorRequest{Stream: "s", Cursor: "c"}, big)))
 		wantCode(t, name+": GetCursor", err, connect.CodeResourceExhausted, "larger than")
-		_, err = streams.CommitCursor(ctx, connect.NewRequest(withUnknown(&strandv1.CommitCursorRequest{Stream: "s", Cursor: "c", Offset: 1}, big)))
+		_, err = streams.CommitCursor(ctx, connect.NewRequest(clustertest.WithUnknownField(&strandv1.CommitCursorRequest{Stream: "s", Cursor: "c", Offset: 1}, big)))
 		wantCode(t, name+": CommitCursor", err, connect.CodeResourceExhausted, "larger than")
 		peers := strandv1connect.NewReplicationServiceClient(rpcserver.HTTPClient(), rpcserver.BaseURL(h.addrs["b1"]), append(opts, rpcserver.WithPeerToken(harnessPeerToken))...)
-		_, err = peers.Seal(ctx, connect.NewRequest(withUnknown(&strandv1.SealRequest{Stream: "s", FenceEpoch: 0, TransitionId: "t"}, big)))
+		_, err = peers.Seal(ctx, connect.NewRequest(clustertest.WithUnknownField(&strandv1.SealRequest{Stream: "s", FenceEpoch: 0, TransitionId: "t"}, big)))
 		wantCode(t, name+": Seal", err, connect.CodeResourceExhausted, "larger than")
 		follow := peers.Follow(ctx)
-		_ = follow.Send(withUnknown(&strandv1.FollowRequest{Stream: "s", Node: "b9", Epoch: 1}, big))
+		_ = follow.Send(clustertest.WithUnknownField(&strandv1.FollowRequest{Stream: "s", Node: "b9", Epoch: 1}, big))
 		_, err = follow.Receive()
 		_ = follow.CloseRequest()
 		_ = follow.CloseResponse()
@@ -175,7 +166,7 @@ func TestSmallRequestReadLimits(t *testing.T) {
 	// A gzip body that inflates far past the limit is not inflated past it
 	// (connect-go would inflate all of it to report its size).
 	bomb := strandv1connect.NewStreamServiceClient(rpcserver.HTTPClient(), rpcserver.BaseURL(h.addrs["b1"]), connect.WithSendGzip())
-	_, err := bomb.GetCursor(ctx, connect.NewRequest(withUnknown(&strandv1.GetCursorRequest{Stream: "s", Cursor: "c"}, 32<<20)))
+	_, err := bomb.GetCursor(ctx, connect.NewRequest(clustertest.WithUnknownField(&strandv1.GetCursorRequest{Stream: "s", Cursor: "c"}, 32<<20)))
 	wantCode(t, "GetCursor of 32 MiB, gzipped", err, connect.CodeResourceExhausted, "inflates past")
 	// Health and reflection (a tool's requests: any message will do, the
 	// unknown field is what counts), gzipped and not.
@@ -186,11 +177,11 @@ func TestSmallRequestReadLimits(t *testing.T) {
 		}
 		base := rpcserver.BaseURL(h.addrs["b1"])
 		health := connect.NewClient[strandv1.LocateRequest, emptypb.Empty](rpcserver.HTTPClient(), base+"/grpc.health.v1.Health/Check", opts...)
-		_, err = health.CallUnary(ctx, connect.NewRequest(withUnknown(&strandv1.LocateRequest{}, big)))
+		_, err = health.CallUnary(ctx, connect.NewRequest(clustertest.WithUnknownField(&strandv1.LocateRequest{}, big)))
 		wantCode(t, fmt.Sprintf("health (gzip %v)", gzip), err, connect.CodeResourceExhausted, "larger than")
 		for _, path := range []string{"/grpc.reflection.v1.ServerReflection/ServerReflectionInfo", "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo"} {
 			refl := connect.NewClient[strandv1.LocateRequest, emptypb.Empty](rpcserver.HTTPClient(), base+path, append(opts, connect.WithGRPC())...).CallBidiStream(ctx)
-			_ = refl.Send(withUnknown(&strandv1.LocateRequest{}, big))
+			_ = refl.Send(clustertest.WithUnknownField(&strandv1.LocateRequest{}, big))
 			_, err = refl.Receive()
 			_ = refl.CloseRequest()
 			_ = refl.CloseResponse()

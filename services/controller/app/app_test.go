@@ -13,8 +13,6 @@ import (
 
 	"connectrpc.com/connect"
 	clientv3 "go.etcd.io/etcd/client/v3"
-	"google.golang.org/protobuf/encoding/protowire"
-	"google.golang.org/protobuf/proto"
 
 	"github.com/strandhq/strand/internal/cluster"
 	"github.com/strandhq/strand/internal/clustertest"
@@ -372,12 +370,12 @@ func TestBadInputChangesNothing(t *testing.T) {
 		// Above the read limit, as sent or as inflated: refused before it
 		// is decoded (rpcserver.ReadLimit).
 		{"request above the read limit", func() error {
-			_, err := c.CreateStream(ctx, connect.NewRequest(withPadding(&strandv1.CreateStreamRequest{Name: "big", Copies: 1}, 2<<20)))
+			_, err := c.CreateStream(ctx, connect.NewRequest(clustertest.WithUnknownField(&strandv1.CreateStreamRequest{Name: "big", Copies: 1}, 2<<20)))
 			return err
 		}, connect.CodeResourceExhausted, ""},
 		{"gzip request inflating past the read limit", func() error {
 			gz := strandv1connect.NewAdminServiceClient(rpcserver.HTTPClient(), rpcserver.BaseURL(addr), connect.WithSendGzip())
-			_, err := gz.CreateStream(ctx, connect.NewRequest(withPadding(&strandv1.CreateStreamRequest{Name: "bomb", Copies: 1}, 64<<20)))
+			_, err := gz.CreateStream(ctx, connect.NewRequest(clustertest.WithUnknownField(&strandv1.CreateStreamRequest{Name: "bomb", Copies: 1}, 64<<20)))
 			return err
 		}, connect.CodeResourceExhausted, ""},
 	}
@@ -394,14 +392,6 @@ func TestBadInputChangesNothing(t *testing.T) {
 			}
 		})
 	}
-}
-
-// withPadding adds an unknown field of n zero bytes to m: bytes no handler
-// reads, which gzip shrinks to almost nothing.
-func withPadding[M proto.Message](m M, n int) M {
-	b := protowire.AppendTag(nil, 999, protowire.BytesType)
-	m.ProtoReflect().SetUnknown(protowire.AppendBytes(b, make([]byte, n)))
-	return m
 }
 
 func errMessage(err error) string {
