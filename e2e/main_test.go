@@ -6,7 +6,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strings"
 	"testing"
 	"time"
 
@@ -43,24 +42,32 @@ func TestMain(m *testing.M) {
 func removeLeftovers() error {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	for _, kind := range []struct{ name, list, remove string }{
-		{"container", "ps -aq", "rm -f"},
-		{"network", "network ls -q", "network rm"},
-	} {
-		list := append(strings.Fields(kind.list), "--filter", "label=strand-e2e")
-		out, err := exec.CommandContext(ctx, "docker", list...).Output()
-		if err != nil {
-			return fmt.Errorf("docker %s: %w", kind.list, err)
+	cli, err := testcontainers.NewDockerClientWithOpts(ctx)
+	if err != nil {
+		return err
+	}
+	defer cli.Close()
+	ours := make(client.Filters).Add("label", "strand-e2e")
+	containers, err := cli.ContainerList(ctx, client.ContainerListOptions{All: true, Filters: ours})
+	if err != nil {
+		return fmt.Errorf("listing containers: %w", err)
+	}
+	for _, c := range containers.Items {
+		if _, err := cli.ContainerRemove(ctx, c.ID, client.ContainerRemoveOptions{Force: true}); err != nil {
+			return fmt.Errorf("removing container %s: %w", c.ID, err)
 		}
-		ids := strings.Fields(string(out))
-		if len(ids) == 0 {
-			continue
+	}
+	networks, err := cli.NetworkList(ctx, client.NetworkListOptions{Filters: ours})
+	if err != nil {
+		return fmt.Errorf("listing networks: %w", err)
+	}
+	for _, n := range networks.Items {
+		if _, err := cli.NetworkRemove(ctx, n.ID, client.NetworkRemoveOptions{}); err != nil {
+			return fmt.Errorf("removing network %s: %w", n.Name, err)
 		}
-		rm := append(strings.Fields(kind.remove), ids...)
-		if out, err := exec.CommandContext(ctx, "docker", rm...).CombinedOutput(); err != nil {
-			return fmt.Errorf("docker %s: %w: %s", kind.remove, err, out)
-		}
-		fmt.Fprintf(os.Stderr, "e2e: removed %d %ss an earlier run left\n", len(ids), kind.name)
+	}
+	if n := len(containers.Items) + len(networks.Items); n > 0 {
+		fmt.Fprintf(os.Stderr, "e2e: removed %d containers and %d networks an earlier run left\n", len(containers.Items), len(networks.Items))
 	}
 	return nil
 }
