@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/dgraph-io/badger/v4"
@@ -85,6 +86,8 @@ type Stream struct {
 	producers    *producerTable
 	prodBoundary uint64
 	closed       bool
+	// closedFlag is set with closed and dclosed (Closed).
+	closedFlag atomic.Bool
 	// roleFence is the epoch of a role change under way (FenceBelow): owner
 	// writes below it and replicated batches while the copy's epoch is
 	// below it are refused. In memory only.
@@ -328,6 +331,7 @@ func (s *Stream) close() {
 	s.mu.Lock()
 	s.closed = true
 	s.mu.Unlock()
+	s.closedFlag.Store(true)
 	s.dmu.Lock()
 	s.dclosed = true
 	s.tail.clear()

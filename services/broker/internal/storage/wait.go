@@ -91,11 +91,8 @@ func (s *Stream) Tails() Tails {
 
 // Closed reports that the stream was closed or dropped: its waits return
 // at once from then on, so a loop waiting on them must stop.
-func (s *Stream) Closed() bool {
-	s.dmu.Lock()
-	defer s.dmu.Unlock()
-	return s.dclosed
-}
+// The committer asks it for every op it writes: an atomic, not dmu.
+func (s *Stream) Closed() bool { return s.closedFlag.Load() }
 
 func (s *Stream) wait(k waitKey) <-chan struct{} {
 	s.dmu.Lock()
