@@ -19,10 +19,11 @@ import (
 // their callers released. Concurrent appends to one or many streams thus
 // share one fsync, and throughput grows with concurrency.
 //
-// The committer is the only writer and syncs after every transaction, so a
-// memtable that Badger rotates out (its WAL is not synced on rotation) never
-// holds an unsynced write; a value log file is msynced by Badger when it
-// rotates. Ops that nobody waits for (cursor commits, lazy watermark writes)
+// The committer syncs after every transaction, and the only other writer,
+// the value log GC (vlog.go), never writes between a commit and its sync
+// (both hold writeMu), so a memtable that Badger rotates out (its WAL is not
+// synced on rotation) never holds an unsynced write of the committer; a
+// value log file is msynced by Badger when it rotates. Ops that nobody waits for (cursor commits, lazy watermark writes)
 // are made durable by the same sync, just not waited for.
 
 // maxBatchBytes bounds how much one drain of the queue takes.
@@ -188,6 +189,9 @@ func (db *DB) advise(written int) int {
 
 // commit writes a batch durably, then applies and releases its ops.
 func (db *DB) commit(batch []*op) {
+	// writeMu: the value log GC writes too, and must not between this
+	// batch's commit and its fsync (vlog.go).
+	db.writeMu.Lock()
 	db.failMu.Lock()
 	err := db.failed
 	db.failMu.Unlock()
@@ -199,16 +203,11 @@ func (db *DB) commit(batch []*op) {
 			err = db.write(batch)
 		}
 		if err != nil {
-			db.failMu.Lock()
-			db.failed = err
-			db.failMu.Unlock()
-			db.log.Error().Err(err).Msg("storage write failed; refusing further writes until restart")
-			forgetBoot(db.dir)
-			if db.onFail != nil {
-				db.onFail(err)
-			}
+			db.fail(err)
 		}
+		db.writeMu.Unlock()
 	} else {
+		db.writeMu.Unlock()
 		err = fmt.Errorf("%w: db stopped after a write failure: %w", ErrClosed, err)
 	}
 	for _, o := range batch {
@@ -223,6 +222,26 @@ func (db *DB) commit(batch []*op) {
 		if o.done != nil {
 			o.done <- err
 		}
+	}
+}
+
+// fail stops the DB after a failed write or fsync: every later write is
+// refused until restart, as etcd stops on a failed fsync, because what the
+// failed write left on disk is not known.
+func (db *DB) fail(err error) {
+	db.failMu.Lock()
+	first := db.failed == nil
+	if first {
+		db.failed = err
+	}
+	db.failMu.Unlock()
+	if !first {
+		return
+	}
+	db.log.Error().Err(err).Msg("storage write failed; refusing further writes until restart")
+	forgetBoot(db.dir)
+	if db.onFail != nil {
+		db.onFail(err)
 	}
 }
 

@@ -108,6 +108,12 @@ type DB struct {
 	failMu sync.Mutex
 	failed error
 
+	// writeMu is held by the committer from a batch's commit through its
+	// fsync, and by the value log GC from its rewrite through the flush
+	// that makes the rewrite durable (vlog.go): Badger's two writers never
+	// interleave.
+	writeMu sync.Mutex
+
 	mu      sync.Mutex
 	streams map[string]*Stream
 
@@ -129,6 +135,9 @@ type DB struct {
 	// batch's Badger commit and its fsync: the batch is written, not yet
 	// durable.
 	beforeSync func()
+	// afterGCRewrite, when set (tests only), runs in the value log GC after
+	// Badger rewrote a file, before the rewrite is made durable.
+	afterGCRewrite func()
 	// onCommit, onFail and writeFault are the Options'.
 	onCommit   func(write, sync time.Duration, synced bool)
 	onFail     func(error)

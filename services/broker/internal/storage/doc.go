@@ -25,6 +25,8 @@
 //	p | len | name | gen | chunk
 //	                          producer table checkpoint chunk (producers.go:
 //	                          8-byte generation, 4-byte chunk, both big-endian)
+//	g                         never written: the value log GC drops it to
+//	                          flush Badger's memtables (vlog.go)
 //
 // # Logs, tails and the chain
 //
@@ -41,9 +43,10 @@
 // drains every queued op, writes them in one Badger transaction (split only
 // at Badger's transaction bound) with SyncWrites off, and then calls
 // DB.Sync, which fsyncs the active memtable WAL and the value log (verified
-// in badger v4.9.6 db.go). Because it is the only writer and syncs after
-// every transaction, a memtable Badger rotates out never holds unsynced
-// data. This is the group commit: concurrent appends to any streams share
+// in badger v4.9.6 db.go). Because it syncs after every transaction, and
+// the one other writer, Badger's value log GC, runs only between a sync and
+// the next commit (vlog.go), a memtable Badger rotates out never holds
+// unsynced data of the committer. This is the group commit: concurrent appends to any streams share
 // one fsync.
 //
 //   - Append, AppendReplicated, Seal, AdvanceEpoch, ResetTo, Cut, Snapshot,
@@ -200,7 +203,11 @@
 // up to 512 bytes stay in the LSM tree; larger ones go to the value log,
 // written once and sequentially, so compaction moves only pointers. A
 // background loop (vlog.go) asks Badger every minute to rewrite value log
-// files that retention, cuts and drops left at least half garbage. Badger maps its tables and logs into memory, so
+// files that retention, cuts and drops left at least half garbage; appends
+// wait while one file is rewritten, because the rewrite is made durable
+// (synced, memtables flushed) before Badger may delete the old file, and
+// no commit may sit unsynced in a memtable the rewrite rotates out.
+// Badger maps its tables and logs into memory, so
 // RSS also counts file pages the kernel can reclaim; the Go heap is bounded
 // by the settings above times GOGC, which a broker caps with GOMEMLIMIT.
 package storage

@@ -17,6 +17,9 @@ const (
 	// p | len | name | generation | chunk -> producer table checkpoint
 	// chunk (checkpoint.go, producers.go)
 	kindProducers byte = 'p'
+	// g: never written. The value log GC drops it to make Badger flush its
+	// rotated memtables (vlog.go).
+	kindGCFlush byte = 'g'
 )
 
 // maxStreamName bounds a stream name so its length fits the one-byte prefix.

@@ -2,6 +2,7 @@ package storage
 
 import (
 	"errors"
+	"fmt"
 	"time"
 
 	"github.com/dgraph-io/badger/v4"
@@ -11,25 +12,87 @@ import (
 // retention, cuts and drops freed.
 const valueLogGCInterval = time.Minute
 
+// gcFlushPrefix is a key prefix nothing is ever written under (doc.go,
+// kind 'g'). Dropping it makes Badger flush every rotated memtable into a
+// synced table and write nothing else: the one way Badger offers to do
+// that on demand.
+var gcFlushPrefix = []byte{kindGCFlush}
+
 // valueLogGC reclaims value log space. Payloads above the value threshold
 // live in the value log (db.go), which Badger only shrinks when asked: a file
-// at least half garbage is rewritten. Rewriting is bounded to a few files a
-// round so it never competes with appends for long.
+// at least half garbage is rewritten. Each round rewrites at most a few
+// files, one at a time, so appends wait for one file's rewrite at most.
 func (db *DB) valueLogGC() {
 	for range 4 {
-		// vlogMu: the GC deletes and maps value log files
-		// (mappings_linux.go).
-		db.vlogMu.Lock()
-		err := db.bdb.RunValueLogGC(0.5)
-		db.vlogMu.Unlock()
+		err := db.rewriteValueLogFile()
 		if err == nil {
 			continue
 		}
-		if !errors.Is(err, badger.ErrNoRewrite) && !errors.Is(err, badger.ErrRejected) {
+		if !errors.Is(err, badger.ErrNoRewrite) && !errors.Is(err, badger.ErrRejected) && !errors.Is(err, ErrClosed) {
 			db.log.Warn().Err(err).Msg("value log GC failed; will retry next round")
 		}
 		break
 	}
+}
+
+// rewriteValueLogFile asks Badger to rewrite one value log file, and makes
+// the rewrite durable before the old file is deleted.
+//
+// Badger's GC (badger v4.9.6 value.go, rewrite) writes a file's live values
+// again through its write path, which with SyncWrites off does not fsync,
+// and then deletes the file. A power loss after that would lose the values
+// (confirmed records among them) on this copy: the new copies unsynced, the
+// old file gone. And writes that fill Badger's memtable rotate it, so a
+// batch the committer had committed but not yet synced would be left in a
+// memtable whose log DB.Sync no longer syncs. Invariant 1 (a confirmed
+// record is never lost) needs neither to happen, so:
+//
+//   - writeMu keeps the committer out for the whole rewrite: its batches
+//     are committed and synced before the GC's writes, or after them;
+//   - an iterator held open defers the old file's deletion: Badger deletes
+//     a rewritten file only once no iterator is open (decrIteratorCount);
+//   - DB.Sync makes the active memtable log and value log file durable,
+//     and dropping gcFlushPrefix flushes every rotated memtable into a
+//     synced table; only then is the iterator closed and the file deleted.
+//
+// If making the rewrite durable fails, the DB stops as after a failed write
+// and the iterator is left open, so the old file stays until restart.
+func (db *DB) rewriteValueLogFile() error {
+	db.writeMu.Lock()
+	defer db.writeMu.Unlock()
+	// vlogMu: the GC deletes and maps value log files (mappings_linux.go).
+	db.vlogMu.Lock()
+	defer db.vlogMu.Unlock()
+	if err := db.usable(); err != nil {
+		return err
+	}
+	txn := db.bdb.NewTransaction(false)
+	pin := txn.NewIterator(badger.IteratorOptions{Prefix: gcFlushPrefix})
+	release := func() {
+		pin.Close()
+		txn.Discard()
+	}
+	if err := db.bdb.RunValueLogGC(0.5); err != nil {
+		// Nothing rewritten (or a rewrite that failed part way, whose old
+		// file Badger has not deleted): nothing to make durable.
+		release()
+		return err
+	}
+	if hook := db.afterGCRewrite; hook != nil {
+		hook()
+	}
+	if err := db.bdb.Sync(); err != nil {
+		err = fmt.Errorf("storage: syncing value log GC rewrite: %w", err)
+		db.fail(err)
+		return err
+	}
+	if err := db.bdb.DropPrefix(gcFlushPrefix); err != nil {
+		err = fmt.Errorf("storage: flushing memtables after value log GC: %w", err)
+		db.fail(err)
+		return err
+	}
+	release()
+	return nil
 }
 
 // every runs fn every interval until the DB stops, then closes done.
