@@ -27,12 +27,12 @@ const (
 	DefaultProbeAfter     = time.Second
 	DefaultBackoffMin     = 20 * time.Millisecond
 	DefaultBackoffMax     = 500 * time.Millisecond
-	// DefaultMaxBatchRecords is the brokers' default dedupe window
-	// (strand-broker --dedupe-window, 256 records per producer): a retried
+	// DefaultMaxBatchRecords bounds a merged batch well inside the
+	// brokers' default dedupe window (strand-broker --dedupe-window, 65536
+	// records per producer, in --dedupe-batches 256 batches): a retried
 	// batch is answered as duplicates only while its first record is still
-	// in the window, so a lane's batch of more records whose answer was
-	// lost would be refused on retry (OutOfRange) although stored.
-	DefaultMaxBatchRecords = 256
+	// in the window.
+	DefaultMaxBatchRecords = 1024
 	DefaultMaxBatchBytes   = 4 << 20
 	DefaultLinger          = 2 * time.Millisecond
 )
@@ -79,9 +79,9 @@ type Config struct {
 	// publishes into (concurrent Publish calls of an idempotent client,
 	// and every PublishAsync). A single call larger than them is still
 	// sent whole. Keep MaxBatchRecords at most the brokers' dedupe window
-	// (--dedupe-window, 256 by default): a batch's retry after a lost
-	// answer is answered as duplicates only while its first record is in
-	// the window.
+	// (--dedupe-window, 65536 records by default): a batch's retry after
+	// a lost answer is answered as duplicates only while its first record
+	// is in the window.
 	MaxBatchRecords int
 	// Lanes is how many batches one stream may have in flight at once
 	// (default 1). Each lane is its own producer id with its own

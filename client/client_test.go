@@ -421,14 +421,14 @@ func TestConcurrentPublishesKeepSequencesInOrder(t *testing.T) {
 	}
 }
 
-// Merged batches stay within the brokers' default dedupe window: a retry
-// of a batch whose answer was lost is answered as duplicates only while its
-// first record is in the window (256 records per producer); a larger batch
-// would be refused on retry although stored.
-func TestMergedBatchesFitTheDedupeWindow(t *testing.T) {
+// Merged batches stay within MaxBatchRecords, which the brokers' dedupe
+// window holds (TestClientBatchesFitTheBrokerDefaults): a retry of a batch
+// whose answer was lost is answered as duplicates only while its first
+// record is in the window.
+func TestMergedBatchesStayWithinMaxBatchRecords(t *testing.T) {
 	f, release := holdFirstPublish(t)
 	c := newTestClient(t, Config{Brokers: []string{f.addr}})
-	const n = 600
+	const n = 2*DefaultMaxBatchRecords + 100
 	var wg sync.WaitGroup
 	errs := make([]error, n)
 	for i := range n {
@@ -445,8 +445,8 @@ func TestMergedBatchesFitTheDedupeWindow(t *testing.T) {
 		}
 	}
 	for _, req := range f.requests() {
-		if n := len(req.GetRecords()); n > 256 {
-			t.Fatalf("a merged batch of %d records, above the brokers' default dedupe window of 256", n)
+		if n := len(req.GetRecords()); n > DefaultMaxBatchRecords {
+			t.Fatalf("a merged batch of %d records, above MaxBatchRecords %d", n, DefaultMaxBatchRecords)
 		}
 	}
 }

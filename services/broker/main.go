@@ -18,6 +18,7 @@ import (
 	"github.com/strandhq/strand/internal/rpcserver"
 	"github.com/strandhq/strand/services/broker/app"
 	"github.com/strandhq/strand/services/broker/internal/api"
+	"github.com/strandhq/strand/services/broker/internal/storage"
 )
 
 func main() {
@@ -37,8 +38,9 @@ func main() {
 	fs.IntVar(&cfg.MaxBatchBytes, "max-batch-bytes", api.DefaultMaxBatchBytes, "largest publish batch accepted, in payload and header bytes")
 	fs.IntVar(&cfg.MaxBatchRecords, "max-batch-records", api.DefaultMaxBatchRecords, "most records in one publish batch")
 	fs.IntVar(&cfg.MaxInflightBytes, "max-inflight-bytes", 8<<20, "unacknowledged bytes in flight per follower")
-	fs.IntVar(&cfg.DedupeProducers, "dedupe-producers", 10000, "idempotent publish: producers tracked per stream (least recently used evicted)")
-	fs.IntVar(&cfg.DedupeWindow, "dedupe-window", 256, "idempotent publish: records per producer kept for duplicate detection")
+	fs.IntVar(&cfg.DedupeProducers, "dedupe-producers", storage.DefaultMaxProducers, "idempotent publish: producers tracked per stream (least recently used evicted)")
+	fs.IntVar(&cfg.DedupeWindow, "dedupe-window", storage.DefaultProducerWindow, "idempotent publish: records per producer kept for duplicate detection")
+	fs.IntVar(&cfg.DedupeBatches, "dedupe-batches", storage.DefaultProducerBatches, "idempotent publish: batches per producer kept for duplicate detection (a producer's consecutive batches count as one)")
 	fs.StringVar(&cfg.LogLevel, "log-level", "info", "debug, info, warn or error")
 	debugAddr := fs.String("debug-addr", "", "serve net/http/pprof here (off when empty)")
 	memLimit := fs.Int64("memory-limit-mb", 384, "soft Go heap limit in MiB (GOMEMLIMIT wins when set); keeps a broker's resident memory flat under load")

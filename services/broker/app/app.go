@@ -46,10 +46,12 @@ type Config struct {
 	MaxBatchRecords int
 	// MaxInflightBytes bounds unacknowledged bytes per follower.
 	MaxInflightBytes int
-	// DedupeProducers and DedupeWindow bound idempotent publish state per
-	// stream: producers tracked and records per producer (0: defaults).
+	// DedupeProducers, DedupeWindow and DedupeBatches bound idempotent
+	// publish state per stream: producers tracked, and records and batches
+	// per producer (0: defaults).
 	DedupeProducers int
 	DedupeWindow    int
+	DedupeBatches   int
 	Logger          *zerolog.Logger
 	LogLevel        string
 	// PeerToken is the cluster's peer token (rpcserver.PeerTokenEnv): it
@@ -143,7 +145,7 @@ func Start(ctx context.Context, cfg Config) (*App, error) {
 	// metrics lists the series).
 	met := metrics.New()
 	a.db, err = storage.Open(storage.Options{Dir: cfg.DataDir, Logger: log,
-		MaxProducers: cfg.DedupeProducers, ProducerWindow: cfg.DedupeWindow, BootIDPath: cfg.BootIDPath,
+		MaxProducers: cfg.DedupeProducers, ProducerWindow: cfg.DedupeWindow, ProducerBatches: cfg.DedupeBatches, BootIDPath: cfg.BootIDPath,
 		OnCommit: met.Commit, WriteFault: cfg.StorageFault,
 		// A failed write stops the store until it is opened again, and
 		// with it every stream this broker holds. The broker stops too, as

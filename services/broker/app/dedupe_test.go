@@ -85,8 +85,11 @@ func wantSequenceError(t *testing.T, what string, err error, code connect.Code, 
 
 // A republished (producer, sequence) gets its original offset, marked
 // duplicate, and nothing new is stored; after a restart of the owner too.
+// The broker runs with a window of 256 records (--dedupe-window).
 func TestPublishDeduplicatesAcrossRestart(t *testing.T) {
-	h := newHarness(t, "b1")
+	h := newHarness(t)
+	h.configure = func(cfg *Config) { cfg.DedupeWindow = 256 }
+	h.start("b1")
 	h.assign(cluster.Assignment{Stream: "idem", Epoch: 1, Owner: "b1"})
 	const f, d = false, true
 

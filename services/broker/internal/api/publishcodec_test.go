@@ -129,6 +129,11 @@ func TestClientBatchesFitTheBrokerDefaults(t *testing.T) {
 	if client.DefaultMaxBatchBytes > l.MaxBatchBytes {
 		t.Errorf("client batches of %d bytes, broker limit %d", client.DefaultMaxBatchBytes, l.MaxBatchBytes)
 	}
+	// Every batch a broker accepts fits its dedupe window, so a retry of
+	// it after a lost answer is answered as duplicates.
+	if l.MaxBatchRecords > storage.DefaultProducerWindow {
+		t.Errorf("publish batches of up to %d records, dedupe window %d records", l.MaxBatchRecords, storage.DefaultProducerWindow)
+	}
 	// A full batch of the largest records, each with the largest producer
 	// id, encodes within Publish's read limit (at a smaller scale than the
 	// defaults, and at one byte a record).

@@ -45,9 +45,10 @@ func validStream(name string) error {
 // Idempotent publish (issue 7; storage doc.go, "Idempotent publish"): a
 // record with a producer_id and a sequence (1, 2, 3, … per producer and
 // stream; 0 means none) is stored once. Each copy keeps, per producer, the
-// offsets of its last records (the dedupe window, 256 by default) for the
-// producers that appended most recently (10000 by default), rebuilt from
-// its own log after a restart or failover. Per record:
+// offsets of its last records (the dedupe window: its last 256 batches, at
+// most 65536 records, by default) for the producers that appended most
+// recently (10000 by default), rebuilt from its own log after a restart or
+// failover. Per record:
 //
 //   - a (producer_id, sequence) already in the window: duplicate[i] is true,
 //     offsets[i] is the original offset, nothing is stored; the answer still

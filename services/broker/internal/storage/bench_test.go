@@ -194,7 +194,7 @@ func BenchmarkFsyncFloor(b *testing.B) {
 func BenchmarkProducerTable(b *testing.B) {
 	for _, batch := range []int{1, 64} {
 		b.Run(fmt.Sprintf("producers=256/batch=%d", batch), func(b *testing.B) {
-			t := newProducerTable(DefaultMaxProducers, DefaultProducerWindow)
+			t := newProducerTable(DefaultMaxProducers, DefaultProducerWindow, DefaultProducerBatches)
 			rs := make([][]Record, 256)
 			for p := range rs {
 				rs[p] = make([]Record, batch)

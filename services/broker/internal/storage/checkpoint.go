@@ -202,7 +202,7 @@ func (s *Stream) loadProducers(ctx context.Context, rebuild bool) error {
 // checkpoint in [head, at] plus the records after it, or, with none, the
 // records of [max(head, at-producerRebuildRecords), at).
 func (s *Stream) rebuildProducers(gens []producerGen, head, at uint64) (*producerTable, uint64, error) {
-	t := newProducerTable(s.db.maxProducers, s.db.producerWindow)
+	t := newProducerTable(s.db.maxProducers, s.db.producerWindow, s.db.producerBatches)
 	from := max(head, at-min(at, producerRebuildRecords))
 	for i := len(gens) - 1; i >= 0; i-- {
 		g := gens[i]

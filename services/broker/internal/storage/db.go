@@ -25,11 +25,14 @@ type Options struct {
 	// MaxProducers bounds the producers each stream copy tracks for
 	// idempotent publish (least recently appended evicted first);
 	// ProducerWindow is how many of a producer's latest records are
-	// deduplicated; ProducerCheckpointRecords how many records may follow
+	// deduplicated and ProducerBatches in how many runs at most (each
+	// batch is one); ProducerCheckpointRecords how many records may follow
 	// the persisted producer table. 0 picks DefaultMaxProducers,
-	// DefaultProducerWindow and DefaultProducerCheckpointRecords.
+	// DefaultProducerWindow, DefaultProducerBatches and
+	// DefaultProducerCheckpointRecords.
 	MaxProducers              int
 	ProducerWindow            int
+	ProducerBatches           int
 	ProducerCheckpointRecords int
 	// TailCacheBytes bounds each stream's cache of its newest durable
 	// records and TailCacheTotalBytes all of them together (tailcache.go);
@@ -80,7 +83,7 @@ type DB struct {
 	maxEntryBytes int
 
 	// Producer table limits (Options).
-	maxProducers, producerWindow, producerCheckpointEvery int
+	maxProducers, producerWindow, producerBatches, producerCheckpointEvery int
 
 	dir string
 	// mayHaveLostWritten: the last stop was unclean and the machine
@@ -209,6 +212,7 @@ func Open(opts Options) (*DB, error) {
 		maxEntryBytes:           int(maxBatch / 2),
 		maxProducers:            orDefault(opts.MaxProducers, DefaultMaxProducers),
 		producerWindow:          orDefault(opts.ProducerWindow, DefaultProducerWindow),
+		producerBatches:         orDefault(opts.ProducerBatches, DefaultProducerBatches),
 		producerCheckpointEvery: orDefault(opts.ProducerCheckpointRecords, DefaultProducerCheckpointRecords),
 		tailCacheBytes:          cacheBound(opts.TailCacheBytes, DefaultTailCacheBytes),
 		tailCacheLimit:          cacheBound(opts.TailCacheTotalBytes, DefaultTailCacheTotalBytes),

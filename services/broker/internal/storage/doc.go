@@ -130,13 +130,15 @@
 // part of the record, so it is in the log, covered by the chain and
 // replicated with it. Sequence 0 means none: only records with both take
 // part. Each copy keeps a producer table (producers.go): per producer, the
-// last sequence and the offsets of its last ProducerWindow records
-// (default 256), for at most MaxProducers producers (default 10000), the
-// least recently appended evicted first. A batch of consecutive sequences
-// at consecutive offsets is one run of 16 bytes, so memory is bounded by
-// MaxProducers x ProducerWindow runs per stream copy: 40 MiB at the
-// defaults, reached only by 10000 producers whose single-record publishes
-// all interleave; 256 producers publishing batches of 64 hold tens of KiB.
+// last sequence and the offsets of its newest records, at most
+// ProducerWindow records (default 65536, the largest publish) in at most
+// ProducerBatches runs (default 256), for at most MaxProducers producers
+// (default 10000), the least recently appended evicted first. A batch of
+// consecutive sequences at consecutive offsets is one run of 16 bytes, so a
+// retry of any one batch whose answer was lost can be answered, and memory
+// is bounded by MaxProducers x ProducerBatches runs per stream copy: 40 MiB
+// at the defaults, reached only by 10000 producers whose publishes all
+// interleave; 256 producers publishing batches of 64 hold tens of KiB.
 //
 // The owner checks a batch in AppendIdempotent under mu, where offsets are
 // assigned, so concurrent publishes cannot both store a sequence:

@@ -16,8 +16,16 @@ const (
 	// least recently appended one is evicted beyond it.
 	DefaultMaxProducers = 10000
 	// DefaultProducerWindow is how many of a producer's latest records a
-	// copy keeps the offsets of: the dedupe window.
-	DefaultProducerWindow = 256
+	// copy keeps the offsets of: the dedupe window. It is the broker's
+	// largest publish (--max-batch-records), so a retry of any one batch
+	// whose answer was lost can be answered as duplicates.
+	DefaultProducerWindow = 1 << 16
+	// DefaultProducerBatches is how many runs of a producer's records at
+	// consecutive offsets (each batch is one; consecutive batches of a
+	// producer merge into one) a copy keeps: the window ends at the
+	// oldest. Memory is bounded by runs, not records (a run is 16 bytes),
+	// as Kafka bounds its producer state by batches (five).
+	DefaultProducerBatches = 256
 	// DefaultProducerCheckpointRecords is how many records may follow the
 	// persisted producer table before a new one is written (raised to the
 	// table's size in runs, so writing it costs O(1) per record).
@@ -40,7 +48,8 @@ func sequenced(r *Record) bool {
 // hold the same table. Callers hold the stream's mu.
 type producerTable struct {
 	maxProducers int
-	window       uint64
+	window       uint64 // records per producer
+	batches      int    // runs per producer
 
 	byID           map[string]*producerState
 	oldest, newest *producerState
@@ -53,14 +62,14 @@ type producerTable struct {
 // count records (sequences last-count+1 .. last). A producer's sequences are
 // dense from its first record on (a restart begins a new window), so the
 // offsets are kept as runs of consecutive offsets: a batch of n records is
-// one run.
+// one run. The window is the newest records within both limits: at most
+// window records and at most batches runs.
 type producerState struct {
 	id    string
 	last  uint64
 	count uint64
 	// runs is a ring of n runs from start, oldest first, whose lengths sum
-	// to count. It grows up to the window and no further (runs <= count <=
-	// window), so a producer holds at most window runs.
+	// to count. It grows up to batches runs and no further.
 	runs     []seqRun
 	start, n int
 
@@ -103,17 +112,18 @@ type seqRun struct {
 	n   uint64
 }
 
-func newProducerTable(maxProducers, window int) *producerTable {
+func newProducerTable(maxProducers, window, batches int) *producerTable {
 	return &producerTable{
 		maxProducers: max(1, maxProducers),
 		window:       uint64(max(1, window)),
+		batches:      max(1, batches),
 		byID:         make(map[string]*producerState),
 	}
 }
 
 // empty returns a table with the same limits and no producers.
 func (t *producerTable) empty() *producerTable {
-	return newProducerTable(t.maxProducers, int(t.window))
+	return newProducerTable(t.maxProducers, int(t.window), t.batches)
 }
 
 // apply records that the log holds a record of producer id with sequence
@@ -155,23 +165,24 @@ func (t *producerTable) push(p *producerState, off uint64) {
 		if r := p.run(p.n - 1); r.off+r.n == off {
 			r.n++
 			p.count++
-			t.trim(p, t.window)
+			t.trim(p, t.window, t.batches)
 			return
 		}
 	}
-	// Make room first, so the ring never needs more than window runs.
-	t.trim(p, t.window-1)
-	p.addRun(seqRun{off: off, n: 1}, int(t.window))
+	// Make room first, so the ring never needs more than batches runs.
+	t.trim(p, t.window-1, t.batches-1)
+	p.addRun(seqRun{off: off, n: 1}, t.batches)
 	t.runs++
 	p.count++
 }
 
-// trim drops p's oldest offsets beyond limit records.
-func (t *producerTable) trim(p *producerState, limit uint64) {
-	for p.count > limit {
-		excess := p.count - limit
+// trim drops p's oldest offsets beyond limit records, and its oldest runs
+// beyond runs.
+func (t *producerTable) trim(p *producerState, limit uint64, runs int) {
+	for p.count > limit || p.n > runs {
+		excess := p.count - min(limit, p.count)
 		r := p.run(0)
-		if r.n > excess {
+		if p.n <= runs && r.n > excess {
 			r.off += excess
 			r.n -= excess
 			p.count -= excess
@@ -434,7 +445,7 @@ func (t *producerTable) decodeChunk(b []byte) error {
 		}
 		t.byID[p.id] = p
 		t.runs += p.n
-		t.trim(p, t.window)
+		t.trim(p, t.window, t.batches)
 		t.linkNewest(p)
 	}
 	if d.err != nil {

@@ -461,20 +461,20 @@ func TestSequenceErrorDetail(t *testing.T) {
 }
 
 func FuzzProducerChunk(f *testing.F) {
-	tbl := newProducerTable(10, 4)
+	tbl := newProducerTable(10, 4, 3)
 	for i := range uint64(12) {
 		tbl.apply(fmt.Sprint("p", i%3), i/3+1, 2*i)
 	}
 	f.Add(tbl.encode(1 << 20)[0])
 	f.Add([]byte{producerTableVersion, 1, 1, 'p', 5, 2, 1, 3, 2})
 	f.Fuzz(func(t *testing.T, b []byte) {
-		got := newProducerTable(10, 4)
+		got := newProducerTable(10, 4, 3)
 		if err := got.decodeChunk(b); err != nil {
 			return
 		}
 		// What decodes is a valid table: it re-encodes to a value that
 		// decodes to the same table, and every window lookup agrees.
-		again := newProducerTable(10, 4)
+		again := newProducerTable(10, 4, 3)
 		enc := bytes.Join(got.encode(1<<30), nil)
 		if err := again.decodeChunk(enc); err != nil {
 			t.Fatal(err)
@@ -494,15 +494,16 @@ func FuzzProducerChunk(f *testing.F) {
 
 // The table against a plain model (a list of offsets per producer and an
 // LRU list) under random appends: batches, interleaving, restarted
-// sequences and evictions, with a window small enough to wrap its ring.
+// sequences and evictions, with a window small enough to wrap its ring and
+// a run limit that sometimes ends the window before the record limit.
 func TestProducerTableMatchesModel(t *testing.T) {
 	type modelProducer struct {
 		id   string
 		last uint64
 		offs []uint64 // offsets of sequences last-len+1 .. last
 	}
-	const maxProducers, window = 4, 5
-	tbl := newProducerTable(maxProducers, window)
+	const maxProducers, window, batches = 4, 5, 3
+	tbl := newProducerTable(maxProducers, window, batches)
 	var lru []*modelProducer // oldest first
 	find := func(id string) int {
 		return slices.IndexFunc(lru, func(m *modelProducer) bool { return m.id == id })
@@ -544,6 +545,24 @@ func TestProducerTableMatchesModel(t *testing.T) {
 			if len(m.offs) > window {
 				m.offs = m.offs[len(m.offs)-window:]
 			}
+			// At most batches runs of consecutive offsets: drop the
+			// oldest run while there are more.
+			for {
+				runs := 1
+				for k := 1; k < len(m.offs); k++ {
+					if m.offs[k] != m.offs[k-1]+1 {
+						runs++
+					}
+				}
+				if runs <= batches {
+					break
+				}
+				k := 1
+				for m.offs[k] == m.offs[k-1]+1 {
+					k++
+				}
+				m.offs = m.offs[k:]
+			}
 			lru = append(lru, m)
 			seq++
 			off += 1 + uint64(rand(2)) // sometimes another producer's record in between
@@ -569,7 +588,7 @@ func TestProducerTableMatchesModel(t *testing.T) {
 			if _, ok := q.offset(first - 1); ok && first > 1 {
 				t.Fatalf("step %d: %q sequence %d below the window found", step, m.id, first-1)
 			}
-			if q.n > window || len(q.runs) > window {
+			if q.n > batches || len(q.runs) > batches {
 				t.Fatalf("step %d: %q holds %d runs in a ring of %d", step, m.id, q.n, len(q.runs))
 			}
 			q = q.newer
@@ -577,5 +596,51 @@ func TestProducerTableMatchesModel(t *testing.T) {
 		if runs != tbl.runs {
 			t.Fatalf("step %d: %d runs counted, table says %d", step, runs, tbl.runs)
 		}
+	}
+}
+
+// A retry of a batch far larger than 256 records, whose answer was lost, is
+// answered as duplicates at the defaults, even after the producer published
+// more batches: the window is counted in batches (runs), as long as it
+// holds at most DefaultProducerWindow records. Once the producer has
+// published DefaultProducerBatches separate batches after it, the retry is
+// below the window and refused, never stored again.
+func TestRetryOfALargeBatchIsAnsweredAsDuplicates(t *testing.T) {
+	db := openDB(t, t.TempDir())
+	defer db.Close()
+	s := ownerStream(t, db, "s", 1)
+	const big = 5000
+	batch := make([]Record, big)
+	for i := range batch {
+		batch[i] = seqs("p", uint64(i+1))[0]
+	}
+	first := mustAppendIdem(t, s, 1, batch)
+	// More batches of p, each apart from the one before (another
+	// producer's record in between), so each is a run of its own.
+	next := uint64(big + 1)
+	more := func(n int) {
+		for range n {
+			mustAppendIdem(t, s, 1, seqs("q", next))
+			mustAppendIdem(t, s, 1, seqs("p", next))
+			next++
+		}
+	}
+	more(DefaultProducerBatches - 1)
+	retry := mustAppendIdem(t, s, 1, batch)
+	for i := range batch {
+		if !retry.Duplicate[i] || retry.Offsets[i] != first.Offsets[i] {
+			t.Fatalf("record %d of the retried batch: offset %d duplicate %v, want the original %d", i, retry.Offsets[i], retry.Duplicate[i], first.Offsets[i])
+		}
+	}
+	if len(retry.Stored) != 0 {
+		t.Fatalf("the retry stored %d records", len(retry.Stored))
+	}
+	more(1)
+	tail := s.State().RecordTail
+	if _, err := s.AppendIdempotent(context.Background(), 1, batch); !errors.Is(err, ErrBelowWindow) {
+		t.Fatalf("retry after %d later batches: %v, want ErrBelowWindow", DefaultProducerBatches, err)
+	}
+	if got := s.State().RecordTail; got != tail {
+		t.Fatalf("a refused retry moved the record tail from %d to %d", tail, got)
 	}
 }

@@ -163,7 +163,7 @@ func (db *DB) newStream(name string) *Stream {
 		recPrefix:   streamKey(kindRecord, name),
 		eventPrefix: streamKey(kindEvent, name),
 		prodPrefix:  streamKey(kindProducers, name),
-		producers:   newProducerTable(db.maxProducers, db.producerWindow),
+		producers:   newProducerTable(db.maxProducers, db.producerWindow, db.producerBatches),
 		cursors:     map[string]uint64{},
 		waiters:     map[waitKey]chan struct{}{},
 		tail:        tailCache{max: db.tailCacheBytes, total: &db.tailCacheUsed, limit: db.tailCacheLimit},
