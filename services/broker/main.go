@@ -38,6 +38,7 @@ func main() {
 	fs.IntVar(&cfg.MaxBatchBytes, "max-batch-bytes", api.DefaultMaxBatchBytes, "largest publish batch accepted, in payload and header bytes")
 	fs.IntVar(&cfg.MaxBatchRecords, "max-batch-records", api.DefaultMaxBatchRecords, "most records in one publish batch")
 	fs.IntVar(&cfg.MaxInflightBytes, "max-inflight-bytes", 8<<20, "unacknowledged bytes in flight per follower")
+	fs.IntVar(&cfg.MaxPublishBytesInFlight, "max-publish-inflight-bytes", api.DefaultMaxPublishBytesInFlight, "request bytes of the publishes handled at once; more wait before they are read")
 	fs.IntVar(&cfg.DedupeProducers, "dedupe-producers", storage.DefaultMaxProducers, "idempotent publish: producers tracked per stream (least recently used evicted)")
 	fs.IntVar(&cfg.DedupeWindow, "dedupe-window", storage.DefaultProducerWindow, "idempotent publish: records per producer kept for duplicate detection")
 	fs.IntVar(&cfg.DedupeBatches, "dedupe-batches", storage.DefaultProducerBatches, "idempotent publish: batches per producer kept for duplicate detection (a producer's consecutive batches count as one)")

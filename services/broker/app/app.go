@@ -46,6 +46,9 @@ type Config struct {
 	MaxBatchRecords int
 	// MaxInflightBytes bounds unacknowledged bytes per follower.
 	MaxInflightBytes int
+	// MaxPublishBytesInFlight bounds the request bytes of the publishes
+	// handled at once (0: api.DefaultMaxPublishBytesInFlight).
+	MaxPublishBytesInFlight int
 	// DedupeProducers, DedupeWindow and DedupeBatches bound idempotent
 	// publish state per stream: producers tracked, and records and batches
 	// per producer (0: defaults).
@@ -202,7 +205,9 @@ func Start(ctx context.Context, cfg Config) (*App, error) {
 	noGzip := connect.WithCompressMinBytes(math.MaxInt)
 	streams := api.NewStreamService(a.manager, api.Limits{
 		MaxRecordBytes: cfg.MaxRecordBytes, MaxBatchBytes: cfg.MaxBatchBytes, MaxBatchRecords: cfg.MaxBatchRecords,
+		MaxPublishBytesInFlight: cfg.MaxPublishBytesInFlight,
 	}, log)
+	met.PublishGate(streams.PublishesWaiting, streams.PublishBytesInFlight)
 	mux.Handle(streams.Handler(noGzip))
 	// Follow and Seal are for peers only (DESIGN.md): a client that could
 	// seal would fence copies and stop their streams until a recovery.

@@ -9,8 +9,10 @@ import (
 	"net/http"
 	"strings"
 	"testing"
+	"time"
 
 	"connectrpc.com/connect"
+	dto "github.com/prometheus/client_model/go"
 	"google.golang.org/protobuf/types/known/emptypb"
 
 	"github.com/strandhq/strand/internal/cluster"
@@ -236,4 +238,73 @@ func TestSubscribeAtTheLargestOffset(t *testing.T) {
 	}
 	_, err := h.streams("b1").Read(ctx, connect.NewRequest(&strandv1.ReadRequest{Stream: "s", FromOffset: math.MaxUint64}))
 	wantCode(t, "read at 2^64-1", err, connect.CodeOutOfRange, "offset")
+}
+
+// gaugeValue is the value of gauge name (its only series), or -1 when there
+// is none.
+func gaugeValue(fams map[string]*dto.MetricFamily, name string) float64 {
+	f, ok := fams[name]
+	if !ok || len(f.GetMetric()) == 0 {
+		return -1
+	}
+	return f.GetMetric()[0].GetGauge().GetValue()
+}
+
+// Publishes hold at most --max-publish-inflight-bytes of request bytes
+// together: one that does not fit waits, unread, until a publish ahead of
+// it is answered, and is then handled as usual. Here the first publish
+// holds 40 KiB of a 64 KiB bound while it waits for its second copy (W=2)
+// to come up; a second 40 KiB publish waits (publishes_waiting 1), and once
+// the copy is up both are confirmed.
+func TestPublishBytesInFlightAreBounded(t *testing.T) {
+	h := newHarness(t)
+	h.confirm = time.Minute
+	h.configure = func(cfg *Config) { cfg.MaxPublishBytesInFlight = 64 << 10 }
+	h.start("b1")
+	// local_durable on two copies: a publish waits for b2, not started.
+	h.assign(cluster.Assignment{Stream: "held", Epoch: 1, Owner: "b1", Followers: []string{"b2"}})
+	clustertest.Eventually(t, 10*time.Second, "b1 owns the stream", func() error {
+		_, err := h.heartbeat("b1", "held")
+		return err
+	})
+	big := func(tag string) []*strandv1.Record {
+		return []*strandv1.Record{{Payload: bytes.Repeat([]byte(tag), 40<<10)}}
+	}
+	type result struct {
+		resp *strandv1.PublishResponse
+		err  error
+	}
+	first, second := make(chan result, 1), make(chan result, 1)
+	go func() { r, err := h.publishRecords("b1", "held", big("a")); first <- result{r, err} }()
+	clustertest.Until(t, 10*time.Second, "the first publish admitted", func() bool {
+		select {
+		case r := <-first:
+			t.Fatalf("the first publish was answered before b2 came up: %v %v", r.resp, r.err)
+		default:
+		}
+		return gaugeValue(h.scrape("b1"), "strand_broker_publish_inflight_bytes") >= 40<<10
+	})
+	go func() { r, err := h.publishRecords("b1", "held", big("b")); second <- result{r, err} }()
+	clustertest.Until(t, 10*time.Second, "the second publish waiting for room", func() bool {
+		return gaugeValue(h.scrape("b1"), "strand_broker_publishes_waiting") == 1
+	})
+	select {
+	case r := <-second:
+		t.Fatalf("the second publish was answered while the first held the room: %v %v", r.resp, r.err)
+	default:
+	}
+	h.start("b2")
+	for what, ch := range map[string]chan result{"first": first, "second": second} {
+		select {
+		case r := <-ch:
+			if r.err != nil || len(r.resp.GetOffsets()) != 1 {
+				t.Fatalf("%s publish: %v %v", what, r.resp, r.err)
+			}
+		case <-time.After(30 * time.Second):
+			t.Fatalf("%s publish not answered after b2 came up", what)
+		}
+	}
+	if v := gaugeValue(h.scrape("b1"), "strand_broker_publish_inflight_bytes"); v != 0 {
+		t.Fatalf("publish bytes in flight after both were answered: %v", v)
+	}
 }

@@ -24,11 +24,14 @@ type Limits struct {
 	// MaxReadRecords and MaxReadBytes bound one Read or Subscribe message.
 	MaxReadRecords int
 	MaxReadBytes   int
+	// MaxPublishBytesInFlight bounds the request bytes of the publishes a
+	// broker reads and handles at once (publishgate.go); more wait.
+	MaxPublishBytesInFlight int
 }
 
 // Defaults for Limits fields left zero (strand-broker's flag defaults).
 // The Go client's batches stay well inside them: it merges publishes into
-// batches of at most client.DefaultMaxBatchRecords (256) records and
+// batches of at most client.DefaultMaxBatchRecords (1024) records and
 // client.DefaultMaxBatchBytes (4 MiB) of payload.
 const (
 	DefaultMaxRecordBytes  = 1 << 20
@@ -51,6 +54,9 @@ func (l Limits) withDefaults() Limits {
 	}
 	if l.MaxReadBytes <= 0 {
 		l.MaxReadBytes = 4 << 20
+	}
+	if l.MaxPublishBytesInFlight <= 0 {
+		l.MaxPublishBytesInFlight = DefaultMaxPublishBytesInFlight
 	}
 	return l
 }
@@ -98,15 +104,16 @@ func (l Limits) publishRequestMaxBytes() int {
 // ServeMux) with its read limits: Publish reads up to
 // publishRequestMaxBytes and decodes at most MaxBatchRecords+1 records of
 // a request (publishCodecs), so an oversized batch costs the broker no
-// more to refuse than a full one; the other procedures read
-// smallRequestMaxBytes. opts apply to every procedure.
+// more to refuse than a full one, and publishes hold at most
+// MaxPublishBytesInFlight request bytes together (publishGate); the other
+// procedures read smallRequestMaxBytes. opts apply to every procedure.
 func (s *StreamService) Handler(opts ...connect.HandlerOption) (string, http.Handler) {
 	publishOpts := append(slices.Clone(opts), rpcserver.ReadLimit(s.limits.publishRequestMaxBytes()))
 	publishOpts = append(publishOpts, publishCodecs(s.limits.MaxBatchRecords+1)...)
 	path, publish := strandv1connect.NewStreamServiceHandler(s, publishOpts...)
 	_, rest := strandv1connect.NewStreamServiceHandler(s, append(slices.Clone(opts), rpcserver.ReadLimit(smallRequestMaxBytes))...)
 	mux := http.NewServeMux()
-	mux.Handle(strandv1connect.StreamServicePublishProcedure, publish)
+	mux.Handle(strandv1connect.StreamServicePublishProcedure, s.gate.wrap(publish))
 	mux.Handle(path, rest)
 	return path, mux
 }

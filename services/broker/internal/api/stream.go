@@ -23,13 +23,16 @@ type StreamService struct {
 	strandv1connect.UnimplementedStreamServiceHandler
 	m      *replica.Manager
 	limits Limits
+	gate   *publishGate
 	log    zerolog.Logger
 }
 
 // NewStreamService returns the client-facing handler; zero limits take
 // the defaults. Serve it with Handler, which applies its read limits.
 func NewStreamService(m *replica.Manager, limits Limits, log zerolog.Logger) *StreamService {
-	return &StreamService{m: m, limits: limits.withDefaults(), log: log}
+	limits = limits.withDefaults()
+	return &StreamService{m: m, limits: limits, log: log,
+		gate: newPublishGate(limits.MaxPublishBytesInFlight, limits.publishRequestMaxBytes())}
 }
 
 func validStream(name string) error {

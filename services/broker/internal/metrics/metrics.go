@@ -13,6 +13,9 @@
 //	strand_broker_follow_ack_seconds         owner: a batch sent to a follower to its
 //	                                         acknowledgement, by follower
 //	strand_broker_follow_apply_seconds       follower: a batch received to durable here
+//	strand_broker_publishes_waiting          publishes waiting for room among the
+//	                                         publish bytes in flight (--max-publish-inflight-bytes)
+//	strand_broker_publish_inflight_bytes     request bytes of the publishes being handled
 //
 // Every broker has a registry of its own, so brokers running in one process
 // (tests, strandctl dev) do not share series.
@@ -74,6 +77,22 @@ func New() *Broker {
 	b.registry.MustRegister(b.commitWrite, b.commitSync, b.publishDurable, b.publishConfirm, b.confirmTimeout, b.followAck, b.followApply,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return b
+}
+
+// PublishGate registers the gauges of the publish bytes bound: publishes
+// waiting for room, and the bytes those admitted hold.
+func (b *Broker) PublishGate(waiting, held func() int64) {
+	if b == nil {
+		return
+	}
+	gauge := func(name, help string, f func() int64) prometheus.GaugeFunc {
+		return prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "strand", Subsystem: "broker", Name: name, Help: help},
+			func() float64 { return float64(f()) })
+	}
+	b.registry.MustRegister(
+		gauge("publishes_waiting", "Publishes waiting, before they are read, for room among the publish request bytes in flight (--max-publish-inflight-bytes).", waiting),
+		gauge("publish_inflight_bytes", "Request bytes of the publishes being read and handled (at most --max-publish-inflight-bytes).", held),
+	)
 }
 
 // Handler serves the registry in the Prometheus exposition format.
