@@ -8,7 +8,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sync/atomic"
+	"sync"
 	"time"
 
 	"github.com/rs/zerolog"
@@ -38,8 +38,13 @@ type Coord struct {
 	log   zerolog.Logger
 	start time.Time
 
-	session atomic.Pointer[concurrency.Session]
-	closing atomic.Bool
+	// mu orders a new session against Revoke: a session made after
+	// Revoke has read the current one is ended by its maker (runSession),
+	// so a broker that is closing never leaves a registration behind to
+	// wait out its TTL.
+	mu      sync.Mutex
+	session *concurrency.Session
+	closing bool
 	ready   chan struct{}
 	errc    chan error
 }
@@ -80,7 +85,7 @@ func (c *Coord) Run(ctx context.Context) error {
 	readyOnce := false
 	for {
 		err := c.runSession(ctx, &readyOnce)
-		if ctx.Err() != nil || c.closing.Load() {
+		if ctx.Err() != nil || c.isClosing() {
 			return nil
 		}
 		c.log.Warn().Err(err).Msg("etcd session lost; registering again")
@@ -100,8 +105,22 @@ func (c *Coord) runSession(ctx context.Context, readyOnce *bool) error {
 	if err != nil {
 		return fmt.Errorf("coord: session: %w", err)
 	}
-	c.session.Store(sess)
-	defer func() { _ = sess.Close() }()
+	// Ending the session revokes its lease, so the controller sees this
+	// broker gone at once (eager failover) instead of after the TTL: with
+	// a context of its own, because ctx is usually what ended (Session.Close
+	// would revoke with it, and fail at once).
+	defer c.revoke(sess)
+	c.mu.Lock()
+	closing := c.closing
+	if !closing {
+		c.session = sess
+	}
+	c.mu.Unlock()
+	if closing {
+		// Revoke ran while this session was being made: it is not to
+		// register.
+		return errors.New("coord: closing")
+	}
 	info := cluster.BrokerInfo{Node: c.cfg.Node, Address: c.cfg.Address, StartTime: c.start}
 	if _, err := c.cfg.Client.Put(ctx, c.cfg.Schema.BrokerKey(c.cfg.Node), cluster.Encode(info), clientv3.WithLease(sess.Lease())); err != nil {
 		return fmt.Errorf("coord: register: %w", err)
@@ -164,13 +183,33 @@ func (c *Coord) putHeartbeat(ctx context.Context, lease clientv3.LeaseID) error 
 // Revoke ends the lease at once and stops registering again: clean shutdown is eager failover, the
 // controller sees the broker gone without waiting for the TTL.
 func (c *Coord) Revoke(ctx context.Context) error {
-	c.closing.Store(true)
-	sess := c.session.Load()
+	c.mu.Lock()
+	c.closing = true
+	sess := c.session
+	c.mu.Unlock()
 	if sess == nil {
 		return nil
 	}
 	_, err := c.cfg.Client.Revoke(ctx, sess.Lease())
 	return err
+}
+
+func (c *Coord) isClosing() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.closing
+}
+
+// revokeTimeout bounds the revoke of a session's lease when it ends.
+const revokeTimeout = 2 * time.Second
+
+// revoke ends sess and revokes its lease (a lease already gone, expired or
+// revoked by Revoke, is not an error worth a line).
+func (c *Coord) revoke(sess *concurrency.Session) {
+	sess.Orphan()
+	ctx, cancel := context.WithTimeout(context.Background(), revokeTimeout)
+	defer cancel()
+	_, _ = c.cfg.Client.Revoke(ctx, sess.Lease())
 }
 
 // keepWatching runs watch (a listing, then a watch from it) until ctx

@@ -1,0 +1,106 @@
+package coord
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/rs/zerolog"
+
+	"github.com/strandhq/strand/internal/cluster"
+	"github.com/strandhq/strand/internal/etcdtest"
+	"github.com/strandhq/strand/services/broker/internal/replica"
+	"github.com/strandhq/strand/services/broker/internal/storage"
+)
+
+// newTestCoord is a Coord for node b1 on embedded etcd, with a replica
+// manager on real Badger in a temp dir, and a lease TTL long enough that
+// only a revoke removes its registration within a test.
+func newTestCoord(t *testing.T) (*Coord, *etcdtest.Server) {
+	t.Helper()
+	e := etcdtest.Start(t)
+	db, err := storage.Open(storage.Options{Dir: t.TempDir(), Logger: zerolog.Nop()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	schema := cluster.NewSchema("")
+	cli := e.Client(t)
+	m, err := replica.NewManager(replica.Config{Node: "b1", Storage: db, Logger: zerolog.Nop(),
+		History: func(context.Context, string) (cluster.HistoryStarts, error) { return nil, nil }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		m.Close()
+		_ = db.Close()
+	})
+	return New(Config{Client: cli, Schema: schema, Node: "b1", Address: "127.0.0.1:1",
+		Heartbeat: 100 * time.Millisecond, LeaseTTL: time.Minute, Logger: zerolog.Nop(), Manager: m}), e
+}
+
+func registered(t *testing.T, c *Coord) bool {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	resp, err := c.cfg.Client.Get(ctx, c.cfg.Schema.BrokerKey(c.cfg.Node))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return len(resp.Kvs) > 0
+}
+
+func runCoord(c *Coord, ctx context.Context) <-chan error {
+	done := make(chan error, 1)
+	go func() { done <- c.Run(ctx) }()
+	return done
+}
+
+func waitRun(t *testing.T, done <-chan error) {
+	t.Helper()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("Run: %v", err)
+		}
+	case <-time.After(15 * time.Second):
+		t.Fatal("Run did not return")
+	}
+}
+
+// A Revoke that runs before a session is made (while Run registers, or
+// re-registers after a lost session) still ends it: Run does not stay
+// registered on a lease no one revokes, which would delay failover of the
+// broker's streams by the lease TTL.
+func TestRevokeBeforeRegistrationLeavesNoRegistration(t *testing.T) {
+	c, _ := newTestCoord(t)
+	if err := c.Revoke(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	waitRun(t, runCoord(c, ctx))
+	if registered(t, c) {
+		t.Fatal("the broker is registered after Revoke and Run returned")
+	}
+}
+
+// Run ending with its context, without a Revoke, revokes its lease as it
+// returns: the registration is gone at once, not after the lease TTL.
+func TestRunEndingRevokesItsLease(t *testing.T) {
+	c, _ := newTestCoord(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := runCoord(c, ctx)
+	select {
+	case <-c.Ready():
+	case <-time.After(15 * time.Second):
+		t.Fatal("not registered")
+	}
+	if !registered(t, c) {
+		t.Fatal("ready but not registered")
+	}
+	cancel()
+	waitRun(t, done)
+	if registered(t, c) {
+		t.Fatal("still registered after Run returned (the lease is left to its TTL)")
+	}
+}
