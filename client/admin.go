@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strings"
 	"sync"
+	"syscall"
 
 	"connectrpc.com/connect"
 
@@ -28,6 +29,16 @@ var ErrNoController = errors.New("client: no controller address (set Config.Cont
 // a controller that answers "not the controller leader; leader is at X" is
 // retried at X, and Unavailable or a connection error is retried with backoff
 // within the call's deadline (or the retry budget).
+//
+// A retried CreateStream or DeleteStream reports what the call did, not
+// what its last attempt was told: when an earlier attempt may have been
+// applied and only its answer lost (it timed out, or failed Unavailable or
+// mid-response), a later NotFound from DeleteStream is success, and a later
+// AlreadyExists from CreateStream is success if the stream that exists has
+// the copies, policy and retention the request set (its response then
+// describes that stream). An AlreadyExists or NotFound answered to the
+// first attempt, or after attempts the controller provably did not apply,
+// is returned as is.
 func (c *Client) Admin() strandv1connect.AdminServiceClient { return c.admin }
 
 type adminClient struct {
@@ -76,8 +87,19 @@ func LeaderHint(err error) (string, bool) {
 func adminCall[Req, Res any](ctx context.Context, a *adminClient, name string, req *connect.Request[Req],
 	call func(strandv1connect.AdminServiceClient, context.Context, *connect.Request[Req]) (*connect.Response[Res], error),
 ) (*connect.Response[Res], error) {
+	res, _, err := adminRetry(ctx, a, name, req, call)
+	return res, err
+}
+
+// adminRetry is adminCall that also reports whether an attempt before the
+// one that answered may have been applied by the controller
+// (mayHaveApplied): the caller of a call that is not idempotent needs it to
+// read that answer.
+func adminRetry[Req, Res any](ctx context.Context, a *adminClient, name string, req *connect.Request[Req],
+	call func(strandv1connect.AdminServiceClient, context.Context, *connect.Request[Req]) (*connect.Response[Res], error),
+) (res *connect.Response[Res], earlierMayHaveApplied bool, err error) {
 	if a.c.cfg.Controller == "" {
-		return nil, ErrNoController
+		return nil, false, ErrNoController
 	}
 	ctx, cancel := a.c.withBudget(ctx)
 	defer cancel()
@@ -87,18 +109,16 @@ func adminCall[Req, Res any](ctx context.Context, a *adminClient, name string, r
 	for {
 		addr, cl := a.target()
 		next := connect.NewRequest(req.Msg)
-		for k, v := range req.Header() {
-			next.Header()[k] = append([]string(nil), v...)
-		}
+		copyHeader(next, req)
 		attempts++
 		actx, acancel := context.WithTimeout(ctx, a.c.cfg.AttemptTimeout)
 		res, err := call(cl, actx, next)
 		acancel()
 		if err == nil {
-			return res, nil
+			return res, earlierMayHaveApplied, nil
 		}
 		if ctx.Err() != nil {
-			return nil, fmt.Errorf("client: admin %s: %w after %d attempts; last error: %w", name, ctx.Err(), attempts, err)
+			return nil, earlierMayHaveApplied, fmt.Errorf("client: admin %s: %w after %d attempts; last error: %w", name, ctx.Err(), attempts, err)
 		}
 		if leader, ok := LeaderHint(err); ok && leader != addr && redirects < maxLeaderRedirects {
 			redirects++
@@ -108,27 +128,129 @@ func adminCall[Req, Res any](ctx context.Context, a *adminClient, name string, r
 		if !retryable(ctx, err) || connect.CodeOf(err) == connect.CodeFailedPrecondition {
 			// FailedPrecondition from the controller is an answer (a
 			// stream in a state the action does not fit), not a move.
-			return nil, err
+			return nil, earlierMayHaveApplied, err
 		}
+		earlierMayHaveApplied = earlierMayHaveApplied || mayHaveApplied(err)
 		// Back to the configured controller: a leader we were sent to may
 		// have gone, and the configured one names the next.
 		a.setLeader(a.c.cfg.Controller)
 		redirects = 0
 		if !a.c.sleep(ctx, b.next()) {
 			if a.c.ctx.Err() != nil {
-				return nil, ErrClosed
+				return nil, earlierMayHaveApplied, ErrClosed
 			}
-			return nil, fmt.Errorf("client: admin %s: %w after %d attempts; last error: %w", name, ctx.Err(), attempts, err)
+			return nil, earlierMayHaveApplied, fmt.Errorf("client: admin %s: %w after %d attempts; last error: %w", name, ctx.Err(), attempts, err)
 		}
 	}
 }
 
-func (a *adminClient) CreateStream(ctx context.Context, req *connect.Request[strandv1.CreateStreamRequest]) (*connect.Response[strandv1.CreateStreamResponse], error) {
-	return adminCall(ctx, a, "CreateStream", req, strandv1connect.AdminServiceClient.CreateStream)
+// copyHeader gives next the headers of the caller's req (credentials).
+func copyHeader[A, B any](next *connect.Request[A], req *connect.Request[B]) {
+	for k, v := range req.Header() {
+		next.Header()[k] = append([]string(nil), v...)
+	}
 }
 
+// mayHaveApplied reports whether a failed admin attempt may have been
+// applied by the controller, its answer rather than its request being what
+// was lost. Only what proves the request was not applied says no; anything
+// else (Unavailable, DeadlineExceeded from the attempt timeout, Canceled, a
+// connection lost mid-response) may have come after the controller's
+// transaction committed.
+func mayHaveApplied(err error) bool {
+	if _, ok := LeaderHint(err); ok {
+		// A controller that does not lead refuses before it reads or
+		// writes anything (docs/CONTRACTS.md, "Controller leadership").
+		return false
+	}
+	if errors.Is(err, syscall.ECONNREFUSED) {
+		// The request never reached a controller.
+		return false
+	}
+	// Aborted is the controller's answer to a guarded transaction that
+	// did not commit (a conflicting change): nothing was written.
+	return connect.CodeOf(err) != connect.CodeAborted
+}
+
+// CreateStream creates a stream. Creating is not idempotent: after an
+// attempt whose answer was lost, the retry finds the stream that attempt
+// created and is answered AlreadyExists. So when an earlier attempt may
+// have been applied, an AlreadyExists is read as success if the stream
+// that exists is the one asked for (createMismatch). A stream someone else
+// created meanwhile with the same configuration cannot be told from ours
+// (the spec records no creator), and is reported as created too, by
+// choice: the caller asked for that stream to exist, and it does, as
+// asked. One with another configuration is not the caller's stream
+// whoever made it, and stays AlreadyExists, the field that differs named.
+func (a *adminClient) CreateStream(ctx context.Context, req *connect.Request[strandv1.CreateStreamRequest]) (*connect.Response[strandv1.CreateStreamResponse], error) {
+	// One budget for the create and the describe that may follow it.
+	ctx, cancel := a.c.withBudget(ctx)
+	defer cancel()
+	res, earlier, err := adminRetry(ctx, a, "CreateStream", req, strandv1connect.AdminServiceClient.CreateStream)
+	if err == nil || !earlier || connect.CodeOf(err) != connect.CodeAlreadyExists {
+		return res, err
+	}
+	name := req.Msg.GetName()
+	get := connect.NewRequest(&strandv1.GetStreamRequest{Name: name})
+	copyHeader(get, req)
+	got, gerr := adminCall(ctx, a, "GetStream", get, strandv1connect.AdminServiceClient.GetStream)
+	switch {
+	case connect.CodeOf(gerr) == connect.CodeNotFound:
+		// Deleted since it was found: whoever created it, the stream
+		// the caller asked for is not there now.
+		return nil, err
+	case gerr != nil:
+		// The outcome is unknown: the caller sees the describe's error
+		// (its code, not AlreadyExists), as for a create that ran out of
+		// retries.
+		return nil, fmt.Errorf("client: admin CreateStream %q: answered %v after an earlier attempt may have created it, and describing the stream failed: %w", name, err, gerr)
+	}
+	if field := createMismatch(req.Msg, got.Msg.GetSpec()); field != "" {
+		return nil, fmt.Errorf("client: admin CreateStream %q: the stream that exists has a %s other than the request's: %w", name, field, err)
+	}
+	return connect.NewResponse(&strandv1.CreateStreamResponse{Spec: got.Msg.GetSpec(), Assignment: got.Msg.GetAssignment()}), nil
+}
+
+// createMismatch names the first field the request sets that spec, the
+// stream that exists, does not have, or returns "" when it has them all.
+// Copies left zero mean 1 (CreateStreamRequest.copies). A policy left unset
+// takes the controller's default, which the client cannot see, so any
+// policy matches it. Retention left unset means unbounded: zero limits.
+func createMismatch(req *strandv1.CreateStreamRequest, spec *strandv1.StreamSpec) string {
+	if spec == nil {
+		return "spec"
+	}
+	if max(1, req.GetCopies()) != spec.GetCopies() {
+		return "copies"
+	}
+	if p := req.GetPolicy(); p.GetName() != "" || p.GetNodes() != 0 {
+		if p.GetName() != spec.GetPolicy().GetName() || p.GetNodes() != spec.GetPolicy().GetNodes() {
+			return "policy"
+		}
+	}
+	want, have := req.GetRetention(), spec.GetRetention()
+	switch {
+	case want.GetMaxRecords() != have.GetMaxRecords():
+		return "retention.max_records"
+	case want.GetMaxBytes() != have.GetMaxBytes():
+		return "retention.max_bytes"
+	case want.GetMaxAge().AsDuration() != have.GetMaxAge().AsDuration():
+		// AsDuration reads an absent max_age as 0, as the controller does.
+		return "retention.max_age"
+	}
+	return ""
+}
+
+// DeleteStream deletes a stream. When an earlier attempt may have deleted
+// it and lost its answer, a later NotFound is success: the stream is gone,
+// as asked. (Deleted by someone else meanwhile is indistinguishable, and
+// the caller's wish holds all the same.)
 func (a *adminClient) DeleteStream(ctx context.Context, req *connect.Request[strandv1.DeleteStreamRequest]) (*connect.Response[strandv1.DeleteStreamResponse], error) {
-	return adminCall(ctx, a, "DeleteStream", req, strandv1connect.AdminServiceClient.DeleteStream)
+	res, earlier, err := adminRetry(ctx, a, "DeleteStream", req, strandv1connect.AdminServiceClient.DeleteStream)
+	if err != nil && earlier && connect.CodeOf(err) == connect.CodeNotFound {
+		return connect.NewResponse(&strandv1.DeleteStreamResponse{}), nil
+	}
+	return res, err
 }
 
 func (a *adminClient) GetStream(ctx context.Context, req *connect.Request[strandv1.GetStreamRequest]) (*connect.Response[strandv1.GetStreamResponse], error) {

@@ -35,6 +35,9 @@ const (
 	DefaultMaxBatchRecords = 1024
 	DefaultMaxBatchBytes   = 4 << 20
 	DefaultLinger          = 2 * time.Millisecond
+	// DefaultStreamIdle is Kafka's producer default for the same purpose
+	// (metadata.max.idle.ms).
+	DefaultStreamIdle = 5 * time.Minute
 )
 
 // Config configures a Client. Zero fields take the defaults above.
@@ -106,6 +109,17 @@ type Config struct {
 	// on any lane. Zero means DefaultLinger;
 	// negative never waits. See producer.linger for why.
 	Linger time.Duration
+	// StreamIdle is how long the client keeps what it holds for a stream
+	// (its cached owner, its lanes with their producer ids and sequences)
+	// after the stream's last use, so a long-lived client that publishes
+	// to many short-lived streams does not grow without bound. A lane
+	// with a publish queued or in flight is never freed: its records may
+	// still be retried under its producer id and sequences. A stream
+	// published to again after it was freed gets new lanes, each with a
+	// producer session of its own (ProducerID). Zero means
+	// DefaultStreamIdle; negative keeps every stream's state until the
+	// client is dropped.
+	StreamIdle time.Duration
 }
 
 // Bool returns a pointer to v, for Config.Idempotent.
@@ -128,15 +142,34 @@ type Client struct {
 	ctx    context.Context
 	cancel context.CancelFunc
 
-	mu        sync.Mutex
-	brokers   []string // known broker addresses, in the order to try them
-	next      int      // rotates the first broker asked by Locate
-	owners    map[string]string
-	streams   map[string]strandv1connect.StreamServiceClient
-	producers map[string][]*producer
-	nextLane  atomic.Uint64
+	mu sync.Mutex
+	// brokers are the known broker addresses, in the order to try them;
+	// next rotates the first one Locate asks.
+	brokers []string
+	next    int
+	// streams holds a StreamService client per broker address.
+	streams map[string]strandv1connect.StreamServiceClient
+	// perStream holds what the client keeps per stream; sweep frees the
+	// entries idle for Config.StreamIdle. sweeping is set while a
+	// sweepIdle goroutine runs: one per client, and none while there is
+	// nothing to free, so a client dropped without Close keeps no
+	// goroutine, and is not kept alive by one, much beyond its streams'
+	// idle time.
+	perStream map[string]*streamState
+	sweeping  bool
+	// freedLanes is set once sweep has freed any stream's lanes: from then
+	// on lanes are made with a session of their own (producer).
+	freedLanes bool
+	nextLane   atomic.Uint64
 	// idPrefix is Config.ProducerID as configured (newProducerID).
 	idPrefix string
+}
+
+// streamState is what a Client keeps for one stream.
+type streamState struct {
+	owner string      // cached owner address, "" when not known
+	lanes []*producer // made by the stream's first publish through lanes
+	used  time.Time   // the last call that touched the stream
 }
 
 // New returns a client for the cluster cfg describes. It does not dial.
@@ -157,6 +190,7 @@ func New(cfg Config) (*Client, error) {
 	setDefault(&cfg.Lanes, 1)
 	setDefault(&cfg.MaxBatchBytes, DefaultMaxBatchBytes)
 	setDefault(&cfg.Linger, DefaultLinger)
+	setDefault(&cfg.StreamIdle, DefaultStreamIdle)
 	if len(cfg.ProducerID) > MaxProducerIDPrefix {
 		return nil, fmt.Errorf("client: ProducerID of %d bytes above the %d-byte limit", len(cfg.ProducerID), MaxProducerIDPrefix)
 	}
@@ -170,9 +204,8 @@ func New(cfg Config) (*Client, error) {
 		idempotent: cfg.Idempotent == nil || *cfg.Idempotent,
 		ctx:        ctx,
 		cancel:     cancel,
-		owners:     make(map[string]string),
 		streams:    make(map[string]strandv1connect.StreamServiceClient),
-		producers:  make(map[string][]*producer),
+		perStream:  make(map[string]*streamState),
 	}
 	for _, b := range cfg.Brokers {
 		c.learnBroker(b)
@@ -195,7 +228,10 @@ const MaxProducerIDPrefix = 256 - 25 - 4
 
 // ProducerID is the producer id the client stamps on records of streams that
 // have not had a failed publish (after one, that stream gets a fresh id):
-// Config.ProducerID with this client's session added.
+// Config.ProducerID with this client's session added. Once the client has
+// freed an idle stream's state (Config.StreamIdle), lanes it makes from then
+// on get a fresh id too: a stream published to again must not restart its
+// sequences at 1 under an id the broker already holds sequences of.
 func (c *Client) ProducerID() string { return c.cfg.ProducerID }
 
 func setDefault[T comparable](v *T, def T) {
@@ -247,23 +283,85 @@ func (c *Client) learnBroker(addr string) {
 func (c *Client) cachedOwner(stream string) string {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return c.owners[stream]
+	st, ok := c.perStream[stream]
+	if !ok {
+		return ""
+	}
+	st.used = time.Now()
+	return st.owner
 }
 
 func (c *Client) setOwner(stream, addr string) {
 	c.learnBroker(addr)
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.owners[stream] = addr
+	c.streamLocked(stream).owner = addr
 }
 
 // forgetOwner drops the cached owner if it is still addr.
 func (c *Client) forgetOwner(stream, addr string) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.owners[stream] == addr {
-		delete(c.owners, stream)
+	if st, ok := c.perStream[stream]; ok && st.owner == addr {
+		st.owner = ""
 	}
+}
+
+// streamLocked returns stream's state, made if need be, and marks it used.
+// c.mu must be held.
+func (c *Client) streamLocked(stream string) *streamState {
+	st, ok := c.perStream[stream]
+	if !ok {
+		st = &streamState{}
+		c.perStream[stream] = st
+		if c.cfg.StreamIdle > 0 && !c.sweeping {
+			c.sweeping = true
+			go c.sweepIdle()
+		}
+	}
+	st.used = time.Now()
+	return st
+}
+
+// sweepIdle frees idle streams' state every half Config.StreamIdle, so a
+// stream is freed between one and one and a half idle times after its last
+// use. It returns when the client closes or nothing is left to free; the
+// next stream the client touches starts it again.
+func (c *Client) sweepIdle() {
+	t := time.NewTicker(max(c.cfg.StreamIdle/2, time.Millisecond))
+	defer t.Stop()
+	for {
+		select {
+		case <-c.ctx.Done():
+			return
+		case now := <-t.C:
+			if c.sweep(now) == 0 {
+				return
+			}
+		}
+	}
+}
+
+// sweep frees the state of every stream unused since Config.StreamIdle
+// before now whose lanes are all idle, and returns how many streams are
+// left. When none are, it clears sweeping under the same lock, so a stream
+// added after it starts a new sweepIdle.
+func (c *Client) sweep(now time.Time) (left int) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for name, st := range c.perStream {
+		if now.Sub(st.used) < c.cfg.StreamIdle || !freeLanes(st.lanes) {
+			continue
+		}
+		if len(st.lanes) > 0 {
+			c.freedLanes = true
+		}
+		delete(c.perStream, name)
+	}
+	if len(c.perStream) == 0 {
+		c.sweeping = false
+	}
+	return len(c.perStream)
 }
 
 // brokerOrder returns the known brokers, rotated so successive locates spread

@@ -477,7 +477,7 @@ func queued(c *Client, stream string) int {
 func sumLanes(c *Client, stream string, f func(*producer) int) int {
 	c.producer(stream) // makes the lanes
 	c.mu.Lock()
-	lanes := c.producers[stream]
+	lanes := c.perStream[stream].lanes
 	c.mu.Unlock()
 	n := 0
 	for _, p := range lanes {

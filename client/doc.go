@@ -20,6 +20,18 @@
 // calls back with the same answer, so one goroutine can keep a window of
 // records in flight, as a Kafka or NATS producer does.
 //
+// What a Client keeps per stream (its cached owner, its lanes with their
+// producer ids and sequences) is freed once the stream has been idle for
+// Config.StreamIdle with nothing queued or in flight, so a long-lived client
+// that publishes to many short-lived streams stays bounded; a stream
+// published to again later starts a new producer session.
+//
+// Admin calls go to the controller leader with the same retries. A retried
+// CreateStream or DeleteStream whose earlier attempt may have been applied,
+// only its answer lost, reports what the call did: a later NotFound from
+// DeleteStream, or a later AlreadyExists from CreateStream for a stream with
+// the configuration asked for, is success (see Client.Admin).
+//
 // Subscriptions resume after an error at the next offset not yet delivered and
 // drop anything below it, so a caller sees each offset once, in order.
 package client

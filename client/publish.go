@@ -104,7 +104,6 @@ func (c *Client) PublishAsync(ctx context.Context, stream string, records []*str
 			}
 		}
 	}
-	p := c.producer(stream)
 	pp := &pendingPublish{ctx: ctx, done: done}
 	pp.records = make([]*strandv1.Record, len(records))
 	for i, r := range records {
@@ -123,7 +122,12 @@ func (c *Client) PublishAsync(ctx context.Context, stream string, records []*str
 			pp.bytes += len(k) + len(v)
 		}
 	}
-	p.enqueue(pp)
+	// A lane that sweep freed after producer returned it takes nothing,
+	// and the call goes to the stream's new lanes. A freed lane had
+	// nothing queued or in flight, so no earlier call is overtaken: calls
+	// made one after another keep their order on a single lane.
+	for !c.producer(stream).enqueue(pp) {
+	}
 }
 
 // publishBatch sends one publish request with retries.
@@ -184,30 +188,65 @@ type producer struct {
 	queuedCalls, queuedRecords, queuedBytes int
 	want, skip, backoff                     int
 	grew                                    chan struct{}
+	// freed is set by sweep once the lane is out of the client's state;
+	// enqueue then refuses calls, which go to the stream's new lanes.
+	freed bool
 }
 
 // producer picks the stream's next lane, round robin.
 func (c *Client) producer(stream string) *producer {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	lanes, ok := c.producers[stream]
-	if !ok {
-		lanes = make([]*producer, c.cfg.Lanes)
-		for i := range lanes {
-			id := c.cfg.ProducerID
+	st := c.streamLocked(stream)
+	if st.lanes == nil {
+		base := c.cfg.ProducerID
+		if c.freedLanes {
+			// This stream's lanes may have been freed, and the broker
+			// holds the sequences they stamped under ProducerID: new
+			// sequences from 1 under it would be answered as duplicates
+			// and stored nowhere.
+			base = newProducerID(c.idPrefix)
+		}
+		st.lanes = make([]*producer, c.cfg.Lanes)
+		for i := range st.lanes {
+			id := base
 			if i > 0 {
 				id = fmt.Sprintf("%s.%d", id, i)
 			}
-			lanes[i] = &producer{c: c, stream: stream, id: id}
+			st.lanes[i] = &producer{c: c, stream: stream, id: id}
 		}
-		c.producers[stream] = lanes
 	}
-	return lanes[(c.nextLane.Add(1)-1)%uint64(len(lanes))]
+	return st.lanes[(c.nextLane.Add(1)-1)%uint64(len(st.lanes))]
 }
 
-func (p *producer) enqueue(pp *pendingPublish) {
+// freeLanes marks lanes freed, all or none, and reports whether it did:
+// only when none has a call queued or a batch in flight. Such a lane's
+// producer id and sequences matter no more: nothing stamped with them can
+// be sent again, so the stream's next lanes can start a session of their
+// own. Called under c.mu; it takes the lanes' locks, in order, after it.
+func freeLanes(lanes []*producer) bool {
+	for _, p := range lanes {
+		p.mu.Lock()
+	}
+	idle := true
+	for _, p := range lanes {
+		idle = idle && !p.sending && p.queuedCalls == 0
+	}
+	for _, p := range lanes {
+		p.freed = p.freed || idle
+		p.mu.Unlock()
+	}
+	return idle
+}
+
+// enqueue queues pp on the lane and reports whether it did: a freed lane
+// takes nothing.
+func (p *producer) enqueue(pp *pendingPublish) bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	if p.freed {
+		return false
+	}
 	pp.queued = true
 	// Registered under mu: the drop locks mu too, so it runs after this.
 	pp.unwatch = context.AfterFunc(pp.ctx, func() { p.drop(pp) })
@@ -223,6 +262,7 @@ func (p *producer) enqueue(pp *pendingPublish) {
 		p.sending = true
 		go p.run()
 	}
+	return true
 }
 
 // drop answers a queued call whose ctx ended at once, rather than when the
