@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net/http"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -19,7 +18,6 @@ import (
 
 	strandv1 "github.com/strandhq/strand/internal/gen/strand/v1"
 	"github.com/strandhq/strand/internal/gen/strand/v1/strandv1connect"
-	"github.com/strandhq/strand/internal/rpcserver"
 )
 
 // loss is how a fakeAdmin fails an attempt.
@@ -58,15 +56,7 @@ type fakeAdmin struct {
 func startAdmin(t *testing.T, f *fakeAdmin) string {
 	t.Helper()
 	f.specs = make(map[string]*strandv1.StreamSpec)
-	ln, err := rpcserver.Listen("127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	mux := http.NewServeMux()
-	mux.Handle(strandv1connect.NewAdminServiceHandler(f))
-	srv := rpcserver.Serve(ln, mux)
-	t.Cleanup(func() { _ = srv.Close() })
-	return srv.Addr()
+	return serveAdmin(t, f)
 }
 
 func (f *fakeAdmin) CreateStream(ctx context.Context, req *connect.Request[strandv1.CreateStreamRequest]) (*connect.Response[strandv1.CreateStreamResponse], error) {

@@ -728,12 +728,19 @@ func (f *fakeController) ListBrokers(context.Context, *connect.Request[strandv1.
 
 func startController(t *testing.T, f *fakeController) string {
 	t.Helper()
+	return serveAdmin(t, f)
+}
+
+// serveAdmin serves h as the AdminService on a loopback port and returns
+// its address.
+func serveAdmin(t *testing.T, h strandv1connect.AdminServiceHandler) string {
+	t.Helper()
 	ln, err := rpcserver.Listen("127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
 	mux := http.NewServeMux()
-	mux.Handle(strandv1connect.NewAdminServiceHandler(f))
+	mux.Handle(strandv1connect.NewAdminServiceHandler(h))
 	srv := rpcserver.Serve(ln, mux)
 	t.Cleanup(func() { _ = srv.Close() })
 	return srv.Addr()
