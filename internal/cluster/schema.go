@@ -20,6 +20,7 @@ const DefaultPrefix = "/strand"
 //	<prefix>/assignments/<stream>  Assignment
 //	<prefix>/recoveries/<stream>   Recovery (a pending recovery)
 //	<prefix>/history/<stream>      HistoryStarts
+//	<prefix>/refusals/<stream>     SealRefusals (next to a pending recovery)
 //	<prefix>/election/controller   controller election prefix
 //	<prefix>/election/recoverer    recoverer election prefix
 type Schema struct {
@@ -45,6 +46,7 @@ func (s Schema) StreamsDir() string     { return s.prefix + "/streams/" }
 func (s Schema) AssignmentsDir() string { return s.prefix + "/assignments/" }
 func (s Schema) RecoveriesDir() string  { return s.prefix + "/recoveries/" }
 func (s Schema) HistoryDir() string     { return s.prefix + "/history/" }
+func (s Schema) RefusalsDir() string    { return s.prefix + "/refusals/" }
 
 // Keys of one broker or one stream.
 func (s Schema) BrokerKey(node string) string       { return s.BrokersDir() + node }
@@ -53,6 +55,7 @@ func (s Schema) StreamKey(stream string) string     { return s.StreamsDir() + st
 func (s Schema) AssignmentKey(stream string) string { return s.AssignmentsDir() + stream }
 func (s Schema) RecoveryKey(stream string) string   { return s.RecoveriesDir() + stream }
 func (s Schema) HistoryKey(stream string) string    { return s.HistoryDir() + stream }
+func (s Schema) RefusalsKey(stream string) string   { return s.RefusalsDir() + stream }
 
 // Election prefixes for concurrency.Election.
 func (s Schema) ControllerElection() string { return s.prefix + "/election/controller" }

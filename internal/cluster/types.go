@@ -138,3 +138,40 @@ func (h HistoryStarts) Latest() (HistoryStart, bool) {
 	}
 	return h[len(h)-1], true
 }
+
+// MaxRefusalError bounds the error text a SealRefusal keeps, in bytes.
+const MaxRefusalError = 256
+
+// SealRefusals is stored at RefusalsKey, next to a pending recovery: the old
+// copies whose brokers are registered yet did not seal in the recovery's
+// last seal round, when that round left the recovery waiting. The recovery
+// waits rather than guess (seed, "Safety argument"), and this is how the
+// controller's attention says why (seed, "Known limits": it "shows under
+// controller attention until one answers").
+//
+// The recoverer writes it guarded by the mod revisions of the recovery and
+// the assignment it sealed for and by its leader key, and rewrites or
+// deletes it after each round that waits. Every write that records, commits
+// or clears the recovery deletes it, so it never outlives the recovery it
+// describes. It holds at most one refusal per old copy.
+type SealRefusals struct {
+	Stream       string `json:"stream"`
+	FenceEpoch   uint64 `json:"fence_epoch"`
+	TransitionID string `json:"transition_id"`
+	// R is the seal threshold; Sealed are the copies that answered.
+	R        int           `json:"r"`
+	Sealed   []string      `json:"sealed,omitempty"`
+	Refusals []SealRefusal `json:"refusals"`
+}
+
+// SealRefusal is one registered copy that did not seal.
+type SealRefusal struct {
+	Node string `json:"node"`
+	// Code is the Connect code the broker answered with, empty when it gave
+	// none (no answer in time, an answer for another fence epoch).
+	Code string `json:"code,omitempty"`
+	// Error is what the seal failed with, at most MaxRefusalError bytes.
+	Error string `json:"error"`
+	// Since is when a round of this recovery first saw the copy refuse.
+	Since time.Time `json:"since"`
+}

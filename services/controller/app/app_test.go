@@ -84,7 +84,10 @@ func adminClient(addr string) strandv1connect.AdminServiceClient {
 }
 
 // broker registers a fake broker on its own lease.
-func (h *harness) broker(node string) {
+func (h *harness) broker(node string) { h.brokerAt(node, "127.0.0.1:1") }
+
+// brokerAt registers a broker reached at addr on its own lease.
+func (h *harness) brokerAt(node, addr string) {
 	h.t.Helper()
 	ctx := ctxT(h.t)
 	l, err := h.cli.Grant(ctx, 60)
@@ -92,7 +95,7 @@ func (h *harness) broker(node string) {
 		h.t.Fatal(err)
 	}
 	h.leases[node] = l.ID
-	info := cluster.BrokerInfo{Node: node, Address: "127.0.0.1:1", StartTime: time.Now().UTC()}
+	info := cluster.BrokerInfo{Node: node, Address: addr, StartTime: time.Now().UTC()}
 	if _, err := h.cli.Put(ctx, schema.BrokerKey(node), cluster.Encode(info), clientv3.WithLease(l.ID)); err != nil {
 		h.t.Fatal(err)
 	}
@@ -236,10 +239,14 @@ func TestCreateGetListDelete(t *testing.T) {
 	if _, err := h.cli.Put(ctx, schema.HistoryKey("orders"), cluster.Encode(cluster.HistoryStarts{{Epoch: 2, RecordTail: 9, Node: "b2"}})); err != nil {
 		t.Fatal(err)
 	}
+	// So must seal refusals recorded beside a recovery.
+	if _, err := h.cli.Put(ctx, schema.RefusalsKey("orders"), cluster.Encode(cluster.SealRefusals{Stream: "orders", FenceEpoch: 2, TransitionID: "t"})); err != nil {
+		t.Fatal(err)
+	}
 	if _, err := c.DeleteStream(ctx, connect.NewRequest(&strandv1.DeleteStreamRequest{Name: "orders"})); err != nil {
 		t.Fatal(err)
 	}
-	for _, k := range []string{schema.StreamKey("orders"), schema.AssignmentKey("orders"), schema.HistoryKey("orders"), schema.RecoveryKey("orders")} {
+	for _, k := range []string{schema.StreamKey("orders"), schema.AssignmentKey("orders"), schema.HistoryKey("orders"), schema.RecoveryKey("orders"), schema.RefusalsKey("orders")} {
 		if _, ok := h.dump()[k]; ok {
 			t.Errorf("%s survived the delete", k)
 		}
@@ -249,13 +256,19 @@ func TestCreateGetListDelete(t *testing.T) {
 	_, err = c.DeleteStream(ctx, connect.NewRequest(&strandv1.DeleteStreamRequest{Name: "orders"}))
 	wantCode(t, err, connect.CodeNotFound)
 
-	// A leftover history start is dropped by create too.
+	// A leftover history start or seal refusals are dropped by create too.
 	if _, err := h.cli.Put(ctx, schema.HistoryKey("orders"), cluster.Encode(cluster.HistoryStarts{{Epoch: 2, RecordTail: 9, Node: "b2"}})); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := h.cli.Put(ctx, schema.RefusalsKey("orders"), cluster.Encode(cluster.SealRefusals{Stream: "orders", FenceEpoch: 2, TransitionID: "t"})); err != nil {
 		t.Fatal(err)
 	}
 	create(t, c, "orders", 1, nil)
 	if _, ok := h.dump()[schema.HistoryKey("orders")]; ok {
 		t.Error("recreated stream inherited history starts")
+	}
+	if _, ok := h.dump()[schema.RefusalsKey("orders")]; ok {
+		t.Error("recreated stream inherited seal refusals")
 	}
 }
 

@@ -173,9 +173,11 @@ func (s *Service) CreateStream(ctx context.Context, req *connect.Request[strandv
 			clientv3.OpPut(s.schema.StreamKey(name), cluster.Encode(spec)),
 			clientv3.OpPut(s.schema.AssignmentKey(name), cluster.Encode(asg)),
 			// A recreated stream must not inherit the history starts or a
-			// pending recovery of the one deleted before it.
+			// pending recovery (with its seal refusals) of the one deleted
+			// before it.
 			clientv3.OpDelete(s.schema.HistoryKey(name)),
 			clientv3.OpDelete(s.schema.RecoveryKey(name)),
+			clientv3.OpDelete(s.schema.RefusalsKey(name)),
 		}, nil)
 		if err != nil {
 			return nil, s.toConnect(err)
@@ -191,9 +193,9 @@ func (s *Service) CreateStream(ctx context.Context, req *connect.Request[strandv
 	}
 }
 
-// DeleteStream drops the stream's spec, assignment, pending recovery and
-// history starts in one transaction (seed: history starts of a stream that no
-// longer has an assignment are dropped).
+// DeleteStream drops the stream's spec, assignment, pending recovery (with
+// its seal refusals) and history starts in one transaction (seed: history
+// starts of a stream that no longer has an assignment are dropped).
 func (s *Service) DeleteStream(ctx context.Context, req *connect.Request[strandv1.DeleteStreamRequest]) (*connect.Response[strandv1.DeleteStreamResponse], error) {
 	name := req.Msg.GetName()
 	if err := validateName("name", name); err != nil {
@@ -215,6 +217,7 @@ func (s *Service) DeleteStream(ctx context.Context, req *connect.Request[strandv
 		clientv3.OpDelete(s.schema.StreamKey(name)),
 		clientv3.OpDelete(s.schema.AssignmentKey(name)),
 		clientv3.OpDelete(s.schema.RecoveryKey(name)),
+		clientv3.OpDelete(s.schema.RefusalsKey(name)),
 		clientv3.OpDelete(s.schema.HistoryKey(name)),
 	}, nil)
 	if err != nil {

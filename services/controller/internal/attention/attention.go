@@ -1,8 +1,9 @@
 // Package attention judges what in the cluster waits on something an operator
-// may want to see: pending recoveries that cannot finish yet, single-copy
-// streams whose owner is down or whose copy is sealed with no recovery
-// pending, brokers down that hold copies, eager-failover suspects and chain
-// mismatches. It is a pure function of a snapshot.
+// may want to see: pending recoveries that cannot finish yet, and the live
+// copies whose refused seals keep them waiting, single-copy streams whose
+// owner is down or whose copy is sealed with no recovery pending, brokers
+// down that hold copies, eager-failover suspects and chain mismatches. It is
+// a pure function of a snapshot.
 package attention
 
 import (
@@ -10,6 +11,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/strandhq/strand/internal/cluster"
 	"github.com/strandhq/strand/services/controller/internal/liveness"
@@ -20,6 +22,7 @@ import (
 const (
 	RecoveryWaitingCopies = "recovery_waiting_copies"
 	RecoveryWaitingPrefix = "recovery_waiting_prefix"
+	RecoverySealRefused   = "recovery_seal_refused"
 	SingleCopyOwnerDown   = "single_copy_owner_down"
 	SingleCopySealed      = "single_copy_sealed"
 	BrokerDown            = "broker_down"
@@ -48,6 +51,7 @@ func Judge(s *state.Snapshot) []Entry {
 			if e, wait := judgeRecovery(s, a, rec.Value, s.History[name].Value); wait {
 				out = append(out, e)
 			}
+			out = append(out, judgeRefusals(s, name, rec.Value, s.Refusals[name].Value)...)
 		} else if fence, by := liveness.SealedPast(s, a); len(by) > 0 && a.Copies() == 1 {
 			// A replicated stream sealed like this gets a new recovery from
 			// the liveness loop; a single copy gets none of its own, and
@@ -149,4 +153,49 @@ func judgeRecovery(s *state.Snapshot, a cluster.Assignment, rec cluster.Recovery
 		Reason: fmt.Sprintf("recovery to epoch %d waits for a copy holding the confirmed prefix: %d records, taken over by %s at epoch %d",
 			rec.FenceEpoch, start.RecordTail, start.Node, start.Epoch),
 	}, true
+}
+
+// judgeRefusals lists the live copies that refused their seal in the last
+// round of a pending recovery, one entry each, from what the recoverer
+// recorded when that round left the recovery waiting. Heartbeats alone
+// cannot show this wait: the copies are live and may publish tails that
+// would let it finish, yet the recovery waits rather than guess (seed,
+// "Safety argument"). Refusals recorded for another transition or fence
+// epoch belong to a recovery that is gone, and a copy whose broker is no
+// longer registered is listed as down instead.
+func judgeRefusals(s *state.Snapshot, stream string, rec cluster.Recovery, refusals cluster.SealRefusals) []Entry {
+	if refusals.TransitionID != rec.TransitionID || refusals.FenceEpoch != rec.FenceEpoch {
+		return nil
+	}
+	old := rec.OldMembers()
+	var out []Entry
+	for _, r := range refusals.Refusals {
+		if !slices.Contains(old, r.Node) || !s.Live(r.Node) {
+			continue
+		}
+		out = append(out, Entry{Stream: stream, Kind: RecoverySealRefused, Node: r.Node, Reason: refusalReason(rec, refusals, r)})
+	}
+	return out
+}
+
+func refusalReason(rec cluster.Recovery, refusals cluster.SealRefusals, r cluster.SealRefusal) string {
+	wait := fmt.Sprintf("recovery to epoch %d waits with %d of the %d seals it needs", rec.FenceEpoch, len(refusals.Sealed), refusals.R)
+	if len(refusals.Sealed) >= refusals.R {
+		wait = fmt.Sprintf("recovery to epoch %d waits for a sealed copy at the confirmed prefix", rec.FenceEpoch)
+	}
+	if len(refusals.Sealed) > 0 {
+		wait += fmt.Sprintf(" (sealed: %s)", strings.Join(refusals.Sealed, ", "))
+	}
+	var detail []string
+	if r.Code != "" {
+		detail = append(detail, r.Code)
+	}
+	if !r.Since.IsZero() {
+		detail = append(detail, "since "+r.Since.UTC().Format(time.RFC3339))
+	}
+	how := ""
+	if len(detail) > 0 {
+		how = " (" + strings.Join(detail, ", ") + ")"
+	}
+	return fmt.Sprintf("%s; live copy %s refused its seal%s: %s", wait, r.Node, how, r.Error)
 }

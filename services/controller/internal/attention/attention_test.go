@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"slices"
 	"testing"
+	"time"
 
 	"github.com/strandhq/strand/internal/cluster"
 	"github.com/strandhq/strand/services/controller/internal/state"
@@ -16,7 +17,13 @@ func asg(owner string, followers ...string) cluster.Assignment {
 }
 
 func rec(owner string, followers ...string) cluster.Recovery {
-	return cluster.Recovery{Stream: "s", FromEpoch: 3, FenceEpoch: 4, OldOwner: owner, OldFollowers: followers, ProposedOwner: followers[0]}
+	return cluster.Recovery{Stream: "s", FromEpoch: 3, FenceEpoch: 4, TransitionID: "t1", OldOwner: owner, OldFollowers: followers, ProposedOwner: followers[0]}
+}
+
+// refusals is what the recoverer records after a round of transition at
+// fence that left the recovery waiting with b2 alone sealed.
+func refusals(transition string, fence uint64, rs ...cluster.SealRefusal) cluster.SealRefusals {
+	return cluster.SealRefusals{Stream: "s", FenceEpoch: fence, TransitionID: transition, R: 2, Sealed: []string{"b2"}, Refusals: rs}
 }
 
 func tails(rt uint64) cluster.CopyTails {
@@ -120,6 +127,50 @@ func TestJudge(t *testing.T) {
 			snap: state.Build().Live("b1", "b2").Tails("b1", "s", tails(9)).Tails("b2", "s", tails(9)).Stream(asg("b1", "b2")).Snapshot(),
 		},
 		{
+			// E=3 majority: R=2. b2 and b3 are live, so heartbeats alone
+			// see no wait; b3 refused its seal.
+			name: "recovery waiting on a seal a live copy refused",
+			snap: state.Build().Live("b2", "b3").Stream(asg("b1", "b2", "b3")).Recovery(rec("b1", "b2", "b3")).
+				Refusals(refusals("t1", 4, cluster.SealRefusal{Node: "b3", Code: "failed_precondition", Error: "another incarnation"})).Snapshot(),
+			want: []string{"s:broker_down/b1", "s:recovery_seal_refused/b3"},
+		},
+		{
+			name: "every live copy refusing is listed, each once",
+			snap: state.Build().Live("b1", "b2", "b3").Stream(asg("b1", "b2", "b3")).Recovery(rec("b1", "b2", "b3")).
+				Refusals(refusals("t1", 4, cluster.SealRefusal{Node: "b3", Error: "no answer"}, cluster.SealRefusal{Node: "b1", Error: "x"})).Snapshot(),
+			want: []string{"s:recovery_seal_refused/b1", "s:recovery_seal_refused/b3"},
+		},
+		{
+			// Its broker is gone since: listed as down, not as refusing.
+			name: "a refusing copy no longer live",
+			snap: state.Build().Live("b2").Heartbeat("b2").Stream(asg("b1", "b2", "b3")).Recovery(rec("b1", "b2", "b3")).
+				Refusals(refusals("t1", 4, cluster.SealRefusal{Node: "b3", Error: "refused"})).Snapshot(),
+			want: []string{"s:broker_down/b1", "s:broker_down/b3", "s:recovery_waiting_copies//missing=[b1 b3]"},
+		},
+		{
+			name: "refusals of another transition",
+			snap: state.Build().Live("b2", "b3").Stream(asg("b1", "b2", "b3")).Recovery(rec("b1", "b2", "b3")).
+				Refusals(refusals("t0", 4, cluster.SealRefusal{Node: "b3", Error: "refused"})).Snapshot(),
+			want: []string{"s:broker_down/b1"},
+		},
+		{
+			name: "refusals of another fence epoch",
+			snap: state.Build().Live("b2", "b3").Stream(asg("b1", "b2", "b3")).Recovery(rec("b1", "b2", "b3")).
+				Refusals(refusals("t1", 5, cluster.SealRefusal{Node: "b3", Error: "refused"})).Snapshot(),
+			want: []string{"s:broker_down/b1"},
+		},
+		{
+			name: "refusals with no recovery pending",
+			snap: state.Build().Live("b1", "b2", "b3").Stream(asg("b1", "b2", "b3")).
+				Refusals(refusals("t1", 4, cluster.SealRefusal{Node: "b3", Error: "refused"})).Snapshot(),
+		},
+		{
+			name: "a refusal from a node that holds no old copy",
+			snap: state.Build().Live("b2", "b3", "b4").Stream(asg("b1", "b2", "b3")).Recovery(rec("b1", "b2", "b3")).
+				Refusals(refusals("t1", 4, cluster.SealRefusal{Node: "b4", Error: "refused"})).Snapshot(),
+			want: []string{"s:broker_down/b1"},
+		},
+		{
 			name: "chain mismatch",
 			snap: state.Build().Live("b1", "b2").Tails("b2", "s", cluster.CopyTails{Epoch: 3, ChainMismatch: true}).
 				Stream(asg("b1", "b2")).Snapshot(),
@@ -129,6 +180,43 @@ func TestJudge(t *testing.T) {
 	for _, c := range cases {
 		if got := brief(Judge(c.snap)); !slices.Equal(got, c.want) {
 			t.Errorf("%s:\n got %v\nwant %v", c.name, got, c.want)
+		}
+	}
+}
+
+// The reason names the refusing copy, what it answered and how the
+// recovery stands, so an operator sees why it waits.
+func TestSealRefusedReason(t *testing.T) {
+	since := time.Date(2025, 3, 4, 5, 6, 7, 0, time.UTC)
+	base := state.Build().Live("b2", "b3").Stream(asg("b1", "b2", "b3")).Recovery(rec("b1", "b2", "b3"))
+	cases := []struct {
+		name     string
+		refusals cluster.SealRefusals
+		want     string
+	}{
+		{
+			name: "fewer than R sealed",
+			refusals: refusals("t1", 4, cluster.SealRefusal{Node: "b3", Code: "failed_precondition",
+				Error: "worker: seal b3 at 127.0.0.1:9: failed_precondition: seal of another incarnation", Since: since}),
+			want: "recovery to epoch 4 waits with 1 of the 2 seals it needs (sealed: b2); live copy b3 refused its seal " +
+				"(failed_precondition, since 2025-03-04T05:06:07Z): worker: seal b3 at 127.0.0.1:9: failed_precondition: seal of another incarnation",
+		},
+		{
+			name: "R sealed, below the confirmed prefix",
+			refusals: cluster.SealRefusals{Stream: "s", FenceEpoch: 4, TransitionID: "t1", R: 2, Sealed: []string{"b1", "b2"},
+				Refusals: []cluster.SealRefusal{{Node: "b3", Error: "worker: no seal answer in time"}}},
+			want: "recovery to epoch 4 waits for a sealed copy at the confirmed prefix (sealed: b1, b2); live copy b3 refused its seal: worker: no seal answer in time",
+		},
+	}
+	for _, c := range cases {
+		var got []Entry
+		for _, e := range Judge(base.Refusals(c.refusals).Snapshot()) {
+			if e.Kind == RecoverySealRefused {
+				got = append(got, e)
+			}
+		}
+		if len(got) != 1 || got[0].Node != "b3" || got[0].Stream != "s" || got[0].Reason != c.want {
+			t.Errorf("%s: entries %+v\nwant reason %q", c.name, got, c.want)
 		}
 	}
 }

@@ -15,6 +15,7 @@ func Build() *Builder {
 		Assignments: map[string]Versioned[cluster.Assignment]{},
 		Recoveries:  map[string]Versioned[cluster.Recovery]{},
 		History:     map[string]Versioned[cluster.HistoryStarts]{},
+		Refusals:    map[string]Versioned[cluster.SealRefusals]{},
 
 		HeartbeatRev: map[string]int64{},
 	}}
@@ -81,6 +82,12 @@ func (b *Builder) Recovery(r cluster.Recovery) *Builder {
 // History sets a stream's history starts.
 func (b *Builder) History(stream string, h ...cluster.HistoryStart) *Builder {
 	b.s.History[stream] = Versioned[cluster.HistoryStarts]{Value: h, ModRev: 4}
+	return b
+}
+
+// Refusals adds the seal refusals the recoverer recorded for a stream.
+func (b *Builder) Refusals(r cluster.SealRefusals) *Builder {
+	b.s.Refusals[r.Stream] = Versioned[cluster.SealRefusals]{Value: r, ModRev: 5}
 	return b
 }
 

@@ -34,6 +34,9 @@ type Snapshot struct {
 	Assignments  map[string]Versioned[cluster.Assignment]
 	Recoveries   map[string]Versioned[cluster.Recovery]
 	History      map[string]Versioned[cluster.HistoryStarts]
+	// Refusals are the seal refusals the recoverer recorded next to
+	// pending recoveries.
+	Refusals map[string]Versioned[cluster.SealRefusals]
 	// Corrupt lists keys whose values could not be decoded; they are
 	// skipped rather than failing every read.
 	Corrupt []string
@@ -54,6 +57,7 @@ func Load(ctx context.Context, cli *clientv3.Client, s cluster.Schema) (*Snapsho
 		Assignments: map[string]Versioned[cluster.Assignment]{},
 		Recoveries:  map[string]Versioned[cluster.Recovery]{},
 		History:     map[string]Versioned[cluster.HistoryStarts]{},
+		Refusals:    map[string]Versioned[cluster.SealRefusals]{},
 
 		HeartbeatRev: map[string]int64{},
 	}
@@ -70,6 +74,7 @@ func Load(ctx context.Context, cli *clientv3.Client, s cluster.Schema) (*Snapsho
 		case decodeInto(s.AssignmentsDir(), kv, snap.Assignments, &derr, versioned[cluster.Assignment](kv.ModRevision)):
 		case decodeInto(s.RecoveriesDir(), kv, snap.Recoveries, &derr, versioned[cluster.Recovery](kv.ModRevision)):
 		case decodeInto(s.HistoryDir(), kv, snap.History, &derr, versioned[cluster.HistoryStarts](kv.ModRevision)):
+		case decodeInto(s.RefusalsDir(), kv, snap.Refusals, &derr, versioned[cluster.SealRefusals](kv.ModRevision)):
 		}
 		if derr != nil {
 			snap.Corrupt = append(snap.Corrupt, key)

@@ -21,9 +21,15 @@ type Committer struct {
 // WriteRecovery records a pending recovery, guarded by the assignment's mod
 // revision (nothing moved since the proposal was made) and the recovery key
 // being absent (one pending recovery per stream). It never moves the stream:
-// the recoverer seals and commits (DESIGN.md, "The failover path").
+// the recoverer seals and commits (DESIGN.md, "The failover path"). Seal
+// refusals left from an earlier recovery are deleted with it: every write
+// that records or clears a recovery drops them, so they only ever describe
+// the recovery pending beside them.
 func (c Committer) WriteRecovery(ctx context.Context, asgModRev int64, rec cluster.Recovery, extra ...clientv3.Op) error {
-	ops := append([]clientv3.Op{clientv3.OpPut(c.Schema.RecoveryKey(rec.Stream), cluster.Encode(rec))}, extra...)
+	ops := append([]clientv3.Op{
+		clientv3.OpPut(c.Schema.RecoveryKey(rec.Stream), cluster.Encode(rec)),
+		clientv3.OpDelete(c.Schema.RefusalsKey(rec.Stream)),
+	}, extra...)
 	resp, err := c.Term.Txn(ctx, []clientv3.Cmp{
 		clientv3.Compare(clientv3.ModRevision(c.Schema.AssignmentKey(rec.Stream)), "=", asgModRev),
 		clientv3.Compare(clientv3.CreateRevision(c.Schema.RecoveryKey(rec.Stream)), "=", 0),
@@ -63,8 +69,8 @@ func (c Committer) FastPath(ctx context.Context, old state.Versioned[cluster.Ass
 
 // AcceptLoss commits an accepted owner loss read from s: the new assignment,
 // the start appended to the history starts (when there is one) and the
-// cleared pending recovery, in one transaction comparing the mod revisions
-// s read.
+// cleared pending recovery with its seal refusals, in one transaction
+// comparing the mod revisions s read.
 func (c Committer) AcceptLoss(ctx context.Context, s *state.Snapshot, out AcceptedLoss) error {
 	stream := out.Assignment.Stream
 	asgKey, recKey, histKey := c.Schema.AssignmentKey(stream), c.Schema.RecoveryKey(stream), c.Schema.HistoryKey(stream)
@@ -76,6 +82,7 @@ func (c Committer) AcceptLoss(ctx context.Context, s *state.Snapshot, out Accept
 	ops := []clientv3.Op{
 		clientv3.OpPut(asgKey, cluster.Encode(out.Assignment)),
 		clientv3.OpDelete(recKey),
+		clientv3.OpDelete(c.Schema.RefusalsKey(stream)),
 	}
 	if out.Start != nil {
 		starts := append(cluster.HistoryStarts{}, s.History[stream].Value...)
@@ -92,8 +99,9 @@ func (c Committer) AcceptLoss(ctx context.Context, s *state.Snapshot, out Accept
 	return nil
 }
 
-// WithdrawRecovery deletes the pending recovery read in s, guarded by its
-// mod revision so a recovery recorded since is not withdrawn unseen.
+// WithdrawRecovery deletes the pending recovery read in s and its seal
+// refusals, guarded by its mod revision so a recovery recorded since is not
+// withdrawn unseen.
 func (c Committer) WithdrawRecovery(ctx context.Context, s *state.Snapshot, stream string) error {
 	rv, ok := s.Recoveries[stream]
 	if !ok {
@@ -101,7 +109,7 @@ func (c Committer) WithdrawRecovery(ctx context.Context, s *state.Snapshot, stre
 	}
 	key := c.Schema.RecoveryKey(stream)
 	resp, err := c.Term.Txn(ctx, []clientv3.Cmp{clientv3.Compare(clientv3.ModRevision(key), "=", rv.ModRev)},
-		[]clientv3.Op{clientv3.OpDelete(key)}, nil)
+		[]clientv3.Op{clientv3.OpDelete(key), clientv3.OpDelete(c.Schema.RefusalsKey(stream))}, nil)
 	if err != nil {
 		return err
 	}

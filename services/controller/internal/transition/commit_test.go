@@ -6,23 +6,33 @@ import (
 	"testing"
 	"time"
 
+	clientv3 "go.etcd.io/etcd/client/v3"
+
 	"github.com/strandhq/strand/internal/cluster"
 	"github.com/strandhq/strand/internal/etcdtest"
 	"github.com/strandhq/strand/services/controller/internal/leader"
 	"github.com/strandhq/strand/services/controller/internal/state"
 )
 
-func TestFastPathCommitIsGuarded(t *testing.T) {
+// newCommitter returns a committer whose term holds the controller
+// election key "me" in a fresh etcd, and the key.
+func newCommitter(t *testing.T, ctx context.Context) (*clientv3.Client, Committer, string) {
+	t.Helper()
 	cli := etcdtest.Start(t).Client(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
 	schema := cluster.NewSchema("")
 	electionKey := schema.ControllerElection() + "/me"
 	put, err := cli.Put(ctx, electionKey, "me")
 	if err != nil {
 		t.Fatal(err)
 	}
-	c := Committer{Term: leader.NewTerm(cli, electionKey, put.Header.Revision, make(chan struct{})), Schema: schema}
+	return cli, Committer{Term: leader.NewTerm(cli, electionKey, put.Header.Revision, make(chan struct{})), Schema: schema}, electionKey
+}
+
+func TestFastPathCommitIsGuarded(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	cli, c, electionKey := newCommitter(t, ctx)
+	schema := c.Schema
 
 	old := cluster.Assignment{Stream: "s", Epoch: 5, Owner: "b1", Followers: []string{"b2"}, Policy: majority}
 	if _, err := cli.Put(ctx, schema.AssignmentKey("s"), cluster.Encode(old)); err != nil {
@@ -87,4 +97,72 @@ func TestFastPathCommitIsGuarded(t *testing.T) {
 	if final := read(); final.ModRev != got.ModRev {
 		t.Fatalf("deposed leader changed the assignment: %+v", final.Value)
 	}
+}
+
+// Seal refusals describe the recovery pending beside them: every write that
+// records or clears a recovery deletes them, so attention never shows a
+// refusal of a recovery that is gone.
+func TestRecoveryWritesDropSealRefusals(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	cli, c, _ := newCommitter(t, ctx)
+	schema := c.Schema
+	old := cluster.Assignment{Stream: "s", Epoch: 5, Owner: "b1", Followers: []string{"b2", "b3"}, Policy: majority}
+	rec := cluster.Recovery{Stream: "s", FromEpoch: 5, FenceEpoch: 6, TransitionID: "t1", OldOwner: "b1", OldFollowers: []string{"b2", "b3"}, ProposedOwner: "b2"}
+	refusals := cluster.SealRefusals{Stream: "s", FenceEpoch: 6, TransitionID: "t0", R: 2,
+		Refusals: []cluster.SealRefusal{{Node: "b3", Code: "failed_precondition", Error: "refused"}}}
+	for _, kv := range []struct {
+		key string
+		v   any
+	}{{schema.AssignmentKey("s"), old}, {schema.RefusalsKey("s"), refusals}} {
+		if _, err := cli.Put(ctx, kv.key, cluster.Encode(kv.v)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	load := func() *state.Snapshot {
+		t.Helper()
+		snap, err := state.Load(ctx, cli, schema)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return snap
+	}
+	putRefusals := func() {
+		t.Helper()
+		if _, err := cli.Put(ctx, schema.RefusalsKey("s"), cluster.Encode(refusals)); err != nil {
+			t.Fatal(err)
+		}
+		if got := load().Refusals["s"].Value; got.TransitionID != refusals.TransitionID || len(got.Refusals) != 1 {
+			t.Fatalf("state read refusals %+v", got)
+		}
+	}
+	wantNone := func(after string) {
+		t.Helper()
+		if r, ok := load().Refusals["s"]; ok {
+			t.Fatalf("refusals %+v left after %s", r.Value, after)
+		}
+	}
+
+	putRefusals()
+	if err := c.WriteRecovery(ctx, load().Assignments["s"].ModRev, rec); err != nil {
+		t.Fatal(err)
+	}
+	wantNone("recording a recovery")
+
+	putRefusals()
+	if err := c.WithdrawRecovery(ctx, load(), "s"); err != nil {
+		t.Fatal(err)
+	}
+	wantNone("withdrawing the recovery")
+
+	if err := c.WriteRecovery(ctx, load().Assignments["s"].ModRev, rec); err != nil {
+		t.Fatal(err)
+	}
+	putRefusals()
+	next := old
+	next.Epoch, next.Owner, next.Followers = 6, "b2", []string{"b3"}
+	if err := c.AcceptLoss(ctx, load(), AcceptedLoss{Assignment: next}); err != nil {
+		t.Fatal(err)
+	}
+	wantNone("accepting the owner loss")
 }

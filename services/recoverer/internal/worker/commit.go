@@ -12,6 +12,7 @@ import (
 // commit writes a promotion with one guarded transaction (seed, "Stream
 // failover": "One guarded consensus write commits the new assignment, clears
 // the pending recovery and appends where the new owner's history starts").
+// It also deletes the seal refusals recorded for the recovery.
 //
 // It compares the mod revisions snap was read at (the assignment, the
 // recovery, and the history starts, which must still be absent if they
@@ -36,6 +37,8 @@ func commit(ctx context.Context, cli *clientv3.Client, schema cluster.Schema, sn
 		clientv3.OpPut(aKey, cluster.Encode(next)),
 		clientv3.OpDelete(rKey),
 		clientv3.OpPut(hKey, cluster.Encode(starts)),
+		// The refusals the recovery waited on go with it.
+		clientv3.OpDelete(schema.RefusalsKey(snap.stream)),
 	).Else(
 		clientv3.OpGet(leader.Key),
 	).Commit()

@@ -8,6 +8,7 @@ import (
 
 	"github.com/rs/zerolog"
 
+	"github.com/strandhq/strand/internal/cluster"
 	"github.com/strandhq/strand/internal/logging"
 	"github.com/strandhq/strand/services/recoverer/internal/pick"
 )
@@ -84,6 +85,8 @@ type taskState struct {
 	started    int64
 	waitKey    string
 	waitLogged time.Time
+	// refusalsWarned is when a failure to record seal refusals was logged.
+	refusalsWarned time.Time
 }
 
 // noteWait reports whether a wait described by key should be logged: when it
@@ -122,6 +125,7 @@ func (t *term) attempt(k *task, st *taskState, bo *backoff) step {
 		if st.noteWait("no-assignment") {
 			log.Warn().Msg("pending recovery for a stream with no assignment; left for the controller")
 		}
+		t.recordRefusals(log, st, snap, nil)
 		return stepWait
 	}
 	// A recovery from another epoch, or naming other copies, is not a
@@ -131,6 +135,7 @@ func (t *term) attempt(k *task, st *taskState, bo *backoff) step {
 		if st.noteWait("stale:" + err.Error()) {
 			log.Warn().Err(err).Uint64(logging.Epoch, snap.assignment.Epoch).Msg("stale pending recovery; left for the controller")
 		}
+		t.recordRefusals(log, st, snap, nil)
 		return stepWait
 	}
 	if st.started != snap.recoveryRev {
@@ -156,6 +161,13 @@ func (t *term) attempt(k *task, st *taskState, bo *backoff) step {
 	log.Debug().Stringer(fieldVerdict, d.Verdict).Int(fieldR, d.R).Strs(fieldSealed, d.Sealed).Strs(fieldMissing, d.Missing).
 		Dict(fieldSealErrors, sealErrors(d.Missing, failed)).Str(fieldPick, d.Pick.Node).Uint64(fieldPickRecordTail, d.Pick.RecordTail).
 		Msg("seal round done")
+	if d.Verdict != pick.Promote {
+		// Attention shows why the recovery waits: the copies that did not
+		// seal although their broker is registered, and what they answered
+		// (seed, "Known limits": a waiting recovery "shows under controller
+		// attention until one answers"). A promotion's commit deletes them.
+		t.recordRefusals(log, st, snap, refusalsOf(snap, d, failed, time.Now()))
+	}
 	switch d.Verdict {
 	case pick.WaitQuorum:
 		if st.noteWait(fmt.Sprint("quorum", d.Sealed, d.Missing)) {
@@ -200,6 +212,28 @@ func (t *term) attempt(k *task, st *taskState, bo *backoff) step {
 		Strs(fieldMissing, d.Missing).
 		Msg("recovery committed")
 	return stepDone
+}
+
+// recordRefusals stores want as the seal refusals of the recovery in snap.
+// A failure only costs the operator's view of the wait, never the recovery:
+// it is logged and the next round records them again.
+func (t *term) recordRefusals(log zerolog.Logger, st *taskState, snap snapshot, want *cluster.SealRefusals) {
+	cfg := t.w.cfg
+	written, err := writeRefusals(t.ctx, cfg.Client, cfg.Schema, snap, t.leader, want)
+	switch {
+	case err != nil:
+		if now := time.Now(); t.ctx.Err() == nil && now.Sub(st.refusalsWarned) >= waitLogEvery {
+			st.refusalsWarned = now
+			log.Warn().Err(err).Msg("cannot record the seal refusals for attention; the recovery goes on and records them after its next round")
+		}
+	case written && want != nil:
+		refused := zerolog.Dict()
+		for _, r := range want.Refusals {
+			refused.Str(r.Node, r.Error)
+		}
+		log.Info().Int(fieldR, want.R).Strs(fieldSealed, want.Sealed).Dict(fieldRefused, refused).
+			Msg("live copies refused their seal; recorded for attention while the recovery waits")
+	}
 }
 
 func sealErrors(nodes []string, failed map[string]error) *zerolog.Event {

@@ -26,6 +26,12 @@ type snapshot struct {
 	history       cluster.HistoryStarts
 	historyRev    int64 // mod revision; 0 when the stream has no starts yet
 
+	// refusals is the seal refusals the last round recorded, with its mod
+	// revision (0 when absent). Only attention reads it: an unreadable
+	// record counts as absent and is overwritten, never withholding a commit.
+	refusals    cluster.SealRefusals
+	refusalsRev int64
+
 	// brokers maps registered node ids to their addresses. Addresses only
 	// say where to send seals, so they carry no safety weight, but reading
 	// them here costs nothing.
@@ -43,6 +49,7 @@ func readSnapshot(ctx context.Context, cli *clientv3.Client, schema cluster.Sche
 		clientv3.OpGet(schema.RecoveryKey(stream)),
 		clientv3.OpGet(schema.HistoryKey(stream)),
 		clientv3.OpGet(schema.BrokersDir(), clientv3.WithPrefix()),
+		clientv3.OpGet(schema.RefusalsKey(stream)),
 	).Commit()
 	if err != nil {
 		return snapshot{}, fmt.Errorf("worker: read %s: %w", stream, err)
@@ -79,6 +86,12 @@ func readSnapshot(ctx context.Context, cli *clientv3.Client, schema cluster.Sche
 			continue
 		}
 		snap.brokers[node] = info.Address
+	}
+	if kvs := resp.Responses[4].GetResponseRange().GetKvs(); len(kvs) == 1 {
+		snap.refusalsRev = kvs[0].ModRevision
+		if r, err := cluster.Decode[cluster.SealRefusals](kvs[0].Value); err == nil {
+			snap.refusals = r
+		}
 	}
 	return snap, nil
 }

@@ -253,6 +253,7 @@ const (
 	fieldSealed         = "sealed"
 	fieldMissing        = "missing"
 	fieldSealErrors     = "seal_errors"
+	fieldRefused        = "refused"
 	fieldVerdict        = "verdict"
 	fieldPick           = "pick"
 	fieldPickRecordTail = "pick_record_tail"
