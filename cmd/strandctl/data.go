@@ -75,15 +75,15 @@ func dataCommands() []*command {
 		{
 			name: "read", args: "NAME", summary: "read confirmed records from an offset",
 			flags: func(fs *flag.FlagSet) {
-				fs.StringVar(&from, "from", "0", "first offset, or earliest")
+				fs.StringVar(&from, "from", "0", "first offset, or earliest: the oldest record still retained")
 				fs.Uint64Var(&maxRecs, "max", 0, "read at most N records (0: up to the confirm watermark)")
 			},
 			run: func(ctx context.Context, e *env, _ *flag.FlagSet, args []string) error {
 				if err := needArgs(args, 1, 1, "NAME"); err != nil {
 					return err
 				}
-				start := uint64(0)
-				if from != "earliest" {
+				start, earliest := uint64(0), from == "earliest"
+				if !earliest {
 					n, err := strconv.ParseUint(from, 10, 64)
 					if err != nil {
 						return usagef("--from %q: want an offset or earliest", from)
@@ -95,7 +95,7 @@ func dataCommands() []*command {
 					return err
 				}
 				defer c.Close()
-				return readRecords(ctx, e, c, args[0], start, maxRecs)
+				return readRecords(ctx, e, c, args[0], start, earliest, maxRecs)
 			},
 		},
 		{
@@ -341,9 +341,13 @@ func publishLoad(ctx context.Context, e *env, c *client.Client, stream string, c
 	return nil
 }
 
-// readRecords reads from start until max records or, with max 0, until the
-// confirm watermark.
-func readRecords(ctx context.Context, e *env, c *client.Client, stream string, start, max uint64) error {
+// readRecords reads from start, or with earliest from the stream's head (the
+// oldest record retention kept), until max records or, with max 0, until
+// the confirm watermark. Only the first read starts at the head: the next
+// ones ask for the offset after the last record shown, and retention moving
+// the head past it meanwhile is an error naming that offset, never a gap
+// in what is printed.
+func readRecords(ctx context.Context, e *env, c *client.Client, stream string, start uint64, earliest bool, max uint64) error {
 	ctx, cancel := e.withTimeout(ctx)
 	defer cancel()
 	var t *table
@@ -353,7 +357,8 @@ func readRecords(ctx context.Context, e *env, c *client.Client, stream string, s
 	}
 	next, got := start, uint64(0)
 	for max == 0 || got < max {
-		req := &strandv1.ReadRequest{Stream: stream, FromOffset: next}
+		req := &strandv1.ReadRequest{Stream: stream, FromOffset: next, FromEarliest: earliest}
+		earliest = false
 		if max > 0 {
 			req.MaxRecords = uint32(min(max-got, 10000))
 		}

@@ -525,8 +525,8 @@ type AttentionEntry struct {
 	state  protoimpl.MessageState `protogen:"open.v1"`
 	Stream string                 `protobuf:"bytes,1,opt,name=stream,proto3" json:"stream,omitempty"`
 	// kind is one of: recovery_waiting_copies, recovery_waiting_prefix,
-	// single_copy_owner_down, single_copy_sealed, broker_down,
-	// failover_suspect, chain_mismatch.
+	// recovery_seal_refused, single_copy_owner_down, single_copy_sealed,
+	// broker_down, failover_suspect, chain_mismatch.
 	Kind            string   `protobuf:"bytes,2,opt,name=kind,proto3" json:"kind,omitempty"`
 	Reason          string   `protobuf:"bytes,3,opt,name=reason,proto3" json:"reason,omitempty"`
 	Missing         []string `protobuf:"bytes,4,rep,name=missing,proto3" json:"missing,omitempty"`

@@ -366,12 +366,18 @@ func (x *StoredRecord) GetChain() uint64 {
 }
 
 type ReadRequest struct {
-	state      protoimpl.MessageState `protogen:"open.v1"`
-	Stream     string                 `protobuf:"bytes,1,opt,name=stream,proto3" json:"stream,omitempty"`
-	FromOffset uint64                 `protobuf:"varint,2,opt,name=from_offset,json=fromOffset,proto3" json:"from_offset,omitempty"`
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Stream string                 `protobuf:"bytes,1,opt,name=stream,proto3" json:"stream,omitempty"`
+	// from_offset is the first offset to read; one below the head (records
+	// retention dropped) is OutOfRange naming it, never read from the head.
+	FromOffset uint64 `protobuf:"varint,2,opt,name=from_offset,json=fromOffset,proto3" json:"from_offset,omitempty"`
 	// 0 means the server default.
-	MaxRecords    uint32 `protobuf:"varint,3,opt,name=max_records,json=maxRecords,proto3" json:"max_records,omitempty"`
-	MaxBytes      uint32 `protobuf:"varint,4,opt,name=max_bytes,json=maxBytes,proto3" json:"max_bytes,omitempty"`
+	MaxRecords uint32 `protobuf:"varint,3,opt,name=max_records,json=maxRecords,proto3" json:"max_records,omitempty"`
+	MaxBytes   uint32 `protobuf:"varint,4,opt,name=max_bytes,json=maxBytes,proto3" json:"max_bytes,omitempty"`
+	// from_earliest reads from the head, the oldest record still retained,
+	// instead of from_offset, as Subscribe does from START_POSITION_EARLIEST.
+	// The response's head and records say where that was.
+	FromEarliest  bool `protobuf:"varint,5,opt,name=from_earliest,json=fromEarliest,proto3" json:"from_earliest,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -432,6 +438,13 @@ func (x *ReadRequest) GetMaxBytes() uint32 {
 		return x.MaxBytes
 	}
 	return 0
+}
+
+func (x *ReadRequest) GetFromEarliest() bool {
+	if x != nil {
+		return x.FromEarliest
+	}
+	return false
 }
 
 type ReadResponse struct {
@@ -1118,14 +1131,15 @@ const file_strand_v1_stream_proto_rawDesc = "" +
 	"\x05chain\x18\b \x01(\x04R\x05chain\x1a:\n" +
 	"\fHeadersEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x84\x01\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xa9\x01\n" +
 	"\vReadRequest\x12\x16\n" +
 	"\x06stream\x18\x01 \x01(\tR\x06stream\x12\x1f\n" +
 	"\vfrom_offset\x18\x02 \x01(\x04R\n" +
 	"fromOffset\x12\x1f\n" +
 	"\vmax_records\x18\x03 \x01(\rR\n" +
 	"maxRecords\x12\x1b\n" +
-	"\tmax_bytes\x18\x04 \x01(\rR\bmaxBytes\"\xa3\x01\n" +
+	"\tmax_bytes\x18\x04 \x01(\rR\bmaxBytes\x12#\n" +
+	"\rfrom_earliest\x18\x05 \x01(\bR\ffromEarliest\"\xa3\x01\n" +
 	"\fReadResponse\x121\n" +
 	"\arecords\x18\x01 \x03(\v2\x17.strand.v1.StoredRecordR\arecords\x12\x12\n" +
 	"\x04head\x18\x02 \x01(\x04R\x04head\x12+\n" +
