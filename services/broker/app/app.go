@@ -207,7 +207,7 @@ func Start(ctx context.Context, cfg Config) (*App, error) {
 		MaxRecordBytes: cfg.MaxRecordBytes, MaxBatchBytes: cfg.MaxBatchBytes, MaxBatchRecords: cfg.MaxBatchRecords,
 		MaxPublishBytesInFlight: cfg.MaxPublishBytesInFlight,
 	}, log)
-	met.PublishGate(streams.PublishesWaiting, streams.PublishBytesInFlight)
+	met.PublishGate(streams.PublishesWaiting, streams.PublishBytesInFlight, streams.PublishesRefused)
 	mux.Handle(streams.Handler(noGzip))
 	// Follow and Seal are for peers only (DESIGN.md): a client that could
 	// seal would fence copies and stop their streams until a recovery.

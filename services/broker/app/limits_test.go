@@ -251,11 +251,12 @@ func gaugeValue(fams map[string]*dto.MetricFamily, name string) float64 {
 }
 
 // Publishes hold at most --max-publish-inflight-bytes of request bytes
-// together: one that does not fit waits, unread, until a publish ahead of
-// it is answered, and is then handled as usual. Here the first publish
-// holds 40 KiB of a 64 KiB bound while it waits for its second copy (W=2)
-// to come up; a second 40 KiB publish waits (publishes_waiting 1), and once
-// the copy is up both are confirmed.
+// together: one that does not fit in time is answered Unavailable, unread,
+// and stores nothing; a retry once there is room is handled as usual. Here
+// the first publish holds 40 KiB of a 64 KiB bound while it waits for its
+// second copy (W=2) to come up; a second 40 KiB publish, in every wire
+// protocol, is refused, and once the copy is up the first is confirmed and
+// the second's retry is stored after it.
 func TestPublishBytesInFlightAreBounded(t *testing.T) {
 	h := newHarness(t)
 	h.confirm = time.Minute
@@ -274,7 +275,7 @@ func TestPublishBytesInFlightAreBounded(t *testing.T) {
 		resp *strandv1.PublishResponse
 		err  error
 	}
-	first, second := make(chan result, 1), make(chan result, 1)
+	first := make(chan result, 1)
 	go func() { r, err := h.publishRecords("b1", "held", big("a")); first <- result{r, err} }()
 	clustertest.Until(t, 10*time.Second, "the first publish admitted", func() bool {
 		select {
@@ -284,25 +285,29 @@ func TestPublishBytesInFlightAreBounded(t *testing.T) {
 		}
 		return gaugeValue(h.scrape("b1"), "strand_broker_publish_inflight_bytes") >= 40<<10
 	})
-	go func() { r, err := h.publishRecords("b1", "held", big("b")); second <- result{r, err} }()
-	clustertest.Until(t, 10*time.Second, "the second publish waiting for room", func() bool {
-		return gaugeValue(h.scrape("b1"), "strand_broker_publishes_waiting") == 1
-	})
-	select {
-	case r := <-second:
-		t.Fatalf("the second publish was answered while the first held the room: %v %v", r.resp, r.err)
-	default:
+	for proto, opts := range wireProtocols {
+		c := strandv1connect.NewStreamServiceClient(rpcserver.HTTPClient(), rpcserver.BaseURL(h.addrs["b1"]), opts...)
+		_, err := c.Publish(context.Background(), connect.NewRequest(&strandv1.PublishRequest{Stream: "held", Records: big("b")}))
+		if connect.CodeOf(err) != connect.CodeUnavailable {
+			t.Fatalf("%s: a publish that does not fit: %v, want unavailable", proto, err)
+		}
+	}
+	if v := counterValue(h.scrape("b1"), "strand_broker_publishes_refused_total"); v != float64(len(wireProtocols)) {
+		t.Fatalf("publishes_refused_total %v, want %d", v, len(wireProtocols))
 	}
 	h.start("b2")
-	for what, ch := range map[string]chan result{"first": first, "second": second} {
-		select {
-		case r := <-ch:
-			if r.err != nil || len(r.resp.GetOffsets()) != 1 {
-				t.Fatalf("%s publish: %v %v", what, r.resp, r.err)
-			}
-		case <-time.After(30 * time.Second):
-			t.Fatalf("%s publish not answered after b2 came up", what)
+	select {
+	case r := <-first:
+		if r.err != nil || len(r.resp.GetOffsets()) != 1 || r.resp.GetOffsets()[0] != 0 {
+			t.Fatalf("first publish: %v %v", r.resp, r.err)
 		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("first publish not answered after b2 came up")
+	}
+	// The refused publishes stored nothing: the retry lands right after.
+	r, err := h.publishRecords("b1", "held", big("b"))
+	if err != nil || len(r.GetOffsets()) != 1 || r.GetOffsets()[0] != 1 {
+		t.Fatalf("the retried publish: %v %v, want offset 1", r, err)
 	}
 	if v := gaugeValue(h.scrape("b1"), "strand_broker_publish_inflight_bytes"); v != 0 {
 		t.Fatalf("publish bytes in flight after both were answered: %v", v)

@@ -16,6 +16,7 @@
 //	strand_broker_publishes_waiting          publishes waiting for room among the
 //	                                         publish bytes in flight (--max-publish-inflight-bytes)
 //	strand_broker_publish_inflight_bytes     request bytes of the publishes being handled
+//	strand_broker_publishes_refused_total    publishes answered Unavailable for want of room
 //
 // Every broker has a registry of its own, so brokers running in one process
 // (tests, strandctl dev) do not share series.
@@ -79,9 +80,10 @@ func New() *Broker {
 	return b
 }
 
-// PublishGate registers the gauges of the publish bytes bound: publishes
-// waiting for room, and the bytes those admitted hold.
-func (b *Broker) PublishGate(waiting, held func() int64) {
+// PublishGate registers the series of the publish bytes bound: publishes
+// waiting for room, the bytes those admitted hold, and publishes refused
+// for want of room.
+func (b *Broker) PublishGate(waiting, held, refused func() int64) {
 	if b == nil {
 		return
 	}
@@ -92,6 +94,9 @@ func (b *Broker) PublishGate(waiting, held func() int64) {
 	b.registry.MustRegister(
 		gauge("publishes_waiting", "Publishes waiting, before they are read, for room among the publish request bytes in flight (--max-publish-inflight-bytes).", waiting),
 		gauge("publish_inflight_bytes", "Request bytes of the publishes being read and handled (at most --max-publish-inflight-bytes).", held),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Namespace: "strand", Subsystem: "broker", Name: "publishes_refused_total",
+			Help: "Publishes answered Unavailable, unread, because they did not fit among the publish bytes in flight (--max-publish-inflight-bytes) in time."},
+			func() float64 { return float64(refused()) }),
 	)
 }
 
