@@ -131,6 +131,13 @@ func Start(ctx context.Context, cfg Config) (*App, error) {
 		log = cfg.Logger.With().Str(logging.Node, cfg.Node).Logger()
 	}
 	a := &App{cfg: cfg, log: log, ready: make(chan struct{}), errc: make(chan error, 1), coordDone: make(chan struct{})}
+	if window, batch := orDefault(cfg.DedupeWindow, storage.DefaultProducerWindow), orDefault(cfg.MaxBatchRecords, api.DefaultMaxBatchRecords); window < batch {
+		// Not an error: nothing is stored twice. But a retry of a batch
+		// larger than the window, whose answer was lost, is refused
+		// (OutOfRange) although its records are stored.
+		log.Warn().Int("dedupe_window", window).Int("max_batch_records", batch).
+			Msg("--dedupe-window is below --max-batch-records: a retried batch larger than the window is refused although stored")
+	}
 	ok := false
 	defer func() {
 		if !ok {
@@ -315,4 +322,12 @@ func Run(ctx context.Context, cfg Config) error {
 		runErr = err
 	}
 	return runErr
+}
+
+// orDefault is v, or def when v is zero or less.
+func orDefault(v, def int) int {
+	if v <= 0 {
+		return def
+	}
+	return v
 }

@@ -138,7 +138,7 @@ func (s *StreamService) Read(ctx context.Context, req *connect.Request[strandv1.
 		err error
 	)
 	if msg.GetFromEarliest() {
-		res, err = s.readEarliest(msg.GetStream(), n, b)
+		res, err = s.m.ReadEarliest(msg.GetStream(), n, b)
 	} else {
 		res, err = s.m.Read(msg.GetStream(), msg.GetFromOffset(), n, b)
 	}
@@ -150,30 +150,6 @@ func (s *StreamService) Read(ctx context.Context, req *connect.Request[strandv1.
 		out.Records = append(out.Records, replica.ToProto(r))
 	}
 	return connect.NewResponse(out), nil
-}
-
-// earliestAttempts bounds the reads readEarliest makes. Retention moves a
-// head at most once per retention run, seconds apart, so a second attempt
-// practically always finds it where it learnt it.
-const earliestAttempts = 3
-
-// readEarliest reads from the copy's head, the oldest record still
-// retained, as a Subscribe from START_POSITION_EARLIEST starts (Kafka's
-// auto.offset.reset=earliest, NATS's DeliverAll). The head is the one the
-// copy reports in its heartbeat tails; retention may move it on before the
-// read, which is then OutOfRange and made again at the new head. An
-// explicit from_offset below the head never comes here: it stays an error,
-// so no record is skipped that a reader asked for.
-func (s *StreamService) readEarliest(stream string, n, b int) (replica.ReadResult, error) {
-	for attempt := 1; ; attempt++ {
-		// A stream without a copy here reads from 0: Read answers it
-		// with the owner hint or NotFound, as any read.
-		head := s.m.Tails()[stream].Head
-		res, err := s.m.Read(stream, head, n, b)
-		if err == nil || !errors.Is(err, storage.ErrOutOfRange) || attempt == earliestAttempts {
-			return res, err
-		}
-	}
 }
 
 func (s *StreamService) Subscribe(ctx context.Context, req *connect.Request[strandv1.SubscribeRequest], stream *connect.ServerStream[strandv1.SubscribeResponse]) error {

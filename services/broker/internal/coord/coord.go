@@ -100,6 +100,10 @@ func (c *Coord) Run(ctx context.Context) error {
 }
 
 func (c *Coord) runSession(ctx context.Context, readyOnce *bool) error {
+	if c.isClosing() {
+		// No lease to grant only to revoke it.
+		return errors.New("coord: closing")
+	}
 	ttl := int((c.cfg.LeaseTTL + time.Second - 1) / time.Second)
 	sess, err := concurrency.NewSession(c.cfg.Client, concurrency.WithTTL(max(ttl, 1)), concurrency.WithContext(ctx))
 	if err != nil {
@@ -109,7 +113,7 @@ func (c *Coord) runSession(ctx context.Context, readyOnce *bool) error {
 	// broker gone at once (eager failover) instead of after the TTL: with
 	// a context of its own, because ctx is usually what ended (Session.Close
 	// would revoke with it, and fail at once).
-	defer c.revoke(sess)
+	defer c.end(sess)
 	c.mu.Lock()
 	closing := c.closing
 	if !closing {
@@ -203,9 +207,15 @@ func (c *Coord) isClosing() bool {
 // revokeTimeout bounds the revoke of a session's lease when it ends.
 const revokeTimeout = 2 * time.Second
 
-// revoke ends sess and revokes its lease (a lease already gone, expired or
-// revoked by Revoke, is not an error worth a line).
-func (c *Coord) revoke(sess *concurrency.Session) {
+// end ends sess and revokes its lease (a lease already gone, expired or
+// revoked by Revoke, is not an error worth a line), and forgets it, so a
+// Revoke after it does not revoke a lease that is over.
+func (c *Coord) end(sess *concurrency.Session) {
+	c.mu.Lock()
+	if c.session == sess {
+		c.session = nil
+	}
+	c.mu.Unlock()
 	sess.Orphan()
 	ctx, cancel := context.WithTimeout(context.Background(), revokeTimeout)
 	defer cancel()

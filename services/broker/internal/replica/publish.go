@@ -111,6 +111,29 @@ func (m *Manager) Read(stream string, from uint64, maxRecords, maxBytes int) (Re
 	return c.readBelow(from, wm, maxRecords, maxBytes)
 }
 
+// earliestAttempts bounds the reads ReadEarliest makes. Retention moves a
+// head at most once per retention run, seconds apart, so a second attempt
+// practically always finds it where it learnt it.
+const earliestAttempts = 3
+
+// ReadEarliest is Read from the copy's head, the oldest record still
+// retained (Kafka's auto.offset.reset=earliest, NATS's DeliverAll).
+// Retention may move the head on between learning it and reading, which
+// is then OutOfRange: the read is made again at the new head.
+func (m *Manager) ReadEarliest(stream string, maxRecords, maxBytes int) (ReadResult, error) {
+	c := m.copy(stream)
+	if c == nil || !c.everApplied() {
+		return ReadResult{}, m.notHere(stream)
+	}
+	for attempt := 1; ; attempt++ {
+		wm, _, _ := c.visible()
+		res, err := c.readBelow(c.st.State().Head, wm, maxRecords, maxBytes)
+		if err == nil || !errors.Is(err, storage.ErrOutOfRange) || attempt == earliestAttempts {
+			return res, err
+		}
+	}
+}
+
 func (c *Copy) readBelow(from, wm uint64, maxRecords, maxBytes int) (ReadResult, error) {
 	s := c.st.State()
 	if from < s.Head {

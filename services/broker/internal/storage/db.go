@@ -50,7 +50,8 @@ type Options struct {
 	// wrote: how long the Badger write took and, when the batch was synced
 	// (synced), its fsync. The broker's metrics take it.
 	OnCommit func(write, sync time.Duration, synced bool)
-	// OnFail, when set, is called once, on the committer, with the first
+	// OnFail, when set, is called once, on the committer or the value log
+	// GC (whichever failed first; it must not block), with the first
 	// write error: the DB refuses every later write until it is opened
 	// again (after a failed fsync the page cache no longer says what the
 	// disk holds). A broker stops on it, so the streams it owns fail over.

@@ -208,7 +208,10 @@
 // files that retention, cuts and drops left at least half garbage; appends
 // wait while one file is rewritten, because the rewrite is made durable
 // (synced, memtables flushed) before Badger may delete the old file, and
-// no commit may sit unsynced in a memtable the rewrite rotates out.
+// no commit may sit unsynced in a memtable the rewrite rotates out. A
+// rewrite that holds writes past 30 s fails the store (the broker stops,
+// its streams fail over). Known limit: a power loss during a rewrite, before
+// its sync, can leave a moved record unreadable on this copy (vlog.go).
 // Badger maps its tables and logs into memory, so
 // RSS also counts file pages the kernel can reclaim; the Go heap is bounded
 // by the settings above times GOGC, which a broker caps with GOMEMLIMIT.

@@ -2,6 +2,8 @@ package storage
 
 import (
 	"bytes"
+	"context"
+	"errors"
 	"os"
 	"slices"
 	"strings"
@@ -27,15 +29,13 @@ func vlogFiles(t *testing.T, dir string) []string {
 	return out
 }
 
-// The value log GC rewrites a file that retention left mostly garbage, and
-// Badger deletes the old file only once the rewrite is durable: when the
-// rewrite returns, every file it started with is still there (without the
-// iterator that pins them, Badger deletes the rewritten file at once, and a
-// power loss would then lose the values its rewrite had not yet synced).
-// Afterwards the old file is gone and every retained record reads back
-// byte-identical, after a reopen too.
-func TestValueLogGCKeepsTheOldFileUntilTheRewriteIsDurable(t *testing.T) {
-	// 1 MiB value log files; each batch is one 256 KiB segment.
+// garbageDB is a store whose value log files (1 MiB each) retention left
+// mostly garbage, with Badger's garbage counts up to date: the GC has a
+// file to rewrite. It returns the store's dir, the stream "s", its record
+// tail and the 96 records retention kept.
+func garbageDB(t *testing.T) (string, *DB, *Stream, uint64, []Record) {
+	t.Helper()
+	// Each batch is one 256 KiB segment.
 	dir, db, s := valueLogDB(t, 1<<20, 24)
 	tail := s.State().RecordTail
 	s.SetConfirmWatermark(tail)
@@ -46,7 +46,6 @@ func TestValueLogGCKeepsTheOldFileUntilTheRewriteIsDurable(t *testing.T) {
 		t.Fatalf("retention: head %d, %v", h, err)
 	}
 	want := mustRead(t, s, tail-96, 96)
-
 	// Badger counts garbage per file when compaction drops the deleted
 	// segments: flush the memtables (dropping a prefix that holds a key
 	// flushes the active one too) and compact everything now.
@@ -59,6 +58,18 @@ func TestValueLogGCKeepsTheOldFileUntilTheRewriteIsDurable(t *testing.T) {
 	if err := db.bdb.Flatten(1); err != nil {
 		t.Fatal(err)
 	}
+	return dir, db, s, tail, want
+}
+
+// The value log GC rewrites a file that retention left mostly garbage, and
+// Badger deletes the old file only once the rewrite is durable: when the
+// rewrite returns, every file it started with is still there (without the
+// iterator that pins them, Badger deletes the rewritten file at once, and a
+// power loss would then lose the values its rewrite had not yet synced).
+// Afterwards the old file is gone and every retained record reads back
+// byte-identical, after a reopen too.
+func TestValueLogGCKeepsTheOldFileUntilTheRewriteIsDurable(t *testing.T) {
+	dir, db, s, tail, want := garbageDB(t)
 	before := vlogFiles(t, dir)
 	hooked := false
 	var during []string
@@ -114,4 +125,36 @@ func TestValueLogGCKeepsTheOldFileUntilTheRewriteIsDurable(t *testing.T) {
 	db = openDB(t, dir)
 	defer db.Close()
 	check(openStream(t, db, "s"))
+}
+
+// A rewrite that holds every write longer than gcStallLimit (Badger retries
+// a failed memtable flush for ever) fails the store, as a failed write
+// does: the broker then stops and its streams fail over, instead of
+// keeping its lease with a store that takes no write.
+func TestValueLogGCThatHoldsWritesTooLongFailsTheStore(t *testing.T) {
+	_, db, s, _, _ := garbageDB(t)
+	defer db.Close()
+	limit := gcStallLimit
+	gcStallLimit = 100 * time.Millisecond
+	defer func() { gcStallLimit = limit }()
+	failed := make(chan error, 1)
+	db.onFail = func(err error) { failed <- err }
+	release := make(chan struct{})
+	db.afterGCRewrite = func() { <-release }
+	done := make(chan error, 1)
+	go func() { done <- db.rewriteValueLogFile() }()
+	select {
+	case err := <-failed:
+		if err == nil {
+			t.Fatal("OnFail with no error")
+		}
+	case <-time.After(20 * time.Second):
+		close(release)
+		t.Fatal("the store did not fail while the GC held every write")
+	}
+	close(release)
+	<-done
+	if _, err := s.Append(context.Background(), 1, recs("after-stall", 1)); !errors.Is(err, ErrClosed) {
+		t.Fatalf("append after the stall: %v, want ErrClosed", err)
+	}
 }
