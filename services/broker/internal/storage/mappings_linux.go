@@ -47,13 +47,15 @@ import (
 // a shared file mapping never discards data; dirty pages stay in the page
 // cache for writeback. It would discard data on anonymous memory, though,
 // so it is only given where no other mapping can have taken the range
-// since /proc/self/maps was read: on value log files, which Badger unmaps
-// or moves only while writing (rotation) or collecting garbage, and the
+// since /proc/self/maps was read: on the value log file Badger appends to
+// (the newest), which Badger moves only while writing (rotation), and the
 // advisor runs on the committer, between its writes, holding vlogMu, which
-// the value log GC also holds. Tables and memtables are unmapped by
-// Badger's own compaction and flushes at any time, so they only get advice
-// that is harmless whatever the range holds: MADV_RANDOM for memtables,
-// MADV_PAGEOUT for tables (see scan).
+// the value log GC, the other writer, also holds; the GC never rewrites,
+// so never deletes, the newest file. Older value log files are unmapped by
+// the GC's deletions, which Badger defers to whichever reader closes the
+// last iterator, at any time; they, tables and memtables only get advice
+// that is harmless whatever the range holds: MADV_RANDOM, and MADV_PAGEOUT
+// for tables and older value log files (see scan).
 
 const (
 	// adviseEveryBytes: how much may be committed before the mappings are
@@ -70,6 +72,8 @@ type mapAdvisor struct {
 	written  int
 	lastLook time.Time
 	lastTrim time.Time
+	// advise gives advice; madvise but in tests.
+	advise func(m mapping, advice int)
 }
 
 type mapping struct {
@@ -84,7 +88,7 @@ func newMapAdvisor(dir string) *mapAdvisor {
 			abs = real
 		}
 	}
-	a := &mapAdvisor{dir: abs + string(filepath.Separator), advised: map[mapping]bool{}}
+	a := &mapAdvisor{dir: abs + string(filepath.Separator), advised: map[mapping]bool{}, advise: madvise}
 	a.scan(time.Now())
 	return a
 }
@@ -111,7 +115,10 @@ func (a *mapAdvisor) scan(now time.Time) {
 		return
 	}
 	defer f.Close()
-	var vlogs []mapping
+	var (
+		active     mapping
+		activeName string
+	)
 	seen := make(map[mapping]bool, len(a.advised))
 	sc := bufio.NewScanner(f)
 	for sc.Scan() {
@@ -134,30 +141,48 @@ func (a *mapAdvisor) scan(now time.Time) {
 			// anonymous pages are swapped out or kept), which keeps
 			// tables, which grow with the log, out of the resident set.
 			if trim {
-				madvise(m, unix.MADV_PAGEOUT)
+				a.advise(m, unix.MADV_PAGEOUT)
 			}
 			continue
 		}
 		if !a.advised[m] {
 			a.advised[m] = true
-			madvise(m, unix.MADV_RANDOM)
+			a.advise(m, unix.MADV_RANDOM)
 		}
-		if ext == ".vlog" {
-			vlogs = append(vlogs, m)
+		if ext != ".vlog" {
+			continue
+		}
+		if name := filepath.Base(path); newerValueLog(name, activeName) {
+			if activeName != "" && trim {
+				a.advise(active, unix.MADV_PAGEOUT)
+			}
+			active, activeName = m, name
+		} else if trim {
+			// An older file: only what readers faulted back in is
+			// resident (it was synced when Badger moved on from it, so
+			// its pages are clean), and it may be unmapped at any time.
+			a.advise(m, unix.MADV_PAGEOUT)
 		}
 	}
-	// Every value log file is dropped at every look: the one Badger
-	// appends to, so little is mapped when Badger moves on from it, and
-	// the others for what readers faulted back in. A mapping with nothing
-	// resident costs a walk of empty page tables.
-	for _, v := range vlogs {
-		madvise(v, unix.MADV_DONTNEED)
+	// The file Badger appends to is dropped at every look, so little is
+	// mapped when Badger moves on from it.
+	if activeName != "" {
+		a.advise(active, unix.MADV_DONTNEED)
 	}
 	for m := range a.advised {
 		if !seen[m] {
 			delete(a.advised, m)
 		}
 	}
+}
+
+// newerValueLog reports whether value log file name a (Badger's %06d.vlog,
+// wider past a million files) is newer than b; any name is newer than "".
+func newerValueLog(a, b string) bool {
+	if len(a) != len(b) {
+		return len(a) > len(b)
+	}
+	return a > b
 }
 
 // parseMapsLine reads "start-end perms offset dev inode path".

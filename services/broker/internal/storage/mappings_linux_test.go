@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/rs/zerolog"
+	"golang.org/x/sys/unix"
 )
 
 // valueLogDB opens a store with value log files of fileBytes and appends
@@ -148,5 +149,54 @@ func TestActiveValueLogStaysSmall(t *testing.T) {
 	// crossed it (and a little slack for pages read back).
 	if limit := (adviseEveryBytes + maxBatchBytes + 1<<20) >> 10; vlogKB > limit {
 		t.Fatalf("value log mappings hold %d KiB resident after 24 MiB of appends, want at most %d KiB", vlogKB, limit)
+	}
+}
+
+// MADV_DONTNEED, which would zero whatever anonymous memory took the range
+// since /proc/self/maps was read, is given to the newest value log file
+// only: the GC never deletes it, and Badger moves it only while the
+// committer or the GC writes, which the advisor excludes. Older value log
+// files, which a reader's last iterator may unmap at any time, get
+// MADV_PAGEOUT, harmless whatever holds the range.
+func TestDontNeedOnlyOnTheNewestValueLog(t *testing.T) {
+	dir, db, _ := valueLogDB(t, 1<<20, 12)
+	defer db.Close()
+	names := map[mapping]string{}
+	f, err := os.ReadFile("/proc/self/maps")
+	if err != nil {
+		t.Fatal(err)
+	}
+	newest := ""
+	for line := range strings.SplitSeq(string(f), "\n") {
+		m, path, ok := parseMapsLine([]byte(line))
+		if ok && filepath.Ext(path) == ".vlog" {
+			names[m] = filepath.Base(path)
+			if newerValueLog(names[m], newest) {
+				newest = names[m]
+			}
+		}
+	}
+	if len(names) < 3 {
+		t.Fatalf("%d value log mappings, want several", len(names))
+	}
+	a := newMapAdvisor(dir)
+	given := map[string][]int{}
+	a.advise = func(m mapping, advice int) {
+		if name, ok := names[m]; ok {
+			given[name] = append(given[name], advice)
+		}
+	}
+	a.scan(time.Now().Add(trimEvery))
+	for name, advice := range given {
+		dontneed := slices.Contains(advice, unix.MADV_DONTNEED)
+		if dontneed != (name == newest) {
+			t.Errorf("%s (newest %s): advice %v", name, newest, advice)
+		}
+		if name != newest && !slices.Contains(advice, unix.MADV_PAGEOUT) {
+			t.Errorf("%s: advice %v, want MADV_PAGEOUT", name, advice)
+		}
+	}
+	if len(given) != len(names) {
+		t.Errorf("advice for %d of %d value log mappings", len(given), len(names))
 	}
 }
