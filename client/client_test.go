@@ -735,15 +735,8 @@ func startController(t *testing.T, f *fakeController) string {
 // its address.
 func serveAdmin(t *testing.T, h strandv1connect.AdminServiceHandler) string {
 	t.Helper()
-	ln, err := rpcserver.Listen("127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	mux := http.NewServeMux()
-	mux.Handle(strandv1connect.NewAdminServiceHandler(h))
-	srv := rpcserver.Serve(ln, mux)
-	t.Cleanup(func() { _ = srv.Close() })
-	return srv.Addr()
+	path, handler := strandv1connect.NewAdminServiceHandler(h)
+	return clustertest.Serve(t, path, handler).Addr()
 }
 
 func TestAdminFollowsControllerLeader(t *testing.T) {

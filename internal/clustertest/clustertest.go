@@ -7,6 +7,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/http"
 	"testing"
 	"time"
 
@@ -18,6 +19,7 @@ import (
 	"github.com/strandhq/strand/internal/cluster"
 	strandv1 "github.com/strandhq/strand/internal/gen/strand/v1"
 	"github.com/strandhq/strand/internal/gen/strand/v1/strandv1connect"
+	"github.com/strandhq/strand/internal/rpcserver"
 )
 
 // callTimeout bounds each etcd or broker call a helper makes.
@@ -172,4 +174,20 @@ func WithUnknownField[M proto.Message](m M, n int) M {
 	b := protowire.AppendTag(nil, 999, protowire.BytesType)
 	m.ProtoReflect().SetUnknown(protowire.AppendBytes(b, make([]byte, n)))
 	return m
+}
+
+// Serve serves handler at path (a Connect service's, from its New…Handler)
+// on a free loopback port over h2c, as a service does, until the test ends,
+// and returns the server (its Addr is what clients dial).
+func Serve(t testing.TB, path string, handler http.Handler) *rpcserver.Server {
+	t.Helper()
+	ln, err := rpcserver.Listen("127.0.0.1:0")
+	if err != nil {
+		t.Fatalf("listen: %v", err)
+	}
+	mux := http.NewServeMux()
+	mux.Handle(path, handler)
+	srv := rpcserver.Serve(ln, mux)
+	t.Cleanup(func() { _ = srv.Close() })
+	return srv
 }

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"fmt"
-	"net/http"
 	"strings"
 	"sync"
 	"testing"
@@ -37,14 +36,8 @@ type sealPeer struct {
 func startSealPeer(t *testing.T, node string) *sealPeer {
 	t.Helper()
 	p := &sealPeer{node: node}
-	ln, err := rpcserver.Listen("127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	mux := http.NewServeMux()
-	mux.Handle(strandv1connect.NewReplicationServiceHandler(p))
-	p.srv = rpcserver.Serve(ln, mux)
-	t.Cleanup(func() { _ = p.srv.Close() })
+	path, handler := strandv1connect.NewReplicationServiceHandler(p)
+	p.srv = clustertest.Serve(t, path, handler)
 	return p
 }
 

@@ -3,13 +3,13 @@ package app_test
 import (
 	"context"
 	"errors"
-	"net/http"
 	"sync"
 	"testing"
 
 	"connectrpc.com/connect"
 
 	"github.com/strandhq/strand/internal/cluster"
+	"github.com/strandhq/strand/internal/clustertest"
 	strandv1 "github.com/strandhq/strand/internal/gen/strand/v1"
 	"github.com/strandhq/strand/internal/gen/strand/v1/strandv1connect"
 	"github.com/strandhq/strand/internal/rpcserver"
@@ -49,14 +49,8 @@ type fakeBroker struct {
 func startFakeBroker(t *testing.T, node string, mode sealMode, recordTail, cursorEventTail uint64) *fakeBroker {
 	t.Helper()
 	b := &fakeBroker{node: node, mode: mode, recordTail: recordTail, cursorEventTail: cursorEventTail}
-	ln, err := rpcserver.Listen("127.0.0.1:0")
-	if err != nil {
-		t.Fatalf("listen: %v", err)
-	}
-	mux := http.NewServeMux()
-	mux.Handle(strandv1connect.NewReplicationServiceHandler(b))
-	b.srv = rpcserver.Serve(ln, mux)
-	t.Cleanup(func() { _ = b.srv.Close() })
+	path, handler := strandv1connect.NewReplicationServiceHandler(b)
+	b.srv = clustertest.Serve(t, path, handler)
 	return b
 }
 
