@@ -2,9 +2,11 @@
 package etcdtest
 
 import (
+	"errors"
 	"fmt"
 	"net"
 	"net/url"
+	"syscall"
 	"testing"
 	"time"
 
@@ -30,8 +32,22 @@ func Start(t testing.TB) *Server {
 	return s
 }
 
-// StartIn launches etcd with its data in dir on free loopback ports.
+// StartIn launches etcd with its data in dir on free loopback ports. A
+// port found free can be taken by another test's listener before etcd
+// binds it; etcd then fails to start, before it writes anything in dir,
+// and is started again on other ports (a few times).
 func StartIn(dir string) (*Server, error) {
+	var err error
+	for range 3 {
+		var s *Server
+		if s, err = startIn(dir); err == nil || !errors.Is(err, syscall.EADDRINUSE) {
+			return s, err
+		}
+	}
+	return nil, err
+}
+
+func startIn(dir string) (*Server, error) {
 	cfg := embed.NewConfig()
 	cfg.Dir = dir
 	cfg.Logger = "zap"
