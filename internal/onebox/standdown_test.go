@@ -47,13 +47,35 @@ func TestOwnerStandsDownAfterUncleanStopOnNewBoot(t *testing.T) {
 		}
 		return nil
 	})
-	_, err := c.Streams(a.Owner).Publish(c.Ctx(), connect.NewRequest(&strandv1.PublishRequest{
-		Stream: "sd", Records: []*strandv1.Record{{Payload: []byte("at the old epoch")}},
-	}))
-	var cerr *connect.Error
-	if !errors.As(err, &cerr) || cerr.Code() != connect.CodeUnavailable {
-		t.Fatalf("publish to the standing-down owner: %v, want Unavailable", err)
+	refused := func() {
+		t.Helper()
+		_, err := c.Streams(a.Owner).Publish(c.Ctx(), connect.NewRequest(&strandv1.PublishRequest{
+			Stream: "sd", Records: []*strandv1.Record{{Payload: []byte("at the old epoch")}},
+		}))
+		var cerr *connect.Error
+		if !errors.As(err, &cerr) || cerr.Code() != connect.CodeUnavailable {
+			t.Fatalf("publish to the standing-down owner: %v, want Unavailable", err)
+		}
 	}
+	refused()
+
+	// The owner's process dies again on the same boot, before any new
+	// epoch: the boot id no longer tells, but the copy still knows it may
+	// have lost written records (storage keeps it in the copy's metadata),
+	// and stands down again.
+	c.StopBroker(a.Owner)
+	if err := os.Remove(filepath.Join(c.dir, a.Owner, "STRAND_CLEAN")); err != nil {
+		t.Fatalf("the owner's clean stop left no clean mark: %v", err)
+	}
+	c.StartBroker(a.Owner)
+	Eventually(t, 10*time.Second, a.Owner+" names itself suspect at epoch "+fmt.Sprint(a.Epoch)+" after a restart on the same boot", func() error {
+		tails, ok := c.Tails(a.Owner, "sd")
+		if !ok || tails.Suspect != a.Owner || tails.Epoch != a.Epoch {
+			return fmt.Errorf("tails %+v (found %v)", tails, ok)
+		}
+		return nil
+	})
+	refused()
 
 	c.StartController()
 	c.StartRecoverer()

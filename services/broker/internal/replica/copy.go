@@ -251,8 +251,18 @@ func (c *Copy) withholdOwner(a cluster.Assignment) bool {
 		// either way this copy's log is the epoch's from here, so a
 		// follower the fast path adds to the same epoch later is no
 		// reason to stand down.
+		was := c.unsureEpoch
 		c.unsureEpoch = 0
 		c.mu.Unlock()
+		if was != 0 && a.Epoch <= was {
+			// The store clears it itself when the epoch advances; a single
+			// copy going on at its epoch is said here. Should this write
+			// fail, a restart stands down once more: safe, and the store
+			// has failed anyway.
+			if err := c.st.ClearUnsure(); err != nil {
+				c.m.log.Warn().Err(err).Str(logging.Stream, c.name).Msg("could not record that the copy goes on at its epoch")
+			}
+		}
 		return false
 	}
 	already := c.ownerWithheld

@@ -98,16 +98,16 @@ func NewManager(cfg Config) (*Manager, error) {
 		cancel()
 		return nil, err
 	}
-	unsure := cfg.Storage.MayHaveLostWritten()
 	for _, name := range names {
 		c, err := m.openCopy(name)
 		if err != nil {
 			cancel()
 			return nil, err
 		}
-		if unsure {
-			// Before any assignment reaches the copy (withholdOwner).
-			ep := c.st.State().Epoch
+		// Before any assignment reaches the copy (withholdOwner). The store
+		// keeps it in the copy's metadata, so a restart on the same boot
+		// after a machine crash still knows (storage.State.UnsureEpoch).
+		if ep := c.st.State().UnsureEpoch; ep != 0 {
 			c.mu.Lock()
 			c.unsureEpoch = ep
 			c.mu.Unlock()

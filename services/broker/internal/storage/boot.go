@@ -25,9 +25,16 @@ import (
 // stop exactly when it was not clean and the machine has rebooted since, or
 // when the boot id cannot be told.
 
+// A third file, unsureFile, keeps that answer until every stream copy has
+// been told: Open writes it before it records the new boot, marks every
+// copy (State.UnsureEpoch, in the copy's own metadata) and checks its
+// newest segments (torn.go), and only then removes it. A crash before that
+// (the same boot, so the boot id would no longer tell) leaves it, and the
+// next open does the same again.
 const (
-	bootFile  = "STRAND_BOOT_ID"
-	cleanFile = "STRAND_CLEAN"
+	bootFile   = "STRAND_BOOT_ID"
+	cleanFile  = "STRAND_CLEAN"
+	unsureFile = "STRAND_UNSURE"
 )
 
 // BootIDPath is where Linux publishes the id of the running boot.
@@ -48,7 +55,14 @@ func checkBoot(dir, bootIDPath string) (mayHaveLost bool, err error) {
 	prev := readBootID(filepath.Join(dir, bootFile))
 	_, cerr := os.Stat(filepath.Join(dir, cleanFile))
 	clean := cerr == nil
-	mayHaveLost = !clean && (cur == "" || prev != cur)
+	mayHaveLost = (!clean && (cur == "" || prev != cur)) || fileExists(dir, unsureFile)
+	if mayHaveLost {
+		// Before the new boot id, which would hide the loss from a later
+		// open on this boot.
+		if err := writeFileSync(dir, unsureFile, nil); err != nil {
+			return false, err
+		}
+	}
 	if err := writeFileSync(dir, bootFile, []byte(cur+"\n")); err != nil {
 		return false, err
 	}
@@ -59,6 +73,19 @@ func checkBoot(dir, bootIDPath string) (mayHaveLost bool, err error) {
 		return false, err
 	}
 	return mayHaveLost, nil
+}
+
+// removeFileSync removes dir/name, if there, durably.
+func removeFileSync(dir, name string) error {
+	if err := os.Remove(filepath.Join(dir, name)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("storage: removing %s: %w", name, err)
+	}
+	return syncDir(dir)
+}
+
+func fileExists(dir, name string) bool {
+	_, err := os.Stat(filepath.Join(dir, name))
+	return err == nil
 }
 
 // markClean records a clean stop: everything written is synced.

@@ -90,6 +90,8 @@ type DB struct {
 	// mayHaveLostWritten: the last stop was unclean and the machine
 	// rebooted since (boot.go).
 	mayHaveLostWritten bool
+	// tornCheck is which segments loadStream reads back (torn.go).
+	tornCheck tornCheck
 
 	// Tail cache bounds (Options) and the bytes all streams' caches hold.
 	tailCacheBytes int
@@ -184,6 +186,10 @@ func Open(opts Options) (*DB, error) {
 		WithIndexCacheSize(cache / 2).
 		WithValueLogFileSize(orDefault(opts.ValueLogFileBytes, valueLogFileBytes)).
 		WithValueThreshold(threshold).
+		// A value log read checks the value's checksum: a value torn by
+		// a machine crash (torn.go) or rotted on disk is an error, not
+		// bytes that look like records.
+		WithVerifyValueChecksum(true).
 		WithNumCompactors(2).
 		WithCompression(options.None).
 		WithNumGoroutines(2)
@@ -227,13 +233,38 @@ func Open(opts Options) (*DB, error) {
 		wmDone:                  make(chan struct{}),
 		streams:                 make(map[string]*Stream),
 	}
+	if lost {
+		// Before anything is written: the newest transaction is the
+		// only one that may be torn (torn.go).
+		db.tornCheck.since = max(bdb.MaxVersion(), 1)
+	}
 	db.advisor = newMapAdvisor(opts.Dir)
 	go db.commitLoop()
 	go db.every(valueLogGCInterval, db.gcDone, db.valueLogGC)
 	go db.every(watermarkPersistInterval, db.wmDone, func() { db.flushWatermarks(false) })
+	if fileExists(opts.Dir, gcMarkerFile) {
+		// Without a reboot the page cache kept every write of the
+		// rewrite: nothing to repair.
+		var err error
+		if lost {
+			err = db.repairValueLogGC() // the marker goes at the end of settle
+		} else {
+			err = removeFileSync(opts.Dir, gcMarkerFile)
+		}
+		if err != nil {
+			_ = db.Close()
+			return nil, err
+		}
+	}
 	if err := db.finishDrops(); err != nil {
 		_ = db.Close()
 		return nil, err
+	}
+	if lost {
+		if err := db.settle(); err != nil {
+			_ = db.Close()
+			return nil, err
+		}
 	}
 	return db, nil
 }

@@ -60,6 +60,14 @@
 //     last stop was unclean on an earlier boot, so that written records
 //     may be gone, is kept in two files next to Badger's (boot.go,
 //     DB.MayHaveLostWritten).
+//   - A machine crash between a commit and its fsync can leave keys and
+//     metadata on disk whose values in the value log are not (two
+//     mappings, written back in any order). After such a stop, Open reads
+//     back each copy's newest segments (every value log read checks the
+//     value's checksum, and the records their chain) and cuts the copy below
+//     any it cannot read, and records in the copy's metadata that it may
+//     have lost written records (State.UnsureEpoch), before it trusts the
+//     boot again (torn.go, boot.go).
 //   - CommitCursor returns before the fsync (seed "Cursors": no per-commit
 //     fsync); the event is synced with the next batch. A crash may lose
 //     returned cursor commits, never records.
@@ -210,8 +218,10 @@
 // (synced, memtables flushed) before Badger may delete the old file, and
 // no commit may sit unsynced in a memtable the rewrite rotates out. A
 // rewrite that holds writes past 30 s fails the store (the broker stops,
-// its streams fail over). Known limit: a power loss during a rewrite, before
-// its sync, can leave a moved record unreadable on this copy (vlog.go).
+// its streams fail over). A power loss during a rewrite, before its sync,
+// can leave a moved value torn at its new place; a marker file kept while
+// a rewrite is not durable makes the next open read the moved values back
+// from the old file, which is kept until then (torn.go, vlog.go).
 // Badger maps its tables and logs into memory, so
 // RSS also counts file pages the kernel can reclaim; the Go heap is bounded
 // by the settings above times GOGC, which a broker caps with GOMEMLIMIT.

@@ -43,6 +43,10 @@ func (s *Stream) AdvanceEpoch(epoch uint64) error {
 		m.LogEpochs = addLogEpoch(m.LogEpochs, LogEpoch{Epoch: epoch, RecordStart: m.RecordTail, CursorEventStart: m.CursorEventTail})
 		m.Epoch = epoch
 		m.SealEpoch, m.SealTransition, m.SealedLogEpochs = 0, "", nil
+		if epoch > m.UnsureEpoch {
+			// The copy's log is the new epoch's from here (State.UnsureEpoch).
+			m.UnsureEpoch = 0
+		}
 		return nil
 	})
 	if err == errNoChange {
@@ -103,4 +107,21 @@ func (s *Stream) Seal(fenceEpoch uint64, transition string) (State, error) {
 	}
 	s.wakeAll()
 	return s.State(), nil
+}
+
+// ClearUnsure forgets the copy's unsure epoch (State.UnsureEpoch): the
+// broker decided the copy may go on at its epoch (a single copy, which no
+// follower can be ahead of).
+func (s *Stream) ClearUnsure() error {
+	err := s.commitMeta(context.Background(), func(m *meta) error {
+		if m.UnsureEpoch == 0 {
+			return errNoChange
+		}
+		m.UnsureEpoch = 0
+		return nil
+	})
+	if err == errNoChange {
+		return nil
+	}
+	return err
 }

@@ -259,6 +259,12 @@ func (s *Stream) truncateRecords(ctx context.Context, from uint64) error {
 						return true, nil
 					})
 				})
+				if err != nil && (n > 0 || s.segmentStartsAt(txn, from)) {
+					// A segment whose value cannot be read (torn.go) that
+					// lies wholly at or above from: it goes whole. Segments
+					// after the first tile the log above it.
+					err, kept = nil, nil
+				}
 				if err != nil {
 					return fmt.Errorf("segment %d: %w", keyOffset(key), err)
 				}

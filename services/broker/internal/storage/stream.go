@@ -48,6 +48,11 @@ type State struct {
 	Chain            uint64
 	Bytes            uint64
 	ConfirmWatermark uint64
+	// UnsureEpoch: the copy was at this epoch when its store was opened
+	// after an unclean stop on a new boot, so records written but not
+	// synced then may be missing (DB.MayHaveLostWritten); 0 when not, or
+	// once the copy moved past that epoch. Kept across restarts.
+	UnsureEpoch uint64
 }
 
 // Sealed reports whether the copy is sealed.
@@ -151,6 +156,7 @@ func (s *Stream) State() State {
 		Chain:            s.dChain,
 		Bytes:            s.m.Bytes,
 		ConfirmWatermark: s.watermark,
+		UnsureEpoch:      s.m.UnsureEpoch,
 	}
 }
 
@@ -240,10 +246,34 @@ func (db *DB) loadStream(name string) (*Stream, error) {
 	if err := s.rebuildCursors(snap); err != nil {
 		return nil, fmt.Errorf("storage: loading stream %q: %w", name, err)
 	}
-	if m.Cut != nil {
+	if check := db.tornCheck; check.on() && m.Cut == nil {
+		// torn.go: records written before an unclean stop that did not
+		// reach the disk, though the metadata claims them.
+		if err := s.cutTornTail(ctx, check); err != nil {
+			return nil, err
+		}
+	}
+	s.mu.Lock()
+	cutting := s.m.Cut != nil
+	s.mu.Unlock()
+	if cutting {
 		// finishCut also rebuilds the producer table at the cut.
 		if err := s.finishCut(ctx); err != nil {
 			return nil, err
+		}
+	}
+	s.mu.Lock()
+	unmarked := db.mayHaveLostWritten && s.m.UnsureEpoch < s.m.Epoch
+	s.mu.Unlock()
+	if unmarked {
+		// Kept in the copy's metadata, so a restart on this boot still
+		// knows (boot.go, State.UnsureEpoch).
+		err := s.commitMeta(ctx, func(m *meta) error {
+			m.UnsureEpoch = m.Epoch
+			return nil
+		})
+		if err != nil {
+			return nil, fmt.Errorf("storage: loading stream %q: %w", name, err)
 		}
 	}
 	if s.m.Purged < s.m.Head {
@@ -251,7 +281,7 @@ func (db *DB) loadStream(name string) (*Stream, error) {
 			return nil, err
 		}
 	}
-	if err := s.loadProducers(ctx, m.Cut == nil); err != nil {
+	if err := s.loadProducers(ctx, !cutting); err != nil {
 		return nil, err
 	}
 	return s, nil

@@ -66,13 +66,30 @@ func (db *DB) valueLogGC() {
 // writeMu meanwhile, and a store that takes none must fail, so the broker
 // stops and its streams fail over, rather than keep its lease.
 //
-// Known limit (storage doc.go, "Memory"): until the Sync, the kernel may
-// write the rewrite's new pointers (memtable log) back before the values
-// they point to (value log), two separate mappings; a power loss in that
-// window can leave the newest version of a moved record pointing at bytes
-// never written, and the record unreadable on this copy, though the old
-// file is kept.
+// Until the Sync, the kernel may write the rewrite's new pointers (memtable
+// log) back before the values they point to (value log), two separate
+// mappings: a power loss in that window can leave the newest version of a
+// moved record pointing at bytes never written. The old file is kept, so
+// gcMarkerFile is written (and synced) before the rewrite and removed only
+// once it is durable; an open after such a power loss finds it and reads
+// the moved values back from the old file (repairValueLogGC, torn.go).
 func (db *DB) rewriteValueLogFile() error {
+	if err := writeFileSync(db.dir, gcMarkerFile, nil); err != nil {
+		return err
+	}
+	err := db.rewriteValueLogFileMarked()
+	if db.usable() != nil && !errors.Is(err, badger.ErrNoRewrite) && !errors.Is(err, badger.ErrRejected) {
+		// The store failed part way: whether the rewrite is durable is not
+		// known, so the marker stays for the next open.
+		return err
+	}
+	if rerr := removeFileSync(db.dir, gcMarkerFile); rerr != nil && err == nil {
+		err = rerr
+	}
+	return err
+}
+
+func (db *DB) rewriteValueLogFileMarked() error {
 	db.writeMu.Lock()
 	defer db.writeMu.Unlock()
 	start := time.Now()

@@ -46,9 +46,16 @@ func garbageDB(t *testing.T) (string, *DB, *Stream, uint64, []Record) {
 		t.Fatalf("retention: head %d, %v", h, err)
 	}
 	want := mustRead(t, s, tail-96, 96)
-	// Badger counts garbage per file when compaction drops the deleted
-	// segments: flush the memtables (dropping a prefix that holds a key
-	// flushes the active one too) and compact everything now.
+	countGarbage(t, db)
+	return dir, db, s, tail, want
+}
+
+// countGarbage brings Badger's garbage counts per value log file up to
+// date: Badger counts a file's garbage when compaction drops the deleted
+// segments, so the memtables are flushed (dropping a prefix that holds a
+// key flushes the active one too) and everything is compacted now.
+func countGarbage(t *testing.T, db *DB) {
+	t.Helper()
 	if err := db.bdb.Update(func(txn *badger.Txn) error { return txn.Set([]byte("x"), nil) }); err != nil {
 		t.Fatal(err)
 	}
@@ -58,7 +65,6 @@ func garbageDB(t *testing.T) (string, *DB, *Stream, uint64, []Record) {
 	if err := db.bdb.Flatten(1); err != nil {
 		t.Fatal(err)
 	}
-	return dir, db, s, tail, want
 }
 
 // The value log GC rewrites a file that retention left mostly garbage, and

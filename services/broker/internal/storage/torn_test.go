@@ -1,0 +1,320 @@
+package storage
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/rs/zerolog"
+)
+
+// crashHarness plays a machine crash in the middle of a batch: the store
+// lives in dir, and crashed copies of it are made with the value log files
+// as the disk held them at a chosen moment (what the last fsync covered)
+// and every other file as the page cache held it later (the kernel wrote
+// the write-ahead log back, not the values). The boot id file lets the
+// test reboot.
+type crashHarness struct {
+	t    *testing.T
+	dir  string
+	boot string
+}
+
+func newCrashHarness(t *testing.T) *crashHarness {
+	h := &crashHarness{t: t, dir: t.TempDir(), boot: filepath.Join(t.TempDir(), "boot_id")}
+	h.reboot("boot-1")
+	return h
+}
+
+func (h *crashHarness) reboot(id string) {
+	h.t.Helper()
+	if err := os.WriteFile(h.boot, []byte(id+"\n"), 0o644); err != nil {
+		h.t.Fatal(err)
+	}
+}
+
+func (h *crashHarness) open(dir string) *DB {
+	h.t.Helper()
+	db, err := Open(Options{Dir: dir, Logger: zerolog.Nop(), MemTableBytes: 8 << 20, CacheBytes: 4 << 20, ValueLogFileBytes: 1 << 20, BootIDPath: h.boot})
+	if err != nil {
+		h.t.Fatalf("Open(%s): %v", dir, err)
+	}
+	return db
+}
+
+// valueLogs reads the value log files of dir.
+func (h *crashHarness) valueLogs() map[string][]byte {
+	h.t.Helper()
+	out := map[string][]byte{}
+	for _, name := range vlogFiles(h.t, h.dir) {
+		b, err := os.ReadFile(filepath.Join(h.dir, name))
+		if err != nil {
+			h.t.Fatal(err)
+		}
+		out[name] = b
+	}
+	return out
+}
+
+// crashCopy copies dir as the page cache holds it now, then puts back the
+// value log files as vlogs held them: files made since are left empty.
+func (h *crashHarness) crashCopy(vlogs map[string][]byte) string {
+	h.t.Helper()
+	out := h.t.TempDir()
+	err := filepath.WalkDir(h.dir, func(path string, d fs.DirEntry, err error) error {
+		if err != nil || d.IsDir() {
+			return err
+		}
+		name := filepath.Base(path)
+		b, err := os.ReadFile(path)
+		if err != nil {
+			return err
+		}
+		if strings.HasSuffix(name, ".vlog") {
+			b = vlogs[name] // nil: none of it reached the disk
+		}
+		return os.WriteFile(filepath.Join(out, name), b, 0o644)
+	})
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	return out
+}
+
+// A machine crash between a batch's commit and its fsync, after the kernel
+// wrote the write-ahead log back but not the value log: the stream's
+// metadata claims the batch, whose values never reached the disk. The copy
+// must come back claiming only what it holds, every record readable, able
+// to append at its tail, and unsure of its epoch (also after a restart on
+// the same boot). Without the read-back it claimed the torn records and no
+// read could return them.
+func TestTornSegmentsAreCutAfterAMachineCrash(t *testing.T) {
+	h := newCrashHarness(t)
+	db := h.open(h.dir)
+	s := ownerStream(t, db, "s", 1)
+	synced := mustAppend(t, s, 1, sizedRecs("synced", 8, 2048))
+	// Another stream that the torn batch does not touch stays whole.
+	other := ownerStream(t, db, "other", 3)
+	otherRecs := mustAppend(t, other, 3, sizedRecs("other", 4, 2048))
+	onDisk := h.valueLogs()
+
+	inSync, release := holdNextSync(db)
+	done := make(chan error, 1)
+	go func() {
+		_, err := s.Append(context.Background(), 1, sizedRecs("torn", 8, 2048))
+		done <- err
+	}()
+	<-inSync
+	crashed := h.crashCopy(onDisk)
+	close(release)
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if err := db.Close(); err != nil {
+		t.Fatal(err)
+	}
+
+	h.reboot("boot-2")
+	db = h.open(crashed)
+	check := func(db *DB) {
+		t.Helper()
+		if !db.MayHaveLostWritten() {
+			t.Fatal("a store opened after a machine crash claims nothing can be missing")
+		}
+		s := openStream(t, db, "s")
+		st := s.State()
+		if st.RecordTail != uint64(len(synced)) {
+			t.Fatalf("record tail %d after the crash, want %d: the copy claims records it cannot read", st.RecordTail, len(synced))
+		}
+		if st.UnsureEpoch != 1 {
+			t.Fatalf("unsure epoch %d, want 1", st.UnsureEpoch)
+		}
+		got := mustRead(t, s, 0, 0)
+		if len(got) != len(synced) {
+			t.Fatalf("read %d records, want %d", len(got), len(synced))
+		}
+		for i := range got {
+			if got[i].Chain != synced[i].Chain || !bytes.Equal(got[i].Payload, synced[i].Payload) {
+				t.Fatalf("record %d differs after the crash", i)
+			}
+		}
+		if st.Chain != synced[len(synced)-1].Chain {
+			t.Fatalf("chain at the tail %#x, want %#x", st.Chain, synced[len(synced)-1].Chain)
+		}
+		o := openStream(t, db, "other")
+		if got := mustRead(t, o, 0, 0); len(got) != len(otherRecs) || o.State().UnsureEpoch != 3 {
+			t.Fatalf("untouched stream: %d records (want %d), unsure epoch %d (want 3)", len(got), len(otherRecs), o.State().UnsureEpoch)
+		}
+	}
+	check(db)
+	// The process dies again on the same boot: the copies still know.
+	if err := db.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Remove(filepath.Join(crashed, cleanFile)); err != nil {
+		t.Fatal(err)
+	}
+	db = h.open(crashed)
+	defer db.Close()
+	s = openStream(t, db, "s")
+	if st := s.State(); st.UnsureEpoch != 1 || st.RecordTail != uint64(len(synced)) {
+		t.Fatalf("after a restart on the same boot: unsure epoch %d (want 1), tail %d (want %d)", st.UnsureEpoch, st.RecordTail, len(synced))
+	}
+	after := mustAppend(t, s, 1, sizedRecs("after", 2, 2048))
+	if after[0].Offset != uint64(len(synced)) || after[0].Chain != Chain(synced[len(synced)-1].Chain, &after[0]) {
+		t.Fatalf("append after the cut at offset %d, want %d, chain continued: %v", after[0].Offset, len(synced), after[0].Chain == Chain(synced[len(synced)-1].Chain, &after[0]))
+	}
+	// A new epoch's history starts at the copy's tails: no longer unsure.
+	if err := s.AdvanceEpoch(2); err != nil {
+		t.Fatal(err)
+	}
+	if st := s.State(); st.UnsureEpoch != 0 {
+		t.Fatalf("unsure epoch %d after advancing to epoch 2", st.UnsureEpoch)
+	}
+}
+
+// gcCrash builds a store whose value log GC has a file to rewrite with
+// live values in it: stream "s" fills the value log files and retention
+// then drops nearly all of it, while stream "k", appended between, is kept
+// whole. It runs the GC and returns a copy of the store as a power loss
+// right after Badger's rewrite, before its sync, can leave it: the moved
+// values' new pointers written back, the values not. It returns the
+// copy's dir and k's records.
+func gcCrash(t *testing.T, h *crashHarness) (string, []Record) {
+	t.Helper()
+	db := h.open(h.dir)
+	s := ownerStream(t, db, "s", 1)
+	k := ownerStream(t, db, "k", 1)
+	var want []Record
+	for i := range 24 {
+		mustAppend(t, s, 1, sizedRecs(fmt.Sprint("a", i), 64, 4096))
+		if i%4 == 0 {
+			want = append(want, mustAppend(t, k, 1, sizedRecs(fmt.Sprint("k", i), 8, 4096))...)
+		}
+	}
+	tail := s.State().RecordTail
+	s.SetConfirmWatermark(tail)
+	if _, err := s.ApplyRetention(Retention{MaxRecords: 96}, time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	countGarbage(t, db)
+	onDisk := h.valueLogs()
+	var crashed string
+	db.afterGCRewrite = func() { crashed = h.crashCopy(onDisk) }
+	if err := db.rewriteValueLogFile(); err != nil {
+		t.Fatalf("value log GC: %v", err)
+	}
+	if crashed == "" {
+		t.Fatal("the GC rewrote nothing")
+	}
+	if fileExists(h.dir, gcMarkerFile) {
+		t.Fatal("the GC marker outlived a durable rewrite")
+	}
+	if err := db.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if !fileExists(crashed, gcMarkerFile) {
+		t.Fatal("no GC marker while the rewrite was not durable")
+	}
+	return crashed, want
+}
+
+// A power loss in the middle of a value log GC rewrite: the records it
+// moved are read back from the file they were moved from, and the copy
+// keeps every one of them (without the repair, none of the moved records
+// could be read, and the copy still claimed them).
+func TestValueLogGCInterruptedByAPowerLossIsRepaired(t *testing.T) {
+	h := newCrashHarness(t)
+	crashed, want := gcCrash(t, h)
+	h.reboot("boot-2")
+	db := h.open(crashed)
+	defer db.Close()
+	k := openStream(t, db, "k")
+	st := k.State()
+	if st.RecordTail != uint64(len(want)) {
+		t.Fatalf("record tail %d after the repair, want %d", st.RecordTail, len(want))
+	}
+	got, err := k.Read(0, len(want), 0)
+	if err != nil {
+		t.Fatalf("reading the records the GC moved: %v", err)
+	}
+	if len(got) != len(want) {
+		t.Fatalf("read %d records, want %d", len(got), len(want))
+	}
+	for i := range got {
+		if err := sameRecord(got[i], want[i]); err != nil {
+			t.Fatalf("record %d: %v", want[i].Offset, err)
+		}
+	}
+	if fileExists(crashed, gcMarkerFile) || fileExists(crashed, unsureFile) {
+		t.Fatal("markers left after the repair")
+	}
+}
+
+// When the file the GC moved values from is gone too, nothing can repair
+// them: the copy is cut below the lowest record it cannot read, and claims
+// only what it holds.
+func TestValueLogGCInterruptedWithoutTheOldFileCutsTheCopy(t *testing.T) {
+	h := newCrashHarness(t)
+	crashed, want := gcCrash(t, h)
+	// Every value log file but the newest goes: the old one among them.
+	files := vlogFiles(t, crashed)
+	for _, f := range files[:len(files)-1] {
+		if err := os.Remove(filepath.Join(crashed, f)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	h.reboot("boot-2")
+	db := h.open(crashed)
+	defer db.Close()
+	k := openStream(t, db, "k")
+	st := k.State()
+	if st.RecordTail >= uint64(len(want)) {
+		t.Fatalf("record tail %d: the copy still claims records whose values are gone", st.RecordTail)
+	}
+	got, err := k.Read(0, 0, 0)
+	if err != nil && st.RecordTail > 0 {
+		t.Fatalf("reading what the copy claims: %v", err)
+	}
+	for i := range got {
+		if err := sameRecord(got[i], want[i]); err != nil {
+			t.Fatalf("record %d: %v", i, err)
+		}
+	}
+}
+
+// A GC marker left by a process that died mid-rewrite on the same boot
+// asks for nothing: the page cache kept every write. The next open drops
+// it, so a later machine crash does not read every value back for it.
+func TestValueLogGCMarkerAfterAProcessCrashIsDropped(t *testing.T) {
+	h := newCrashHarness(t)
+	db := h.open(h.dir)
+	s := ownerStream(t, db, "s", 1)
+	mustAppend(t, s, 1, sizedRecs("a", 4, 2048))
+	if err := db.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Remove(filepath.Join(h.dir, cleanFile)); err != nil {
+		t.Fatal(err)
+	}
+	if err := writeFileSync(h.dir, gcMarkerFile, nil); err != nil {
+		t.Fatal(err)
+	}
+	db = h.open(h.dir)
+	defer db.Close()
+	if db.MayHaveLostWritten() {
+		t.Fatal("a process crash on the same boot claims written records may be lost")
+	}
+	if fileExists(h.dir, gcMarkerFile) {
+		t.Fatal("the GC marker of a process crash outlived the next open")
+	}
+	if got := mustRead(t, openStream(t, db, "s"), 0, 0); len(got) != 4 {
+		t.Fatalf("read %d records, want 4", len(got))
+	}
+}
