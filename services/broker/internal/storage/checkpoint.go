@@ -199,8 +199,8 @@ func (s *Stream) loadProducers(ctx context.Context, rebuild bool) error {
 
 // rebuildProducers returns the producer table as of record offset at (in
 // [head, record tail]) and the offset its replay started from: the newest
-// checkpoint in [head, at] plus the records after it, or, with none, the
-// records of [max(head, at-producerRebuildRecords), at).
+// readable checkpoint in [head, at] plus the records after it, or, with
+// none, the records of [max(head, at-producerRebuildRecords), at).
 func (s *Stream) rebuildProducers(gens []producerGen, head, at uint64) (*producerTable, uint64, error) {
 	t := newProducerTable(s.db.maxProducers, s.db.producerWindow, s.db.producerBatches)
 	from := max(head, at-min(at, producerRebuildRecords))
@@ -210,7 +210,12 @@ func (s *Stream) rebuildProducers(gens []producerGen, head, at uint64) (*produce
 			continue
 		}
 		if err := s.readProducerGen(t, g); err != nil {
-			return nil, 0, err
+			// A checkpoint a machine crash tore (torn.go, restoreTorn
+			// deletes its chunks): the older one, or the records, give
+			// the same table, from further back.
+			s.db.log.Warn().Err(err).Str("stream", s.name).Msg("producer table checkpoint unreadable; rebuilding from an earlier one")
+			t = newProducerTable(s.db.maxProducers, s.db.producerWindow, s.db.producerBatches)
+			continue
 		}
 		from = g.Boundary
 		break

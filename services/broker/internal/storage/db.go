@@ -256,6 +256,12 @@ func Open(opts Options) (*DB, error) {
 			return nil, err
 		}
 	}
+	if lost {
+		if err := db.restoreTorn(db.tornCheck.since); err != nil {
+			_ = db.Close()
+			return nil, err
+		}
+	}
 	if err := db.finishDrops(); err != nil {
 		_ = db.Close()
 		return nil, err

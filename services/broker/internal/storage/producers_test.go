@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/dgraph-io/badger/v4"
 	"github.com/rs/zerolog"
 )
 
@@ -643,4 +644,38 @@ func TestRetryOfALargeBatchIsAnsweredAsDuplicates(t *testing.T) {
 	if got := s.State().RecordTail; got != tail {
 		t.Fatalf("a refused retry moved the record tail from %d to %d", tail, got)
 	}
+}
+
+// A producer table checkpoint that cannot be read (a machine crash tore
+// it, torn.go) is passed over: the table comes back from the checkpoint
+// before it and the records after that, whole, instead of the stream
+// failing to load.
+func TestUnreadableProducerCheckpointFallsBackToAnEarlierOne(t *testing.T) {
+	dir := t.TempDir()
+	db := openDedupeDB(t, dir, 100, 6, 7)
+	s := ownerStream(t, db, "r", 1)
+	producerLoad(t, s, 1, 61)
+	first := mustAppendIdem(t, s, 1, seqs("z", 1, 2))
+	live := tableBytes(s)
+	s.mu.Lock()
+	gens := slices.Clone(s.m.ProducerTables)
+	s.mu.Unlock()
+	if len(gens) < 2 {
+		t.Fatalf("checkpoints %+v: the test needs two", gens)
+	}
+	newest := gens[len(gens)-1]
+	if err := db.bdb.Update(func(txn *badger.Txn) error { return txn.Delete(s.producerChunkKey(newest.Gen, 0)) }); err != nil {
+		t.Fatal(err)
+	}
+	if err := db.Close(); err != nil {
+		t.Fatal(err)
+	}
+	db = openDedupeDB(t, dir, 100, 6, 7)
+	defer db.Close()
+	s = openStream(t, db, "r")
+	if !bytes.Equal(tableBytes(s), live) {
+		t.Fatal("the table rebuilt past the unreadable checkpoint differs from the one before the restart")
+	}
+	res := mustAppendIdem(t, s, 1, seqs("z", 1, 2))
+	checkResult(t, "retry after restart", res, first.Offsets, []bool{true, true})
 }

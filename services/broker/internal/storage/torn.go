@@ -1,6 +1,7 @@
 package storage
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -276,40 +277,140 @@ func (db *DB) repairValueLogGC() error {
 	if err != nil {
 		return fmt.Errorf("storage: reading the value log after an interrupted value log GC: %w", err)
 	}
+	var fixes []kv
+	for _, t := range found {
+		if v, ok := vals[string(versionedKey(t.key, t.version))]; ok {
+			fixes = append(fixes, kv{key: t.key, val: v})
+		}
+	}
+	if err := db.writeBack(fixes); err != nil {
+		return fmt.Errorf("storage: writing back values after an interrupted value log GC: %w", err)
+	}
+	ev := db.log.Warn()
+	if repaired := len(fixes); repaired < len(found) {
+		ev = db.log.Error()
+		db.tornCheck.all = true
+	}
+	ev.Int("torn", len(found)).Int("repaired", len(fixes)).
+		Msg("a power loss interrupted a value log GC rewrite: values it moved were read back from the file it moved them from")
+	return nil
+}
+
+// restoreTorn runs on an open that may have lost written records, before
+// any stream is read. The newest transaction's metadata, cursor snapshots
+// and producer table chunks may be torn just as its segments (they go to
+// the value log once above the value threshold: a meta with a few log
+// epochs does). For every such key whose newest version is of the newest
+// transaction (since) and cannot be read, the newest older version that
+// can is written back: the state the last synced transaction left, which
+// is all any confirm counted on. The segments that transaction added then
+// lie past the restored tails and go when the stream is loaded. A torn
+// snapshot or producer chunk with no older version is deleted (cursors are
+// then rebuilt from the cursor event log, the producer table from an older
+// checkpoint and the records); a torn meta with none is left, and its
+// stream fails to load, loudly.
+func (db *DB) restoreTorn(since uint64) error {
+	var fixes []kv
+	var left []string
+	err := db.bdb.View(func(txn *badger.Txn) error {
+		it := txn.NewIterator(badger.IteratorOptions{AllVersions: true})
+		defer it.Close()
+		var last, torn []byte // the key seen last; that key when its newest version is torn
+		settle := func() {
+			if torn == nil {
+				return
+			}
+			if torn[0] == kindMeta {
+				left = append(left, string(torn))
+			} else {
+				fixes = append(fixes, kv{key: torn, del: true})
+			}
+			torn = nil
+		}
+		for it.Rewind(); it.Valid(); it.Next() {
+			item := it.Item()
+			k := item.Key()
+			if bytes.Equal(k, last) {
+				// An older version of the key seen last.
+				if torn == nil {
+					continue
+				}
+				switch {
+				case item.IsDeletedOrExpired():
+					fixes = append(fixes, kv{key: torn, del: true})
+					torn = nil
+				case readable(item):
+					v, err := item.ValueCopy(nil)
+					if err != nil {
+						return err
+					}
+					fixes = append(fixes, kv{key: torn, val: v})
+					torn = nil
+				}
+				continue
+			}
+			settle() // the key before had no readable older version
+			last = item.KeyCopy(last[:0])
+			if k[0] == kindRecord || item.Version() < since || item.IsDeletedOrExpired() || readable(item) {
+				continue
+			}
+			torn = item.KeyCopy(nil)
+		}
+		settle()
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("storage: reading back the newest transaction: %w", err)
+	}
+	if len(left) > 0 {
+		db.log.Error().Strs("keys", left).Msg("metadata written before an unclean stop did not reach the disk and no earlier version is left; those streams will not load")
+	}
+	if len(fixes) == 0 {
+		return nil
+	}
+	if err := db.writeBack(fixes); err != nil {
+		return fmt.Errorf("storage: restoring torn keys: %w", err)
+	}
+	db.log.Warn().Int("keys", len(fixes)).
+		Msg("metadata written before an unclean stop did not reach the disk: restored what the last synced write left")
+	return nil
+}
+
+// writeBack writes kvs durably, on Open, before the store takes writes;
+// writeMu keeps the value log GC out.
+func (db *DB) writeBack(kvs []kv) error {
+	if len(kvs) == 0 {
+		return nil
+	}
 	db.writeMu.Lock()
 	defer db.writeMu.Unlock()
 	txn := db.bdb.NewTransaction(true)
 	defer func() { txn.Discard() }()
-	repaired := 0
-	for _, t := range found {
-		v, ok := vals[string(versionedKey(t.key, t.version))]
-		if !ok {
-			continue
+	put := func(k kv) error {
+		if k.del {
+			return txn.Delete(k.key)
 		}
-		err := txn.Set(t.key, v)
+		return txn.Set(k.key, k.val)
+	}
+	for _, k := range kvs {
+		err := put(k)
 		if errors.Is(err, badger.ErrTxnTooBig) {
+			// Synced before the next one, as the committer does: a
+			// memtable Badger rotates out is never synced.
 			if err = txn.Commit(); err == nil {
+				err = db.bdb.Sync()
+			}
+			if err == nil {
 				txn = db.bdb.NewTransaction(true)
-				err = txn.Set(t.key, v)
+				err = put(k)
 			}
 		}
 		if err != nil {
-			return fmt.Errorf("storage: writing back values after an interrupted value log GC: %w", err)
+			return err
 		}
-		repaired++
 	}
 	if err := txn.Commit(); err != nil {
-		return fmt.Errorf("storage: writing back values after an interrupted value log GC: %w", err)
+		return err
 	}
-	if err := db.bdb.Sync(); err != nil {
-		return fmt.Errorf("storage: syncing values written back after an interrupted value log GC: %w", err)
-	}
-	ev := db.log.Warn()
-	if repaired < len(found) {
-		ev = db.log.Error()
-		db.tornCheck.all = true
-	}
-	ev.Int("torn", len(found)).Int("repaired", repaired).
-		Msg("a power loss interrupted a value log GC rewrite: values it moved were read back from the file it moved them from")
-	return nil
+	return db.bdb.Sync()
 }
