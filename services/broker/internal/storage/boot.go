@@ -1,6 +1,7 @@
 package storage
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -25,12 +26,12 @@ import (
 // stop exactly when it was not clean and the machine has rebooted since, or
 // when the boot id cannot be told.
 
-// A third file, unsureFile, keeps that answer until every stream copy has
-// been told: Open writes it before it records the new boot, marks every
-// copy (State.UnsureEpoch, in the copy's own metadata) and checks its
-// newest segments (torn.go), and only then removes it. A crash before that
-// (the same boot, so the boot id would no longer tell) leaves it, and the
-// next open does the same again.
+// A third file, unsureFile, keeps that answer until the recovery it asks
+// for is done (torn.go): Open writes it before it records the new boot,
+// with what the recovery needs to do the same again after a crash in the
+// middle of it (on the same boot, when the boot id would no longer tell),
+// and removes it once every copy is recovered and marked unsure in its own
+// metadata (State.UnsureEpoch).
 const (
 	bootFile   = "STRAND_BOOT_ID"
 	cleanFile  = "STRAND_CLEAN"
@@ -48,31 +49,52 @@ func readBootID(path string) string {
 	return strings.TrimSpace(string(b))
 }
 
-// checkBoot decides whether written records may be missing, then records
-// this open: the current boot id, and no clean marker until Close.
-func checkBoot(dir, bootIDPath string) (mayHaveLost bool, err error) {
+// bootLost tells whether written records may be missing after the last
+// stop: it was unclean and the boot changed since (or cannot be told), or
+// the recovery of an earlier such open has not finished (unsureFile). It
+// only reads.
+func bootLost(dir, bootIDPath string) bool {
 	cur := readBootID(bootIDPath)
 	prev := readBootID(filepath.Join(dir, bootFile))
-	_, cerr := os.Stat(filepath.Join(dir, cleanFile))
-	clean := cerr == nil
-	mayHaveLost = (!clean && (cur == "" || prev != cur)) || fileExists(dir, unsureFile)
+	clean := fileExists(dir, cleanFile)
+	return (!clean && (cur == "" || prev != cur)) || fileExists(dir, unsureFile)
+}
+
+// checkBoot decides whether written records may be missing (bootLost),
+// then records this open: the recovery to do (unsureFile, kept from an
+// earlier open or begun with newest, Badger's newest version now), the
+// current boot id, and no clean marker until Close.
+func checkBoot(dir, bootIDPath string, newest func() uint64) (mayHaveLost bool, rec unsureRecord, err error) {
+	mayHaveLost = bootLost(dir, bootIDPath)
 	if mayHaveLost {
-		// Before the new boot id, which would hide the loss from a later
-		// open on this boot.
-		if err := writeFileSync(dir, unsureFile, nil); err != nil {
-			return false, err
+		b, rerr := os.ReadFile(filepath.Join(dir, unsureFile))
+		if rerr != nil || json.Unmarshal(b, &rec) != nil || rec.Newest == 0 {
+			// Before the new boot id, which would hide the loss from a
+			// later open on this boot.
+			rec = unsureRecord{Newest: newest()}
+			if err := saveUnsure(dir, rec); err != nil {
+				return false, rec, err
+			}
 		}
 	}
-	if err := writeFileSync(dir, bootFile, []byte(cur+"\n")); err != nil {
-		return false, err
+	if err := writeFileSync(dir, bootFile, []byte(readBootID(bootIDPath)+"\n")); err != nil {
+		return false, rec, err
 	}
 	if err := os.Remove(filepath.Join(dir, cleanFile)); err != nil && !errors.Is(err, fs.ErrNotExist) {
-		return false, fmt.Errorf("storage: removing %s: %w", cleanFile, err)
+		return false, rec, fmt.Errorf("storage: removing %s: %w", cleanFile, err)
 	}
 	if err := syncDir(dir); err != nil {
-		return false, err
+		return false, rec, err
 	}
-	return mayHaveLost, nil
+	return mayHaveLost, rec, nil
+}
+
+func saveUnsure(dir string, rec unsureRecord) error {
+	b, err := json.Marshal(rec)
+	if err != nil {
+		return err
+	}
+	return writeFileSync(dir, unsureFile, b)
 }
 
 // removeFileSync removes dir/name, if there, durably.

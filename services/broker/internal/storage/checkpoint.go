@@ -3,6 +3,7 @@ package storage
 import (
 	"context"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"slices"
 
@@ -210,9 +211,12 @@ func (s *Stream) rebuildProducers(gens []producerGen, head, at uint64) (*produce
 			continue
 		}
 		if err := s.readProducerGen(t, g); err != nil {
-			// A checkpoint a machine crash tore (torn.go, restoreTorn
-			// deletes its chunks): the older one, or the records, give
-			// the same table, from further back.
+			if !errors.Is(err, ErrCorrupt) && !errors.Is(err, badger.ErrKeyNotFound) {
+				return nil, 0, err
+			}
+			// A checkpoint that cannot be read (a value log GC rewrite
+			// torn by a power loss and found nowhere, torn.go): the older
+			// one, or the records, give the same table, from further back.
 			s.db.log.Warn().Err(err).Str("stream", s.name).Msg("producer table checkpoint unreadable; rebuilding from an earlier one")
 			t = newProducerTable(s.db.maxProducers, s.db.producerWindow, s.db.producerBatches)
 			continue
@@ -233,6 +237,9 @@ func (s *Stream) readProducerGen(t *producerTable, g producerGen) error {
 			item, err := txn.Get(s.producerChunkKey(g.Gen, c))
 			if err != nil {
 				return fmt.Errorf("chunk %d: %w", c, err)
+			}
+			if !readable(item) {
+				return fmt.Errorf("%w: chunk %d cannot be read", ErrCorrupt, c)
 			}
 			if err := item.Value(t.decodeChunk); err != nil {
 				return fmt.Errorf("chunk %d: %w", c, err)

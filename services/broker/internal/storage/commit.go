@@ -279,16 +279,6 @@ func (db *DB) write(batch []*op) error {
 		return err
 	}
 	var touched []*Stream
-	// A batch of nothing but watermark touches is written without an
-	// fsync: the confirm watermark is persisted lazily (a lower value after
-	// a crash only delays reads and retention), and the next batch's sync
-	// covers it.
-	lazyOnly := true
-	for _, o := range batch {
-		if len(o.kvs) > 0 || o.meta != nil || !o.touchWM || o.done != nil {
-			lazyOnly = false
-		}
-	}
 	for _, o := range batch {
 		for _, k := range o.kvs {
 			if err := put(k); err != nil {
@@ -336,12 +326,9 @@ func (db *DB) write(batch []*op) error {
 		}
 	}
 	written := time.Now()
-	if lazyOnly {
-		if db.onCommit != nil {
-			db.onCommit(written.Sub(start), 0, false)
-		}
-		return nil
-	}
+	// Every batch is synced, a batch of nothing but watermark touches too:
+	// only the newest transaction may then be torn by a machine crash,
+	// which is what recovery rolls back (torn.go).
 	if hook := db.beforeSync; hook != nil {
 		hook()
 	}

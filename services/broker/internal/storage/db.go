@@ -90,8 +90,8 @@ type DB struct {
 	// mayHaveLostWritten: the last stop was unclean and the machine
 	// rebooted since (boot.go).
 	mayHaveLostWritten bool
-	// tornCheck is which segments loadStream reads back (torn.go).
-	tornCheck tornCheck
+	// checkAll: loadStream reads every segment back (torn.go).
+	checkAll bool
 
 	// Tail cache bounds (Options) and the bytes all streams' caches hold.
 	tailCacheBytes int
@@ -197,16 +197,24 @@ func Open(opts Options) (*DB, error) {
 	// tables in memory, so deeper levels with larger tables would make
 	// its peak memory grow with the store.
 	bo.TableSizeMultiplier = 1
-	bdb, err := badger.Open(bo)
-	if err != nil {
-		return nil, fmt.Errorf("storage: opening badger in %s: %w", opts.Dir, err)
-	}
 	bootIDPath := opts.BootIDPath
 	if bootIDPath == "" {
 		bootIDPath = BootIDPath
 	}
-	// After Badger's open (which holds the directory lock), before any write.
-	lost, err := checkBoot(opts.Dir, bootIDPath)
+	if bootLost(opts.Dir, bootIDPath) && fileExists(opts.Dir, badger.ManifestFilename) {
+		// Written records may be missing: recover first (torn.go). A
+		// new store has nothing to recover.
+		if _, err := recoverStore(bo, opts.Dir, bootIDPath, opts.Logger); err != nil {
+			return nil, err
+		}
+	}
+	bdb, err := badger.Open(bo)
+	if err != nil {
+		return nil, fmt.Errorf("storage: opening badger in %s: %w", opts.Dir, err)
+	}
+	// After Badger's open (which holds the directory lock), before any
+	// write. After a recovery, only its unsureFile says lost.
+	lost, rec, err := checkBoot(opts.Dir, bootIDPath, bdb.MaxVersion)
 	if err != nil {
 		_ = bdb.Close()
 		return nil, err
@@ -233,45 +241,35 @@ func Open(opts Options) (*DB, error) {
 		wmDone:                  make(chan struct{}),
 		streams:                 make(map[string]*Stream),
 	}
-	if lost {
-		// Before anything is written: the newest transaction is the
-		// only one that may be torn (torn.go).
-		db.tornCheck.since = max(bdb.MaxVersion(), 1)
-	}
+	db.checkAll = lost && rec.CheckAll
 	db.advisor = newMapAdvisor(opts.Dir)
 	go db.commitLoop()
-	go db.every(valueLogGCInterval, db.gcDone, db.valueLogGC)
-	go db.every(watermarkPersistInterval, db.wmDone, func() { db.flushWatermarks(false) })
-	if fileExists(opts.Dir, gcMarkerFile) {
-		// Without a reboot the page cache kept every write of the
-		// rewrite: nothing to repair.
-		var err error
-		if lost {
-			err = db.repairValueLogGC() // the marker goes at the end of settle
-		} else {
-			err = removeFileSync(opts.Dir, gcMarkerFile)
-		}
-		if err != nil {
-			_ = db.Close()
-			return nil, err
-		}
-	}
-	if lost {
-		if err := db.restoreTorn(db.tornCheck.since); err != nil {
-			_ = db.Close()
-			return nil, err
-		}
-	}
-	if err := db.finishDrops(); err != nil {
+	// Until the loops below start, Close must not wait for them.
+	fail := func(err error) (*DB, error) {
+		close(db.gcDone)
+		close(db.wmDone)
 		_ = db.Close()
 		return nil, err
 	}
-	if lost {
-		if err := db.settle(); err != nil {
-			_ = db.Close()
-			return nil, err
+	if !lost {
+		// A GC marker without a reboot: the page cache kept every write
+		// of the rewrite, nothing to repair.
+		if err := removeFileSync(opts.Dir, gcMarkerFile); err != nil {
+			return fail(err)
 		}
 	}
+	if err := db.finishDrops(); err != nil {
+		return fail(err)
+	}
+	if lost {
+		if err := db.settle(rec); err != nil {
+			return fail(err)
+		}
+	}
+	// The value log GC starts once the recovery is done: it must not
+	// delete a file the recovery reads, nor its marker.
+	go db.every(valueLogGCInterval, db.gcDone, db.valueLogGC)
+	go db.every(watermarkPersistInterval, db.wmDone, func() { db.flushWatermarks(false) })
 	return db, nil
 }
 

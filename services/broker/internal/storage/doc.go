@@ -62,19 +62,19 @@
 //     DB.MayHaveLostWritten).
 //   - A machine crash between a commit and its fsync can leave keys and
 //     metadata on disk whose values in the value log are not (two
-//     mappings, written back in any order). After such a stop, Open reads
-//     back each copy's newest segments (every value log read checks the
-//     value's checksum, and the records their chain) and cuts the copy below
-//     any it cannot read, and records in the copy's metadata that it may
-//     have lost written records (State.UnsureEpoch), before it trusts the
-//     boot again (torn.go, boot.go).
+//     mappings, written back in any order). Only the newest transaction
+//     can be torn so, since every batch is synced before the next. After
+//     such a stop, Open rolls that transaction back if any of its values
+//     cannot be read, and marks every copy unsure of its epoch
+//     (State.UnsureEpoch), before it trusts the boot again (torn.go,
+//     boot.go). Every value log read checks the value's checksum.
 //   - CommitCursor returns before the fsync (seed "Cursors": no per-commit
 //     fsync); the event is synced with the next batch. A crash may lose
 //     returned cursor commits, never records.
 //   - SetConfirmWatermark is persisted lazily: with the stream's next
-//     metadata write, or within 500 ms by a write of its own; a batch of
-//     nothing but such watermark writes is written without an fsync (the
-//     next synced batch covers it; a crash can only leave an older value).
+//     metadata write, or within 500 ms by a write of its own (synced like
+//     every batch, so that only the newest transaction can be torn; nobody
+//     waits for it; a crash can only leave an older value).
 //   - A stream's meta is written in the same transaction as (or a later one
 //     than) the entries it counts, so a durable tail never claims missing
 //     entries. Entries past a durable tail (a crash inside a split batch)
@@ -221,7 +221,8 @@
 // its streams fail over). A power loss during a rewrite, before its sync,
 // can leave a moved value torn at its new place; a marker file kept while
 // a rewrite is not durable makes the next open read the moved values back
-// from the old file, which is kept until then (torn.go, vlog.go).
+// from the old file, which is kept until then, and cut a copy below any
+// found nowhere (torn.go, vlog.go).
 // Badger maps its tables and logs into memory, so
 // RSS also counts file pages the kernel can reclaim; the Go heap is bounded
 // by the settings above times GOGC, which a broker caps with GOMEMLIMIT.

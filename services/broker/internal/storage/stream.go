@@ -246,10 +246,10 @@ func (db *DB) loadStream(name string) (*Stream, error) {
 	if err := s.rebuildCursors(snap); err != nil {
 		return nil, fmt.Errorf("storage: loading stream %q: %w", name, err)
 	}
-	if check := db.tornCheck; check.on() && m.Cut == nil {
-		// torn.go: records written before an unclean stop that did not
-		// reach the disk, though the metadata claims them.
-		if err := s.cutTornTail(ctx, check); err != nil {
+	if db.checkAll && m.Cut == nil {
+		// torn.go: records a value log GC moved before a power loss,
+		// found nowhere, though the metadata claims them.
+		if err := s.cutTornTail(ctx); err != nil {
 			return nil, err
 		}
 	}
@@ -260,20 +260,6 @@ func (db *DB) loadStream(name string) (*Stream, error) {
 		// finishCut also rebuilds the producer table at the cut.
 		if err := s.finishCut(ctx); err != nil {
 			return nil, err
-		}
-	}
-	s.mu.Lock()
-	unmarked := db.mayHaveLostWritten && s.m.UnsureEpoch < s.m.Epoch
-	s.mu.Unlock()
-	if unmarked {
-		// Kept in the copy's metadata, so a restart on this boot still
-		// knows (boot.go, State.UnsureEpoch).
-		err := s.commitMeta(ctx, func(m *meta) error {
-			m.UnsureEpoch = m.Epoch
-			return nil
-		})
-		if err != nil {
-			return nil, fmt.Errorf("storage: loading stream %q: %w", name, err)
 		}
 	}
 	if s.m.Purged < s.m.Head {

@@ -8,100 +8,135 @@ import (
 	"math"
 
 	"github.com/dgraph-io/badger/v4"
+	"github.com/rs/zerolog"
 )
 
-// Torn value log writes. A segment's value lives in Badger's value log and
-// its key, with a pointer to the value, in the memtable's write-ahead log:
-// two memory-mapped files that the kernel writes back in no particular
-// order until the committer's fsync. A machine crash between a batch's
-// commit and its fsync can thus leave the batch's keys (and the stream
-// metadata counting them, which rides in the same log) on disk while
-// the values they point to never got there. Badger does not notice: on
-// open it truncates the value log at its first torn entry and replays the
-// write-ahead log as it is, so the metadata claims records that no read
-// can return. A copy that reported such a tail would break invariant 1
-// (seed "Safety argument": a copy counts toward W only for what it holds
-// durably): a follower could be counted for records it cannot serve, and
-// a recovery could pick it as the furthest copy.
+// Torn writes. Badger writes a transaction's values above the value
+// threshold (segments, and metadata, snapshots and producer checkpoints
+// once large enough) to its value log, and its keys, pointers and small
+// values to the memtable's write-ahead log: two memory-mapped files that
+// the kernel writes back in no particular order until the committer's
+// fsync. A machine crash between a commit and its fsync can thus leave
+// the transaction's keys on disk and its values not. Badger does not
+// notice: on open it truncates the value log at its first torn entry and
+// replays the write-ahead log as it is, and a read past the value log's
+// end yields an empty value with no error (readable). A stream's metadata
+// could claim records no read returns, or not decode at all, and a copy
+// that reported such a tail would break invariant 1 (seed "Safety
+// argument": a copy counts toward W only for what it holds durably).
 //
-// Those records were never synced here, so no confirm counted this copy
-// for them (an owner counts itself only once durable, a follower reports
-// durable tails only). After a stop that may have lost written records
-// (boot.go), each copy's newest segments are read back and checked, and
-// the copy is cut
-// (cut.go, crash-safe and idempotent) below the lowest one that cannot be
-// read: it then claims exactly what it holds, and catches up from its
-// owner like any follower behind.
+// Only the newest transaction can be torn: the committer syncs every
+// transaction before it writes the next (commit.go), and Badger numbers
+// transactions in commit order. Nothing in it was synced, so no confirm
+// counted on it: an owner counts itself only once durable, a follower
+// reports durable tails only. So after a stop that may have lost written
+// records (boot.go), Open first recovers, on Badger opened without
+// compactions (which could drop the older versions it needs):
 //
-// Only the last transaction can be torn this way: the committer syncs
-// after every transaction before it writes the next one (commit.go), and
-// Badger numbers transactions in commit order. So the walk down from the
-// tail stops at the first segment committed before the newest
-// transaction's version; the value log GC is the one writer that puts
-// older versions at the end of the value log (vlog.go), and it leaves a
-// marker while it does (gcMarkerFile), after which every segment is read.
+//  1. a value log GC rewrite that was not durable (gcMarkerFile) gets its
+//     moved values back from the file it moved them from
+//     (repairValueLogGC);
+//  2. if any value of the newest transaction cannot be read, the whole
+//     transaction is rolled back: each key it wrote gets its previous
+//     version back, or goes (rollBackNewest). The store is then what the
+//     last fsync left, which is all any confirm counted on;
+//  3. every copy is marked unsure of its epoch (State.UnsureEpoch), for
+//     the broker (replica, "unsure owner").
+//
+// unsureFile keeps the newest version and the decisions taken until all of
+// this is done, so a crash in the middle of it does the same again. A copy
+// whose GC-moved values are found nowhere is cut below the lowest segment
+// it cannot read once the store is open (checkAll, cutTornTail).
 
 // gcMarkerFile exists while the value log GC rewrites a file and the
 // rewrite is not yet durable (vlog.go).
 const gcMarkerFile = "STRAND_VLOG_GC"
 
-// tornCheck says which of a copy's segments loadStream reads back: none
-// when the store was stopped cleanly or only its process died (the page
-// cache kept every write); those committed at or after since; or all.
-type tornCheck struct {
-	since uint64
-	all   bool
+// unsureRecord is what unsureFile holds.
+type unsureRecord struct {
+	// Newest is Badger's newest version when the recovery began: the
+	// only transaction a machine crash can have torn.
+	Newest uint64 `json:"newest"`
+	// RollBack: the newest transaction is torn and being rolled back.
+	RollBack bool `json:"roll_back,omitempty"`
+	// CheckAll: values the value log GC moved are lost; every copy's
+	// segments are read back once the store is open.
+	CheckAll bool `json:"check_all,omitempty"`
 }
 
-func (c tornCheck) on() bool { return c.all || c.since > 0 }
+// recoverStore runs the recovery on Badger opened with bo but without
+// compactions, and closes it. It records the new boot (checkBoot), so the
+// open after it finds only unsureFile, and returns what it holds.
+func recoverStore(bo badger.Options, dir, bootIDPath string, log zerolog.Logger) (unsureRecord, error) {
+	bdb, err := badger.Open(bo.WithNumCompactors(0).WithNumLevelZeroTablesStall(math.MaxInt32))
+	if err != nil {
+		return unsureRecord{}, fmt.Errorf("storage: opening badger in %s for recovery: %w", dir, err)
+	}
+	r := &recovery{bdb: bdb, dir: dir, log: log}
+	err = r.run(bootIDPath)
+	if cerr := bdb.Close(); err == nil && cerr != nil {
+		err = fmt.Errorf("storage: closing badger after recovery: %w", cerr)
+	}
+	return r.rec, err
+}
+
+// recovery is one run of the recovery (see above).
+type recovery struct {
+	bdb *badger.DB
+	dir string
+	log zerolog.Logger
+	rec unsureRecord
+}
+
+// afterRecoveryStep, when set (tests only), runs after each step of a
+// recovery; an error stops it there, as a crash would.
+var afterRecoveryStep func(step string) error
+
+func (r *recovery) run(bootIDPath string) error {
+	lost, rec, err := checkBoot(r.dir, bootIDPath, r.bdb.MaxVersion)
+	if err != nil || !lost {
+		return err
+	}
+	r.rec = rec
+	steps := []struct {
+		name string
+		do   func() error
+	}{
+		{"repair", r.repairValueLogGC},
+		{"roll back", r.rollBackNewest},
+		{"mark", r.markUnsure},
+	}
+	for _, st := range steps {
+		if err := st.do(); err != nil {
+			return err
+		}
+		if hook := afterRecoveryStep; hook != nil {
+			if err := hook(st.name); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
 
 // findTorn returns the first offset of the lowest record segment of the
 // copy that does not hold what it was written with, and whether there is
-// one. Badger does not always say: a value past the torn end of the value
-// log reads as an error, but one inside the file as Badger sized it reads
-// as zeros. So each segment is decoded and its records checked against the
-// chain (chain.go), which covers every byte of every record: its offsets
-// must follow on, and each record's chain must be Chain(previous, record).
-//
-// The segments checked are those committed at or after check.since (or all
-// for check.all): a walk down from the tail finds where they start, and the
-// record just below them, committed and synced before, gives the chain to
-// start from.
-func (s *Stream) findTorn(head, tail uint64, check tornCheck) (from uint64, found bool, err error) {
+// one. Each segment is read (readable: a torn one reads as empty) and
+// decoded, and its records are checked against the chain (chain.go), which
+// covers every byte of every record: offsets must follow on, and each
+// record's chain must be Chain(previous, record).
+func (s *Stream) findTorn(head, tail uint64) (from uint64, found bool, err error) {
 	if tail == head {
 		return 0, false, nil
 	}
 	err = s.db.bdb.View(func(txn *badger.Txn) error {
-		start := head
-		if !check.all {
-			it := txn.NewIterator(badger.IteratorOptions{Prefix: s.recPrefix, Reverse: true})
-			for it.Seek(offsetKey(s.recPrefix, tail-1)); it.Valid(); it.Next() {
-				item := it.Item()
-				if last := keyOffset(item.Key()); item.Version() < check.since || last < head {
-					start = max(last+1, head)
-					break
-				}
-			}
-			it.Close()
-		}
-		prev, ok := uint64(0), false
-		if start == head {
-			s.mu.Lock()
-			prev, ok = s.m.HeadChain, true
-			s.mu.Unlock()
-		} else if err := s.scanRecords(txn, start-1, start, false, ErrCorrupt, func(rec Record, _ int) bool {
-			prev, ok = rec.Chain, true
-			return true
-		}); err != nil {
-			return err
-		}
-		if !ok {
-			return fmt.Errorf("%w: no chain at offset %d", ErrCorrupt, start)
-		}
+		s.mu.Lock()
+		prev := s.m.HeadChain
+		s.mu.Unlock()
 		it := txn.NewIterator(badger.IteratorOptions{Prefix: s.recPrefix})
 		defer it.Close()
-		next := start
-		for it.Seek(offsetKey(s.recPrefix, start)); it.Valid() && next < tail; it.Next() {
+		next := head
+		for it.Seek(offsetKey(s.recPrefix, head)); it.Valid() && next < tail; it.Next() {
 			item := it.Item()
 			segStart := next
 			err := item.Value(func(seg []byte) error {
@@ -136,7 +171,7 @@ func (s *Stream) findTorn(head, tail uint64, check tornCheck) (from uint64, foun
 		return nil
 	})
 	if err != nil {
-		return 0, false, fmt.Errorf("storage: reading back the newest segments of stream %q: %w", s.name, err)
+		return 0, false, fmt.Errorf("storage: reading back the segments of stream %q: %w", s.name, err)
 	}
 	return from, found, nil
 }
@@ -145,11 +180,11 @@ func (s *Stream) findTorn(head, tail uint64, check tornCheck) (from uint64, foun
 // (findTorn), through the cut intent, which loadStream then completes.
 // The chain and bytes after the cut are computed from what remains, which
 // all reads.
-func (s *Stream) cutTornTail(ctx context.Context, check tornCheck) error {
+func (s *Stream) cutTornTail(ctx context.Context) error {
 	s.mu.Lock()
 	head, rt, et := s.m.Head, s.m.RecordTail, s.m.CursorEventTail
 	s.mu.Unlock()
-	from, found, err := s.findTorn(head, rt, check)
+	from, found, err := s.findTorn(head, rt)
 	if err != nil || !found {
 		return err
 	}
@@ -169,8 +204,8 @@ func (s *Stream) cutTornTail(ctx context.Context, check tornCheck) error {
 	if err != nil {
 		return fmt.Errorf("storage: preparing the cut of stream %q below its torn segments: %w", s.name, err)
 	}
-	s.db.log.Warn().Str("stream", s.name).Uint64("record_tail", rt).Uint64("cut_to", from).
-		Msg("records written before an unclean stop did not reach the disk: cutting this copy to the records it holds; it catches up from its owner")
+	s.db.log.Error().Str("stream", s.name).Uint64("record_tail", rt).Uint64("cut_to", from).
+		Msg("records a value log GC moved before a power loss are lost here: cutting this copy to the records it holds; it catches up from its owner")
 	intent := &cutIntent{RecordTail: from, CursorEventTail: et, Chain: chain, Bytes: bytes}
 	return s.commitMeta(ctx, func(m *meta) error {
 		if m.Cut != nil {
@@ -198,30 +233,6 @@ func (s *Stream) segmentStartsAt(txn *badger.Txn, from uint64) bool {
 	return it.Valid() && keyOffset(it.Item().Key()) == from-1
 }
 
-// settle runs after an open that may have lost written records: it loads
-// every stream copy, which reads back its newest segments and records the
-// unsure epoch in its metadata (loadStream), then removes the marker that
-// made this open unsure (boot.go). A crash before the marker goes leaves
-// it for the next open to do all of this again.
-func (db *DB) settle() error {
-	names, err := db.Streams()
-	if err != nil {
-		return err
-	}
-	for _, name := range names {
-		if _, err := db.Open(name); err != nil {
-			return err
-		}
-	}
-	// Every copy that could hold a torn write is checked; streams made
-	// from here on cannot.
-	db.tornCheck = tornCheck{}
-	if err := removeFileSync(db.dir, gcMarkerFile); err != nil {
-		return err
-	}
-	return removeFileSync(db.dir, unsureFile)
-}
-
 // readable reports whether Badger can read item's value. A value log read
 // that fails (a pointer past the value log's end, a file that is gone, a
 // checksum that does not match) is logged by Badger and yields an empty
@@ -236,24 +247,25 @@ func readable(item *badger.Item) bool {
 	return err == nil && (n > 0 || item.ValueSize() <= 0)
 }
 
-// repairValueLogGC runs on an open that may have lost written records
-// while gcMarkerFile says a value log GC rewrite was not yet durable: a
-// value it moved may be torn at its new place though whole at its old one,
-// which Badger deletes only after the rewrite is durable (vlog.go). Every
-// value is read (Badger checks each one's checksum); each that fails
-// (readable) is
+// repairValueLogGC runs when gcMarkerFile says a value log GC rewrite
+// was not yet durable: a value it moved may be torn at its new place though
+// whole at its old one, which Badger deletes only after the rewrite is
+// durable (vlog.go). Every value is read (readable); each that cannot be is
 // looked up in the value log files by its key and version
-// (valueLogEntries) and written again, then synced. A value found nowhere
-// is left: a segment's copy is then cut below it (loadStream reads every
-// segment back, check.all), anything else fails its stream's load, loudly.
-func (db *DB) repairValueLogGC() error {
+// (valueLogEntries) and written again. A value found nowhere is left: the
+// newest transaction's are rolled back next, and a segment's copy is cut
+// below it (CheckAll).
+func (r *recovery) repairValueLogGC() error {
+	if !fileExists(r.dir, gcMarkerFile) {
+		return nil
+	}
 	type torn struct {
 		key     []byte
 		version uint64
 	}
 	var found []torn
 	want := map[string]struct{}{}
-	err := db.bdb.View(func(txn *badger.Txn) error {
+	err := r.bdb.View(func(txn *badger.Txn) error {
 		it := txn.NewIterator(badger.IteratorOptions{})
 		defer it.Close()
 		for it.Rewind(); it.Valid(); it.Next() {
@@ -273,118 +285,153 @@ func (db *DB) repairValueLogGC() error {
 	if len(found) == 0 {
 		return nil
 	}
-	vals, err := valueLogEntries(db.dir, math.MaxUint32, want)
+	vals, err := valueLogEntries(r.dir, math.MaxUint32, want)
 	if err != nil {
 		return fmt.Errorf("storage: reading the value log after an interrupted value log GC: %w", err)
 	}
 	var fixes []kv
+	missing := 0
 	for _, t := range found {
 		if v, ok := vals[string(versionedKey(t.key, t.version))]; ok {
 			fixes = append(fixes, kv{key: t.key, val: v})
+		} else if t.version < r.rec.Newest {
+			missing++ // the newest transaction's are rolled back instead
 		}
 	}
-	if err := db.writeBack(fixes); err != nil {
+	if missing > 0 && !r.rec.CheckAll {
+		r.rec.CheckAll = true
+		if err := saveUnsure(r.dir, r.rec); err != nil {
+			return err
+		}
+	}
+	if err := writeBack(r.bdb, fixes); err != nil {
 		return fmt.Errorf("storage: writing back values after an interrupted value log GC: %w", err)
 	}
-	ev := db.log.Warn()
-	if repaired := len(fixes); repaired < len(found) {
-		ev = db.log.Error()
-		db.tornCheck.all = true
+	ev := r.log.Warn()
+	if missing > 0 {
+		ev = r.log.Error()
 	}
-	ev.Int("torn", len(found)).Int("repaired", len(fixes)).
+	ev.Int("torn", len(found)).Int("repaired", len(fixes)).Int("lost", missing).
 		Msg("a power loss interrupted a value log GC rewrite: values it moved were read back from the file it moved them from")
 	return nil
 }
 
-// restoreTorn runs on an open that may have lost written records, before
-// any stream is read. The newest transaction's metadata, cursor snapshots
-// and producer table chunks may be torn just as its segments (they go to
-// the value log once above the value threshold: a meta with a few log
-// epochs does). For every such key whose newest version is of the newest
-// transaction (since) and cannot be read, the newest older version that
-// can is written back: the state the last synced transaction left, which
-// is all any confirm counted on. The segments that transaction added then
-// lie past the restored tails and go when the stream is loaded. A torn
-// snapshot or producer chunk with no older version is deleted (cursors are
-// then rebuilt from the cursor event log, the producer table from an older
-// checkpoint and the records); a torn meta with none is left, and its
-// stream fails to load, loudly.
-func (db *DB) restoreTorn(since uint64) error {
+// rollBackNewest rolls the newest transaction back when any value it
+// wrote cannot be read: every key whose newest version is rec.Newest gets
+// its previous version written again, or is deleted when it had none (or
+// was deleted before). The decision is saved first, so a crash in the
+// middle rolls back the rest.
+func (r *recovery) rollBackNewest() error {
+	newest := r.rec.Newest
 	var fixes []kv
-	var left []string
-	err := db.bdb.View(func(txn *badger.Txn) error {
+	torn := false
+	err := r.bdb.View(func(txn *badger.Txn) error {
 		it := txn.NewIterator(badger.IteratorOptions{AllVersions: true})
 		defer it.Close()
-		var last, torn []byte // the key seen last; that key when its newest version is torn
-		settle := func() {
-			if torn == nil {
-				return
+		// last is the key seen last; pending is that key while its newest
+		// version is of the newest transaction and its previous one is
+		// not found yet.
+		var last, pending []byte
+		absent := func() {
+			if pending != nil {
+				fixes = append(fixes, kv{key: pending, del: true})
+				pending = nil
 			}
-			if torn[0] == kindMeta {
-				left = append(left, string(torn))
-			} else {
-				fixes = append(fixes, kv{key: torn, del: true})
-			}
-			torn = nil
 		}
 		for it.Rewind(); it.Valid(); it.Next() {
 			item := it.Item()
-			k := item.Key()
-			if bytes.Equal(k, last) {
-				// An older version of the key seen last.
-				if torn == nil {
-					continue
-				}
+			if bytes.Equal(item.Key(), last) {
 				switch {
+				case pending == nil:
 				case item.IsDeletedOrExpired():
-					fixes = append(fixes, kv{key: torn, del: true})
-					torn = nil
+					absent()
 				case readable(item):
 					v, err := item.ValueCopy(nil)
 					if err != nil {
 						return err
 					}
-					fixes = append(fixes, kv{key: torn, val: v})
-					torn = nil
+					fixes = append(fixes, kv{key: pending, val: v})
+					pending = nil
 				}
 				continue
 			}
-			settle() // the key before had no readable older version
+			absent() // no older version
 			last = item.KeyCopy(last[:0])
-			if k[0] == kindRecord || item.Version() < since || item.IsDeletedOrExpired() || readable(item) {
+			if item.Version() != newest {
 				continue
 			}
-			torn = item.KeyCopy(nil)
+			if !item.IsDeletedOrExpired() && !readable(item) {
+				torn = true
+			}
+			pending = item.KeyCopy(nil)
 		}
-		settle()
+		absent()
 		return nil
 	})
 	if err != nil {
 		return fmt.Errorf("storage: reading back the newest transaction: %w", err)
 	}
-	if len(left) > 0 {
-		db.log.Error().Strs("keys", left).Msg("metadata written before an unclean stop did not reach the disk and no earlier version is left; those streams will not load")
+	if !torn && !r.rec.RollBack {
+		return nil // all of it reached the disk
 	}
-	if len(fixes) == 0 {
-		return nil
+	if !r.rec.RollBack {
+		r.rec.RollBack = true
+		if err := saveUnsure(r.dir, r.rec); err != nil {
+			return err
+		}
 	}
-	if err := db.writeBack(fixes); err != nil {
-		return fmt.Errorf("storage: restoring torn keys: %w", err)
+	if err := writeBack(r.bdb, fixes); err != nil {
+		return fmt.Errorf("storage: rolling back the newest transaction: %w", err)
 	}
-	db.log.Warn().Int("keys", len(fixes)).
-		Msg("metadata written before an unclean stop did not reach the disk: restored what the last synced write left")
+	r.log.Warn().Uint64("version", newest).Int("keys", len(fixes)).
+		Msg("a transaction written before an unclean stop did not fully reach the disk: rolled back to what the last synced write left")
 	return nil
 }
 
-// writeBack writes kvs durably, on Open, before the store takes writes;
-// writeMu keeps the value log GC out.
-func (db *DB) writeBack(kvs []kv) error {
+// markUnsure marks every copy unsure of its epoch (State.UnsureEpoch).
+func (r *recovery) markUnsure() error {
+	var fixes []kv
+	err := r.bdb.View(func(txn *badger.Txn) error {
+		it := txn.NewIterator(badger.IteratorOptions{Prefix: []byte{kindMeta}})
+		defer it.Close()
+		for it.Rewind(); it.Valid(); it.Next() {
+			item := it.Item()
+			name, ok := nameFromMetaKey(item.Key())
+			if !ok {
+				continue
+			}
+			var m meta
+			if err := item.Value(func(v []byte) (err error) {
+				m, err = decodeMeta(v)
+				return err
+			}); err != nil {
+				return fmt.Errorf("stream %q: %w", name, err)
+			}
+			if m.Dropping || m.UnsureEpoch >= m.Epoch {
+				continue
+			}
+			m.UnsureEpoch = m.Epoch
+			fixes = append(fixes, kv{key: item.KeyCopy(nil), val: encodeMeta(&m)})
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("storage: marking copies unsure: %w", err)
+	}
+	return writeBack(r.bdb, fixes)
+}
+
+// writeBackSplit, when above 0 (tests only), makes writeBack stop after
+// that many keys, in their own synced transaction.
+var writeBackSplit int
+
+// writeBack writes kvs durably: while the store is recovered, before the
+// committer runs.
+func writeBack(bdb *badger.DB, kvs []kv) error {
 	if len(kvs) == 0 {
 		return nil
 	}
-	db.writeMu.Lock()
-	defer db.writeMu.Unlock()
-	txn := db.bdb.NewTransaction(true)
+	txn := bdb.NewTransaction(true)
 	defer func() { txn.Discard() }()
 	put := func(k kv) error {
 		if k.del {
@@ -392,16 +439,27 @@ func (db *DB) writeBack(kvs []kv) error {
 		}
 		return txn.Set(k.key, k.val)
 	}
-	for _, k := range kvs {
+	for i, k := range kvs {
+		if i > 0 && i == writeBackSplit {
+			// Tests only: a write back cut short after its first
+			// transaction, as a crash there would.
+			if err := txn.Commit(); err != nil {
+				return err
+			}
+			if err := bdb.Sync(); err != nil {
+				return err
+			}
+			return errors.New("injected: crash in the middle of a write back")
+		}
 		err := put(k)
 		if errors.Is(err, badger.ErrTxnTooBig) {
 			// Synced before the next one, as the committer does: a
 			// memtable Badger rotates out is never synced.
 			if err = txn.Commit(); err == nil {
-				err = db.bdb.Sync()
+				err = bdb.Sync()
 			}
 			if err == nil {
-				txn = db.bdb.NewTransaction(true)
+				txn = bdb.NewTransaction(true)
 				err = put(k)
 			}
 		}
@@ -412,5 +470,28 @@ func (db *DB) writeBack(kvs []kv) error {
 	if err := txn.Commit(); err != nil {
 		return err
 	}
-	return db.bdb.Sync()
+	return bdb.Sync()
+}
+
+// settle finishes an open that may have lost written records: with
+// CheckAll it loads every stream copy, which reads back its segments and
+// cuts it below any it cannot read (loadStream); then it removes the
+// markers. A crash before they go does all of it again.
+func (db *DB) settle(rec unsureRecord) error {
+	if rec.CheckAll {
+		names, err := db.Streams()
+		if err != nil {
+			return err
+		}
+		for _, name := range names {
+			if _, err := db.Open(name); err != nil {
+				return err
+			}
+		}
+	}
+	db.checkAll = false
+	if err := removeFileSync(db.dir, gcMarkerFile); err != nil {
+		return err
+	}
+	return removeFileSync(db.dir, unsureFile)
 }

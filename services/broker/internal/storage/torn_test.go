@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/dgraph-io/badger/v4"
 	"github.com/rs/zerolog"
 )
 
@@ -116,11 +117,11 @@ func (h *crashHarness) crashCopy(vlogs map[string][]byte) string {
 // A machine crash between a batch's commit and its fsync, after the kernel
 // wrote the write-ahead log back but not the value log: the stream's
 // metadata claims the batch, whose values never reached the disk. The copy
-// must come back claiming only what it holds, every record readable, able
-// to append at its tail, and unsure of its epoch (also after a restart on
-// the same boot). Without the read-back it claimed the torn records and no
-// read could return them.
-func TestTornSegmentsAreCutAfterAMachineCrash(t *testing.T) {
+// must come back claiming only what it holds (the torn batch rolled back),
+// every record readable, able to append at its tail, and unsure of its
+// epoch (also after a restart on the same boot). Without the roll back the
+// store did not open: the producer table replay hit the torn segment.
+func TestTornBatchIsRolledBackAfterAMachineCrash(t *testing.T) {
 	h := newCrashHarness(t)
 	db := h.open(h.dir)
 	s := ownerStream(t, db, "s", 1)
@@ -330,9 +331,9 @@ func TestValueLogGCMarkerAfterAProcessCrashIsDropped(t *testing.T) {
 // The newest transaction's metadata may be torn as its segments are: a
 // meta with a few log epochs is above the value threshold, so in the value
 // log. The copy comes back with the metadata the last synced write left
-// (tails, chain and log epochs), every record readable; without the
-// restore the store did not open.
-func TestTornMetadataIsRestoredAfterAMachineCrash(t *testing.T) {
+// (tails, chain and log epochs), every record readable; without the roll
+// back the store did not open.
+func TestTornMetadataIsRolledBackAfterAMachineCrash(t *testing.T) {
 	h := newCrashHarness(t)
 	db := h.open(h.dir)
 	s := openStream(t, db, "s")
@@ -366,5 +367,115 @@ func TestTornMetadataIsRestoredAfterAMachineCrash(t *testing.T) {
 		if err := sameRecord(got[i], synced[i]); err != nil {
 			t.Fatalf("record %d: %v", i, err)
 		}
+	}
+}
+
+// A crash in the middle of a roll back: the next open on the same boot
+// rolls back the rest. It must not take the roll back's own first write
+// for the newest transaction (a fresh look would, find nothing torn in it
+// and leave the rest torn): the version it started from, and that it is
+// rolling back, are kept in STRAND_UNSURE. The keys are written by the
+// committer like any batch: a small value (the write-ahead log) that sorts
+// first and a large one (the value log).
+func TestRollBackInterruptedIsFinishedByTheNextOpen(t *testing.T) {
+	h := newCrashHarness(t)
+	db := h.open(h.dir)
+	small, large := []byte("x1"), []byte("x2")
+	put := func(tag string) {
+		t.Helper()
+		big := bytes.Repeat([]byte(tag), 2048)
+		if err := db.do(context.Background(), &op{kvs: []kv{{key: small, val: []byte(tag)}, {key: large, val: big}}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	put("a")
+	onDisk := h.valueLogs()
+	inSync, release := holdNextSync(db)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		put("b")
+	}()
+	<-inSync
+	crashed := h.crashCopy(onDisk)
+	close(release)
+	<-done
+	if err := db.Close(); err != nil {
+		t.Fatal(err)
+	}
+	h.reboot("boot-2")
+
+	writeBackSplit = 1
+	_, err := Open(Options{Dir: crashed, Logger: zerolog.Nop(), MemTableBytes: 8 << 20, CacheBytes: 4 << 20, ValueLogFileBytes: 1 << 20, BootIDPath: h.boot})
+	writeBackSplit = 0
+	if err == nil || !strings.Contains(err.Error(), "injected") {
+		t.Fatalf("open with a roll back cut short: %v", err)
+	}
+	db = h.open(crashed)
+	defer db.Close()
+	err = db.bdb.View(func(txn *badger.Txn) error {
+		for key, want := range map[string][]byte{"x1": []byte("a"), "x2": bytes.Repeat([]byte("a"), 2048)} {
+			item, err := txn.Get([]byte(key))
+			if err != nil {
+				return fmt.Errorf("%s: %w", key, err)
+			}
+			v, err := item.ValueCopy(nil)
+			if err != nil {
+				return fmt.Errorf("%s: %w", key, err)
+			}
+			if !bytes.Equal(v, want) {
+				return fmt.Errorf("%s = %.8q..., want the value before the torn write", key, v)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fileExists(crashed, unsureFile) {
+		t.Fatal("the recovery marker outlived a finished recovery")
+	}
+}
+
+// A crash in the middle of the recovery, after the roll back and before
+// the copies are marked unsure: the next open on the same boot finishes
+// it. It must not take the roll back's own write for the newest
+// transaction (a fresh look would, and find nothing torn in it): the
+// version it started from is kept in STRAND_UNSURE.
+func TestRecoveryInterruptedIsFinishedByTheNextOpen(t *testing.T) {
+	h := newCrashHarness(t)
+	db := h.open(h.dir)
+	s := ownerStream(t, db, "s", 1)
+	synced := mustAppend(t, s, 1, sizedRecs("synced", 8, 2048))
+	crashed := h.crashDuringAppend(db, s, 1)
+
+	for _, step := range []string{"roll back", "mark"} {
+		afterRecoveryStep = func(at string) error {
+			if at == step {
+				return fmt.Errorf("injected: crash after %s", at)
+			}
+			return nil
+		}
+		_, err := Open(Options{Dir: crashed, Logger: zerolog.Nop(), MemTableBytes: 8 << 20, CacheBytes: 4 << 20, ValueLogFileBytes: 1 << 20, BootIDPath: h.boot})
+		afterRecoveryStep = nil
+		if err == nil || !strings.Contains(err.Error(), "injected") {
+			t.Fatalf("open with a crash after %q: %v", step, err)
+		}
+		if !fileExists(crashed, unsureFile) {
+			t.Fatalf("the recovery marker is gone after a crash after %q", step)
+		}
+	}
+	db = h.open(crashed)
+	defer db.Close()
+	s = openStream(t, db, "s")
+	st := s.State()
+	if st.RecordTail != uint64(len(synced)) || st.UnsureEpoch != 1 {
+		t.Fatalf("after the recovery: tail %d, unsure epoch %d; want %d, 1", st.RecordTail, st.UnsureEpoch, len(synced))
+	}
+	if got := mustRead(t, s, 0, 0); len(got) != len(synced) {
+		t.Fatalf("read %d records, want %d", len(got), len(synced))
+	}
+	if fileExists(crashed, unsureFile) {
+		t.Fatal("the recovery marker outlived a finished recovery")
 	}
 }

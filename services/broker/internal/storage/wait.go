@@ -148,7 +148,7 @@ func (s *Stream) wakeAll() {
 // durable record tail; a lower w is ignored (only Cut and ResetTo lower the
 // watermark). It is persisted lazily: with the stream's next metadata
 // write, or else within watermarkPersistInterval by a write of its own that
-// waits for no fsync. After a crash the watermark may be lower than the one
+// nobody waits for. After a crash the watermark may be lower than the one
 // last set, never above the record tail. An owner moves it on every
 // confirm and a follower on every batch, so a write each time would be a
 // Badger transaction per batch for a value that only spares a restarted
