@@ -45,7 +45,8 @@ type Copy struct {
 	roleChanged     chan struct{}
 	lastApplyErrLog time.Time
 	// unsureEpoch is the epoch this copy was at when its broker started
-	// after an unclean stop on a new boot (storage.MayHaveLostWritten),
+	// after an unclean stop on a new boot (storage State.UnsureEpoch, kept
+	// in the copy until it moves to a new epoch),
 	// and ownerWithheld is set while it stands down as that epoch's owner
 	// (withholdOwner).
 	unsureEpoch   uint64

@@ -68,10 +68,10 @@ func checkBoot(dir, bootIDPath string, newest func() uint64) (mayHaveLost bool, 
 	mayHaveLost = bootLost(dir, bootIDPath)
 	if mayHaveLost {
 		b, rerr := os.ReadFile(filepath.Join(dir, unsureFile))
-		if rerr != nil || json.Unmarshal(b, &rec) != nil || rec.Newest == 0 {
+		if rerr != nil || json.Unmarshal(b, &rec) != nil || rec.From == 0 {
 			// Before the new boot id, which would hide the loss from a
 			// later open on this boot.
-			rec = unsureRecord{Newest: newest()}
+			rec = unsureRecord{From: newest()}
 			if err := saveUnsure(dir, rec); err != nil {
 				return false, rec, err
 			}

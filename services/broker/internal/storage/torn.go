@@ -33,20 +33,24 @@ import (
 // records (boot.go), Open first recovers, on Badger opened without
 // compactions (which could drop the older versions it needs):
 //
-//  1. a value log GC rewrite that was not durable (gcMarkerFile) gets its
+//  1. if any value written at or above rec.From (the newest transaction's
+//     version, at first) cannot be read, everything written from there is
+//     rolled back: each such key gets its newest version below rec.From
+//     back, or goes (rollBack). The store is then what the last fsync
+//     left, which is all any confirm counted on;
+//  2. a value log GC rewrite that was not durable (gcMarkerFile) gets its
 //     moved values back from the file it moved them from
 //     (repairValueLogGC);
-//  2. if any value of the newest transaction cannot be read, the whole
-//     transaction is rolled back: each key it wrote gets its previous
-//     version back, or goes (rollBackNewest). The store is then what the
-//     last fsync left, which is all any confirm counted on;
 //  3. every copy is marked unsure of its epoch (State.UnsureEpoch), for
 //     the broker (replica, "unsure owner").
 //
-// unsureFile keeps the newest version and the decisions taken until all of
-// this is done, so a crash in the middle of it does the same again. A copy
-// whose GC-moved values are found nowhere is cut below the lowest segment
-// it cannot read once the store is open (checkAll, cutTornTail).
+// The recovery's own writes can be torn by a power loss as well, and so can
+// the open's writes that follow until the recovery is done (finishDrops,
+// cuts): each step that wrote moves rec.From past its synced write, and
+// unsureFile keeps rec until the open is done, so a crash anywhere rolls
+// back to the last synced step and does the rest again. A copy whose
+// GC-moved values are found nowhere is cut below the lowest segment it
+// cannot read once the store is open (checkAll, cutTornTail).
 
 // gcMarkerFile exists while the value log GC rewrites a file and the
 // rewrite is not yet durable (vlog.go).
@@ -54,10 +58,12 @@ const gcMarkerFile = "STRAND_VLOG_GC"
 
 // unsureRecord is what unsureFile holds.
 type unsureRecord struct {
-	// Newest is Badger's newest version when the recovery began: the
-	// only transaction a machine crash can have torn.
-	Newest uint64 `json:"newest"`
-	// RollBack: the newest transaction is torn and being rolled back.
+	// From: every version below it is synced; what was written at or
+	// above it may be torn. First Badger's newest version (the newest
+	// transaction), then past each synced write of the recovery.
+	From uint64 `json:"from"`
+	// RollBack: a value written at or above From cannot be read, and
+	// everything written from From is being rolled back.
 	RollBack bool `json:"roll_back,omitempty"`
 	// CheckAll: values the value log GC moved are lost; every copy's
 	// segments are read back once the store is open.
@@ -86,6 +92,10 @@ type recovery struct {
 	dir string
 	log zerolog.Logger
 	rec unsureRecord
+	// gcTorn: keys the roll back left at a version that cannot be read
+	// though synced (a value log GC rewrite a power loss cut short), by
+	// that version, for the repair.
+	gcTorn map[string]uint64
 }
 
 // afterRecoveryStep, when set (tests only), runs after each step of a
@@ -102,13 +112,20 @@ func (r *recovery) run(bootIDPath string) error {
 		name string
 		do   func() error
 	}{
+		{"roll back", r.rollBack},
 		{"repair", r.repairValueLogGC},
-		{"roll back", r.rollBackNewest},
 		{"mark", r.markUnsure},
 	}
 	for _, st := range steps {
 		if err := st.do(); err != nil {
 			return err
+		}
+		// Synced: what the step wrote is below From from here on.
+		if from := r.bdb.MaxVersion() + 1; from > r.rec.From || r.rec.RollBack {
+			r.rec.From, r.rec.RollBack = max(from, r.rec.From), false
+			if err := saveUnsure(r.dir, r.rec); err != nil {
+				return err
+			}
 		}
 		if hook := afterRecoveryStep; hook != nil {
 			if err := hook(st.name); err != nil {
@@ -253,10 +270,14 @@ func readable(item *badger.Item) bool {
 // durable (vlog.go). Every value is read (readable); each that cannot be is
 // looked up in the value log files by its key and version
 // (valueLogEntries) and written again. A value found nowhere is left: the
-// newest transaction's are rolled back next, and a segment's copy is cut
-// below it (CheckAll).
+// segment's copy is cut below it (CheckAll).
 func (r *recovery) repairValueLogGC() error {
 	if !fileExists(r.dir, gcMarkerFile) {
+		if len(r.gcTorn) > 0 && !r.rec.CheckAll {
+			// No rewrite to repair, yet unreadable: read every copy back.
+			r.rec.CheckAll = true
+			return saveUnsure(r.dir, r.rec)
+		}
 		return nil
 	}
 	type torn struct {
@@ -274,6 +295,12 @@ func (r *recovery) repairValueLogGC() error {
 				continue
 			}
 			t := torn{key: item.KeyCopy(nil), version: item.Version()}
+			if v, ok := r.gcTorn[string(t.key)]; ok {
+				// Its newest version is a torn write of the recovery's,
+				// which the roll back did not undo: the one to find is
+				// the version the GC moved.
+				t.version = v
+			}
 			found = append(found, t)
 			want[string(versionedKey(t.key, t.version))] = struct{}{}
 		}
@@ -294,8 +321,8 @@ func (r *recovery) repairValueLogGC() error {
 	for _, t := range found {
 		if v, ok := vals[string(versionedKey(t.key, t.version))]; ok {
 			fixes = append(fixes, kv{key: t.key, val: v})
-		} else if t.version < r.rec.Newest {
-			missing++ // the newest transaction's are rolled back instead
+		} else {
+			missing++
 		}
 	}
 	if missing > 0 && !r.rec.CheckAll {
@@ -316,21 +343,23 @@ func (r *recovery) repairValueLogGC() error {
 	return nil
 }
 
-// rollBackNewest rolls the newest transaction back when any value it
-// wrote cannot be read: every key whose newest version is rec.Newest gets
-// its previous version written again, or is deleted when it had none (or
-// was deleted before). The decision is saved first, so a crash in the
-// middle rolls back the rest.
-func (r *recovery) rollBackNewest() error {
-	newest := r.rec.Newest
+// rollBack rolls back everything written at or above rec.From when any
+// value written there cannot be read: every key whose newest version is at
+// or above it gets its newest version below it written again, or is
+// deleted when it had none (or was deleted there). The decision is saved
+// first, so a crash in the middle rolls back the rest; the roll back reads
+// only versions below From, which are synced, so it can be repeated.
+func (r *recovery) rollBack() error {
+	from := r.rec.From
 	var fixes []kv
 	torn := false
+	r.gcTorn = map[string]uint64{}
 	err := r.bdb.View(func(txn *badger.Txn) error {
 		it := txn.NewIterator(badger.IteratorOptions{AllVersions: true})
 		defer it.Close()
 		// last is the key seen last; pending is that key while its newest
-		// version is of the newest transaction and its previous one is
-		// not found yet.
+		// version is at or above from and its newest one below is not
+		// found yet.
 		var last, pending []byte
 		absent := func() {
 			if pending != nil {
@@ -342,7 +371,7 @@ func (r *recovery) rollBackNewest() error {
 			item := it.Item()
 			if bytes.Equal(item.Key(), last) {
 				switch {
-				case pending == nil:
+				case pending == nil || item.Version() >= from:
 				case item.IsDeletedOrExpired():
 					absent()
 				case readable(item):
@@ -352,12 +381,18 @@ func (r *recovery) rollBackNewest() error {
 					}
 					fixes = append(fixes, kv{key: pending, val: v})
 					pending = nil
+				default:
+					// Synced, yet unreadable: a value a value log GC moved
+					// before a power loss. The repair looks it up by this
+					// version (repairValueLogGC).
+					r.gcTorn[string(pending)] = item.Version()
+					pending = nil
 				}
 				continue
 			}
 			absent() // no older version
 			last = item.KeyCopy(last[:0])
-			if item.Version() != newest {
+			if item.Version() < from {
 				continue
 			}
 			if !item.IsDeletedOrExpired() && !readable(item) {
@@ -369,7 +404,7 @@ func (r *recovery) rollBackNewest() error {
 		return nil
 	})
 	if err != nil {
-		return fmt.Errorf("storage: reading back the newest transaction: %w", err)
+		return fmt.Errorf("storage: reading back what was written last: %w", err)
 	}
 	if !torn && !r.rec.RollBack {
 		return nil // all of it reached the disk
@@ -381,10 +416,10 @@ func (r *recovery) rollBackNewest() error {
 		}
 	}
 	if err := writeBack(r.bdb, fixes); err != nil {
-		return fmt.Errorf("storage: rolling back the newest transaction: %w", err)
+		return fmt.Errorf("storage: rolling back what was written last: %w", err)
 	}
-	r.log.Warn().Uint64("version", newest).Int("keys", len(fixes)).
-		Msg("a transaction written before an unclean stop did not fully reach the disk: rolled back to what the last synced write left")
+	r.log.Warn().Uint64("from_version", from).Int("keys", len(fixes)).Int("left_to_repair", len(r.gcTorn)).
+		Msg("writes made before an unclean stop did not fully reach the disk: rolled back to what the last synced write left")
 	return nil
 }
 
@@ -470,8 +505,15 @@ func writeBack(bdb *badger.DB, kvs []kv) error {
 	if err := txn.Commit(); err != nil {
 		return err
 	}
+	if hook := beforeWriteBackSync; hook != nil {
+		hook()
+	}
 	return bdb.Sync()
 }
+
+// beforeWriteBackSync, when set (tests only), runs in writeBack between
+// its last commit and its fsync.
+var beforeWriteBackSync func()
 
 // settle finishes an open that may have lost written records: with
 // CheckAll it loads every stream copy, which reads back its segments and
