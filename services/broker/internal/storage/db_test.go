@@ -184,6 +184,11 @@ func TestDropInterruptedAfterAQueuedOpIsFinishedOnOpen(t *testing.T) {
 	if _, err := s.CommitCursor(ctx, 1, "c", 3); err != nil {
 		t.Fatal(err)
 	}
+	// CommitCursor returns before its fsync: wait for it, or its batch
+	// could be the one held below and the append queue behind it.
+	if err := s.Sync(ctx); err != nil {
+		t.Fatal(err)
+	}
 	// Hold the committer at the sync of an append, so the next ops queue.
 	hold.Store(true)
 	go func() { _, _ = s.Append(ctx, 1, recs("b", 1)) }()
