@@ -92,6 +92,10 @@ type DB struct {
 	mayHaveLostWritten bool
 	// checkAll: loadStream reads every segment back (torn.go).
 	checkAll bool
+	// pin, while a recovery is not done (unsureFile), is a read
+	// transaction that keeps compaction from dropping the versions a
+	// roll back after another crash would need (torn.go, settle).
+	pin *badger.Txn
 
 	// Tail cache bounds (Options) and the bytes all streams' caches hold.
 	tailCacheBytes int
@@ -242,6 +246,9 @@ func Open(opts Options) (*DB, error) {
 		streams:                 make(map[string]*Stream),
 	}
 	db.checkAll = lost && rec.CheckAll
+	if lost {
+		db.pin = bdb.NewTransaction(false)
+	}
 	db.advisor = newMapAdvisor(opts.Dir)
 	go db.commitLoop()
 	// Until the loops below start, Close must not wait for them.
@@ -309,6 +316,9 @@ func (db *DB) Close() error {
 	<-db.stopped
 	<-db.gcDone
 	<-db.wmDone
+	if db.pin != nil {
+		db.pin.Discard()
+	}
 
 	db.mu.Lock()
 	for _, s := range db.streams {

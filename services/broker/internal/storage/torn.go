@@ -86,16 +86,14 @@ func recoverStore(bo badger.Options, dir, bootIDPath string, log zerolog.Logger)
 	return r.rec, err
 }
 
-// recovery is one run of the recovery (see above).
+// recovery is one run of the recovery (see above). It keeps nothing
+// between its steps but rec, which is saved: a run cut short anywhere is
+// redone from rec alone.
 type recovery struct {
 	bdb *badger.DB
 	dir string
 	log zerolog.Logger
 	rec unsureRecord
-	// gcTorn: keys the roll back left at a version that cannot be read
-	// though synced (a value log GC rewrite a power loss cut short), by
-	// that version, for the repair.
-	gcTorn map[string]uint64
 }
 
 // afterRecoveryStep, when set (tests only), runs after each step of a
@@ -120,7 +118,12 @@ func (r *recovery) run(bootIDPath string) error {
 		if err := st.do(); err != nil {
 			return err
 		}
-		// Synced: what the step wrote is below From from here on.
+		// What the step wrote is synced (and so is what a process that
+		// died on this boot left in the page cache, which reads back
+		// whole): below From from here on.
+		if err := r.bdb.Sync(); err != nil {
+			return err
+		}
 		if from := r.bdb.MaxVersion() + 1; from > r.rec.From || r.rec.RollBack {
 			r.rec.From, r.rec.RollBack = max(from, r.rec.From), false
 			if err := saveUnsure(r.dir, r.rec); err != nil {
@@ -134,6 +137,23 @@ func (r *recovery) run(bootIDPath string) error {
 		}
 	}
 	return nil
+}
+
+// versionKey names a key at a version: the form valueLogEntries takes.
+func versionKey(key []byte, version uint64) string { return string(versionedKey(key, version)) }
+
+// moved returns, after a value log GC rewrite a power loss cut short
+// (gcMarkerFile), the values of want (versionKey) that are whole in some
+// value log file; without such a rewrite, none.
+func (r *recovery) moved(want map[string]struct{}) (map[string][]byte, error) {
+	if len(want) == 0 || !fileExists(r.dir, gcMarkerFile) {
+		return nil, nil
+	}
+	vals, err := valueLogEntries(r.dir, math.MaxUint32, want)
+	if err != nil {
+		return nil, fmt.Errorf("storage: reading the value log after an interrupted value log GC: %w", err)
+	}
+	return vals, nil
 }
 
 // findTorn returns the first offset of the lowest record segment of the
@@ -267,17 +287,12 @@ func readable(item *badger.Item) bool {
 // repairValueLogGC runs when gcMarkerFile says a value log GC rewrite
 // was not yet durable: a value it moved may be torn at its new place though
 // whole at its old one, which Badger deletes only after the rewrite is
-// durable (vlog.go). Every value is read (readable); each that cannot be is
-// looked up in the value log files by its key and version
-// (valueLogEntries) and written again. A value found nowhere is left: the
-// segment's copy is cut below it (CheckAll).
+// durable (vlog.go). Every newest value is read (readable); each that
+// cannot be is looked up in the value log files by its key and version
+// (moved) and written again. A value found nowhere is left, and every
+// copy's segments are read back once the store is open (CheckAll).
 func (r *recovery) repairValueLogGC() error {
 	if !fileExists(r.dir, gcMarkerFile) {
-		if len(r.gcTorn) > 0 && !r.rec.CheckAll {
-			// No rewrite to repair, yet unreadable: read every copy back.
-			r.rec.CheckAll = true
-			return saveUnsure(r.dir, r.rec)
-		}
 		return nil
 	}
 	type torn struct {
@@ -295,36 +310,25 @@ func (r *recovery) repairValueLogGC() error {
 				continue
 			}
 			t := torn{key: item.KeyCopy(nil), version: item.Version()}
-			if v, ok := r.gcTorn[string(t.key)]; ok {
-				// Its newest version is a torn write of the recovery's,
-				// which the roll back did not undo: the one to find is
-				// the version the GC moved.
-				t.version = v
-			}
 			found = append(found, t)
-			want[string(versionedKey(t.key, t.version))] = struct{}{}
+			want[versionKey(t.key, t.version)] = struct{}{}
 		}
 		return nil
 	})
 	if err != nil {
 		return fmt.Errorf("storage: reading back values after an interrupted value log GC: %w", err)
 	}
-	if len(found) == 0 {
-		return nil
-	}
-	vals, err := valueLogEntries(r.dir, math.MaxUint32, want)
+	vals, err := r.moved(want)
 	if err != nil {
-		return fmt.Errorf("storage: reading the value log after an interrupted value log GC: %w", err)
+		return err
 	}
 	var fixes []kv
-	missing := 0
 	for _, t := range found {
-		if v, ok := vals[string(versionedKey(t.key, t.version))]; ok {
+		if v, ok := vals[versionKey(t.key, t.version)]; ok {
 			fixes = append(fixes, kv{key: t.key, val: v})
-		} else {
-			missing++
 		}
 	}
+	missing := len(found) - len(fixes)
 	if missing > 0 && !r.rec.CheckAll {
 		r.rec.CheckAll = true
 		if err := saveUnsure(r.dir, r.rec); err != nil {
@@ -334,80 +338,76 @@ func (r *recovery) repairValueLogGC() error {
 	if err := writeBack(r.bdb, fixes); err != nil {
 		return fmt.Errorf("storage: writing back values after an interrupted value log GC: %w", err)
 	}
-	ev := r.log.Warn()
-	if missing > 0 {
-		ev = r.log.Error()
+	if len(found) > 0 {
+		ev := r.log.Warn()
+		if missing > 0 {
+			ev = r.log.Error()
+		}
+		ev.Int("torn", len(found)).Int("repaired", len(fixes)).Int("lost", missing).
+			Msg("a power loss interrupted a value log GC rewrite: values it moved were read back from the file it moved them from")
 	}
-	ev.Int("torn", len(found)).Int("repaired", len(fixes)).Int("lost", missing).
-		Msg("a power loss interrupted a value log GC rewrite: values it moved were read back from the file it moved them from")
 	return nil
 }
 
 // rollBack rolls back everything written at or above rec.From when any
-// value written there cannot be read: every key whose newest version is at
-// or above it gets its newest version below it written again, or is
+// value written there cannot be read (in place, nor, after a GC rewrite cut
+// short, where the GC moved it from): every key whose newest version is at
+// or above From gets its newest version below From written again, or is
 // deleted when it had none (or was deleted there). The decision is saved
-// first, so a crash in the middle rolls back the rest; the roll back reads
-// only versions below From, which are synced, so it can be repeated.
+// first; the roll back reads only versions below From, which are synced
+// (or found whole in the value log), so a crash in the middle of it does it
+// again, and it writes in bounded, synced pieces.
 func (r *recovery) rollBack() error {
 	from := r.rec.From
-	var fixes []kv
-	torn := false
-	r.gcTorn = map[string]uint64{}
+	// First: is anything written from From torn? want collects the values
+	// that cannot be read in place: the newest (at or above From) and the
+	// one below From of each key written there.
+	want := map[string]struct{}{}
+	var newest []string // versionKey of each key's unreadable newest version
 	err := r.bdb.View(func(txn *badger.Txn) error {
 		it := txn.NewIterator(badger.IteratorOptions{AllVersions: true})
 		defer it.Close()
-		// last is the key seen last; pending is that key while its newest
-		// version is at or above from and its newest one below is not
-		// found yet.
-		var last, pending []byte
-		absent := func() {
-			if pending != nil {
-				fixes = append(fixes, kv{key: pending, del: true})
-				pending = nil
-			}
-		}
+		var last []byte
+		written, below := false, false // last was written from From; its version below From was seen
 		for it.Rewind(); it.Valid(); it.Next() {
 			item := it.Item()
-			if bytes.Equal(item.Key(), last) {
-				switch {
-				case pending == nil || item.Version() >= from:
-				case item.IsDeletedOrExpired():
-					absent()
-				case readable(item):
-					v, err := item.ValueCopy(nil)
-					if err != nil {
-						return err
-					}
-					fixes = append(fixes, kv{key: pending, val: v})
-					pending = nil
-				default:
-					// Synced, yet unreadable: a value a value log GC moved
-					// before a power loss. The repair looks it up by this
-					// version (repairValueLogGC).
-					r.gcTorn[string(pending)] = item.Version()
-					pending = nil
+			if !bytes.Equal(item.Key(), last) {
+				last = item.KeyCopy(last[:0])
+				written, below = item.Version() >= from, false
+				if written && !item.IsDeletedOrExpired() && !readable(item) {
+					vk := versionKey(last, item.Version())
+					want[vk] = struct{}{}
+					newest = append(newest, vk)
 				}
 				continue
 			}
-			absent() // no older version
-			last = item.KeyCopy(last[:0])
-			if item.Version() < from {
+			if !written || below || item.Version() >= from {
 				continue
 			}
+			below = true
 			if !item.IsDeletedOrExpired() && !readable(item) {
-				torn = true
+				want[versionKey(last, item.Version())] = struct{}{}
 			}
-			pending = item.KeyCopy(nil)
 		}
-		absent()
 		return nil
 	})
 	if err != nil {
 		return fmt.Errorf("storage: reading back what was written last: %w", err)
 	}
-	if !torn && !r.rec.RollBack {
-		return nil // all of it reached the disk
+	vals, err := r.moved(want)
+	if err != nil {
+		return err
+	}
+	torn := 0
+	for _, vk := range newest {
+		if _, ok := vals[vk]; !ok {
+			torn++
+		}
+	}
+	if torn == 0 && !r.rec.RollBack {
+		// All of it reached the disk (what the GC moved, the repair puts
+		// back in place).
+		return nil
 	}
 	if !r.rec.RollBack {
 		r.rec.RollBack = true
@@ -415,10 +415,98 @@ func (r *recovery) rollBack() error {
 			return err
 		}
 	}
-	if err := writeBack(r.bdb, fixes); err != nil {
+
+	// Then the roll back, piece by piece.
+	const pieceKeys, pieceBytes = 4096, 16 << 20
+	var piece []kv
+	size, keys, lost := 0, 0, 0
+	flush := func() error {
+		err := writeBack(r.bdb, piece)
+		keys += len(piece)
+		piece, size = nil, 0
+		return err
+	}
+	err = r.bdb.View(func(txn *badger.Txn) error {
+		it := txn.NewIterator(badger.IteratorOptions{AllVersions: true})
+		defer it.Close()
+		// pending is the key seen last while its value to restore is
+		// not found yet.
+		var last, pending []byte
+		restore := func(k kv) error {
+			piece = append(piece, k)
+			size += len(k.key) + len(k.val)
+			pending = nil
+			if len(piece) >= pieceKeys || size >= pieceBytes {
+				return flush()
+			}
+			return nil
+		}
+		for it.Rewind(); it.Valid(); it.Next() {
+			item := it.Item()
+			if !bytes.Equal(item.Key(), last) {
+				if pending != nil {
+					// No older version: the key goes.
+					if err := restore(kv{key: pending, del: true}); err != nil {
+						return err
+					}
+				}
+				last = item.KeyCopy(last[:0])
+				if item.Version() >= from {
+					pending = item.KeyCopy(nil)
+				}
+				continue
+			}
+			if pending == nil || item.Version() >= from {
+				continue
+			}
+			switch {
+			case item.IsDeletedOrExpired():
+				if err := restore(kv{key: pending, del: true}); err != nil {
+					return err
+				}
+			case readable(item):
+				v, err := item.ValueCopy(nil)
+				if err != nil {
+					return err
+				}
+				if err := restore(kv{key: pending, val: v}); err != nil {
+					return err
+				}
+			default:
+				if v, ok := vals[versionKey(pending, item.Version())]; ok {
+					if err := restore(kv{key: pending, val: v}); err != nil {
+						return err
+					}
+					continue
+				}
+				// Synced, yet found nowhere: a value a GC moved before a
+				// power loss took the old file too. An older version stands
+				// in, and every copy's segments are read back (CheckAll).
+				lost++
+			}
+		}
+		if pending != nil {
+			return restore(kv{key: pending, del: true})
+		}
+		return nil
+	})
+	if err == nil {
+		err = flush()
+	}
+	if err != nil {
 		return fmt.Errorf("storage: rolling back what was written last: %w", err)
 	}
-	r.log.Warn().Uint64("from_version", from).Int("keys", len(fixes)).Int("left_to_repair", len(r.gcTorn)).
+	if lost > 0 && !r.rec.CheckAll {
+		r.rec.CheckAll = true
+		if err := saveUnsure(r.dir, r.rec); err != nil {
+			return err
+		}
+	}
+	ev := r.log.Warn()
+	if lost > 0 {
+		ev = r.log.Error()
+	}
+	ev.Uint64("from_version", from).Int("torn", torn).Int("keys", keys).Int("lost", lost).
 		Msg("writes made before an unclean stop did not fully reach the disk: rolled back to what the last synced write left")
 	return nil
 }
@@ -535,5 +623,10 @@ func (db *DB) settle(rec unsureRecord) error {
 	if err := removeFileSync(db.dir, gcMarkerFile); err != nil {
 		return err
 	}
-	return removeFileSync(db.dir, unsureFile)
+	if err := removeFileSync(db.dir, unsureFile); err != nil {
+		return err
+	}
+	db.pin.Discard()
+	db.pin = nil
+	return nil
 }

@@ -3,6 +3,7 @@ package storage
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"io/fs"
 	"os"
@@ -135,6 +136,9 @@ func TestTornBatchIsRolledBackAfterAMachineCrash(t *testing.T) {
 		t.Helper()
 		if !db.MayHaveLostWritten() {
 			t.Fatal("a store opened after a machine crash claims nothing can be missing")
+		}
+		if db.pin != nil {
+			t.Fatal("the recovery's read transaction outlived the open: compaction and the value log GC would keep every version")
 		}
 		s := openStream(t, db, "s")
 		st := s.State()
@@ -578,6 +582,125 @@ func TestValueLogGCRepairTornByAPowerLossIsRepairedAgain(t *testing.T) {
 	for i := range want {
 		if err := sameRecord(got[i], want[i]); err != nil {
 			t.Fatalf("record %d: %v", i, err)
+		}
+	}
+}
+
+// Power losses during the recovery of a value log GC rewrite cut short:
+// the repair's write torn once, then the next recovery stopped right after
+// its roll back (its From saved past the torn repair); or the repair's
+// write torn twice in a row. Each time the records the GC moved must come
+// back from the old file, which still holds them, not be cut away.
+func TestValueLogGCRepairSurvivesRepeatedCrashes(t *testing.T) {
+	for _, c := range []struct {
+		name  string
+		crash func(h *crashHarness) string
+	}{
+		{"stopped after the roll back", func(h *crashHarness) string {
+			afterRecoveryStep = func(at string) error {
+				if at == "roll back" {
+					return fmt.Errorf("injected: crash after %s", at)
+				}
+				return nil
+			}
+			defer func() { afterRecoveryStep = nil }()
+			_, err := Open(Options{Dir: h.dir, Logger: zerolog.Nop(), MemTableBytes: 8 << 20, CacheBytes: 4 << 20, ValueLogFileBytes: 1 << 20, BootIDPath: h.boot})
+			if err == nil || !strings.Contains(err.Error(), "injected") {
+				t.Fatalf("open stopped after the roll back: %v", err)
+			}
+			return h.dir
+		}},
+		{"torn again", func(h *crashHarness) string { return h.openTearingRecovery() }},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			h := newCrashHarness(t)
+			crashed, want := gcCrash(t, h)
+			h.reboot("boot-2")
+			h = &crashHarness{t: t, dir: crashed, boot: h.boot}
+			h = &crashHarness{t: t, dir: h.openTearingRecovery(), boot: h.boot}
+			crashed = c.crash(h)
+			db := h.open(crashed)
+			defer db.Close()
+			if st := openStream(t, db, "k").State(); st.RecordTail != uint64(len(want)) {
+				t.Fatalf("record tail %d, want %d: records the GC moved were cut though the old file holds them", st.RecordTail, len(want))
+			}
+		})
+	}
+}
+
+// The value log GC moves values of the newest transaction, which was
+// synced (its append rotated the value log file, so its values sit in a
+// file the GC rewrites), and a power loss cuts the rewrite short. The
+// recovery must find those values where the GC moved them from and keep
+// the append, not take them for a torn write and roll back a synced
+// append.
+func TestValueLogGCMovingTheNewestTransactionKeepsIt(t *testing.T) {
+	h := newCrashHarness(t)
+	db := h.open(h.dir)
+	s := ownerStream(t, db, "s", 1)
+	k := ownerStream(t, db, "k", 1)
+	kWant := len(mustAppend(t, k, 1, sizedRecs("k0", 2, 4096)))
+	// Fill a value log file with s, then drop s: that file is garbage but
+	// for k's records.
+	files := len(vlogFiles(t, h.dir))
+	for i := 0; len(vlogFiles(t, h.dir)) == files; i++ {
+		if i > 400 {
+			t.Fatal("the value log file never rotated")
+		}
+		mustAppend(t, s, 1, sizedRecs(fmt.Sprint("a", i), 8, 4096))
+	}
+	for j := range 24 {
+		mustAppend(t, s, 1, sizedRecs(fmt.Sprint("b", j), 8, 4096))
+	}
+	s.SetConfirmWatermark(s.State().RecordTail)
+	if _, err := s.ApplyRetention(Retention{MaxRecords: 1}, time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	// The watermark written now, so that k's last append below is the
+	// newest transaction.
+	db.flushWatermarks(true)
+	if err := s.Sync(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	countGarbage(t, db)
+	// k's appends until one rotates the file: the newest transaction's
+	// values are in the file just closed.
+	files = len(vlogFiles(t, h.dir))
+	for j := 0; len(vlogFiles(t, h.dir)) == files; j++ {
+		if j > 1000 {
+			t.Fatal("the value log file never rotated")
+		}
+		kWant += len(mustAppend(t, k, 1, sizedRecs(fmt.Sprint("k", j), 1, 4096)))
+	}
+	var copies []string
+	for range 10 {
+		onDisk := h.valueLogs()
+		var crashed string
+		db.afterGCRewrite = func() { crashed = h.crashCopy(onDisk) }
+		err := db.rewriteValueLogFile()
+		if errors.Is(err, badger.ErrNoRewrite) {
+			break
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		copies = append(copies, crashed)
+	}
+	if err := db.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if len(copies) == 0 {
+		t.Fatal("the GC rewrote nothing")
+	}
+	h.reboot("boot-2")
+	for i, c := range copies {
+		db := h.open(c)
+		st := openStream(t, db, "k").State()
+		if err := db.Close(); err != nil {
+			t.Fatal(err)
+		}
+		if st.RecordTail != uint64(kWant) {
+			t.Fatalf("crash in GC round %d: k's tail %d, want %d: a synced append was rolled back", i, st.RecordTail, kWant)
 		}
 	}
 }
