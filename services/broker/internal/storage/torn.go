@@ -34,10 +34,11 @@ import (
 // compactions (which could drop the older versions it needs):
 //
 //  1. if any value written at or above rec.From (the newest transaction's
-//     version, at first) cannot be read, everything written from there is
-//     rolled back: each such key gets its newest version below rec.From
-//     back, or goes (rollBack). The store is then what the last fsync
-//     left, which is all any confirm counted on;
+//     version, at first) cannot be read, nor found whole where a value log
+//     GC cut short moved it from, everything written from there is rolled
+//     back: each such key gets its newest version below rec.From back, or
+//     goes (rollBack). The store is then what the last fsync left, which is
+//     all any confirm counted on;
 //  2. a value log GC rewrite that was not durable (gcMarkerFile) gets its
 //     moved values back from the file it moved them from
 //     (repairValueLogGC);
@@ -46,8 +47,9 @@ import (
 //
 // The recovery's own writes can be torn by a power loss as well, and so can
 // the open's writes that follow until the recovery is done (finishDrops,
-// cuts): each step that wrote moves rec.From past its synced write, and
-// unsureFile keeps rec until the open is done, so a crash anywhere rolls
+// cuts): each step moves rec.From past its synced writes, unsureFile keeps
+// rec until the open is done, and the open holds a read transaction until
+// then, so compaction keeps the versions below From; a crash anywhere rolls
 // back to the last synced step and does the rest again. A copy whose
 // GC-moved values are found nowhere is cut below the lowest segment it
 // cannot read once the store is open (checkAll, cutTornTail).
