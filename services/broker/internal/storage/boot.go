@@ -71,7 +71,8 @@ func checkBoot(dir, bootIDPath string, newest func() uint64) (mayHaveLost bool, 
 		if rerr != nil || json.Unmarshal(b, &rec) != nil || rec.From == 0 {
 			// Before the new boot id, which would hide the loss from a
 			// later open on this boot.
-			rec = unsureRecord{From: newest()}
+			n := newest()
+			rec = unsureRecord{From: n, Newest: n}
 			if err := saveUnsure(dir, rec); err != nil {
 				return false, rec, err
 			}

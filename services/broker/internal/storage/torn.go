@@ -70,6 +70,13 @@ type unsureRecord struct {
 	// CheckAll: values the value log GC moved are lost; every copy's
 	// segments are read back once the store is open.
 	CheckAll bool `json:"check_all,omitempty"`
+	// Newest is Badger's newest version when the recovery began: only
+	// versions at or below it can have been moved by a value log GC (it
+	// runs only once a recovery is done). Above it, a value log entry of
+	// the same key and version is stale: Badger reuses the version of a
+	// transaction a crash dropped from the write-ahead log, whose values
+	// may have reached the value log.
+	Newest uint64 `json:"newest,omitempty"`
 }
 
 // recoverStore runs the recovery on Badger opened with bo but without
@@ -313,7 +320,9 @@ func (r *recovery) repairValueLogGC() error {
 			}
 			t := torn{key: item.KeyCopy(nil), version: item.Version()}
 			found = append(found, t)
-			want[versionKey(t.key, t.version)] = struct{}{}
+			if t.version <= r.rec.Newest {
+				want[versionKey(t.key, t.version)] = struct{}{}
+			}
 		}
 		return nil
 	})
@@ -326,6 +335,9 @@ func (r *recovery) repairValueLogGC() error {
 	}
 	var fixes []kv
 	for _, t := range found {
+		if _, asked := want[versionKey(t.key, t.version)]; !asked {
+			continue
+		}
 		if v, ok := vals[versionKey(t.key, t.version)]; ok {
 			fixes = append(fixes, kv{key: t.key, val: v})
 		}
@@ -366,6 +378,7 @@ func (r *recovery) rollBack() error {
 	// one below From of each key written there.
 	want := map[string]struct{}{}
 	var newest []string // versionKey of each key's unreadable newest version
+	never := 0          // unreadable newest versions no GC saw
 	err := r.bdb.View(func(txn *badger.Txn) error {
 		it := txn.NewIterator(badger.IteratorOptions{AllVersions: true})
 		defer it.Close()
@@ -377,6 +390,10 @@ func (r *recovery) rollBack() error {
 				last = item.KeyCopy(last[:0])
 				written, below = item.Version() >= from, false
 				if written && !item.IsDeletedOrExpired() && !readable(item) {
+					if item.Version() > r.rec.Newest {
+						never++ // no GC moved it: torn
+						continue
+					}
 					vk := versionKey(last, item.Version())
 					want[vk] = struct{}{}
 					newest = append(newest, vk)
@@ -387,7 +404,7 @@ func (r *recovery) rollBack() error {
 				continue
 			}
 			below = true
-			if !item.IsDeletedOrExpired() && !readable(item) {
+			if !item.IsDeletedOrExpired() && !readable(item) && item.Version() <= r.rec.Newest {
 				want[versionKey(last, item.Version())] = struct{}{}
 			}
 		}
@@ -400,7 +417,7 @@ func (r *recovery) rollBack() error {
 	if err != nil {
 		return err
 	}
-	torn := 0
+	torn := never
 	for _, vk := range newest {
 		if _, ok := vals[vk]; !ok {
 			torn++
