@@ -364,20 +364,7 @@ func TestValueLogGCMarkerAfterAProcessCrashIsDropped(t *testing.T) {
 func TestTornMetadataIsRolledBackAfterAMachineCrash(t *testing.T) {
 	h := newCrashHarness(t)
 	db := h.open(h.dir)
-	s := openStream(t, db, "s")
-	var synced []Record
-	for ep := uint64(1); ep <= 12; ep++ {
-		if err := s.AdvanceEpoch(ep); err != nil {
-			t.Fatal(err)
-		}
-		synced = append(synced, mustAppend(t, s, ep, sizedRecs(fmt.Sprint("e", ep), 2, 2048))...)
-	}
-	s.mu.Lock()
-	metaBytes := len(encodeMeta(&s.m))
-	s.mu.Unlock()
-	if metaBytes <= 512 {
-		t.Fatalf("meta of %d bytes stays in the LSM tree; the test needs it in the value log", metaBytes)
-	}
+	s, synced := bigMetaStream(t, db)
 	before := s.State()
 	crashed := h.crashDuringAppend(db, s, 12)
 	db = h.open(crashed)
@@ -551,19 +538,35 @@ func (h *crashHarness) openTearingRecovery() string {
 	return crashed
 }
 
+// bigMetaStream makes stream "s" with twelve epochs of records, so that
+// its metadata (a log epoch each) is above the value threshold, in the value
+// log, and returns it with its records.
+func bigMetaStream(t *testing.T, db *DB) (*Stream, []Record) {
+	t.Helper()
+	s := openStream(t, db, "s")
+	var recs []Record
+	for ep := uint64(1); ep <= 12; ep++ {
+		if err := s.AdvanceEpoch(ep); err != nil {
+			t.Fatal(err)
+		}
+		recs = append(recs, mustAppend(t, s, ep, sizedRecs(fmt.Sprint("e", ep), 2, 2048))...)
+	}
+	s.mu.Lock()
+	metaBytes := len(encodeMeta(&s.m))
+	s.mu.Unlock()
+	if metaBytes <= 512 {
+		t.Fatalf("meta of %d bytes stays in the LSM tree; the test needs it in the value log", metaBytes)
+	}
+	return s, recs
+}
+
 // A power loss during the recovery's own write (here, marking the copies
 // unsure, whose metas are in the value log): the next opens roll it back
 // and do it again, instead of failing for ever on the torn metadata.
 func TestRecoveryWriteTornByAPowerLossIsRolledBack(t *testing.T) {
 	h := newCrashHarness(t)
 	db := h.open(h.dir)
-	s := openStream(t, db, "s")
-	for ep := uint64(1); ep <= 12; ep++ {
-		if err := s.AdvanceEpoch(ep); err != nil {
-			t.Fatal(err)
-		}
-		mustAppend(t, s, ep, sizedRecs(fmt.Sprint("e", ep), 2, 2048))
-	}
+	s, _ := bigMetaStream(t, db)
 	before := s.State()
 	if err := db.Close(); err != nil {
 		t.Fatal(err)
@@ -740,13 +743,7 @@ func TestValueLogGCMovingTheNewestTransactionKeepsIt(t *testing.T) {
 func TestRecoveryIgnoresStaleValuesOfAReusedVersion(t *testing.T) {
 	h := newCrashHarness(t)
 	db := h.open(h.dir)
-	s := openStream(t, db, "s")
-	for ep := uint64(1); ep <= 12; ep++ {
-		if err := s.AdvanceEpoch(ep); err != nil {
-			t.Fatal(err)
-		}
-		mustAppend(t, s, ep, sizedRecs(fmt.Sprint("e", ep), 2, 2048))
-	}
+	s, _ := bigMetaStream(t, db)
 	db.flushWatermarks(true)
 	if err := s.Sync(context.Background()); err != nil {
 		t.Fatal(err)
