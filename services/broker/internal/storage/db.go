@@ -41,7 +41,11 @@ type Options struct {
 	TailCacheBytes      int
 	TailCacheTotalBytes int64
 	// ValueLogFileBytes is the size of one value log file (0 or less:
-	// 64 MiB; Badger takes 1 MiB to 2 GiB).
+	// 64 MiB; Badger takes 1 MiB to 2 GiB). Tests only set it, small:
+	// below Badger's transaction bound (15% of MemTableBytes) a batch can
+	// outgrow its file, and Badger then rotates it without an msync of the
+	// bytes written since it grew it, which DB.Sync (the new file only)
+	// does not cover either.
 	ValueLogFileBytes int64
 	// BootIDPath is read for the id of the running boot (boot.go);
 	// empty means BootIDPath. Tests point it at a file of their own.

@@ -530,7 +530,8 @@ func (r *recovery) rollBack() error {
 	return nil
 }
 
-// markUnsure marks every copy unsure of its epoch (State.UnsureEpoch).
+// markUnsure marks every copy but a sealed one unsure of its epoch
+// (State.UnsureEpoch).
 func (r *recovery) markUnsure() error {
 	var fixes []kv
 	err := r.bdb.View(func(txn *badger.Txn) error {
@@ -549,7 +550,11 @@ func (r *recovery) markUnsure() error {
 			}); err != nil {
 				return fmt.Errorf("stream %q: %w", name, err)
 			}
-			if m.Dropping || m.UnsureEpoch >= m.Epoch {
+			if m.Dropping || m.SealEpoch != 0 || m.UnsureEpoch >= m.Epoch {
+				// A sealed copy took nothing at its epoch after its seal,
+				// and the seal returned only once everything before it was
+				// durable: nothing written can be missing at that epoch. (A
+				// seal the crash tore was rolled back, with the epoch.)
 				continue
 			}
 			m.UnsureEpoch = m.Epoch

@@ -783,3 +783,34 @@ func TestRecoveryIgnoresStaleValuesOfAReusedVersion(t *testing.T) {
 		t.Fatalf("record tail %d chain %#x, want %d %#x: the dropped batch's metadata came back", st.RecordTail, st.Chain, before.RecordTail, before.Chain)
 	}
 }
+
+// A copy sealed when the machine crashed took nothing at its epoch after
+// the seal, which returned only once all before it was durable: it is not
+// marked unsure, so a recovery that makes it owner at the fence epoch does
+// not see it stand down (and need another round). An unsealed copy is.
+func TestSealedCopyIsNotMarkedUnsure(t *testing.T) {
+	h := newCrashHarness(t)
+	db := h.open(h.dir)
+	sealed := ownerStream(t, db, "sealed", 1)
+	mustAppend(t, sealed, 1, sizedRecs("a", 4, 2048))
+	if _, err := sealed.Seal(2, "t1"); err != nil {
+		t.Fatal(err)
+	}
+	open := ownerStream(t, db, "open", 1)
+	mustAppend(t, open, 1, sizedRecs("b", 4, 2048))
+	if err := db.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Remove(filepath.Join(h.dir, cleanFile)); err != nil {
+		t.Fatal(err)
+	}
+	h.reboot("boot-2")
+	db = h.open(h.dir)
+	defer db.Close()
+	if st := openStream(t, db, "sealed").State(); st.UnsureEpoch != 0 || st.SealEpoch != 2 {
+		t.Fatalf("sealed copy: unsure epoch %d, seal epoch %d; want 0, 2", st.UnsureEpoch, st.SealEpoch)
+	}
+	if st := openStream(t, db, "open").State(); st.UnsureEpoch != 1 {
+		t.Fatalf("unsealed copy: unsure epoch %d, want 1", st.UnsureEpoch)
+	}
+}
