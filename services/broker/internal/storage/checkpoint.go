@@ -238,9 +238,6 @@ func (s *Stream) readProducerGen(t *producerTable, g producerGen) error {
 			if err != nil {
 				return fmt.Errorf("chunk %d: %w", c, err)
 			}
-			if !readable(item) {
-				return fmt.Errorf("%w: chunk %d cannot be read", ErrCorrupt, c)
-			}
 			if err := item.Value(t.decodeChunk); err != nil {
 				return fmt.Errorf("chunk %d: %w", c, err)
 			}

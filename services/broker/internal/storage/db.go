@@ -380,27 +380,10 @@ func (db *DB) Streams() ([]string, error) {
 		return nil, err
 	}
 	var names []string
-	err := db.bdb.View(func(txn *badger.Txn) error {
-		it := txn.NewIterator(badger.IteratorOptions{Prefix: []byte{kindMeta}})
-		defer it.Close()
-		for it.Rewind(); it.Valid(); it.Next() {
-			name, ok := nameFromMetaKey(it.Item().Key())
-			if !ok {
-				continue
-			}
-			var m meta
-			err := it.Item().Value(func(v []byte) (err error) {
-				m, err = decodeMeta(v)
-				return err
-			})
-			if err != nil {
-				return fmt.Errorf("stream %q: %w", name, err)
-			}
-			if !m.Dropping {
-				names = append(names, name)
-			}
+	err := eachMeta(db.bdb, func(name string, _ []byte, m meta) {
+		if !m.Dropping {
+			names = append(names, name)
 		}
-		return nil
 	})
 	if err != nil {
 		return nil, fmt.Errorf("storage: listing streams: %w", err)
@@ -474,29 +457,39 @@ func (db *DB) drop(name string) error {
 	return nil
 }
 
-// finishDrops completes drops that a crash interrupted.
-func (db *DB) finishDrops() error {
-	var pending []string
-	err := db.bdb.View(func(txn *badger.Txn) error {
+// eachMeta calls fn with every stream copy's name, meta key and meta, in
+// key order. A meta that does not decode stops it with an error naming the
+// stream.
+func eachMeta(bdb *badger.DB, fn func(name string, key []byte, m meta)) error {
+	return bdb.View(func(txn *badger.Txn) error {
 		it := txn.NewIterator(badger.IteratorOptions{Prefix: []byte{kindMeta}})
 		defer it.Close()
 		for it.Rewind(); it.Valid(); it.Next() {
-			name, ok := nameFromMetaKey(it.Item().Key())
+			item := it.Item()
+			name, ok := nameFromMetaKey(item.Key())
 			if !ok {
 				continue
 			}
-			err := it.Item().Value(func(v []byte) error {
-				m, err := decodeMeta(v)
-				if err == nil && m.Dropping {
-					pending = append(pending, name)
-				}
+			var m meta
+			if err := item.Value(func(v []byte) (err error) {
+				m, err = decodeMeta(v)
 				return err
-			})
-			if err != nil {
+			}); err != nil {
 				return fmt.Errorf("stream %q: %w", name, err)
 			}
+			fn(name, item.Key(), m)
 		}
 		return nil
+	})
+}
+
+// finishDrops completes drops that a crash interrupted.
+func (db *DB) finishDrops() error {
+	var pending []string
+	err := eachMeta(db.bdb, func(name string, _ []byte, m meta) {
+		if m.Dropping {
+			pending = append(pending, name)
+		}
 	})
 	if err != nil {
 		return fmt.Errorf("storage: scanning for pending drops: %w", err)

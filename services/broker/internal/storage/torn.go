@@ -148,6 +148,16 @@ func (r *recovery) run(bootIDPath string) error {
 	return nil
 }
 
+// note sets a decision of rec and saves rec before it is acted on, so a
+// crash after it acts the same way again.
+func (r *recovery) note(flag *bool) error {
+	if *flag {
+		return nil
+	}
+	*flag = true
+	return saveUnsure(r.dir, r.rec)
+}
+
 // versionKey names a key at a version: the form valueLogEntries takes.
 func versionKey(key []byte, version uint64) string { return string(versionedKey(key, version)) }
 
@@ -166,25 +176,25 @@ func (r *recovery) moved(want map[string]struct{}) (map[string][]byte, error) {
 }
 
 // findTorn returns the first offset of the lowest record segment of the
-// copy that does not hold what it was written with, and whether there is
-// one. Each segment is read (readable: a torn one reads as empty) and
+// copy that does not hold what it was written with, whether there is one,
+// and the chain and encoded bytes of the records below it. Each segment is read (readable: a torn one reads as empty) and
 // decoded, and its records are checked against the chain (chain.go), which
 // covers every byte of every record: offsets must follow on, and each
 // record's chain must be Chain(previous, record).
-func (s *Stream) findTorn(head, tail uint64) (from uint64, found bool, err error) {
+func (s *Stream) findTorn(head, tail uint64) (from uint64, found bool, chain, size uint64, err error) {
+	s.mu.Lock()
+	chain = s.m.HeadChain
+	s.mu.Unlock()
 	if tail == head {
-		return 0, false, nil
+		return 0, false, chain, 0, nil
 	}
 	err = s.db.bdb.View(func(txn *badger.Txn) error {
-		s.mu.Lock()
-		prev := s.m.HeadChain
-		s.mu.Unlock()
 		it := txn.NewIterator(badger.IteratorOptions{Prefix: s.recPrefix})
 		defer it.Close()
 		next := head
 		for it.Seek(offsetKey(s.recPrefix, head)); it.Valid() && next < tail; it.Next() {
 			item := it.Item()
-			segStart := next
+			segStart, segChain, segSize := next, chain, size
 			err := item.Value(func(seg []byte) error {
 				return eachSegmentRecord(seg, func(enc []byte) (bool, error) {
 					rec, err := decodeRecordFields(enc, payloadAlias)
@@ -194,10 +204,11 @@ func (s *Stream) findTorn(head, tail uint64) (from uint64, found bool, err error
 					if rec.Offset < next && next == head {
 						return true, nil // below the head, in the segment that straddles it
 					}
-					if rec.Offset != next || rec.Chain != Chain(prev, &rec) {
+					if rec.Offset != next || rec.Chain != Chain(chain, &rec) {
 						return false, fmt.Errorf("%w: record %d", ErrCorrupt, next)
 					}
-					prev = rec.Chain
+					chain = rec.Chain
+					size += uint64(len(enc))
 					next++
 					return true, nil
 				})
@@ -206,7 +217,7 @@ func (s *Stream) findTorn(head, tail uint64) (from uint64, found bool, err error
 				err = fmt.Errorf("%w: segment %d ends at %d", ErrCorrupt, keyOffset(item.Key()), next)
 			}
 			if err != nil {
-				from, found = segStart, true
+				from, found, chain, size = segStart, true, segChain, segSize
 				return nil
 			}
 		}
@@ -217,42 +228,24 @@ func (s *Stream) findTorn(head, tail uint64) (from uint64, found bool, err error
 		return nil
 	})
 	if err != nil {
-		return 0, false, fmt.Errorf("storage: reading back the segments of stream %q: %w", s.name, err)
+		return 0, false, 0, 0, fmt.Errorf("storage: reading back the segments of stream %q: %w", s.name, err)
 	}
-	return from, found, nil
+	return from, found, chain, size, nil
 }
 
 // cutTornTail cuts the copy below its lowest segment that cannot be read
 // (findTorn), through the cut intent, which loadStream then completes.
-// The chain and bytes after the cut are computed from what remains, which
-// all reads.
 func (s *Stream) cutTornTail(ctx context.Context) error {
 	s.mu.Lock()
 	head, rt, et := s.m.Head, s.m.RecordTail, s.m.CursorEventTail
 	s.mu.Unlock()
-	from, found, err := s.findTorn(head, rt)
+	from, found, chain, size, err := s.findTorn(head, rt)
 	if err != nil || !found {
 		return err
 	}
-	var chain, bytes uint64
-	err = s.db.bdb.View(func(txn *badger.Txn) error {
-		if from == head {
-			s.mu.Lock()
-			chain = s.m.HeadChain
-			s.mu.Unlock()
-		}
-		return s.scanRecords(txn, head, from, false, ErrCorrupt, func(rec Record, size int) bool {
-			chain = rec.Chain
-			bytes += uint64(size)
-			return true
-		})
-	})
-	if err != nil {
-		return fmt.Errorf("storage: preparing the cut of stream %q below its torn segments: %w", s.name, err)
-	}
 	s.db.log.Error().Str("stream", s.name).Uint64("record_tail", rt).Uint64("cut_to", from).
 		Msg("records a value log GC moved before a power loss are lost here: cutting this copy to the records it holds; it catches up from its owner")
-	intent := &cutIntent{RecordTail: from, CursorEventTail: et, Chain: chain, Bytes: bytes}
+	intent := &cutIntent{RecordTail: from, CursorEventTail: et, Chain: chain, Bytes: size}
 	return s.commitMeta(ctx, func(m *meta) error {
 		if m.Cut != nil {
 			return errors.New("storage: a cut is already pending")
@@ -343,9 +336,8 @@ func (r *recovery) repairValueLogGC() error {
 		}
 	}
 	missing := len(found) - len(fixes)
-	if missing > 0 && !r.rec.CheckAll {
-		r.rec.CheckAll = true
-		if err := saveUnsure(r.dir, r.rec); err != nil {
+	if missing > 0 {
+		if err := r.note(&r.rec.CheckAll); err != nil {
 			return err
 		}
 	}
@@ -428,11 +420,8 @@ func (r *recovery) rollBack() error {
 		// back in place).
 		return nil
 	}
-	if !r.rec.RollBack {
-		r.rec.RollBack = true
-		if err := saveUnsure(r.dir, r.rec); err != nil {
-			return err
-		}
+	if err := r.note(&r.rec.RollBack); err != nil {
+		return err
 	}
 
 	// Then the roll back, piece by piece.
@@ -515,9 +504,8 @@ func (r *recovery) rollBack() error {
 	if err != nil {
 		return fmt.Errorf("storage: rolling back what was written last: %w", err)
 	}
-	if lost > 0 && !r.rec.CheckAll {
-		r.rec.CheckAll = true
-		if err := saveUnsure(r.dir, r.rec); err != nil {
+	if lost > 0 {
+		if err := r.note(&r.rec.CheckAll); err != nil {
 			return err
 		}
 	}
@@ -534,33 +522,16 @@ func (r *recovery) rollBack() error {
 // (State.UnsureEpoch).
 func (r *recovery) markUnsure() error {
 	var fixes []kv
-	err := r.bdb.View(func(txn *badger.Txn) error {
-		it := txn.NewIterator(badger.IteratorOptions{Prefix: []byte{kindMeta}})
-		defer it.Close()
-		for it.Rewind(); it.Valid(); it.Next() {
-			item := it.Item()
-			name, ok := nameFromMetaKey(item.Key())
-			if !ok {
-				continue
-			}
-			var m meta
-			if err := item.Value(func(v []byte) (err error) {
-				m, err = decodeMeta(v)
-				return err
-			}); err != nil {
-				return fmt.Errorf("stream %q: %w", name, err)
-			}
-			if m.Dropping || m.SealEpoch != 0 || m.UnsureEpoch >= m.Epoch {
-				// A sealed copy took nothing at its epoch after its seal,
-				// and the seal returned only once everything before it was
-				// durable: nothing written can be missing at that epoch. (A
-				// seal the crash tore was rolled back, with the epoch.)
-				continue
-			}
-			m.UnsureEpoch = m.Epoch
-			fixes = append(fixes, kv{key: item.KeyCopy(nil), val: encodeMeta(&m)})
+	err := eachMeta(r.bdb, func(_ string, key []byte, m meta) {
+		if m.Dropping || m.SealEpoch != 0 || m.UnsureEpoch >= m.Epoch {
+			// A sealed copy took nothing at its epoch after its seal,
+			// and the seal returned only once everything before it was
+			// durable: nothing written can be missing at that epoch. (A
+			// seal the crash tore was rolled back, with the epoch.)
+			return
 		}
-		return nil
+		m.UnsureEpoch = m.Epoch
+		fixes = append(fixes, kv{key: bytes.Clone(key), val: encodeMeta(&m)})
 	})
 	if err != nil {
 		return fmt.Errorf("storage: marking copies unsure: %w", err)
