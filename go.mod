@@ -185,3 +185,6 @@ tool (
 	go.etcd.io/etcd/server/v3
 	google.golang.org/protobuf/cmd/protoc-gen-go
 )
+
+// Badger with its value log written by pwrite: third_party/badger/README.md.
+replace github.com/dgraph-io/badger/v4 => ./third_party/badger

@@ -53,7 +53,7 @@
 //     Drop and retention return only after their writes are fsynced.
 //   - Between a batch's Badger commit and its fsync, its records are
 //     written (Stream.WrittenTail, ReadWritten, WaitWritten): in Badger's
-//     memory-mapped files, so in the OS page cache, and safe from a crash
+//     files, so in the OS page cache, and safe from a crash
 //     of the process but not of the machine. An owner ships them to
 //     followers from there so their fsyncs overlap its own; nothing counts
 //     toward W or is shown to readers before it is durable. Whether the
@@ -61,8 +61,8 @@
 //     may be gone, is kept in two files next to Badger's (boot.go,
 //     DB.MayHaveLostWritten).
 //   - A machine crash between a commit and its fsync can leave keys and
-//     metadata on disk whose values in the value log are not (two
-//     mappings, written back in any order). Only the newest transaction
+//     metadata on disk whose values in the value log are not (two files,
+//     written back in any order). Only the newest transaction
 //     can be torn so, since every batch is synced before the next. After
 //     such a stop, Open rolls that transaction back if any of its values
 //     cannot be read, and marks every copy unsure of its epoch

@@ -14,10 +14,13 @@ import (
 )
 
 // Badger maps its write-ahead logs (.mem), value log (.vlog) and tables
-// (.sst) into memory and writes the first two through the mapping. Two
-// kernel behaviours make that costly for a store that appends and fsyncs
-// small batches, and the advisor below, run by the committer, counters
-// both on the mappings of this store's files:
+// (.sst) into memory. It writes the write-ahead logs through the mapping;
+// the value log it writes with pwrite (the patch in third_party/badger, which
+// took page faults and per-page TLB shootdowns at every fsync off the append
+// path) and reads through the mapping. Two kernel behaviours make mappings
+// costly for a store that appends and fsyncs small batches, and the advisor
+// below, run by the committer, counters both on the mappings of this store's
+// files:
 //
 //   - A fault on a file mapping reads around the faulting page, by the
 //     device's readahead window, and the page cache may hold the file in
@@ -40,8 +43,8 @@ import (
 //     dropped at every look too, not only once Badger moves on from it:
 //     dropping a whole 64 MiB file's pages at once took the committer
 //     3-15 ms (page table teardown), a stall every publish felt; a few MiB
-//     at a time costs a fraction of a millisecond. Appends then fault in
-//     only the page they continue.
+//     at a time costs a fraction of a millisecond. Appends map nothing
+//     (pwrite); what the drop clears is what readers faulted in.
 //
 // Both are advice: they change no data and no durability. MADV_DONTNEED on
 // a shared file mapping never discards data; dirty pages stay in the page

@@ -14,9 +14,10 @@ import (
 // Torn writes. Badger writes a transaction's values above the value
 // threshold (segments, and metadata, snapshots and producer checkpoints
 // once large enough) to its value log, and its keys, pointers and small
-// values to the memtable's write-ahead log: two memory-mapped files that
-// the kernel writes back in no particular order until the committer's
-// fsync. A machine crash between a commit and its fsync can thus leave
+// values to the memtable's write-ahead log: two files whose dirty pages
+// (one written through a memory mapping, the other with pwrite, see
+// third_party/badger) the kernel writes back in no particular order until
+// the committer's fsync. A machine crash between a commit and its fsync can thus leave
 // the transaction's keys on disk and its values not. Badger does not
 // notice: on open it truncates the value log at its first torn entry and
 // replays the write-ahead log as it is, and a read past the value log's

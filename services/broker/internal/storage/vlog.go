@@ -68,7 +68,7 @@ func (db *DB) valueLogGC() {
 //
 // Until the Sync, the kernel may write the rewrite's new pointers (memtable
 // log) back before the values they point to (value log), two separate
-// mappings: a power loss in that window can leave the newest version of a
+// files: a power loss in that window can leave the newest version of a
 // moved record pointing at bytes never written. The old file is kept, so
 // gcMarkerFile is written (and synced) before the rewrite and removed only
 // once it is durable; an open after such a power loss finds it and reads

@@ -194,14 +194,15 @@ func TestValueLogEntriesBadgerVersion(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var versions []string
+	var versions, replaced []string
 	for line := range strings.Lines(string(mod)) {
 		f := strings.Fields(line)
 		if len(f) > 0 && f[0] == "require" {
 			f = f[1:]
 		}
-		if len(f) > 0 && f[0] == "replace" {
-			f = f[1:]
+		if len(f) == 4 && f[0] == "replace" && f[1] == "github.com/dgraph-io/badger/v4" && f[2] == "=>" {
+			replaced = append(replaced, f[3])
+			continue
 		}
 		if len(f) >= 2 && f[0] == "github.com/dgraph-io/badger/v4" {
 			versions = append(versions, strings.Join(f[1:], " "))
@@ -210,6 +211,18 @@ func TestValueLogEntriesBadgerVersion(t *testing.T) {
 	if len(versions) != 1 || versions[0] != vlogscanBadgerVersion {
 		t.Fatalf("go.mod has Badger %q; vlogscan.go mirrors %s's value log format: re-read it against the new version",
 			versions, vlogscanBadgerVersion)
+	}
+	// The build uses the patched copy go.mod replaces Badger with
+	// (third_party/badger/README.md), which must be of the same version.
+	if len(replaced) != 1 {
+		t.Fatalf("go.mod replaces Badger with %q, want the one patched copy", replaced)
+	}
+	readme, err := os.ReadFile(filepath.Join(dir, replaced[0], "README.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if first, _, _ := strings.Cut(string(readme), "\n"); !strings.Contains(first, "Badger "+vlogscanBadgerVersion+",") {
+		t.Fatalf("go.mod requires Badger %s but replaces it with %s, whose README begins %q", vlogscanBadgerVersion, replaced[0], first)
 	}
 }
 
