@@ -4,7 +4,8 @@
  */
 
 // Modified by Strand: valueLog.write writes with pwrite instead of copying
-// into the file mapping (see third_party/badger/README.md).
+// into the file mapping, and a failed write gives its offset back (see
+// third_party/badger/README.md).
 
 package badger
 
@@ -847,11 +848,21 @@ func (vlog *valueLog) write(reqs []*request) error {
 
 		n := uint32(buf.Len())
 		endOffset := vlog.writableLogOffset.Add(n)
+		// Strand: a write that fails gives its offset back, so the entries
+		// written after it (Badger goes on writing after a failed request)
+		// follow the last good entry. A gap would end the file for the
+		// open that finds its valid end, and for the GC's rewrite, both of
+		// which stop at the first entry they cannot read, losing every
+		// later entry. Only this goroutine writes the value log.
+		fail := func(err error) error {
+			vlog.writableLogOffset.Store(endOffset - n)
+			return err
+		}
 		// Increase the file size if we cannot accommodate this entry.
 		// [Aman] Should this be >= or just >? Doesn't make sense to extend the file if it big enough already.
 		if int(endOffset) >= len(curlf.Data) {
 			if err := curlf.Truncate(int64(endOffset)); err != nil {
-				return err
+				return fail(err)
 			}
 		}
 
@@ -864,7 +875,7 @@ func (vlog *valueLog) write(reqs []*request) error {
 		// through curlf.Data see these bytes, and curlf.Sync (msync of the
 		// file's range) writes them back as before.
 		if _, err := curlf.Fd.WriteAt(buf.Bytes(), int64(start)); err != nil {
-			return y.Wrapf(err, "while writing value log file %q", curlf.path)
+			return fail(fmt.Errorf("while writing value log file %q: %w", curlf.path, err))
 		}
 
 		curlf.size.Store(endOffset)

@@ -4,12 +4,14 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -255,6 +257,95 @@ func TestValueLogIsWrittenWithoutTheMapping(t *testing.T) {
 				}
 				if !bytes.Equal(got, value(i, j)) {
 					return fmt.Errorf("k%03d-%02d reads back %d bytes that differ from what was written", i, j, len(got))
+				}
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+// A value log write that fails (here past RLIMIT_FSIZE, as on a full disk)
+// gives its offset back in the patched Badger (third_party/badger): the
+// transactions committed after it follow the last good entry and are still
+// there after a reopen. With a gap, the open would cut the newest value log
+// file at the gap, and every later value would read back empty.
+func TestFailedValueLogWriteLeavesNoGap(t *testing.T) {
+	dir := t.TempDir()
+	open := func() *badger.DB {
+		bdb, err := badger.Open(badger.DefaultOptions(dir).
+			WithValueThreshold(vlogscanThreshold).
+			WithValueLogFileSize(64 << 20). // no rotation in this test
+			WithLogger(nil))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return bdb
+	}
+	bdb := open()
+	value := func(i, j int) []byte { return bytes.Repeat([]byte{byte(i), byte(j), 0x5a}, 4096/3) }
+	commit := func(i int) error {
+		txn := bdb.NewTransaction(true)
+		defer txn.Discard()
+		for j := range 16 { // 64 KiB of values
+			if err := txn.Set(fmt.Appendf(nil, "k%03d-%02d", i, j), value(i, j)); err != nil {
+				return err
+			}
+		}
+		if err := txn.Commit(); err != nil {
+			return err
+		}
+		return bdb.Sync()
+	}
+	var committed []int
+	failed := -1
+	// Badger's files were all created at open, sized past the limit, and
+	// only the value log is written with write(2).
+	withFileSizeLimit(t, 1<<20, func() {
+		for i := range 32 {
+			err := commit(i)
+			if err == nil {
+				committed = append(committed, i)
+				continue
+			}
+			if !errors.Is(err, syscall.EFBIG) {
+				t.Fatalf("transaction %d: %v, want EFBIG from the value log write", i, err)
+			}
+			failed = i
+			return
+		}
+	})
+	if failed < 0 {
+		t.Fatal("no value log write failed past RLIMIT_FSIZE")
+	}
+	for i := failed + 1; i < failed+4; i++ {
+		if err := commit(i); err != nil {
+			t.Fatalf("transaction %d after the failed write: %v", i, err)
+		}
+		committed = append(committed, i)
+	}
+	if err := bdb.Close(); err != nil {
+		t.Fatal(err)
+	}
+	// A crash would not truncate the file to its end either; reopening
+	// after Close finds the valid end the same way.
+	bdb = open()
+	defer bdb.Close()
+	err := bdb.View(func(txn *badger.Txn) error {
+		for _, i := range committed {
+			for j := range 16 {
+				item, err := txn.Get(fmt.Appendf(nil, "k%03d-%02d", i, j))
+				if err != nil {
+					return fmt.Errorf("k%03d-%02d: %w", i, j, err)
+				}
+				got, err := item.ValueCopy(nil)
+				if err != nil {
+					return fmt.Errorf("k%03d-%02d: %w", i, j, err)
+				}
+				if !bytes.Equal(got, value(i, j)) {
+					return fmt.Errorf("k%03d-%02d, committed after a failed write at transaction %d, reads back %d bytes that differ from what was written", i, j, failed, len(got))
 				}
 			}
 		}

@@ -32,7 +32,9 @@ func (db *DB) valueLogGC() {
 		if err == nil {
 			continue
 		}
-		if !errors.Is(err, badger.ErrNoRewrite) && !errors.Is(err, badger.ErrRejected) && !errors.Is(err, ErrClosed) {
+		if !errors.Is(err, badger.ErrNoRewrite) && !errors.Is(err, badger.ErrRejected) && db.usable() == nil {
+			// The marker could not be written or removed; a failed
+			// rewrite stopped the DB, and fail logged it.
 			db.log.Warn().Err(err).Msg("value log GC failed; will retry next round")
 		}
 		break
@@ -110,9 +112,19 @@ func (db *DB) rewriteValueLogFileMarked() error {
 		txn.Discard()
 	}
 	if err := db.bdb.RunValueLogGC(0.5); err != nil {
-		// Nothing rewritten (or a rewrite that failed part way, whose old
-		// file Badger has not deleted): nothing to make durable.
-		release()
+		if errors.Is(err, badger.ErrNoRewrite) || errors.Is(err, badger.ErrRejected) {
+			// Nothing rewritten: nothing to make durable.
+			release()
+			return err
+		}
+		// A rewrite that failed part way (a write that failed, a full
+		// disk, an entry it could not read) may have moved some values
+		// without syncing them, and what a failed write left on disk is
+		// not known: the DB stops as after a failed write. The iterator
+		// stays open, so Badger keeps the old file, and so does the
+		// marker, for the next open.
+		err = fmt.Errorf("storage: value log GC: %w", err)
+		db.fail(err)
 		return err
 	}
 	if hook := db.afterGCRewrite; hook != nil {
