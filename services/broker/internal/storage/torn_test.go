@@ -226,21 +226,7 @@ func TestTornBatchIsRolledBackAfterAMachineCrash(t *testing.T) {
 func gcCrash(t *testing.T, h *crashHarness) (string, []Record) {
 	t.Helper()
 	db := h.open(h.dir)
-	s := ownerStream(t, db, "s", 1)
-	k := ownerStream(t, db, "k", 1)
-	var want []Record
-	for i := range 24 {
-		mustAppend(t, s, 1, sizedRecs(fmt.Sprint("a", i), 64, 4096))
-		if i%4 == 0 {
-			want = append(want, mustAppend(t, k, 1, sizedRecs(fmt.Sprint("k", i), 8, 4096))...)
-		}
-	}
-	tail := s.State().RecordTail
-	s.SetConfirmWatermark(tail)
-	if _, err := s.ApplyRetention(Retention{MaxRecords: 96}, time.Now()); err != nil {
-		t.Fatal(err)
-	}
-	countGarbage(t, db)
+	_, _, want := liveGarbage(t, db)
 	onDisk := h.valueLogs()
 	var crashed string
 	db.afterGCRewrite = func() { crashed = h.crashCopy(onDisk) }

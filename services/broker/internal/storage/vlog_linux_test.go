@@ -1,10 +1,9 @@
 package storage
 
 import (
-	"fmt"
 	"testing"
-	"time"
 
+	"github.com/rs/zerolog"
 	"golang.org/x/sys/unix"
 )
 
@@ -35,23 +34,12 @@ func withFileSizeLimit(t *testing.T, limit uint64, fn func()) {
 // without syncing them, and what the failed write left is not known. The
 // marker stays for the next open, and every record reads back after it.
 func TestFailedValueLogGCStopsTheDB(t *testing.T) {
-	// Stream "k" keeps a few records in every value log file that
-	// retention leaves mostly garbage, so the rewrite has values to move.
-	dir, db, s := valueLogDB(t, 1<<20, 0)
-	k := ownerStream(t, db, "k", 1)
-	var want []Record
-	for i := range 24 {
-		mustAppend(t, s, 1, sizedRecs(fmt.Sprint("a", i), 64, 4096))
-		if i%4 == 0 {
-			want = append(want, mustAppend(t, k, 1, sizedRecs(fmt.Sprint("k", i), 8, 4096))...)
-		}
-	}
-	tail := s.State().RecordTail
-	s.SetConfirmWatermark(tail)
-	if _, err := s.ApplyRetention(Retention{MaxRecords: 96}, time.Now()); err != nil {
+	dir := t.TempDir()
+	db, err := Open(Options{Dir: dir, Logger: zerolog.Nop(), MemTableBytes: 8 << 20, CacheBytes: 4 << 20, ValueLogFileBytes: 1 << 20})
+	if err != nil {
 		t.Fatal(err)
 	}
-	countGarbage(t, db)
+	s, tail, want := liveGarbage(t, db)
 	var reported error
 	db.onFail = func(err error) { reported = err }
 	var gcErr error

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"slices"
 	"strings"
@@ -48,6 +49,30 @@ func garbageDB(t *testing.T) (string, *DB, *Stream, uint64, []Record) {
 	want := mustRead(t, s, tail-96, 96)
 	countGarbage(t, db)
 	return dir, db, s, tail, want
+}
+
+// liveGarbage appends to two owned streams of db, "s" and "k", so that
+// retention on s leaves every value log file mostly garbage while k keeps a
+// few records in each: a GC rewrite has values to move. It returns s, its
+// record tail and k's records.
+func liveGarbage(t *testing.T, db *DB) (*Stream, uint64, []Record) {
+	t.Helper()
+	s := ownerStream(t, db, "s", 1)
+	k := ownerStream(t, db, "k", 1)
+	var want []Record
+	for i := range 24 {
+		mustAppend(t, s, 1, sizedRecs(fmt.Sprint("a", i), 64, 4096))
+		if i%4 == 0 {
+			want = append(want, mustAppend(t, k, 1, sizedRecs(fmt.Sprint("k", i), 8, 4096))...)
+		}
+	}
+	tail := s.State().RecordTail
+	s.SetConfirmWatermark(tail)
+	if _, err := s.ApplyRetention(Retention{MaxRecords: 96}, time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	countGarbage(t, db)
+	return s, tail, want
 }
 
 // countGarbage brings Badger's garbage counts per value log file up to
