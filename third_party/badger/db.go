@@ -3,6 +3,9 @@
  * SPDX-License-Identifier: Apache-2.0
  */
 
+// Modified by Strand: DB.Sync syncs the memtable log and the value log at
+// once (see third_party/badger/README.md).
+
 package badger
 
 import (
@@ -737,11 +740,20 @@ func (db *DB) Sync() error {
 	                    :: of data and then the machine shuts down or the disk failure happens,
 						:: this will result in partial writes. [[This case needs verification]]
 	*/
+	// Strand: the two logs are synced at once (third_party/badger/README.md):
+	// each sync writes its file's pages and flushes the device's cache, and
+	// two in flight together take little longer than one. Sync returns
+	// only once both are done, as before.
+	var vLogSyncError error
+	vlogDone := make(chan struct{})
+	go func() {
+		defer close(vlogDone)
+		vLogSyncError = db.vlog.sync()
+	}()
 	db.lock.RLock()
 	memtableSyncError := db.mt.SyncWAL()
 	db.lock.RUnlock()
-
-	vLogSyncError := db.vlog.sync()
+	<-vlogDone
 	return y.CombineErrors(memtableSyncError, vLogSyncError)
 }
 
