@@ -26,6 +26,7 @@ type benchFlags struct {
 	linger        time.Duration
 	publishers    string
 	duration      time.Duration
+	warmup        time.Duration
 	killAt        float64
 	killSignal    string
 	plot          string
@@ -44,7 +45,8 @@ func (b *benchFlags) register(fs *flag.FlagSet) {
 	fs.IntVar(&b.lanes, "lanes", 0, "idempotent batches in flight per stream (0: the client's default, 1)")
 	fs.DurationVar(&b.linger, "linger", 0, "how long a lane waits after a confirm for the publishers it released (0: the client's default, 2ms; negative: never; one lane only)")
 	fs.StringVar(&b.publishers, "publishers", bench.PublishersAsync, "async: one goroutine keeps the window full with PublishAsync (as NATS's and Kafka's producers do); sync: a goroutine per record in flight, each calling Publish")
-	fs.DurationVar(&b.duration, "duration", bench.DefaultDuration, "how long to publish")
+	fs.DurationVar(&b.duration, "duration", bench.DefaultDuration, "how long to publish and measure")
+	fs.DurationVar(&b.warmup, "warmup", 0, "publish this long first, outside the measurement: records/s, latencies, CPU and stages cover --duration after it (confirmed and stored count it; every record is verified)")
 	fs.Float64Var(&b.killAt, "kill-owner-at-secs", 0, "kill the stream's owner this many seconds in (0: no kill)")
 	fs.StringVar(&b.killSignal, "kill-signal", bench.DefaultKillSignal, "KILL, STOP or TERM")
 	fs.StringVar(&b.plot, "plot", "", "write an SVG timeline of confirms to this file")
@@ -60,7 +62,7 @@ func (b *benchFlags) config(external bool) (bench.Config, error) {
 	}
 	cfg := bench.Config{
 		Stream: b.stream, Copies: b.copies, Policy: b.policy, Nodes: b.nodes, Size: b.size, Inflight: b.inflight, NoProducerIDs: b.noProducerIDs, Lanes: b.lanes, Linger: b.linger, Publishers: b.publishers,
-		Duration: b.duration, KillAt: time.Duration(b.killAt * float64(time.Second)), KillSignal: b.killSignal,
+		Duration: b.duration, Warmup: b.warmup, KillAt: time.Duration(b.killAt * float64(time.Second)), KillSignal: b.killSignal,
 		Plot: b.plot, Brokers: b.brokers, External: external,
 	}
 	if err := cfg.Validate(); err != nil {

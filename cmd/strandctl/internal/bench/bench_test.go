@@ -57,6 +57,9 @@ func TestValidate(t *testing.T) {
 		{"unknown publishers", func(c *Config) { c.Publishers = "threads" }, "--publishers"},
 		{"linger too long", func(c *Config) { c.Linger = 2 * time.Second }, "--linger"},
 		{"no duration", func(c *Config) { c.Duration, c.KillAt = 0, 0 }, "--duration"},
+		{"warm-up", func(c *Config) { c.Warmup, c.KillAt = 2*time.Second, 0 }, ""},
+		{"negative warm-up", func(c *Config) { c.Warmup, c.KillAt = -time.Second, 0 }, "--warmup"},
+		{"warm-up with a kill", func(c *Config) { c.Warmup = 2 * time.Second }, "--warmup"},
 		{"bad stream name", func(c *Config) { c.Stream = "Bad Name" }, "--stream"},
 		{"kill on an external cluster", func(c *Config) { c.External = true }, "drop --controller/--broker"},
 		{"kill a single copy", func(c *Config) { c.Copies = 1 }, "--copies 2 or more"},
@@ -208,6 +211,26 @@ func TestUnavailableAndGaps(t *testing.T) {
 	}
 	if sum != len(confirms) {
 		t.Fatalf("buckets hold %d confirms, want %d", sum, len(confirms))
+	}
+}
+
+func TestMeasured(t *testing.T) {
+	ms := time.Millisecond
+	confirms := []Confirm{
+		{ID: 1, Sent: 0, Done: 30 * ms},
+		{ID: 2, Sent: 1999 * ms, Done: 2010 * ms}, // sent in the warm-up, confirmed after it
+		{ID: 3, Sent: 2000 * ms, Done: 2005 * ms},
+		{ID: 4, Sent: 2500 * ms, Done: 2520 * ms},
+	}
+	if got := Measured(confirms, 0); len(got) != len(confirms) {
+		t.Fatalf("Measured without a warm-up kept %d of %d", len(got), len(confirms))
+	}
+	got := Measured(confirms, 2*time.Second)
+	if len(got) != 2 || got[0].ID != 3 || got[1].ID != 4 {
+		t.Fatalf("Measured after 2s = %+v, want the confirms of ids 3 and 4", got)
+	}
+	if len(confirms) != 4 || confirms[1].ID != 2 {
+		t.Fatal("Measured changed its input")
 	}
 }
 

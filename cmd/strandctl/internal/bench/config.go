@@ -43,6 +43,12 @@ type Config struct {
 	// calling Publish). "" means PublishersAsync.
 	Publishers string
 	Duration   time.Duration
+	// Warmup is how long to publish before the measured Duration: its
+	// confirms count toward no rate, latency, CPU or stage figure (every
+	// record is still verified), as benches of other stores leave out
+	// their start (connections, first files, heap growth). 0: measure
+	// from the first publish.
+	Warmup time.Duration
 	// KillAt is when to kill the owner, from the start of publishing; 0
 	// (or negative) means no kill: a plain throughput and latency bench.
 	KillAt     time.Duration
@@ -87,6 +93,12 @@ func (c Config) Validate() error {
 	}
 	if c.Duration <= 0 {
 		return bad("--duration must be positive, got %v", c.Duration)
+	}
+	if c.Warmup < 0 {
+		return bad("--warmup must be 0 or more, got %v", c.Warmup)
+	}
+	if c.Warmup > 0 && c.KillAt > 0 {
+		return bad("--warmup is for runs without --kill-owner-at-secs (a failover run measures from its first publish)")
 	}
 	if c.KillAt > 0 && c.KillAt >= c.Duration {
 		return bad("--kill-owner-at-secs %v is not before the end of --duration %v", c.KillAt.Seconds(), c.Duration)

@@ -97,6 +97,7 @@ type Result struct {
 	RecoveryReason    string   `json:"recovery_reason,omitempty"`
 	PhaseNotes        []string `json:"phase_notes,omitempty"`
 	DurationS         float64  `json:"duration_s"`
+	WarmupS           float64  `json:"warmup_s,omitempty"`
 	KillAtS           float64  `json:"kill_at_s,omitempty"`
 	KillSignal        string   `json:"kill_signal,omitempty"`
 	Stream            string   `json:"stream"`
@@ -217,9 +218,21 @@ func (r *runner) run(ctx context.Context) error {
 		}
 	}
 
-	// Publish.
-	cpuBefore, cpuOK := r.brokerCPU()
-	stagesBefore := r.brokerHistograms(ctx)
+	// Publish, for the warm-up and then the measured duration. The CPU
+	// and stage figures start with the measured part.
+	end := o.Warmup + o.Duration
+	var (
+		cpuBefore    time.Duration
+		cpuOK        bool
+		stagesBefore map[string]brokerHistograms
+	)
+	measureFrom := func() {
+		cpuBefore, cpuOK = r.brokerCPU()
+		stagesBefore = r.brokerHistograms(ctx)
+	}
+	if o.Warmup <= 0 {
+		measureFrom()
+	}
 	r.start = time.Now()
 	var (
 		wg     sync.WaitGroup
@@ -249,7 +262,7 @@ func (r *runner) run(ctx context.Context) error {
 		confirms = make([][]Confirm, o.Inflight)
 		for w := range o.Inflight {
 			wg.Go(func() {
-				for pubCtx.Err() == nil && r.since() < o.Duration {
+				for pubCtx.Err() == nil && r.since() < end {
 					id := next.Add(1)
 					sent := r.since()
 					res, err := r.c.Publish(pubCtx, o.Stream, []*strandv1.Record{{Payload: RecordPayload(id, o.Size)}})
@@ -268,13 +281,13 @@ func (r *runner) run(ctx context.Context) error {
 			// this goroutine takes it for the next record at once.
 			slots := make(chan struct{}, o.Inflight)
 			var pending sync.WaitGroup
-			for pubCtx.Err() == nil && r.since() < o.Duration {
+			for pubCtx.Err() == nil && r.since() < end {
 				select {
 				case slots <- struct{}{}:
 				case <-pubCtx.Done():
 					continue
 				}
-				if r.since() >= o.Duration {
+				if r.since() >= end {
 					// The window was full until the end: nothing is
 					// sent after it.
 					<-slots
@@ -313,15 +326,37 @@ func (r *runner) run(ctx context.Context) error {
 	bg, stopBg := context.WithCancel(ctx)
 	var bgWG sync.WaitGroup
 	bgWG.Go(func() { r.progress(bg) })
+	warmedUp := make(chan struct{})
+	if o.Warmup > 0 {
+		bgWG.Go(func() {
+			defer close(warmedUp)
+			t := time.NewTimer(o.Warmup - r.since())
+			defer t.Stop()
+			select {
+			case <-t.C:
+				measureFrom()
+			case <-bg.Done():
+			}
+		})
+	} else {
+		close(warmedUp)
+	}
 	var killErr error
 	if o.KillAt > 0 {
 		bgWG.Go(func() { killErr = r.kill(bg) })
 	}
 	wg.Wait()
 	elapsed := r.since()
-	if cpuAfter, ok := r.brokerCPU(); ok && cpuOK && o.KillAt <= 0 && r.confirmed.Load() > 0 {
-		r.res.BrokerCPUUsPerRecord = round(float64(cpuAfter-cpuBefore) / float64(r.confirmed.Load()) / 1000)
+	// Publishing outlasts the warm-up unless ctx ended it (then the
+	// figures below are not reported).
+	select {
+	case <-warmedUp:
+	case <-ctx.Done():
+		stopBg()
+		bgWG.Wait()
+		return ctx.Err()
 	}
+	cpuAfter, cpuAfterOK := r.brokerCPU()
 	if stagesBefore != nil && o.KillAt <= 0 {
 		if after := r.brokerHistograms(ctx); after != nil {
 			r.res.StageMeanMs = stageMeans(r.owner, stagesBefore, after)
@@ -345,7 +380,12 @@ func (r *runner) run(ctx context.Context) error {
 
 	all := slices.Concat(confirms...)
 	slices.SortFunc(all, func(a, b Confirm) int { return cmp.Compare(a.ID, b.ID) })
-	r.res.DurationS = round(elapsed.Seconds())
+	measured := Measured(all, o.Warmup)
+	if cpuAfterOK && cpuOK && o.KillAt <= 0 && len(measured) > 0 {
+		r.res.BrokerCPUUsPerRecord = round(float64(cpuAfter-cpuBefore) / float64(len(measured)) / 1000)
+	}
+	r.res.DurationS = round((elapsed - o.Warmup).Seconds())
+	r.res.WarmupS = round(o.Warmup.Seconds())
 	r.res.Failed = int(r.failed.Load())
 	r.res.DedupeHits = int(dedupe.Load())
 
@@ -385,12 +425,12 @@ func (r *runner) run(ctx context.Context) error {
 	// Rates are over the publishing window: publishes still in flight
 	// at its end (retrying through a stuck recovery) are not time the
 	// cluster was offered new work.
-	window := min(elapsed, o.Duration).Seconds()
-	r.res.RecordsPerS = round(float64(len(all)) / window)
-	r.res.MBPerS = round(float64(len(all)) * float64(o.Size) / 1e6 / window)
-	lat := Summarize(Latencies(all))
+	window := min(elapsed-o.Warmup, o.Duration).Seconds()
+	r.res.RecordsPerS = round(float64(len(measured)) / window)
+	r.res.MBPerS = round(float64(len(measured)) * float64(o.Size) / 1e6 / window)
+	lat := Summarize(Latencies(measured))
 	r.res.ConfirmP50Ms, r.res.ConfirmP99Ms, r.res.ConfirmMaxMs = round(lat.P50), round(lat.P99), round(lat.Max)
-	r.res.MaxGapMs = round(ms(MaxGap(all)))
+	r.res.MaxGapMs = round(ms(MaxGap(measured)))
 	r.res.BrokerPeakRSSMB = round(float64(r.peakRSS.Load()) / 1024)
 	r.res.BrokerPeakAnonMB = round(float64(r.peakAnon.Load()) / 1024)
 
@@ -419,6 +459,9 @@ func (r *runner) run(ctx context.Context) error {
 		}
 	} else {
 		r.res.NewOwner = r.res.OldOwner
+	}
+	if o.Warmup > 0 {
+		marks = append(marks, Mark{At: o.Warmup, Label: "warm-up ends", Color: "#7f8c8d"})
 	}
 	if o.Plot != "" {
 		if err := r.plot(all, elapsed, marks); err != nil {

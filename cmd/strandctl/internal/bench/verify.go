@@ -169,6 +169,21 @@ func Buckets(confirms []Confirm, width, span time.Duration) []int {
 	return out
 }
 
+// Measured is the confirms of publishes sent at or after from (the end of
+// the warm-up), in their order.
+func Measured(confirms []Confirm, from time.Duration) []Confirm {
+	if from <= 0 {
+		return confirms
+	}
+	out := make([]Confirm, 0, len(confirms))
+	for _, c := range confirms {
+		if c.Sent >= from {
+			out = append(out, c)
+		}
+	}
+	return out
+}
+
 // Latencies returns Done-Sent per confirm.
 func Latencies(confirms []Confirm) []time.Duration {
 	out := make([]time.Duration, len(confirms))
