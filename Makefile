@@ -97,6 +97,10 @@ fmt: ## gofmt every Go file and buf format the protos.
 clean: ## Remove bin/ (keeps .strand/ data).
 	rm -rf $(BIN)
 
+.PHONY: bench-nats
+bench-nats: build ## Issue 3's target: NATS JetStream R3 vs strandctl bench, alternating (bench/natsjs; PAIRS=3).
+	env -u STRAND_CONTROLLER -u STRAND_BROKER bench/natsjs/compare.sh $(or $(PAIRS),3) 16 2
+
 .PHONY: bench-failover
 bench-failover: build ## Cluster bench: 3 copies, majority_durable, 1 KiB, 256 in flight, SIGKILL the owner at 8 s of 20.
 	@# The kill needs the bench's own cluster: an exported STRAND_CONTROLLER or
