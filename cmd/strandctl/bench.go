@@ -46,7 +46,7 @@ func (b *benchFlags) register(fs *flag.FlagSet) {
 	fs.DurationVar(&b.linger, "linger", 0, "how long a lane waits after a confirm for the publishers it released (0: the client's default, 2ms; negative: never; one lane only)")
 	fs.StringVar(&b.publishers, "publishers", bench.PublishersAsync, "async: one goroutine keeps the window full with PublishAsync (as NATS's and Kafka's producers do); sync: a goroutine per record in flight, each calling Publish")
 	fs.DurationVar(&b.duration, "duration", bench.DefaultDuration, "how long to publish and measure")
-	fs.DurationVar(&b.warmup, "warmup", 0, "publish this long first, outside the measurement: records/s, latencies, CPU and stages cover --duration after it (confirmed and stored count it; every record is verified)")
+	fs.DurationVar(&b.warmup, "warmup", 0, "publish this long first, outside the measurement: records/s, latencies, CPU and stages cover --duration after it (confirmed, stored, failed and dedupe hits count it; every record is verified)")
 	fs.Float64Var(&b.killAt, "kill-owner-at-secs", 0, "kill the stream's owner this many seconds in (0: no kill)")
 	fs.StringVar(&b.killSignal, "kill-signal", bench.DefaultKillSignal, "KILL, STOP or TERM")
 	fs.StringVar(&b.plot, "plot", "", "write an SVG timeline of confirms to this file")

@@ -663,11 +663,19 @@ func (r *runner) progress(ctx context.Context) {
 	t := time.NewTicker(time.Second)
 	defer t.Stop()
 	last := int64(0)
+	warming := r.o.Warmup > 0
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
+		}
+		phase := ""
+		if warming {
+			phase = " (warm-up)"
+			if r.since() >= r.o.Warmup {
+				phase, warming = " (warm-up done: measuring)", false
+			}
 		}
 		r.samplePeakRSS()
 		n := r.confirmed.Load()
@@ -677,7 +685,7 @@ func (r *runner) progress(ctx context.Context) {
 			owner = r.newOwner
 		}
 		r.mu.Unlock()
-		fmt.Fprintf(r.o.Stderr, "bench: %5.1fs confirmed %d (%d/s) failed %d owner %s\n", r.since().Seconds(), n, n-last, r.failed.Load(), owner)
+		fmt.Fprintf(r.o.Stderr, "bench: %5.1fs confirmed %d (%d/s) failed %d owner %s%s\n", r.since().Seconds(), n, n-last, r.failed.Load(), owner, phase)
 		last = n
 	}
 }
