@@ -9,6 +9,7 @@ import (
 	"syscall"
 
 	"connectrpc.com/connect"
+	"google.golang.org/protobuf/proto"
 
 	strandv1 "github.com/strandhq/strand/internal/gen/strand/v1"
 	"github.com/strandhq/strand/internal/gen/strand/v1/strandv1connect"
@@ -33,10 +34,12 @@ var ErrNoController = errors.New("client: no controller address (set Config.Cont
 // A retried CreateStream or DeleteStream reports what the call did, not
 // what its last attempt was told: when an earlier attempt may have been
 // applied and only its answer lost (it timed out, or failed Unavailable or
-// mid-response), a later NotFound from DeleteStream is success, and a later
-// AlreadyExists from CreateStream is success if the stream that exists has
-// the copies, policy and retention the request set (its response then
-// describes that stream). An AlreadyExists or NotFound answered to the
+// mid-response), a later NotFound from DeleteStream is success (as is a
+// FailedPrecondition saying another incarnation of the stream has the name:
+// DeleteStream deletes only the stream it found), and a later AlreadyExists
+// from CreateStream is success if the stream that exists has the copies,
+// policy and retention the request set (its response then describes that
+// stream). An AlreadyExists, NotFound or FailedPrecondition answered to the
 // first attempt, or after attempts the controller provably did not apply,
 // is returned as is.
 func (c *Client) Admin() strandv1connect.AdminServiceClient { return c.admin }
@@ -151,6 +154,13 @@ func copyHeader[A, B any](next *connect.Request[A], req *connect.Request[B]) {
 	}
 }
 
+// describe gets stream name for another call, req, with req's headers.
+func describe[T any](ctx context.Context, a *adminClient, req *connect.Request[T], name string) (*connect.Response[strandv1.GetStreamResponse], error) {
+	get := connect.NewRequest(&strandv1.GetStreamRequest{Name: name})
+	copyHeader(get, req)
+	return adminCall(ctx, a, "GetStream", get, strandv1connect.AdminServiceClient.GetStream)
+}
+
 // mayHaveApplied reports whether a failed admin attempt may have been
 // applied by the controller, its answer rather than its request being what
 // was lost. Only what proves the request was not applied says no; anything
@@ -191,9 +201,7 @@ func (a *adminClient) CreateStream(ctx context.Context, req *connect.Request[str
 		return res, err
 	}
 	name := req.Msg.GetName()
-	get := connect.NewRequest(&strandv1.GetStreamRequest{Name: name})
-	copyHeader(get, req)
-	got, gerr := adminCall(ctx, a, "GetStream", get, strandv1connect.AdminServiceClient.GetStream)
+	got, gerr := describe(ctx, a, req, name)
 	switch {
 	case connect.CodeOf(gerr) == connect.CodeNotFound:
 		// Deleted since it was found: whoever created it, the stream
@@ -241,16 +249,59 @@ func createMismatch(req *strandv1.CreateStreamRequest, spec *strandv1.StreamSpec
 	return ""
 }
 
-// DeleteStream deletes a stream. When an earlier attempt may have deleted
-// it and lost its answer, a later NotFound is success: the stream is gone,
-// as asked. (Deleted by someone else meanwhile is indistinguishable, and
-// the caller's wish holds all the same.)
+// DeleteStream deletes a stream. A request without an incarnation is sent
+// with the one GetStream reports (NotFound there is the call's answer), so
+// its retries delete only the stream the call found: after an attempt that
+// deleted it and lost its answer, the name may have been given to a new
+// stream, which a retry must leave alone. So when an earlier attempt may
+// have deleted the stream, a later NotFound, or FailedPrecondition (another
+// incarnation has the name now), is success: the stream is gone, as asked.
+// (Deleted by someone else meanwhile is indistinguishable, and the caller's
+// wish holds all the same.) A FailedPrecondition no attempt of the call can
+// have caused is returned as is: the stream found was replaced before the
+// delete reached it. A request that sets an incarnation is sent as it is;
+// a stream created before incarnations has none, and a request for it
+// deletes whatever stream has the name.
 func (a *adminClient) DeleteStream(ctx context.Context, req *connect.Request[strandv1.DeleteStreamRequest]) (*connect.Response[strandv1.DeleteStreamResponse], error) {
+	// One budget for the describe and the delete.
+	ctx, cancel := a.c.withBudget(ctx)
+	defer cancel()
+	if req.Msg.GetIncarnation() == "" {
+		name := req.Msg.GetName()
+		got, err := describe(ctx, a, req, name)
+		switch {
+		case connect.CodeOf(err) == connect.CodeNotFound:
+			return nil, err
+		case err != nil:
+			return nil, fmt.Errorf("client: admin DeleteStream %q: looking up its incarnation: %w", name, err)
+		}
+		// The caller's request is theirs: send a copy.
+		msg := proto.CloneOf(req.Msg)
+		msg.Incarnation = got.Msg.GetAssignment().GetIncarnation()
+		next := connect.NewRequest(msg)
+		copyHeader(next, req)
+		req = next
+	}
 	res, earlier, err := adminRetry(ctx, a, "DeleteStream", req, strandv1connect.AdminServiceClient.DeleteStream)
-	if err != nil && earlier && connect.CodeOf(err) == connect.CodeNotFound {
+	if err != nil && earlier && gone(err, req.Msg) {
 		return connect.NewResponse(&strandv1.DeleteStreamResponse{}), nil
 	}
 	return res, err
+}
+
+// gone reports whether err, answered to a delete, says the stream req
+// names is not there: no stream has the name, or one of another
+// incarnation does.
+func gone(err error, req *strandv1.DeleteStreamRequest) bool {
+	switch connect.CodeOf(err) {
+	case connect.CodeNotFound:
+		return true
+	case connect.CodeFailedPrecondition:
+		// The controller answers a delete FailedPrecondition only for an
+		// incarnation other than the stream's.
+		return req.GetIncarnation() != ""
+	}
+	return false
 }
 
 func (a *adminClient) GetStream(ctx context.Context, req *connect.Request[strandv1.GetStreamRequest]) (*connect.Response[strandv1.GetStreamResponse], error) {

@@ -37,8 +37,10 @@ const (
 
 // fakeAdmin is an AdminService over real loopback HTTP that keeps streams
 // as the controller does (services/controller/internal/admin: CreateStream
-// answers AlreadyExists for a name it holds, DeleteStream NotFound for one
-// it does not, GetStream reports the spec with the defaults filled in) and
+// answers AlreadyExists for a name it holds and gives the stream a new
+// incarnation, DeleteStream NotFound for one it does not and
+// FailedPrecondition for another incarnation than the request's, GetStream
+// reports the spec with the defaults filled in and the incarnation) and
 // fails the first lose CreateStream and DeleteStream attempts as how says.
 // It records what it answered each create and delete it applied.
 type fakeAdmin struct {
@@ -46,17 +48,36 @@ type fakeAdmin struct {
 	how    loss
 	leader string // named by redirectedToLeader
 	lose   atomic.Int32
+	// meanwhile, when set, runs with mu held after an attempt whose answer
+	// is lost has been applied: what others do before the client retries.
+	meanwhile func()
 
-	mu       sync.Mutex
-	specs    map[string]*strandv1.StreamSpec
-	answered []string // "ok" or the code, per create or delete applied
-	gets     int
+	mu           sync.Mutex
+	specs        map[string]*strandv1.StreamSpec
+	incarnations map[string]string
+	born         int      // incarnations given so far
+	answered     []string // "ok" or the code, per create or delete applied
+	gets         int
 }
 
 func startAdmin(t *testing.T, f *fakeAdmin) string {
 	t.Helper()
 	f.specs = make(map[string]*strandv1.StreamSpec)
+	f.incarnations = make(map[string]string)
 	return serveAdmin(t, f)
+}
+
+// store keeps spec as a new life of its name; f.mu must be held.
+func (f *fakeAdmin) store(spec *strandv1.StreamSpec) {
+	f.born++
+	f.specs[spec.GetName()] = spec
+	f.incarnations[spec.GetName()] = fmt.Sprintf("inc-%d", f.born)
+}
+
+// assignment is the assignment of the stream called name; f.mu must be held.
+func (f *fakeAdmin) assignment(name string) *strandv1.Assignment {
+	spec := f.specs[name]
+	return &strandv1.Assignment{Stream: name, Epoch: 1, Owner: "b1", Policy: spec.GetPolicy(), Incarnation: f.incarnations[name]}
 }
 
 func (f *fakeAdmin) CreateStream(ctx context.Context, req *connect.Request[strandv1.CreateStreamRequest]) (*connect.Response[strandv1.CreateStreamResponse], error) {
@@ -72,22 +93,31 @@ func (f *fakeAdmin) CreateStream(ctx context.Context, req *connect.Request[stran
 		if spec.Retention == nil {
 			spec.Retention = &strandv1.Retention{}
 		}
-		f.specs[m.GetName()] = spec
-		return &strandv1.CreateStreamResponse{Spec: spec, Assignment: assignmentOf(spec)}, nil
+		f.store(spec)
+		return &strandv1.CreateStreamResponse{Spec: spec, Assignment: f.assignment(m.GetName())}, nil
 	})
 }
 
 func (f *fakeAdmin) DeleteStream(ctx context.Context, req *connect.Request[strandv1.DeleteStreamRequest]) (*connect.Response[strandv1.DeleteStreamResponse], error) {
 	return lossy(ctx, f, func() (*strandv1.DeleteStreamResponse, error) {
-		if _, ok := f.specs[req.Msg.GetName()]; !ok {
-			return nil, connect.NewError(connect.CodeNotFound, fmt.Errorf("no such stream: %q", req.Msg.GetName()))
+		name := req.Msg.GetName()
+		if _, ok := f.specs[name]; !ok {
+			return nil, connect.NewError(connect.CodeNotFound, fmt.Errorf("no such stream: %q", name))
 		}
-		delete(f.specs, req.Msg.GetName())
+		if want := req.Msg.GetIncarnation(); want != "" && f.incarnations[name] != want {
+			return nil, connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf("incarnation: stream %q is incarnation %q, not %q", name, f.incarnations[name], want))
+		}
+		delete(f.specs, name)
+		delete(f.incarnations, name)
 		return &strandv1.DeleteStreamResponse{}, nil
 	})
 }
 
 func (f *fakeAdmin) GetStream(_ context.Context, req *connect.Request[strandv1.GetStreamRequest]) (*connect.Response[strandv1.GetStreamResponse], error) {
+	if f.how == redirectedToLeader && f.lose.Add(-1) >= 0 {
+		// A controller that does not lead refuses every call.
+		return nil, connect.NewError(connect.CodeUnavailable, fmt.Errorf("not the controller leader; leader is at %s", f.leader))
+	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.gets++
@@ -95,11 +125,7 @@ func (f *fakeAdmin) GetStream(_ context.Context, req *connect.Request[strandv1.G
 	if !ok {
 		return nil, connect.NewError(connect.CodeNotFound, fmt.Errorf("no such stream: %q", req.Msg.GetName()))
 	}
-	return connect.NewResponse(&strandv1.GetStreamResponse{Spec: spec, Assignment: assignmentOf(spec)}), nil
-}
-
-func assignmentOf(spec *strandv1.StreamSpec) *strandv1.Assignment {
-	return &strandv1.Assignment{Stream: spec.GetName(), Epoch: 1, Owner: "b1", Policy: spec.GetPolicy()}
+	return connect.NewResponse(&strandv1.GetStreamResponse{Spec: spec, Assignment: f.assignment(req.Msg.GetName())}), nil
 }
 
 // lossy applies a create or delete unless this attempt is redirected, and
@@ -116,6 +142,9 @@ func lossy[Res any](ctx context.Context, f *fakeAdmin, apply func() (*Res, error
 		answer = connect.CodeOf(err).String()
 	}
 	f.answered = append(f.answered, answer)
+	if lost && f.meanwhile != nil {
+		f.meanwhile()
+	}
 	f.mu.Unlock()
 	switch {
 	case !lost && err != nil:
@@ -141,7 +170,20 @@ func (f *fakeAdmin) answers() (string, int) {
 func (f *fakeAdmin) put(req *strandv1.CreateStreamRequest) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	f.specs[req.GetName()] = &strandv1.StreamSpec{Name: req.GetName(), Copies: req.GetCopies(), Policy: req.GetPolicy(), Retention: req.GetRetention()}
+	f.putLocked(req)
+}
+
+// putLocked is put with f.mu held.
+func (f *fakeAdmin) putLocked(req *strandv1.CreateStreamRequest) {
+	f.store(&strandv1.StreamSpec{Name: req.GetName(), Copies: req.GetCopies(), Policy: req.GetPolicy(), Retention: req.GetRetention()})
+}
+
+// incarnation is the incarnation of the stream called name, "" when there
+// is none.
+func (f *fakeAdmin) incarnation(name string) string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.incarnations[name]
 }
 
 // adminVia is the Admin of a client whose controller is at addr.
@@ -187,9 +229,9 @@ func TestCreateStreamSucceedsWhenItsAnswerWasLost(t *testing.T) {
 				t.Fatalf("controller answered %s, want [ok already_exists]", got)
 			}
 			f.mu.Lock()
-			spec := f.specs["s"]
+			spec, asg := f.specs["s"], f.assignment("s")
 			f.mu.Unlock()
-			if !proto.Equal(res.Msg.GetSpec(), spec) || !proto.Equal(res.Msg.GetAssignment(), assignmentOf(spec)) {
+			if !proto.Equal(res.Msg.GetSpec(), spec) || !proto.Equal(res.Msg.GetAssignment(), asg) {
 				t.Fatalf("response %v, want the stream's spec %v and assignment", res.Msg, spec)
 			}
 		})
@@ -287,6 +329,53 @@ func TestDeleteStreamSucceedsWhenItsAnswerWasLost(t *testing.T) {
 	_, err := adminVia(t, startAdmin(t, follower)).DeleteStream(context.Background(), connect.NewRequest(&strandv1.DeleteStreamRequest{Name: "s"}))
 	if connect.CodeOf(err) != connect.CodeNotFound {
 		t.Fatalf("delete of a stream that never was, after a leader redirect: %v, want NotFound", err)
+	}
+}
+
+// A DeleteStream whose first attempt deleted the stream and lost its answer
+// must not delete, on its retry, a stream created under the same name
+// meanwhile: the retry names the incarnation the call found, is answered
+// FailedPrecondition, and the call succeeds, the new stream left alone.
+func TestRetriedDeleteStreamLeavesARecreatedStreamAlone(t *testing.T) {
+	for _, how := range []loss{lostAfterApplying, timedOutAfterApplying} {
+		f := &fakeAdmin{how: how}
+		f.lose.Store(1)
+		f.meanwhile = func() { f.putLocked(createRequest("s")) }
+		admin := adminVia(t, startAdmin(t, f))
+		f.put(createRequest("s"))
+		first := f.incarnation("s")
+		if _, err := admin.DeleteStream(context.Background(), connect.NewRequest(&strandv1.DeleteStreamRequest{Name: "s"})); err != nil {
+			t.Fatalf("loss %d: delete whose first answer was lost and whose stream was created again: %v, want success", how, err)
+		}
+		if got, _ := f.answers(); got != "[ok failed_precondition]" {
+			t.Fatalf("loss %d: controller answered %s, want [ok failed_precondition]", how, got)
+		}
+		if now := f.incarnation("s"); now == "" || now == first {
+			t.Fatalf("loss %d: stream s is incarnation %q after the delete, want the one created meanwhile (not %q)", how, now, first)
+		}
+	}
+}
+
+// A DeleteStream that names an incarnation is sent as it is, without a
+// look-up, and one of an incarnation the stream does not have, answered to
+// the first attempt, is FailedPrecondition: the stream is not deleted.
+func TestDeleteStreamOfAnIncarnation(t *testing.T) {
+	f := &fakeAdmin{}
+	admin := adminVia(t, startAdmin(t, f))
+	f.put(createRequest("s"))
+	_, err := admin.DeleteStream(context.Background(), connect.NewRequest(&strandv1.DeleteStreamRequest{Name: "s", Incarnation: "other"}))
+	if connect.CodeOf(err) != connect.CodeFailedPrecondition {
+		t.Fatalf("delete of another incarnation: %v, want FailedPrecondition", err)
+	}
+	inc := f.incarnation("s")
+	if inc == "" {
+		t.Fatal("delete of another incarnation deleted the stream")
+	}
+	if _, err := admin.DeleteStream(context.Background(), connect.NewRequest(&strandv1.DeleteStreamRequest{Name: "s", Incarnation: inc})); err != nil {
+		t.Fatalf("delete of the stream's incarnation: %v", err)
+	}
+	if answered, gets := f.answers(); answered != "[failed_precondition ok]" || gets != 0 {
+		t.Fatalf("controller answered %s after %d GetStream calls, want [failed_precondition ok] after none", answered, gets)
 	}
 }
 

@@ -30,7 +30,9 @@
 // CreateStream or DeleteStream whose earlier attempt may have been applied,
 // only its answer lost, reports what the call did: a later NotFound from
 // DeleteStream, or a later AlreadyExists from CreateStream for a stream with
-// the configuration asked for, is success (see Client.Admin).
+// the configuration asked for, is success (see Client.Admin). DeleteStream
+// deletes only the incarnation of the stream it found, so its retries leave
+// a stream created again under the name meanwhile alone.
 //
 // Subscriptions resume after an error at the next offset not yet delivered and
 // drop anything below it, so a caller sees each offset once, in order.

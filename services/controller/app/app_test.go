@@ -214,6 +214,11 @@ func TestCreateGetListDelete(t *testing.T) {
 	if f := byNode[asg.Followers[1]]; f.GetLag() != 5 || f.GetInSync() {
 		t.Errorf("lagging follower status %v, want lag 5 not in sync", f)
 	}
+	incarnation := got.Msg.GetAssignment().GetIncarnation()
+	if incarnation == "" || incarnation != asg.Incarnation || incarnation != created.GetAssignment().GetIncarnation() {
+		t.Fatalf("GetStream incarnation %q, created %q, stored %q: want the stored one, not empty",
+			incarnation, created.GetAssignment().GetIncarnation(), asg.Incarnation)
+	}
 
 	create(t, c, "audit", 1, &strandv1.ConfirmPolicy{Name: cluster.LocalDurable})
 	list, err := c.ListStreams(ctx, connect.NewRequest(&strandv1.ListStreamsRequest{}))
@@ -243,7 +248,20 @@ func TestCreateGetListDelete(t *testing.T) {
 	if _, err := h.cli.Put(ctx, schema.RefusalsKey("orders"), cluster.Encode(cluster.SealRefusals{Stream: "orders", FenceEpoch: 2, TransitionID: "t"})); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := c.DeleteStream(ctx, connect.NewRequest(&strandv1.DeleteStreamRequest{Name: "orders"})); err != nil {
+	// A delete of another life of the name leaves this one alone.
+	before := h.dump()
+	_, err = c.DeleteStream(ctx, connect.NewRequest(&strandv1.DeleteStreamRequest{Name: "orders", Incarnation: "other"}))
+	wantCode(t, err, connect.CodeFailedPrecondition)
+	if msg := errMessage(err); !strings.HasPrefix(msg, "incarnation: ") || !strings.Contains(msg, incarnation) || !strings.Contains(msg, "other") {
+		t.Errorf("error %q does not name field incarnation and both values", msg)
+	}
+	if after := h.dump(); !maps.Equal(before, after) {
+		t.Errorf("delete of another incarnation changed stored state:\nbefore %v\nafter  %v", before, after)
+	}
+	if _, err := c.GetStream(ctx, connect.NewRequest(&strandv1.GetStreamRequest{Name: "orders"})); err != nil {
+		t.Fatalf("stream after a delete of another incarnation: %v", err)
+	}
+	if _, err := c.DeleteStream(ctx, connect.NewRequest(&strandv1.DeleteStreamRequest{Name: "orders", Incarnation: incarnation})); err != nil {
 		t.Fatal(err)
 	}
 	for _, k := range []string{schema.StreamKey("orders"), schema.AssignmentKey("orders"), schema.HistoryKey("orders"), schema.RecoveryKey("orders"), schema.RefusalsKey("orders")} {
@@ -263,7 +281,9 @@ func TestCreateGetListDelete(t *testing.T) {
 	if _, err := h.cli.Put(ctx, schema.RefusalsKey("orders"), cluster.Encode(cluster.SealRefusals{Stream: "orders", FenceEpoch: 2, TransitionID: "t"})); err != nil {
 		t.Fatal(err)
 	}
-	create(t, c, "orders", 1, nil)
+	if again := create(t, c, "orders", 1, nil).GetAssignment().GetIncarnation(); again == "" || again == incarnation {
+		t.Errorf("recreated stream has incarnation %q, want a new one (not %q)", again, incarnation)
+	}
 	if _, ok := h.dump()[schema.HistoryKey("orders")]; ok {
 		t.Error("recreated stream inherited history starts")
 	}

@@ -153,12 +153,16 @@ func (x *StreamSpec) GetRetention() *Retention {
 }
 
 type Assignment struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Stream        string                 `protobuf:"bytes,1,opt,name=stream,proto3" json:"stream,omitempty"`
-	Epoch         uint64                 `protobuf:"varint,2,opt,name=epoch,proto3" json:"epoch,omitempty"`
-	Owner         string                 `protobuf:"bytes,3,opt,name=owner,proto3" json:"owner,omitempty"`
-	Followers     []string               `protobuf:"bytes,4,rep,name=followers,proto3" json:"followers,omitempty"`
-	Policy        *ConfirmPolicy         `protobuf:"bytes,5,opt,name=policy,proto3" json:"policy,omitempty"`
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	Stream    string                 `protobuf:"bytes,1,opt,name=stream,proto3" json:"stream,omitempty"`
+	Epoch     uint64                 `protobuf:"varint,2,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	Owner     string                 `protobuf:"bytes,3,opt,name=owner,proto3" json:"owner,omitempty"`
+	Followers []string               `protobuf:"bytes,4,rep,name=followers,proto3" json:"followers,omitempty"`
+	Policy    *ConfirmPolicy         `protobuf:"bytes,5,opt,name=policy,proto3" json:"policy,omitempty"`
+	// incarnation identifies one life of the stream name: set at create and
+	// kept by every later assignment, so a stream deleted and created again
+	// under the same name has another.
+	Incarnation   string `protobuf:"bytes,6,opt,name=incarnation,proto3" json:"incarnation,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -226,6 +230,13 @@ func (x *Assignment) GetPolicy() *ConfirmPolicy {
 		return x.Policy
 	}
 	return nil
+}
+
+func (x *Assignment) GetIncarnation() string {
+	if x != nil {
+		return x.Incarnation
+	}
+	return ""
 }
 
 type CopyStatus struct {
@@ -807,8 +818,14 @@ func (x *CreateStreamResponse) GetAssignment() *Assignment {
 }
 
 type DeleteStreamRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Name  string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	// incarnation, when set, deletes only the stream of this incarnation
+	// (Assignment.incarnation): a stream of another incarnation answers
+	// FailedPrecondition and is left alone, so a retried delete cannot remove
+	// a stream created again meanwhile. Empty deletes whatever stream has the
+	// name.
+	Incarnation   string `protobuf:"bytes,2,opt,name=incarnation,proto3" json:"incarnation,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -846,6 +863,13 @@ func (*DeleteStreamRequest) Descriptor() ([]byte, []int) {
 func (x *DeleteStreamRequest) GetName() string {
 	if x != nil {
 		return x.Name
+	}
+	return ""
+}
+
+func (x *DeleteStreamRequest) GetIncarnation() string {
+	if x != nil {
+		return x.Incarnation
 	}
 	return ""
 }
@@ -1707,14 +1731,15 @@ const file_strand_v1_admin_proto_rawDesc = "" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x16\n" +
 	"\x06copies\x18\x02 \x01(\rR\x06copies\x120\n" +
 	"\x06policy\x18\x03 \x01(\v2\x18.strand.v1.ConfirmPolicyR\x06policy\x122\n" +
-	"\tretention\x18\x04 \x01(\v2\x14.strand.v1.RetentionR\tretention\"\xa0\x01\n" +
+	"\tretention\x18\x04 \x01(\v2\x14.strand.v1.RetentionR\tretention\"\xc2\x01\n" +
 	"\n" +
 	"Assignment\x12\x16\n" +
 	"\x06stream\x18\x01 \x01(\tR\x06stream\x12\x14\n" +
 	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\x12\x14\n" +
 	"\x05owner\x18\x03 \x01(\tR\x05owner\x12\x1c\n" +
 	"\tfollowers\x18\x04 \x03(\tR\tfollowers\x120\n" +
-	"\x06policy\x18\x05 \x01(\v2\x18.strand.v1.ConfirmPolicyR\x06policy\"\xa2\x02\n" +
+	"\x06policy\x18\x05 \x01(\v2\x18.strand.v1.ConfirmPolicyR\x06policy\x12 \n" +
+	"\vincarnation\x18\x06 \x01(\tR\vincarnation\"\xa2\x02\n" +
 	"\n" +
 	"CopyStatus\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x12\n" +
@@ -1772,9 +1797,10 @@ const file_strand_v1_admin_proto_rawDesc = "" +
 	"\x04spec\x18\x01 \x01(\v2\x15.strand.v1.StreamSpecR\x04spec\x125\n" +
 	"\n" +
 	"assignment\x18\x02 \x01(\v2\x15.strand.v1.AssignmentR\n" +
-	"assignment\")\n" +
+	"assignment\"K\n" +
 	"\x13DeleteStreamRequest\x12\x12\n" +
-	"\x04name\x18\x01 \x01(\tR\x04name\"\x16\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12 \n" +
+	"\vincarnation\x18\x02 \x01(\tR\vincarnation\"\x16\n" +
 	"\x14DeleteStreamResponse\"&\n" +
 	"\x10GetStreamRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\"\xd0\x02\n" +

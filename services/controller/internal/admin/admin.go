@@ -195,7 +195,9 @@ func (s *Service) CreateStream(ctx context.Context, req *connect.Request[strandv
 
 // DeleteStream drops the stream's spec, assignment, pending recovery (with
 // its seal refusals) and history starts in one transaction (seed: history
-// starts of a stream that no longer has an assignment are dropped).
+// starts of a stream that no longer has an assignment are dropped). A request
+// naming an incarnation deletes only that life of the name: a retry must not
+// delete a stream created again after its first attempt deleted the old one.
 func (s *Service) DeleteStream(ctx context.Context, req *connect.Request[strandv1.DeleteStreamRequest]) (*connect.Response[strandv1.DeleteStreamResponse], error) {
 	name := req.Msg.GetName()
 	if err := validateName("name", name); err != nil {
@@ -209,6 +211,14 @@ func (s *Service) DeleteStream(ctx context.Context, req *connect.Request[strandv
 	asg, hasAsg := snap.Assignments[name]
 	if !hasSpec && !hasAsg {
 		return nil, s.toConnect(fmt.Errorf("%w: %q", transition.ErrNoStream, name))
+	}
+	// The guarded transaction below compares the assignment's revision, so
+	// the incarnation checked here is the one deleted.
+	if want := req.Msg.GetIncarnation(); want != "" && asg.Value.Incarnation != want {
+		if !hasAsg {
+			return nil, fieldPrecondition("incarnation", "stream %q has no assignment, so not incarnation %q", name, want)
+		}
+		return nil, fieldPrecondition("incarnation", "stream %q is incarnation %q, not %q", name, asg.Value.Incarnation, want)
 	}
 	resp, err := term.Txn(ctx, []clientv3.Cmp{
 		clientv3.Compare(clientv3.ModRevision(s.schema.StreamKey(name)), "=", spec.ModRev),

@@ -50,11 +50,12 @@ func specToProto(s cluster.StreamSpec) *strandv1.StreamSpec {
 
 func assignmentToProto(a cluster.Assignment) *strandv1.Assignment {
 	return &strandv1.Assignment{
-		Stream:    a.Stream,
-		Epoch:     a.Epoch,
-		Owner:     a.Owner,
-		Followers: append([]string(nil), a.Followers...),
-		Policy:    policyToProto(a.Policy),
+		Stream:      a.Stream,
+		Epoch:       a.Epoch,
+		Owner:       a.Owner,
+		Followers:   append([]string(nil), a.Followers...),
+		Policy:      policyToProto(a.Policy),
+		Incarnation: a.Incarnation,
 	}
 }
 
