@@ -4,8 +4,8 @@
  */
 
 // Modified by Strand: valueLog.write writes with pwrite instead of copying
-// into the file mapping, and a failed write gives its offset back (see
-// third_party/badger/README.md).
+// into the file mapping, a failed write gives its offset back, and its
+// encoding buffer is kept between calls (see third_party/badger/README.md).
 
 package badger
 
@@ -481,7 +481,13 @@ type valueLog struct {
 
 	garbageCh    chan struct{}
 	discardStats *discardStats
+
+	// Strand: writeBuf is write's encoding buffer, kept between calls.
+	writeBuf *bytes.Buffer
 }
+
+// Strand: maxWriteBufKept bounds the buffer valueLog.write keeps.
+const maxWriteBufKept = 4 << 20
 
 func vlogFilePath(dirPath string, fid uint32) string {
 	return fmt.Sprintf("%s%s%06d.vlog", dirPath, string(os.PathSeparator), fid)
@@ -898,7 +904,21 @@ func (vlog *valueLog) write(reqs []*request) error {
 		return nil
 	}
 
-	buf := new(bytes.Buffer)
+	// Strand: one buffer for every write, not a new one per call
+	// (third_party/badger/README.md). The buffer grew from empty to the
+	// size of the largest entry at each call, allocating and copying about
+	// twice what was written; only this goroutine writes the value log.
+	buf := vlog.writeBuf
+	if buf == nil {
+		buf = new(bytes.Buffer)
+		vlog.writeBuf = buf
+	}
+	defer func() {
+		// An unusually large entry's buffer is not kept.
+		if buf.Cap() > maxWriteBufKept {
+			vlog.writeBuf = nil
+		}
+	}()
 	for i := range reqs {
 		b := reqs[i]
 		b.Ptrs = b.Ptrs[:0]
