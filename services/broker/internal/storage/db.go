@@ -262,9 +262,10 @@ func Open(opts Options) (*DB, error) {
 		_ = db.Close()
 		return nil, err
 	}
-	if !lost {
+	if !lost && fileExists(opts.Dir, gcMarkerFile) {
 		// A GC marker without a reboot: the page cache kept every write
-		// of the rewrite, nothing to repair.
+		// of the rewrite, nothing to repair. (Checked first: the removal
+		// syncs the directory, which every clean open would pay.)
 		if err := removeFileSync(opts.Dir, gcMarkerFile); err != nil {
 			return fail(err)
 		}

@@ -84,6 +84,20 @@ func mustRead(t testing.TB, s *Stream, from uint64, max int) []Record {
 	return out
 }
 
+// sameRecords fails t unless got holds exactly want, in order, every stored
+// field equal; what says what was read.
+func sameRecords(t testing.TB, what string, got, want []Record) {
+	t.Helper()
+	if len(got) != len(want) {
+		t.Fatalf("%s: read %d records, want %d", what, len(got), len(want))
+	}
+	for i := range got {
+		if err := sameRecord(got[i], want[i]); err != nil {
+			t.Fatalf("%s: record %d: %v", what, want[i].Offset, err)
+		}
+	}
+}
+
 // sameRecord compares every stored field.
 func sameRecord(a, b Record) error {
 	switch {

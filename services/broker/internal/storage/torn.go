@@ -329,9 +329,7 @@ func (r *recovery) repairValueLogGC() error {
 	}
 	var fixes []kv
 	for _, t := range found {
-		if _, asked := want[versionKey(t.key, t.version)]; !asked {
-			continue
-		}
+		// vals holds only keys of want.
 		if v, ok := vals[versionKey(t.key, t.version)]; ok {
 			fixes = append(fixes, kv{key: t.key, val: v})
 		}

@@ -70,12 +70,5 @@ func TestFailedValueLogGCStopsTheDB(t *testing.T) {
 		t.Fatalf("record tail of s %d after the reopen, want %d", st.RecordTail, tail)
 	}
 	got := mustRead(t, openStream(t, db, "k"), 0, len(want))
-	if len(got) != len(want) {
-		t.Fatalf("read %d records after the reopen, want %d", len(got), len(want))
-	}
-	for i := range got {
-		if err := sameRecord(got[i], want[i]); err != nil {
-			t.Fatalf("record %d: %v", want[i].Offset, err)
-		}
-	}
+	sameRecords(t, "after the reopen", got, want)
 }
