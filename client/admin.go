@@ -297,9 +297,10 @@ func gone(err error, req *strandv1.DeleteStreamRequest) bool {
 	case connect.CodeNotFound:
 		return true
 	case connect.CodeFailedPrecondition:
-		// The controller answers a delete FailedPrecondition only for an
-		// incarnation other than the stream's.
-		return req.GetIncarnation() != ""
+		// Only the refusal of another incarnation, which names the field
+		// (a FailedPrecondition for anything else leaves the stream there).
+		var cerr *connect.Error
+		return req.GetIncarnation() != "" && errors.As(err, &cerr) && strings.HasPrefix(cerr.Message(), "incarnation: ")
 	}
 	return false
 }

@@ -330,6 +330,19 @@ func TestDeleteStreamSucceedsWhenItsAnswerWasLost(t *testing.T) {
 	if connect.CodeOf(err) != connect.CodeNotFound {
 		t.Fatalf("delete of a stream that never was, after a leader redirect: %v, want NotFound", err)
 	}
+	// The look-up above answers NotFound before any delete is sent; with an
+	// incarnation there is no look-up, and the redirected delete itself
+	// must not count as an attempt that may have applied.
+	leader = &fakeAdmin{}
+	follower = &fakeAdmin{how: redirectedToLeader, leader: startAdmin(t, leader)}
+	follower.lose.Store(1 << 20)
+	_, err = adminVia(t, startAdmin(t, follower)).DeleteStream(context.Background(), connect.NewRequest(&strandv1.DeleteStreamRequest{Name: "s", Incarnation: "x"}))
+	if connect.CodeOf(err) != connect.CodeNotFound {
+		t.Fatalf("delete of an incarnation that never was, after a leader redirect: %v, want NotFound", err)
+	}
+	if got, gets := leader.answers(); got != "[not_found]" || gets != 0 {
+		t.Fatalf("the leader answered %s after %d look-ups, want [not_found] to the delete alone", got, gets)
+	}
 }
 
 // A DeleteStream whose first attempt deleted the stream and lost its answer
