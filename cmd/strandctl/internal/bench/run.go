@@ -347,15 +347,11 @@ func (r *runner) run(ctx context.Context) error {
 	}
 	wg.Wait()
 	elapsed := r.since()
-	// Publishing outlasts the warm-up unless ctx ended it (then the
-	// figures below are not reported).
-	select {
-	case <-warmedUp:
-	case <-ctx.Done():
-		stopBg()
-		bgWG.Wait()
-		return ctx.Err()
-	}
+	// Publishing outlasts the warm-up unless ctx ended it, which ends the
+	// warm-up's wait too (bg is ctx's), and the scrape is bounded
+	// (brokerHistograms): warmedUp closes either way. After ctx ended,
+	// the figures are not reported (ctx.Err below).
+	<-warmedUp
 	cpuAfter, cpuAfterOK := r.brokerCPU()
 	if stagesBefore != nil && o.KillAt <= 0 {
 		if after := r.brokerHistograms(ctx); after != nil {
@@ -735,7 +731,9 @@ func (r *runner) brokerHistograms(ctx context.Context) map[string]brokerHistogra
 	if r.cl == nil {
 		return nil
 	}
-	hc := &http.Client{}
+	// A broker's /metrics that stalls must not hold the bench (this runs
+	// at the end of a warm-up too, under load): no figures then.
+	hc := &http.Client{Timeout: 5 * time.Second}
 	out := map[string]brokerHistograms{}
 	for _, b := range r.cl.Info().Brokers {
 		h, err := scrapeHistograms(ctx, hc, b.Address)
