@@ -78,19 +78,19 @@ generate: ## Regenerate code from proto/ (buf, protoc-gen-go, protoc-gen-connect
 
 .PHONY: check-generate
 check-generate: generate ## Fail if generated code is out of date.
-	@test -z "$$(git status --porcelain -- internal/gen)" || { git status --porcelain -- internal/gen; echo "generated code differs: run make generate"; exit 1; }
+	@test -z "$$(git status --porcelain -- api)" || { git status --porcelain -- api; echo "generated code differs: run make generate"; exit 1; }
 
 .PHONY: lint
 lint: ## go vet, buf lint, buf format, gofmt, and golangci-lint when installed.
 	$(GO) vet ./...
 	$(GO) tool buf lint
 	$(GO) tool buf format -d --exit-code
-	@test -z "$$(gofmt -l $$(git ls-files '*.go' | grep -v '^internal/gen/'))" || { gofmt -l $$(git ls-files '*.go' | grep -v '^internal/gen/'); exit 1; }
+	@test -z "$$(gofmt -l $$(git ls-files '*.go' | grep -v '^api/'))" || { gofmt -l $$(git ls-files '*.go' | grep -v '^api/'); exit 1; }
 	@if command -v golangci-lint >/dev/null; then golangci-lint run ./...; else echo "golangci-lint not installed; skipped"; fi
 
 .PHONY: fmt
 fmt: ## gofmt every Go file and buf format the protos.
-	gofmt -w $$(git ls-files '*.go' | grep -v '^internal/gen/')
+	gofmt -w $$(git ls-files '*.go' | grep -v '^api/')
 	$(GO) tool buf format -w
 
 .PHONY: clean

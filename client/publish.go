@@ -9,8 +9,8 @@ import (
 
 	"connectrpc.com/connect"
 
-	strandv1 "github.com/strandhq/strand/internal/gen/strand/v1"
-	"github.com/strandhq/strand/internal/gen/strand/v1/strandv1connect"
+	strandv1 "github.com/strandhq/strand/api/strand/v1"
+	"github.com/strandhq/strand/api/strand/v1/strandv1connect"
 )
 
 // Publish appends records to stream and returns once the stream's confirm

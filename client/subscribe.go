@@ -8,7 +8,7 @@ import (
 
 	"connectrpc.com/connect"
 
-	strandv1 "github.com/strandhq/strand/internal/gen/strand/v1"
+	strandv1 "github.com/strandhq/strand/api/strand/v1"
 	"github.com/strandhq/strand/internal/rpcerr"
 )
 

@@ -9,9 +9,9 @@ import (
 
 	"connectrpc.com/connect"
 
+	strandv1 "github.com/strandhq/strand/api/strand/v1"
+	"github.com/strandhq/strand/api/strand/v1/strandv1connect"
 	strandclient "github.com/strandhq/strand/client"
-	strandv1 "github.com/strandhq/strand/internal/gen/strand/v1"
-	"github.com/strandhq/strand/internal/gen/strand/v1/strandv1connect"
 	"github.com/strandhq/strand/internal/onebox/ledger"
 )
 

@@ -10,8 +10,8 @@ import (
 	"strings"
 	"time"
 
-	strandv1 "github.com/strandhq/strand/internal/gen/strand/v1"
-	"github.com/strandhq/strand/internal/gen/strand/v1/strandv1connect"
+	strandv1 "github.com/strandhq/strand/api/strand/v1"
+	"github.com/strandhq/strand/api/strand/v1/strandv1connect"
 )
 
 // who names the operator in AcceptOwnerLoss, WithdrawRecovery and Failover.

@@ -9,7 +9,7 @@ import (
 	"strings"
 	"testing"
 
-	strandv1 "github.com/strandhq/strand/internal/gen/strand/v1"
+	strandv1 "github.com/strandhq/strand/api/strand/v1"
 )
 
 func TestParseInterspersed(t *testing.T) {

@@ -8,9 +8,9 @@ import (
 
 	"connectrpc.com/connect"
 
+	"github.com/strandhq/strand/api/strand/v1/strandv1connect"
 	"github.com/strandhq/strand/client"
 	"github.com/strandhq/strand/cmd/strandctl/internal/devcluster"
-	"github.com/strandhq/strand/internal/gen/strand/v1/strandv1connect"
 )
 
 // endpoints says where the cluster is: --controller/--broker (or their

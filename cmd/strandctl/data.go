@@ -11,9 +11,9 @@ import (
 	"sync/atomic"
 	"time"
 
+	strandv1 "github.com/strandhq/strand/api/strand/v1"
 	"github.com/strandhq/strand/client"
 	"github.com/strandhq/strand/cmd/strandctl/internal/bench"
-	strandv1 "github.com/strandhq/strand/internal/gen/strand/v1"
 )
 
 func dataCommands() []*command {

@@ -10,9 +10,9 @@ import (
 
 	"google.golang.org/protobuf/types/known/durationpb"
 
+	strandv1 "github.com/strandhq/strand/api/strand/v1"
+	"github.com/strandhq/strand/api/strand/v1/strandv1connect"
 	"github.com/strandhq/strand/internal/cluster"
-	strandv1 "github.com/strandhq/strand/internal/gen/strand/v1"
-	"github.com/strandhq/strand/internal/gen/strand/v1/strandv1connect"
 )
 
 // policyFlags are --policy and --nodes.

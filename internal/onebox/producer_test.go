@@ -5,8 +5,8 @@ import (
 	"strings"
 	"testing"
 
+	strandv1 "github.com/strandhq/strand/api/strand/v1"
 	"github.com/strandhq/strand/client"
-	strandv1 "github.com/strandhq/strand/internal/gen/strand/v1"
 )
 
 // Two clients configured with the same producer id, one after the other

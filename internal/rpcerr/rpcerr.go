@@ -9,7 +9,7 @@ import (
 
 	"connectrpc.com/connect"
 
-	strandv1 "github.com/strandhq/strand/internal/gen/strand/v1"
+	strandv1 "github.com/strandhq/strand/api/strand/v1"
 )
 
 // NotOwner is the FailedPrecondition a broker answers when it does not own

@@ -7,8 +7,8 @@ import (
 
 	"connectrpc.com/connect"
 
-	strandv1 "github.com/strandhq/strand/internal/gen/strand/v1"
-	"github.com/strandhq/strand/internal/gen/strand/v1/strandv1connect"
+	strandv1 "github.com/strandhq/strand/api/strand/v1"
+	"github.com/strandhq/strand/api/strand/v1/strandv1connect"
 	"github.com/strandhq/strand/internal/rpcserver"
 )
 

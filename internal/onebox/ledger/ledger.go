@@ -15,7 +15,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	strandv1 "github.com/strandhq/strand/internal/gen/strand/v1"
+	strandv1 "github.com/strandhq/strand/api/strand/v1"
 )
 
 // Ledger is what clients were told. It is safe for concurrent use.

@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	strandv1 "github.com/strandhq/strand/internal/gen/strand/v1"
+	strandv1 "github.com/strandhq/strand/api/strand/v1"
 )
 
 func stored(payloads ...string) []*strandv1.StoredRecord {

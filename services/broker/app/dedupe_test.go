@@ -10,9 +10,9 @@ import (
 
 	"connectrpc.com/connect"
 
+	strandv1 "github.com/strandhq/strand/api/strand/v1"
 	"github.com/strandhq/strand/internal/cluster"
 	"github.com/strandhq/strand/internal/clustertest"
-	strandv1 "github.com/strandhq/strand/internal/gen/strand/v1"
 )
 
 // sequenced returns records of producer with the given sequences; the

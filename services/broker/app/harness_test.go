@@ -12,11 +12,11 @@ import (
 	"github.com/rs/zerolog"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	strandv1 "github.com/strandhq/strand/api/strand/v1"
+	"github.com/strandhq/strand/api/strand/v1/strandv1connect"
 	"github.com/strandhq/strand/internal/cluster"
 	"github.com/strandhq/strand/internal/clustertest"
 	"github.com/strandhq/strand/internal/etcdtest"
-	strandv1 "github.com/strandhq/strand/internal/gen/strand/v1"
-	"github.com/strandhq/strand/internal/gen/strand/v1/strandv1connect"
 	"github.com/strandhq/strand/internal/rpcserver"
 )
 

@@ -11,9 +11,9 @@ import (
 	"connectrpc.com/connect"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	strandv1 "github.com/strandhq/strand/api/strand/v1"
 	"github.com/strandhq/strand/internal/cluster"
 	"github.com/strandhq/strand/internal/clustertest"
-	strandv1 "github.com/strandhq/strand/internal/gen/strand/v1"
 )
 
 // recovery waits for a pending recovery of stream other than the one with

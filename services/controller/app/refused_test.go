@@ -12,10 +12,10 @@ import (
 	"connectrpc.com/connect"
 	"github.com/rs/zerolog"
 
+	strandv1 "github.com/strandhq/strand/api/strand/v1"
+	"github.com/strandhq/strand/api/strand/v1/strandv1connect"
 	"github.com/strandhq/strand/internal/cluster"
 	"github.com/strandhq/strand/internal/clustertest"
-	strandv1 "github.com/strandhq/strand/internal/gen/strand/v1"
-	"github.com/strandhq/strand/internal/gen/strand/v1/strandv1connect"
 	"github.com/strandhq/strand/internal/rpcserver"
 	recovererapp "github.com/strandhq/strand/services/recoverer/app"
 )

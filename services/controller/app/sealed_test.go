@@ -6,8 +6,8 @@ import (
 
 	"connectrpc.com/connect"
 
+	strandv1 "github.com/strandhq/strand/api/strand/v1"
 	"github.com/strandhq/strand/internal/cluster"
-	strandv1 "github.com/strandhq/strand/internal/gen/strand/v1"
 )
 
 // TestWithdrawnFailoverOfLiveOwnerRecordedAgain: an operator fails over a

@@ -19,10 +19,10 @@ import (
 	"connectrpc.com/connect"
 	"github.com/prometheus/procfs"
 
+	strandv1 "github.com/strandhq/strand/api/strand/v1"
 	"github.com/strandhq/strand/client"
 	"github.com/strandhq/strand/cmd/strandctl/internal/devcluster"
 	"github.com/strandhq/strand/internal/cluster"
-	strandv1 "github.com/strandhq/strand/internal/gen/strand/v1"
 )
 
 // Options are the settings plus where the bench runs.

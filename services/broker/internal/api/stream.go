@@ -8,9 +8,9 @@ import (
 	"connectrpc.com/connect"
 	"github.com/rs/zerolog"
 
+	strandv1 "github.com/strandhq/strand/api/strand/v1"
+	"github.com/strandhq/strand/api/strand/v1/strandv1connect"
 	"github.com/strandhq/strand/internal/cluster"
-	strandv1 "github.com/strandhq/strand/internal/gen/strand/v1"
-	"github.com/strandhq/strand/internal/gen/strand/v1/strandv1connect"
 	"github.com/strandhq/strand/internal/rpcerr"
 	"github.com/strandhq/strand/services/broker/internal/replica"
 	"github.com/strandhq/strand/services/broker/internal/storage"

@@ -3,7 +3,7 @@ package replica
 import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
-	strandv1 "github.com/strandhq/strand/internal/gen/strand/v1"
+	strandv1 "github.com/strandhq/strand/api/strand/v1"
 	"github.com/strandhq/strand/services/broker/internal/storage"
 )
 

@@ -4,7 +4,7 @@ import (
 	"errors"
 	"fmt"
 
-	strandv1 "github.com/strandhq/strand/internal/gen/strand/v1"
+	strandv1 "github.com/strandhq/strand/api/strand/v1"
 )
 
 var (

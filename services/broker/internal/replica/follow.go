@@ -6,7 +6,7 @@ import (
 	"sync"
 	"time"
 
-	strandv1 "github.com/strandhq/strand/internal/gen/strand/v1"
+	strandv1 "github.com/strandhq/strand/api/strand/v1"
 	"github.com/strandhq/strand/services/broker/internal/storage"
 )
 

@@ -12,9 +12,9 @@ import (
 
 	"github.com/rs/zerolog"
 
+	strandv1 "github.com/strandhq/strand/api/strand/v1"
+	"github.com/strandhq/strand/api/strand/v1/strandv1connect"
 	"github.com/strandhq/strand/internal/cluster"
-	strandv1 "github.com/strandhq/strand/internal/gen/strand/v1"
-	"github.com/strandhq/strand/internal/gen/strand/v1/strandv1connect"
 	"github.com/strandhq/strand/internal/logging"
 	"github.com/strandhq/strand/services/broker/internal/metrics"
 	"github.com/strandhq/strand/services/broker/internal/storage"

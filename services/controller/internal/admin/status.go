@@ -3,8 +3,8 @@ package admin
 import (
 	"slices"
 
+	strandv1 "github.com/strandhq/strand/api/strand/v1"
 	"github.com/strandhq/strand/internal/cluster"
-	strandv1 "github.com/strandhq/strand/internal/gen/strand/v1"
 	"github.com/strandhq/strand/services/controller/internal/attention"
 	"github.com/strandhq/strand/services/controller/internal/state"
 )

@@ -1862,7 +1862,7 @@ const file_strand_v1_admin_proto_rawDesc = "" +
 	"\rListAttention\x12\x1f.strand.v1.ListAttentionRequest\x1a .strand.v1.ListAttentionResponse\"\x00\x12Z\n" +
 	"\x0fAcceptOwnerLoss\x12!.strand.v1.AcceptOwnerLossRequest\x1a\".strand.v1.AcceptOwnerLossResponse\"\x00\x12]\n" +
 	"\x10WithdrawRecovery\x12\".strand.v1.WithdrawRecoveryRequest\x1a#.strand.v1.WithdrawRecoveryResponse\"\x00\x12E\n" +
-	"\bFailover\x12\x1a.strand.v1.FailoverRequest\x1a\x1b.strand.v1.FailoverResponse\"\x00B<Z:github.com/strandhq/strand/internal/gen/strand/v1;strandv1b\x06proto3"
+	"\bFailover\x12\x1a.strand.v1.FailoverRequest\x1a\x1b.strand.v1.FailoverResponse\"\x00B3Z1github.com/strandhq/strand/api/strand/v1;strandv1b\x06proto3"
 
 var (
 	file_strand_v1_admin_proto_rawDescOnce sync.Once

@@ -1194,7 +1194,7 @@ const file_strand_v1_stream_proto_rawDesc = "" +
 	"\tSubscribe\x12\x1b.strand.v1.SubscribeRequest\x1a\x1c.strand.v1.SubscribeResponse\"\x000\x01\x12Q\n" +
 	"\fCommitCursor\x12\x1e.strand.v1.CommitCursorRequest\x1a\x1f.strand.v1.CommitCursorResponse\"\x00\x12H\n" +
 	"\tGetCursor\x12\x1b.strand.v1.GetCursorRequest\x1a\x1c.strand.v1.GetCursorResponse\"\x00\x12?\n" +
-	"\x06Locate\x12\x18.strand.v1.LocateRequest\x1a\x19.strand.v1.LocateResponse\"\x00B<Z:github.com/strandhq/strand/internal/gen/strand/v1;strandv1b\x06proto3"
+	"\x06Locate\x12\x18.strand.v1.LocateRequest\x1a\x19.strand.v1.LocateResponse\"\x00B3Z1github.com/strandhq/strand/api/strand/v1;strandv1b\x06proto3"
 
 var (
 	file_strand_v1_stream_proto_rawDescOnce sync.Once

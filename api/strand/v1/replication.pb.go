@@ -534,7 +534,7 @@ const file_strand_v1_replication_proto_rawDesc = "" +
 	"\x05chain\x18\x06 \x01(\x04R\x05chain2\x94\x01\n" +
 	"\x12ReplicationService\x12C\n" +
 	"\x06Follow\x12\x18.strand.v1.FollowRequest\x1a\x19.strand.v1.FollowResponse\"\x00(\x010\x01\x129\n" +
-	"\x04Seal\x12\x16.strand.v1.SealRequest\x1a\x17.strand.v1.SealResponse\"\x00B<Z:github.com/strandhq/strand/internal/gen/strand/v1;strandv1b\x06proto3"
+	"\x04Seal\x12\x16.strand.v1.SealRequest\x1a\x17.strand.v1.SealResponse\"\x00B3Z1github.com/strandhq/strand/api/strand/v1;strandv1b\x06proto3"
 
 var (
 	file_strand_v1_replication_proto_rawDescOnce sync.Once

@@ -8,7 +8,7 @@ import (
 	connect "connectrpc.com/connect"
 	context "context"
 	errors "errors"
-	v1 "github.com/strandhq/strand/internal/gen/strand/v1"
+	v1 "github.com/strandhq/strand/api/strand/v1"
 	http "net/http"
 	strings "strings"
 )
