@@ -17,7 +17,7 @@ import (
 )
 
 // leaderIsAt is how a controller that is not the leader names the leader
-// (docs/CONTRACTS.md, "Controller leadership"); the message is the contract.
+// (docs/api.md, "Controller leadership"); the message is the contract.
 const leaderIsAt = "leader is at "
 
 // maxLeaderRedirects bounds redirects between controllers within one call.
@@ -170,7 +170,7 @@ func describe[T any](ctx context.Context, a *adminClient, req *connect.Request[T
 func mayHaveApplied(err error) bool {
 	if _, ok := LeaderHint(err); ok {
 		// A controller that does not lead refuses before it reads or
-		// writes anything (docs/CONTRACTS.md, "Controller leadership").
+		// writes anything (docs/api.md, "Controller leadership").
 		return false
 	}
 	if errors.Is(err, syscall.ECONNREFUSED) {

@@ -31,7 +31,7 @@ const (
 	// until the client's attempt times out.
 	timedOutAfterApplying
 	// redirectedToLeader answers as a controller that does not lead
-	// (docs/CONTRACTS.md, "Controller leadership"), applying nothing.
+	// (docs/api.md, "Controller leadership"), applying nothing.
 	redirectedToLeader
 )
 

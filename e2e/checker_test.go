@@ -75,7 +75,8 @@ func readFromCopy(b strandv1connect.StreamServiceClient, stream string) func(con
 	}
 }
 
-// verifyLedger checks the seed's promise against what clients were told:
+// verifyLedger checks the failover invariant (docs/protocol.md,
+// "Invariants") against what clients were told:
 // every confirmed record is in recs exactly once, at the offset its confirm
 // named, and no record is stored twice (ledger.Ledger.Verify). It returns
 // the number of confirmed records checked.

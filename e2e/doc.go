@@ -1,7 +1,7 @@
 // Package e2e is Strand's end-to-end suite: every service runs in its own
 // container, from the FROM scratch images `make images` builds, and the
 // faults are real: containers are SIGKILLed and cut off the network while
-// they run (DESIGN.md, the seed's "Tests": Cluster).
+// they run (docs/protocol.md).
 //
 // Each test starts its own cluster with testcontainers-go on two Docker
 // networks made for the test run:

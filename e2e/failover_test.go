@@ -8,7 +8,7 @@ import (
 	"github.com/strandhq/strand/internal/onebox/ledger"
 )
 
-// TestOwnerKillFailover is the seed's cluster test: kill the owner of a
+// TestOwnerKillFailover is the cluster failover test: kill the owner of a
 // replicated durable stream with 3 copies on majority_durable under load.
 // Every confirmed record is delivered at one offset each, the stream serves
 // again without an operator, and the old owner rejoins as a follower without

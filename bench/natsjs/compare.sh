@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Usage: compare.sh [pairs=3] [duration_s=16] [warmup_s=2]
 #
-# Issue 3's benchmark target, measured: alternates a NATS JetStream run
+# Strand against NATS JetStream on the same machine: alternates a NATS JetStream run
 # (run.sh: 3 nodes, R3 file stream, sync_interval always, 1 KiB, 256 in
 # flight) with `strandctl bench` (3 brokers, 3 copies, majority_durable,
 # 1 KiB, 256 in flight), both with the same warm-up and measured duration,

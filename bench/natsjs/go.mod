@@ -1,4 +1,4 @@
-// The NATS JetStream side of issue 3's benchmark target (run.sh), a module
+// The NATS JetStream side of `make bench-nats` (run.sh), a module
 // of its own so that the broker's module does not depend on NATS.
 module github.com/strandhq/strand/bench/natsjs
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The NATS JetStream side of issue 3's benchmark target: a 3-node
+# The NATS JetStream side of `make bench-nats`: a 3-node
 # JetStream cluster, an R3 file stream with sync_interval: always, 1 KiB
 # messages, 256 in flight. Compare with `strandctl bench --duration 16s
 # --warmup 2s` run right before or after it on the same machine (make

@@ -20,8 +20,8 @@ import (
 	"github.com/strandhq/strand/internal/rpcserver"
 )
 
-// The seed's cluster test with real processes, so the owner can be killed
-// for real (DESIGN.md, "The failover path"): the dev cluster of strandctl
+// The cluster failover test with real processes, so the owner can be killed
+// for real (docs/protocol.md, "Stream failover"): the dev cluster of strandctl
 // (embedded etcd in this process, each service a child process built by
 // TestMain) with short liveness timings. Publishers run through the Go
 // client the whole time; a ledger of every confirm proves nothing confirmed

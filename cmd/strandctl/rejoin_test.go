@@ -18,8 +18,8 @@ import (
 // owner's broker key and heartbeat live on until its lease expires. The
 // controller must not take that stale heartbeat for a copy that is "live
 // again" and add the dead broker back as a follower on the fast path
-// (issue 4, item 4: "When a left-out copy is live again the controller adds
-// it back"): the assignment would count a dead copy in E, and the next
+// (docs/protocol.md, "The fast path": a left-out copy that is live again
+// is added back): the assignment would count a dead copy in E, and the next
 // recovery would need more answers (E=3, W=2: R=2 instead of R=1).
 func TestKilledOwnerNotAddedBackWhileDead(t *testing.T) {
 	p := startProcCluster(t)

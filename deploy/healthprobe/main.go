@@ -62,7 +62,7 @@ func baseURL(addr string) string {
 }
 
 // checkGRPCHealth calls grpc.health.v1.Health/Check with the Connect unary
-// protocol in JSON, which every Strand service serves (docs/CONTRACTS.md).
+// protocol in JSON, which every Strand service serves (docs/operating.md, "Health").
 func checkGRPCHealth(ctx context.Context, addr, service string) error {
 	body, _ := json.Marshal(map[string]string{"service": service})
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, baseURL(addr)+"/grpc.health.v1.Health/Check", bytes.NewReader(body))

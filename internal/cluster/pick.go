@@ -13,7 +13,7 @@ type Candidate struct {
 	CursorEventTail uint64
 }
 
-// ComparePick is the one order of the seal pick (seed, "Stream failover"):
+// ComparePick is the one order of the seal pick (docs/protocol.md, "Stream failover"):
 // the highest record tail, then the highest cursor event tail, then the
 // lowest node id in byte-wise order, so every party picks the same copy from
 // the same tails. It is negative when a is picked before b.

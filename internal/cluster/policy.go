@@ -63,14 +63,14 @@ type ConfirmRule struct {
 }
 
 // R is how many copies a recovery must seal: any W copies and any R copies
-// share at least one, since W + R = E + 1 (seed, "Safety argument").
+// share at least one, since W + R = E + 1 (docs/protocol.md, "Safety argument").
 func (c ConfirmRule) R() int { return c.E - c.W + 1 }
 
-// StreamConfirmPolicy is the one rule for W (the seed's
-// stream_confirm_policy): it turns the policy stamped on an assignment with
+// StreamConfirmPolicy is the one rule for W (stream_confirm_policy,
+// docs/protocol.md): it turns the policy stamped on an assignment with
 // copies E into the stream's confirm rule. The broker confirms by it and the
 // controller and recoverer derive R from it; no other code computes W or R,
-// so the two sides cannot disagree (seed, "One rule for W").
+// so the two sides cannot disagree (docs/protocol.md, "One rule for W").
 //
 //   - local_durable, and the zero policy, mean every copy: a replicated
 //     stream has no owner-only mode.

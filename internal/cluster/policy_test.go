@@ -33,8 +33,8 @@ func TestStreamConfirmPolicyTable(t *testing.T) {
 	}
 }
 
-func TestStreamConfirmPolicySeedExamples(t *testing.T) {
-	// Seed: "With W = E (every copy) R = 1"; "With 3 copies and W = 2, R = 2".
+func TestStreamConfirmPolicyExamples(t *testing.T) {
+	// docs/protocol.md, "Safety argument": "With W = E (every copy) R = 1"; "With 3 copies and W = 2, R = 2".
 	if r := StreamConfirmPolicy(Policy{Name: LocalDurable}, 3).R(); r != 1 {
 		t.Fatalf("local_durable E=3: R=%d, want 1", r)
 	}

@@ -12,7 +12,7 @@ import (
 const DefaultPrefix = "/strand"
 
 // Schema names every etcd key Strand uses. It is the only place keys are
-// built or parsed (DESIGN.md, "Coordination state in etcd").
+// built or parsed (docs/etcd-schema.md).
 //
 //	<prefix>/brokers/<node>        BrokerInfo, bound to the broker's lease
 //	<prefix>/heartbeats/<node>     Heartbeat, bound to the broker's lease

@@ -3,9 +3,9 @@ package cluster
 import "slices"
 
 // IsFastPath reports whether changing a stream from assignment old to
-// assignment next may commit directly, without a pending recovery (seed,
-// "Stream failover": "A stream change that keeps the owner and every follower
-// and needs no more copies to confirm commits without recovery").
+// assignment next may commit directly, without a pending recovery (docs/protocol.md,
+// "The fast path": a change that keeps the owner and every follower and
+// needs no more copies to confirm commits without recovery).
 //
 // It holds when next keeps old's owner, keeps every old follower (it may add
 // followers) and confirms with W' <= W, both taken from the one rule for W.

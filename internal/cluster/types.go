@@ -66,7 +66,7 @@ type Assignment struct {
 	Followers []string `json:"followers"`
 	// Policy is the confirm policy stamped by the controller. An assignment
 	// placed before streams had a policy carries the zero Policy, which the
-	// one rule for W reads as local_durable (seed, "One rule for W").
+	// one rule for W reads as local_durable (docs/protocol.md, "One rule for W").
 	Policy Policy `json:"policy"`
 	// Retention travels with the assignment so brokers need not read specs.
 	Retention Retention `json:"retention"`
@@ -91,7 +91,7 @@ func (a Assignment) Includes(node string) bool {
 }
 
 // Recovery is stored at RecoveryKey: a pending recovery the recoverer must
-// finish (seed, "Stream failover").
+// finish (docs/protocol.md, "Stream failover").
 type Recovery struct {
 	Stream        string   `json:"stream"`
 	FromEpoch     uint64   `json:"from_epoch"`
@@ -120,7 +120,7 @@ func (r Recovery) OldMembers() []string {
 }
 
 // HistoryStart records where an owner's history starts at an epoch: its
-// record and cursor event tails when it took over (seed, "The confirmed prefix").
+// record and cursor event tails when it took over (docs/protocol.md, "The confirmed prefix").
 type HistoryStart struct {
 	Epoch           uint64 `json:"epoch"`
 	RecordTail      uint64 `json:"record_tail"`
@@ -145,9 +145,9 @@ const MaxRefusalError = 256
 // SealRefusals is stored at RefusalsKey, next to a pending recovery: the old
 // copies whose brokers are registered yet did not seal in the recovery's
 // last seal round, when that round left the recovery waiting. The recovery
-// waits rather than guess (seed, "Safety argument"), and this is how the
-// controller's attention says why (seed, "Known limits": it "shows under
-// controller attention until one answers").
+// waits rather than guess (docs/protocol.md, "Safety argument"), and this is how the
+// controller's attention says why (docs/limits.md: it waits under controller
+// attention until a copy answers or an operator accepts the loss).
 //
 // The recoverer writes it guarded by the mod revisions of the recovery and
 // the assignment it sealed for and by its leader key, and rewrites or

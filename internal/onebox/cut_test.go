@@ -72,7 +72,8 @@ func subscribeFrom(t *testing.T, c *Cluster, node string, req *strandv1.Subscrib
 	return out[:n]
 }
 
-// TestReturningOldOwnerIsCutAndTakesNewEntries is issue 5 with the whole
+// TestReturningOldOwnerIsCutAndTakesNewEntries is the cut of a copy with a
+// longer tail (docs/protocol.md, "Copies with a longer tail") with the whole
 // cluster: the old owner held records no follower had (its followers were
 // down, so none was confirmed) and cursor commits past them, folded into a
 // cursor snapshot. It was not sealed. It comes back after a failover: the

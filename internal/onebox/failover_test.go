@@ -97,8 +97,8 @@ func waitRejoined(t *testing.T, c *Cluster, stream, node string, epoch uint64) c
 
 // TestCleanShutdownOfOwnerFailsOverEagerly: the owner's app closes cleanly,
 // which revokes its lease, so the controller records the recovery at once
-// and the recoverer commits without waiting for the lease TTL (issue 4,
-// "clean shutdown of the owner"). The copy it promotes is released from its
+// and the recoverer commits without waiting for the lease TTL (eager
+// failover on a clean shutdown of the owner). The copy it promotes is released from its
 // seal and serves at its own tails; the old owner comes back as a follower
 // with no further recovery.
 func TestCleanShutdownOfOwnerFailsOverEagerly(t *testing.T) {

@@ -70,8 +70,8 @@ func waitAttention(t *testing.T, c *Cluster, stream, kind string) *strandv1.Atte
 // TestRecovererLeaderClosedMidRecovery: the leading recoverer has sealed and
 // waits (fewer than R copies answer) when it is closed; the second recoverer
 // takes over and, once the missing follower is back, finishes the recovery
-// exactly once: one history start appended, the epoch the fence epoch (issue
-// 4, "the recoverer leader killed mid-recovery"). The controller that
+// exactly once: one history start appended, the epoch the fence epoch: a recoverer
+// leader lost mid-recovery costs nothing but time. The controller that
 // records the recovery is the second one too: the first leader is closed
 // before the owner is lost.
 func TestRecovererLeaderClosedMidRecovery(t *testing.T) {
@@ -158,8 +158,8 @@ func TestRecovererLeaderClosedMidRecovery(t *testing.T) {
 	verify(t, c, a1.Owner, stream, l)
 }
 
-// TestSecondOwnerLossWaitsForConfirmedPrefix is the seed's "The confirmed
-// prefix": right after a failover the new owner is the only copy holding the
+// TestSecondOwnerLossWaitsForConfirmedPrefix is docs/protocol.md, "The
+// confirmed prefix": right after a failover the new owner is the only copy holding the
 // records confirmed before it; losing it too is a second failure, and the
 // next recovery waits, listed under attention with the start's record count
 // and node, until a copy at or past the start answers, then promotes it.
@@ -399,7 +399,7 @@ func TestAcceptOwnerLoss(t *testing.T) {
 // confirmed prefix, an operator accepts the loss onto the empty copy. The
 // start recorded for the new epoch is that copy's published tails (0), the
 // broker warns that it was promoted below the confirmed prefix, and the
-// stream serves again from its tail (seed, "Known limits").
+// stream serves again from its tail (docs/limits.md).
 func TestAcceptedLossBelowConfirmedPrefix(t *testing.T) {
 	t.Parallel()
 	w := secondLossWaitingForPrefix(t, "accepted")

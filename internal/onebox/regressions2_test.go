@@ -15,11 +15,11 @@ import (
 // TestFollowerPastOwnersTailShownUnderAttention: an operator accepts the
 // loss of a two-copy stream whose owner and follower are both down; no copy
 // is live, so the stream moves to a fresh broker, empty, and no history
-// start is recorded (the new owner published nothing; seed, "Known limits":
-// "a returning copy is not cut back"). The old follower returns holding
+// start is recorded (the new owner published nothing; docs/limits.md:
+// a returning copy is then not cut back). The old follower returns holding
 // records the new owner does not: its log is not a prefix of the owner's.
-// Issue 5: "A mismatch is an error shown under attention, never silent
-// divergence."
+// A mismatch is an error shown under attention (chain_mismatch,
+// docs/operating.md), never silent divergence.
 //
 // The follower's Follow is refused with OutOfRange ("past the owner's
 // tail"); the follower treats that as a prefix mismatch and flags the copy,
@@ -58,10 +58,10 @@ func TestFollowerPastOwnersTailShownUnderAttention(t *testing.T) {
 	})
 }
 
-// TestSealedRawTailWithOlderSuffixLosesNoConfirmedRecord: the seed's known
-// limit "a copy whose broker did not apply its last role change before being
-// sealed reports a raw tail that can include an older owner's unconfirmed
-// suffix" must not cost confirmed records.
+// TestSealedRawTailWithOlderSuffixLosesNoConfirmedRecord: the known limit
+// (docs/limits.md) that a copy whose broker did not apply its last role
+// change before being sealed holds a raw tail that can include an older
+// owner's unconfirmed suffix must not cost confirmed records.
 //
 // b1 owned epoch 1 and holds 30 unconfirmed records (tail 40). Epoch 2 is
 // recovered onto b2 at 10 (start {2, 10, b2}) and confirms 5 records

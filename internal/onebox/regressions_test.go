@@ -15,8 +15,8 @@ import (
 
 // TestRecreatedStreamIgnoresStaleCopyOfDeletedStream: a broker that was
 // down while a stream was deleted and recreated under the same name still
-// holds the deleted stream's copy when it returns. The seed drops history
-// starts with the stream "so a recreated stream does not inherit them"; the
+// holds the deleted stream's copy when it returns. History starts are
+// dropped with the stream so a recreated stream does not inherit them; the
 // same must hold for that copy: the returning broker must never show the
 // deleted stream's records as the recreated stream's (readers are only shown
 // confirmed records, and copies' logs are prefixes of each other on the

@@ -44,7 +44,7 @@ func OwnerHint(err error) (*strandv1.OwnerHint, bool) {
 	return nil, false
 }
 
-// InvalidArgument names the offending field in the message, as DESIGN.md asks.
+// InvalidArgument names the offending field in the message (docs/errors.md).
 func InvalidArgument(field string, format string, args ...any) *connect.Error {
 	return connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("%s: %s", field, fmt.Sprintf(format, args...)))
 }

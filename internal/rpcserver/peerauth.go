@@ -15,8 +15,8 @@ import (
 
 // PeerTokenEnv names the environment variable that holds the peer token:
 // the shared secret brokers and the recoverer present to each other on
-// strand.v1.ReplicationService (Follow, Seal), which DESIGN.md reserves for
-// peers. A client that could call Seal could fence any copy and stop its
+// strand.v1.ReplicationService (Follow, Seal), which is for peers only
+// (docs/operating.md, "Peer token"). A client that could call Seal could fence any copy and stop its
 // stream until a recovery; one that could call Follow could read any stream
 // around the confirm watermark.
 const PeerTokenEnv = "STRAND_PEER_TOKEN"
@@ -24,7 +24,7 @@ const PeerTokenEnv = "STRAND_PEER_TOKEN"
 // PeerTokenAcceptEnv names the environment variable that holds tokens a
 // broker accepts besides its own peer token, comma separated, but never
 // sends: what lets a cluster change its token with rolling restarts instead
-// of restarting every node at once (docs/CONTRACTS.md, "Peer token").
+// of restarting every node at once (docs/operating.md, "Peer token").
 const PeerTokenAcceptEnv = "STRAND_PEER_TOKEN_ACCEPT"
 
 // PeerToken reads the peer token from the environment (empty: unset),

@@ -65,8 +65,8 @@ func callBoth(addr, token string, opts ...connect.ClientOption) (sealErr, follow
 	return sealErr, err
 }
 
-// protocols are the wire protocols a broker serves (DESIGN.md: Connect,
-// gRPC and gRPC-Web clients all work); the token is checked on each.
+// protocols are the wire protocols a broker serves (docs/api.md:
+// Connect, gRPC and gRPC-Web clients all work); the token is checked on each.
 var protocols = map[string][]connect.ClientOption{
 	"connect":  nil,
 	"json":     {connect.WithProtoJSON()},

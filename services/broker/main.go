@@ -1,5 +1,5 @@
 // Command strand-broker holds stream copies: publish/read for clients,
-// follow and seal for peers. See docs/CONTRACTS.md for flags.
+// follow and seal for peers. docs/operating.md lists its flags.
 package main
 
 import (

@@ -1042,8 +1042,9 @@ func (x *OwnerHint) GetEpoch() uint64 {
 	return 0
 }
 
-// ConfirmPolicy is the policy stamped on an assignment (see the seed's
-// "One rule for W").
+// ConfirmPolicy is the policy stamped on an assignment; W, the copies that
+// must hold a record before it is confirmed, follows from it and the copy
+// count E by one rule (docs/protocol.md, "One rule for W").
 type ConfirmPolicy struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// name is local_durable, majority_durable, replica_durable or replica_accepted.

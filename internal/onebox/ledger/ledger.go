@@ -2,8 +2,8 @@
 // clients were told (the offset of every confirmed record, by its unique
 // payload, and the publishes that ended in an error, whose records may or may
 // not be stored) and proves against a read of the stream that nothing
-// confirmed was lost or moved (DESIGN.md, "Invariants every change must
-// keep"). It has no dependency on the services, so both the in-process
+// confirmed was lost or moved (docs/protocol.md,
+// "Invariants"). It has no dependency on the services, so both the in-process
 // cluster (internal/onebox) and the process tests of strandctl use it.
 package ledger
 

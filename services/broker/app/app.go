@@ -216,7 +216,7 @@ func Start(ctx context.Context, cfg Config) (*App, error) {
 	}, log)
 	met.PublishGate(streams.PublishesWaiting, streams.PublishBytesInFlight, streams.PublishesRefused)
 	mux.Handle(streams.Handler(noGzip))
-	// Follow and Seal are for peers only (DESIGN.md): a client that could
+	// Follow and Seal are for peers only (docs/operating.md, "Peer token"): a client that could
 	// seal would fence copies and stop their streams until a recovery.
 	if cfg.PeerToken == "" {
 		log.Warn().Msg("no peer token (" + rpcserver.PeerTokenEnv + "): Follow and Seal are open to any client that reaches this broker")

@@ -22,8 +22,8 @@ import (
 	"github.com/strandhq/strand/internal/rpcserver"
 )
 
-// wireProtocols are the protocols a broker serves (DESIGN.md: Connect,
-// gRPC and gRPC-Web clients, and JSON); each must keep the limits.
+// wireProtocols are the protocols a broker serves (docs/api.md:
+// Connect, gRPC and gRPC-Web clients, and JSON); each must keep the limits.
 var wireProtocols = map[string][]connect.ClientOption{
 	"connect":  nil,
 	"json":     {connect.WithProtoJSON()},
@@ -201,7 +201,7 @@ func TestSmallRequestReadLimits(t *testing.T) {
 }
 
 // A record storage cannot hold in one entry (--max-record-bytes above
-// it) is too large, as DESIGN.md words it: ResourceExhausted naming the
+// it) is too large (docs/errors.md): ResourceExhausted naming the
 // records and storage's bound, not Internal; nothing is stored.
 func TestPublishRecordAboveStorageEntry(t *testing.T) {
 	h := newHarness(t)

@@ -15,7 +15,7 @@ import (
 )
 
 // After the followers are sealed at the next epoch, the old owner's batches
-// are rejected: it confirms nothing after the fence (seed, "Safety argument").
+// are rejected: it confirms nothing after the fence (docs/protocol.md, "Safety argument").
 func TestSealFencesTheStaleOwner(t *testing.T) {
 	h := newHarness(t)
 	h.confirm = 500 * time.Millisecond
@@ -73,7 +73,7 @@ func TestSealFencesTheStaleOwner(t *testing.T) {
 	}
 }
 
-// Follow and Seal are for peers only (DESIGN.md): without the cluster's
+// Follow and Seal are for peers only (docs/operating.md, "Peer token"): without the cluster's
 // peer token both are refused with Unauthenticated before anything is read
 // or changed, while the brokers, which carry it, go on replicating.
 func TestReplicationServiceNeedsThePeerToken(t *testing.T) {

@@ -1,6 +1,6 @@
 // Package app is the embeddable strand-controller: Start serves the admin
 // API and campaigns for leadership; only the leader serves AdminService and
-// runs the liveness loop (docs/CONTRACTS.md, "Controller leadership").
+// runs the liveness loop (docs/api.md, "Controller leadership").
 package app
 
 import (
@@ -30,7 +30,7 @@ import (
 )
 
 // Config configures a controller. Zero fields take the defaults of
-// docs/CONTRACTS.md.
+// docs/operating.md, "Flags".
 type Config struct {
 	// Name identifies this controller in logs (default: hostname).
 	Name string

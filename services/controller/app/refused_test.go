@@ -135,7 +135,7 @@ func describeAttention(es []*strandv1.AttentionEntry) string {
 // and the recoverer against brokers' Seal over real loopback. The owner of a
 // 3-copy majority_durable stream (R = 2) is lost; one follower seals, the
 // other is live but refuses its seal with FailedPrecondition. The recovery
-// waits, as the seed asks, and since both followers heartbeat the
+// waits rather than guess (docs/protocol.md, "Safety argument"), and since both followers heartbeat the
 // heartbeats alone show no reason: attention must name the stream, the
 // refusing copy and what it answered. Once the copy stops refusing, the
 // recovery commits and the entry and the recorded refusals go away.

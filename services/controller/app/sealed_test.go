@@ -15,8 +15,8 @@ import (
 // epoch, and the operator withdraws the recovery before it commits. The
 // owner is not lost, yet every copy refuses publishes until an assignment at
 // the fence epoch includes it, so the liveness loop records a new recovery at
-// that fence epoch with a new transition id (seed, "Copies with a longer
-// tail"). It records nothing for a copy sealed at the assignment's own epoch
+// that fence epoch with a new transition id (docs/protocol.md, "Withdrawing a
+// recovery"). It records nothing for a copy sealed at the assignment's own epoch
 // (a committed recovery not applied yet), for a sealed copy left out of the
 // assignment, or while a recovery is pending; a single-copy stream sealed
 // the same way gets no recovery and is listed under attention instead.

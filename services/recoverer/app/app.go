@@ -1,6 +1,6 @@
 // Package app is the embeddable strand-recoverer: the recovery worker behind
 // an etcd election, with gRPC health on its listen address. main.go, tests
-// and strandctl dev all start the recoverer through Start (docs/CONTRACTS.md,
+// and strandctl dev all start the recoverer through Start (docs/architecture.md,
 // "Every service's app package").
 package app
 
@@ -24,7 +24,7 @@ import (
 	"github.com/strandhq/strand/services/recoverer/internal/worker"
 )
 
-// Defaults for Config's zero fields (docs/CONTRACTS.md, "Binaries and flags").
+// Defaults for Config's zero fields (docs/operating.md, "Flags").
 const (
 	DefaultListen      = "127.0.0.1:7103"
 	DefaultEtcd        = "http://127.0.0.1:2379"

@@ -227,7 +227,7 @@ func assertAssignment(t *testing.T, got, want cluster.Assignment) {
 // A pending recovery is committed exactly once: the furthest sealed copy
 // owns the new epoch, the other sealed copy and the added member follow, the
 // copy that failed its seal is left out, the recovery is cleared and the
-// pick's start is appended (seed, "Stream failover").
+// pick's start is appended (docs/protocol.md, "Stream failover").
 func TestCommitsPendingRecoveryOnce(t *testing.T) {
 	e := newEnv(t)
 	old := oldAssignment(majority)
@@ -297,7 +297,7 @@ func TestCommitTakesTheProposedPolicy(t *testing.T) {
 }
 
 // Fewer than R answers: the stream waits instead of guessing, and commits
-// once the missing copy answers (seed, "Safety argument").
+// once the missing copy answers (docs/protocol.md, "Safety argument").
 func TestWaitsForRAnswers(t *testing.T) {
 	e := newEnv(t)
 	old := oldAssignment(majority) // E=3, W=2, R=2
@@ -344,7 +344,7 @@ func TestWaitsForRAnswers(t *testing.T) {
 // A second owner loss right after a failover: the surviving followers are
 // below the latest history start, so the recovery waits for the confirmed
 // prefix and commits once a copy at the start (the returning owner) answers
-// (seed, "The confirmed prefix").
+// (docs/protocol.md, "The confirmed prefix").
 func TestWaitsForConfirmedPrefix(t *testing.T) {
 	e := newEnv(t)
 	old := oldAssignment(majority)
@@ -436,7 +436,8 @@ func TestRacingRecoverersCommitOnce(t *testing.T) {
 
 // The commit races a controller write between the seals and the commit:
 // the guarded transaction fails, the recoverer reads again and commits once
-// against the new state (issue 4: "the loser re-reads").
+// against the new state (docs/protocol.md, "Stream failover": the
+// loser reads again).
 func TestCommitRacingAnotherWriterReadsAgain(t *testing.T) {
 	e := newEnv(t)
 	old := oldAssignment(majority)

@@ -1,4 +1,4 @@
-// Package bench is `strandctl bench` (issue 6, item 3): publish with a
+// Package bench is `strandctl bench`: publish with a
 // bounded in-flight window through the client, optionally kill the owner
 // partway, restart it, read the stream back and prove that every confirmed
 // record is stored once at the offset its confirm named.

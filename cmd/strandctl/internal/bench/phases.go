@@ -15,7 +15,7 @@ import (
 )
 
 // The failover, from the owner kill to the first confirmed publish on the
-// new owner, split into phases (issue 4, "Benchmark (closing note)"):
+// new owner, split into phases (docs/operating.md, "The cluster bench"):
 //
 //	kill ─detect─▶ recovery recorded ─seal─▶ seals decided ─commit─▶
 //	assignment committed ─apply─▶ new owner promoted ─first_confirm─▶

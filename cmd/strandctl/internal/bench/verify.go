@@ -48,7 +48,8 @@ type Stored struct {
 	HasID bool
 }
 
-// Verdict is the check the seed's cluster test asks for: every confirmed
+// Verdict is the check of the failover invariant (docs/protocol.md,
+// "Invariants"): every confirmed
 // record delivered at one offset, equal to its confirm.
 type Verdict struct {
 	Confirmed int

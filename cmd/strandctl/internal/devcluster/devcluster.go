@@ -1,6 +1,6 @@
 // Package devcluster runs a local Strand cluster as processes: an embedded
 // etcd in this process, and strand-controller, strand-recoverer and N
-// strand-broker children on loopback (docs/CONTRACTS.md, "strandctl dev").
+// strand-broker children on loopback (docs/operating.md, "strandctl dev").
 // `strandctl dev`, `strandctl bench` and the CLI smoke test share it, so the
 // cluster they exercise is the one a user runs.
 package devcluster

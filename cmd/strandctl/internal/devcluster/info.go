@@ -12,7 +12,7 @@ import (
 )
 
 // InfoFile is the name of the file, in the data dir, that records a running
-// dev cluster (docs/CONTRACTS.md, "strandctl dev").
+// dev cluster (docs/operating.md, "strandctl dev").
 const InfoFile = "cluster.json"
 
 // Info is what cluster.json holds: endpoints and process ids.

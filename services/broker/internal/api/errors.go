@@ -55,7 +55,7 @@ func toConnect(err error) error {
 		return connect.NewError(connect.CodeDataLoss, errors.New(err.Error()))
 	case errors.Is(err, storage.ErrTooLarge):
 		// A record above what one storage entry holds (reached when
-		// --max-record-bytes is set above it): too large, as DESIGN says.
+		// --max-record-bytes is set above it): too large, like any record over the limit.
 		return connect.NewError(connect.CodeResourceExhausted, fmt.Errorf("records: %s", err.Error()))
 	case errors.Is(err, storage.ErrInvalidArgument):
 		// Input storage refuses that the handler's checks let through

@@ -66,7 +66,7 @@ func (c *Coord) Ready() <-chan struct{} { return c.ready }
 
 // History reads a stream's history starts. A missing key is an empty list;
 // an unreadable one is an error, so the caller withholds the assignment
-// (seed, "Copies with a longer tail").
+// (docs/protocol.md, "Copies with a longer tail").
 func (c *Coord) History(ctx context.Context, stream string) (cluster.HistoryStarts, error) {
 	resp, err := c.cfg.Client.Get(ctx, c.cfg.Schema.HistoryKey(stream))
 	if err != nil {
@@ -228,7 +228,8 @@ func (c *Coord) end(sess *concurrency.Session) {
 // leader for a moment) lists and watches again in the same session: a
 // broken watch says nothing about this broker's lease, and closing the
 // session would revoke it, failing over every stream the broker owns
-// (DESIGN, "The failover path": a lease that expires or is revoked).
+// (docs/protocol.md, "Stream failover": a lease that expires or is
+// revoked).
 func (c *Coord) keepWatching(ctx context.Context, what string, synced chan<- struct{}, watch func(context.Context, func()) error) error {
 	first := true
 	onSynced := func() {

@@ -1,7 +1,7 @@
 // Package metrics is a broker's Prometheus metrics, served at /metrics on
 // its listener. They show where a publish waits, stage by stage, so an
 // operator can tell a slow disk from a slow follower or a slow network
-// (seed, "an operator who can always see why something waits"):
+// (docs/operating.md, "Metrics"):
 //
 //	strand_broker_commit_write_seconds       committer: one batch into Badger
 //	strand_broker_commit_sync_seconds        committer: that batch's fsync

@@ -91,7 +91,7 @@ func (c *Copy) setDesired(a *cluster.Assignment) {
 
 // reconcileLoop applies the latest desired assignment, retrying with backoff
 // while it cannot (history unreadable, storage error): an assignment is
-// withheld rather than applied on a guess (seed, "Copies with a longer tail").
+// withheld rather than applied on a guess (docs/protocol.md, "Copies with a longer tail").
 func (c *Copy) reconcileLoop(ctx context.Context) {
 	defer close(c.done)
 	retry := time.Duration(0)
@@ -174,7 +174,7 @@ func (c *Copy) reconcile(ctx context.Context) (dropped bool, err error) {
 	state := c.st.State()
 	if !a.Includes(node) {
 		// Left out: stop serving. A sealed copy stays sealed until a later
-		// assignment includes it (seed, "Stream failover").
+		// assignment includes it (docs/protocol.md, "Stream failover").
 		c.mu.Lock()
 		role := c.role
 		c.mu.Unlock()
@@ -196,8 +196,8 @@ func (c *Copy) reconcile(ctx context.Context) (dropped bool, err error) {
 		// publish or follow batch of the old role already past its role
 		// check would otherwise land between the cut and the advance, and
 		// the advance would make it part of the new epoch's history, on
-		// offsets the new owner gives to other records (seed, "Copies with
-		// a longer tail"; storage.FenceBelow).
+		// offsets the new owner gives to other records (docs/protocol.md,
+		// "Copies with a longer tail"; storage.FenceBelow).
 		c.st.FenceBelow(a.Epoch)
 		c.endRole("")
 		if err := c.bringOntoHistory(ctx, state, a.Epoch); err != nil {
@@ -239,8 +239,8 @@ func (c *Copy) reconcile(ctx context.Context) (dropped bool, err error) {
 // written, before its own fsync ends (storage.WrittenTail), so after an
 // unclean stop on a new boot (a machine crash) a follower may hold records
 // this copy lost. Owning the same epoch on would give other records their
-// offsets and break the prefix property the seed's "Safety argument"
-// rests on. The copy stands down instead: it names itself suspect in its
+// offsets and break the prefix property the safety argument
+// (docs/protocol.md) rests on. The copy stands down instead: it names itself suspect in its
 // heartbeat, the controller records a pending recovery
 // (liveness.OwnerStandsDown), and the recovery promotes the furthest copy
 // at a new epoch, which this one then follows or owns at its own tails. A
@@ -290,7 +290,7 @@ func (c *Copy) standingDown() bool {
 // warnBelowConfirmedPrefix logs when this copy becomes owner with a record
 // tail below the latest history start before its epoch: only an accepted
 // owner loss promotes such a copy, and the operator accepted losing the
-// records above its tail (seed, "Known limits").
+// records above its tail (docs/limits.md).
 func (c *Copy) warnBelowConfirmedPrefix(ctx context.Context, epoch uint64) {
 	hctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
@@ -327,7 +327,7 @@ func (c *Copy) replaceWithEmpty(a cluster.Assignment, why error) error {
 }
 
 // bringOntoHistory cuts the copy back to the history of target before the
-// role change (seed, "Copies with a longer tail"). A sealed copy judges by
+// role change (docs/protocol.md, "Copies with a longer tail"). A sealed copy judges by
 // the epochs its seal replaced, since the seal advanced them without data.
 func (c *Copy) bringOntoHistory(ctx context.Context, state storage.State, target uint64) error {
 	own := state.LogEpochs
@@ -525,7 +525,7 @@ func (c *Copy) applyRetention(now time.Time) {
 // since it was opened. A copy found on disk at start (or opened for a seal)
 // is not read from before: it may hold a deleted stream's records under a
 // name created again, or records its next role change cuts, and its stored
-// watermark belongs to what it was (seed, "Copies with a longer tail").
+// watermark belongs to what it was (docs/protocol.md, "Copies with a longer tail").
 func (c *Copy) everApplied() bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()

@@ -8,14 +8,14 @@ import (
 )
 
 // cutPoint decides where a copy must be cut before a role change at target
-// (seed, "Copies with a longer tail"). own are the copy's log epochs (for a
+// (docs/protocol.md, "Copies with a longer tail"). own are the copy's log epochs (for a
 // sealed copy, the epochs its seal replaced). The cut is the lowest history
 // start recorded for an epoch after the copy's own and up to target; ok is
 // false when nothing needs cutting: the copy is already on the target
 // history, no start lies in range, or the copy ends at or below the start.
 //
 // A start recorded for self, the copy's own node, never cuts it: the owner
-// of an epoch is never cut at its own start (seed, "Known limits"). A start
+// of an epoch is never cut at its own start (docs/limits.md). A start
 // is a point on its node's own log, and that node's records past it are the
 // epoch's history. A recovery records the promoted copy's sealed tails, so
 // the start is its tail; an accepted owner loss records the tails the new

@@ -4,8 +4,8 @@
 // replication workers.
 //
 // An owner confirms a record once W copies hold it durably, the owner
-// included, with W taken from cluster.StreamConfirmPolicy (seed, "One rule
-// for W"). Followers pull from the owner over ReplicationService.Follow and
+// included, with W taken from cluster.StreamConfirmPolicy (docs/protocol.md,
+// "One rule for W"). Followers pull from the owner over ReplicationService.Follow and
 // report their durable tails back on the same stream; the owner's confirm
 // watermark is the W-th highest of those tails and its own, each capped at
 // the owner's durable tail. The owner ships records once written, before
@@ -14,6 +14,6 @@
 // boot therefore never continues its epoch as owner (withholdOwner).
 //
 // Before any role change at a new epoch a copy is cut back onto the history
-// of that epoch (seed, "Copies with a longer tail"); a sealed copy that a new
+// of that epoch (docs/protocol.md, "Copies with a longer tail"); a sealed copy that a new
 // assignment includes is released in place.
 package replica

@@ -73,7 +73,7 @@ func (m *Manager) ServeFollow(ctx context.Context, first *strandv1.FollowRequest
 		// holds that prefix, so it counts toward W now. Otherwise records
 		// a new owner inherited unconfirmed would wait for the next new
 		// record to be confirmed, and so would a retry of them, which is
-		// answered only once they are (issue 7).
+		// answered only once they are (idempotent publish, docs/api.md).
 		tracker.followerDurable(node, pos)
 	}
 
@@ -119,7 +119,7 @@ func (m *Manager) ServeFollow(ctx context.Context, first *strandv1.FollowRequest
 		wm, wmChanged := tracker.get()
 		t := c.st.Tails()
 		// WaitTail also closes on new durable cursor events, which ship
-		// only once durable here (seed, "Cursors").
+		// only once durable here (docs/protocol.md, "Cursors").
 		tailCh := c.st.WaitTail(t.Record)
 		writtenCh := c.st.WaitWritten(t.Written)
 		cursorCh := c.cursorChanged()

@@ -85,8 +85,7 @@ func openTestManager(t *testing.T, dir, node string, history func() cluster.Hist
 	return m, stop
 }
 
-// The owner of an epoch is never cut at its own start (seed, "Known
-// limits"). An accepted owner loss records the new owner's start from the
+// The owner of an epoch is never cut at its own start (docs/limits.md). An accepted owner loss records the new owner's start from the
 // tails its last heartbeat showed, which can lag its log: here 7 of its 10
 // records. Records 7 to 9 may have been confirmed (on this copy and a lost
 // one); cutting them would lose them and give their offsets to new records.
@@ -174,7 +173,7 @@ func TestRoleChangeFencesTheOldEpochBeforeTheCut(t *testing.T) {
 
 // A cut lowers the copy's confirm watermark with its record tail. A copy
 // opened after a restart starts from the watermark it stored, 10 here; an
-// accepted owner loss (seed, "Known limits") may then cut it lower, to 7.
+// accepted owner loss (docs/limits.md) may then cut it lower, to 7.
 // A watermark left above the tail would be shown to readers and in
 // heartbeats, and readers waiting between the two would never be answered.
 func TestCutLowersTheConfirmWatermark(t *testing.T) {

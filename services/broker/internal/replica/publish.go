@@ -229,7 +229,8 @@ func (s *Subscription) Next(ctx context.Context, maxRecords, maxBytes int) ([]st
 // promotes a copy holding every record below it but maybe none above: a
 // cursor past it could point beyond the new owner's tail, and the records
 // the new owner then stores there would be skipped by a reader resuming
-// from it (DESIGN, "Invariants": a resumed reader never skips a record).
+// from it (docs/protocol.md, "Invariants": a resumed reader never skips a
+// record).
 func (m *Manager) CommitCursor(ctx context.Context, stream, cursor string, position uint64) (storage.CursorEvent, error) {
 	if m.stopping.Load() {
 		return storage.CursorEvent{}, fmt.Errorf("%w: broker shutting down", ErrUnavailable)

@@ -11,7 +11,7 @@ import (
 	"github.com/strandhq/strand/services/broker/internal/storage"
 )
 
-// Seal fences this broker's copy at fenceEpoch and reports its tails (seed,
+// Seal fences this broker's copy at fenceEpoch and reports its tails (docs/protocol.md,
 // "Stream failover"). Fencing happens first, in storage, so the tail cannot
 // grow from the old owner while the recoverer decides; then the copy's role
 // ends. Seals are idempotent; a newer transition at the same fence epoch
@@ -74,7 +74,7 @@ func (m *Manager) Seal(ctx context.Context, stream string, fenceEpoch uint64, tr
 // effectiveTails caps a sealed copy's reported tails at the cut its next
 // role change will make. A copy whose broker did not apply its last role
 // change before being sealed holds an older owner's unconfirmed suffix past
-// a history start (seed, "Known limits"); reporting the raw tail could win
+// a history start (docs/limits.md); reporting the raw tail could win
 // it the pick and record a start its own cut then undercuts, losing records
 // confirmed at the epoch it missed. Nothing is cut here: a seal only fences
 // and reports.

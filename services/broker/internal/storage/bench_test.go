@@ -32,7 +32,7 @@ func BenchmarkAppend(b *testing.B) {
 // producer stamping sequences 1, 2, 3, ... as the Go client does, so each
 // Append also checks and updates the producer table (and writes its
 // checkpoints); ids=noseq stamps the producer id without a sequence, which
-// stores the same bytes but skips the table. The cost of issue 7 is the
+// stores the same bytes but skips the table. The cost of idempotent publish is the
 // ratio of true to false; noseq tells the bigger records from the table.
 func BenchmarkAppendProducerIDs(b *testing.B) {
 	for _, batch := range []int{1, 64} {

@@ -35,7 +35,7 @@ func clamp(v, head, tail uint64) uint64 {
 // carrying the current position, with Offset the cursor event tail (where
 // nothing was written). Otherwise it appends a cursor event and returns it.
 //
-// The event is not fsynced before return (seed "Cursors"): it is handed to
+// The event is not fsynced before return (docs/protocol.md, "Cursors"): it is handed to
 // the committer, which makes it durable with the next batch's fsync, and it
 // becomes visible to ReadCursorEvents (and so to followers) only then. A
 // crash may lose commits that were returned; a reader resuming from an

@@ -9,7 +9,7 @@ import (
 )
 
 // Cut brings a copy with a longer tail back onto the history of a new epoch
-// (seed "Copies with a longer tail", issue 5): it truncates the record log to
+// (docs/protocol.md, "Copies with a longer tail"): it truncates the record log to
 // recordTail and the cursor event log to cursorEventTail. The caller computes
 // the cut point from the copy's log epochs (SealedLogEpochs when sealed) and
 // the recorded history starts; storage only executes it.

@@ -1,8 +1,8 @@
 // Package storage is a broker's durable store: every stream copy the broker
 // holds, in one Badger database. A copy is a record log, a cursor event log
 // and metadata (epochs, seal, retained head, confirm watermark, cursor
-// snapshot). The failover rules it serves are in the seed,
-// ../shared/seed/stream-failover.md; the section names below refer to it.
+// snapshot). The failover rules it serves are in docs/protocol.md;
+// the section names below refer to it.
 //
 // # Key layout
 //
@@ -68,7 +68,7 @@
 //     cannot be read, and marks every copy unsure of its epoch
 //     (State.UnsureEpoch), before it trusts the boot again (torn.go,
 //     boot.go). Every value log read checks the value's checksum.
-//   - CommitCursor returns before the fsync (seed "Cursors": no per-commit
+//   - CommitCursor returns before the fsync (docs/protocol.md, "Cursors": no per-commit
 //     fsync); the event is synced with the next batch. A crash may lose
 //     returned cursor commits, never records.
 //   - SetConfirmWatermark is persisted lazily: with the stream's next
@@ -103,7 +103,7 @@
 // # Epochs and seals
 //
 // LogEpochs record which owner history each range of both logs followed
-// (seed "Copies with a longer tail"): AdvanceEpoch appends {epoch, record
+// (docs/protocol.md, "Copies with a longer tail"): AdvanceEpoch appends {epoch, record
 // tail, cursor event tail}; replicated entries with an epoch above the last
 // one add one; a last entry that starts at the same tails (it holds no
 // entries) is replaced rather than kept. Seal fences the copy at the fence
@@ -125,7 +125,7 @@
 // events past the cut keeps its state with the boundary lowered to the cut,
 // so the new owner's events there replay.
 //
-// Known limits (seed "Known limits"): after an accepted owner loss the
+// Known limits (docs/limits.md): after an accepted owner loss the
 // recorded start is the new owner's tails as its heartbeat last published
 // them, which can lag its log, so a returning copy may cut lower than needed
 // and fetch shared records again; and the owner of an epoch is never cut at
@@ -134,7 +134,8 @@
 //
 // # Idempotent publish
 //
-// A record may carry a producer id and a sequence (issue 7); the pair is
+// A record may carry a producer id and a sequence (idempotent publish,
+// docs/api.md); the pair is
 // part of the record, so it is in the log, covered by the chain and
 // replicated with it. Sequence 0 means none: only records with both take
 // part. Each copy keeps a producer table (producers.go): per producer, the

@@ -34,7 +34,7 @@ var (
 	ErrInvalidArgument = errors.New("storage: invalid argument")
 	// ErrTooLarge: a record too large for one storage entry (half of
 	// Badger's transaction bound). It is an ErrInvalidArgument too; the
-	// API answers it ResourceExhausted, as DESIGN does a record too large.
+	// API answers it ResourceExhausted, like any record too large.
 	ErrTooLarge = fmt.Errorf("%w: record too large", ErrInvalidArgument)
 	// ErrCorrupt: stored bytes that do not decode.
 	ErrCorrupt = errors.New("storage: corrupt")

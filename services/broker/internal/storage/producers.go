@@ -5,7 +5,7 @@ import (
 	"fmt"
 )
 
-// The producer table: per stream copy, what idempotent publish (issue 7)
+// The producer table: per stream copy, what idempotent publish (docs/api.md)
 // needs to know about each producer, rebuilt from the record log. doc.go
 // ("Idempotent publish") states the rules; this file keeps the table in
 // memory and encodes it for the persisted checkpoints (checkpoint.go).

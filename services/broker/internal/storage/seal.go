@@ -9,7 +9,7 @@ import (
 // FenceBelow starts a role change to epoch: from now on the copy refuses
 // owner writes (Append, CommitCursor) at epochs below epoch, and replicated
 // batches until AdvanceEpoch reaches it. A broker fences before it cuts the
-// copy onto the history of epoch and advances it (seed, "Copies with a
+// copy onto the history of epoch and advances it (docs/protocol.md, "Copies with a
 // longer tail"): a publish or a follow batch of the old role that was
 // already past the role check must not land between the cut and the
 // advance, where the advance would count it as the new epoch's history and
@@ -27,7 +27,7 @@ func (s *Stream) FenceBelow(epoch uint64) {
 // record tail, cursor event tail} (replacing a last entry that starts at the
 // same tails and so holds no entries), sets the epoch and releases any seal
 // in place: SealEpoch, SealTransition and SealedLogEpochs are cleared, since
-// the cut that needed them ran before this role change (seed "Copies with a
+// the cut that needed them ran before this role change (docs/protocol.md, "Copies with a
 // longer tail").
 func (s *Stream) AdvanceEpoch(epoch uint64) error {
 	err := s.commitMeta(context.Background(), func(m *meta) error {

@@ -23,7 +23,7 @@ import (
 // replays the write-ahead log as it is, and a read past the value log's
 // end yields an empty value with no error (readable). A stream's metadata
 // could claim records no read returns, or not decode at all, and a copy
-// that reported such a tail would break invariant 1 (seed "Safety
+// that reported such a tail would break invariant 1 (docs/protocol.md, "Safety
 // argument": a copy counts toward W only for what it holds durably).
 //
 // Only the newest transaction can be torn: the committer syncs every

@@ -141,8 +141,8 @@ func (db *DB) rewriteValueLogFileMarked() error {
 		return err
 	}
 	release()
-	// Every write waited this long: an operator sees why (seed, "an
-	// operator who can always see why something waits").
+	// Every write waited this long: an operator sees why (docs/operating.md,
+	// "Metrics").
 	db.log.Info().Dur("writes_held", time.Since(start)).Msg("value log GC rewrote a file")
 	return nil
 }

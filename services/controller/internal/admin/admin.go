@@ -63,7 +63,7 @@ func New(cfg Config) *Service {
 }
 
 // lead returns the current term and a snapshot, or the Unavailable a
-// non-leader answers (docs/CONTRACTS.md, "Controller leadership").
+// non-leader answers (docs/api.md, "Controller leadership").
 func (s *Service) lead(ctx context.Context) (*leader.Term, *state.Snapshot, error) {
 	term := s.gate.Term()
 	if term == nil {
@@ -194,8 +194,9 @@ func (s *Service) CreateStream(ctx context.Context, req *connect.Request[strandv
 }
 
 // DeleteStream drops the stream's spec, assignment, pending recovery (with
-// its seal refusals) and history starts in one transaction (seed: history
-// starts of a stream that no longer has an assignment are dropped). A request
+// its seal refusals) and history starts in one transaction (docs/protocol.md,
+// "Copies with a longer tail": history starts of a stream that no longer has
+// an assignment are dropped). A request
 // naming an incarnation deletes only that life of the name: a retry must not
 // delete a stream created again after its first attempt deleted the old one.
 func (s *Service) DeleteStream(ctx context.Context, req *connect.Request[strandv1.DeleteStreamRequest]) (*connect.Response[strandv1.DeleteStreamResponse], error) {

@@ -113,7 +113,7 @@ func Judge(s *state.Snapshot) []Entry {
 	return out
 }
 
-// judgeRecovery says whether a pending recovery waits, and on what (seed,
+// judgeRecovery says whether a pending recovery waits, and on what (docs/protocol.md,
 // "The confirmed prefix"). It judges from heartbeats: a copy whose heartbeat
 // is absent cannot answer a seal. With fewer than R such copies the recovery
 // waits for copies. Otherwise it waits for the confirmed prefix when every
@@ -159,7 +159,7 @@ func judgeRecovery(s *state.Snapshot, a cluster.Assignment, rec cluster.Recovery
 // round of a pending recovery, one entry each, from what the recoverer
 // recorded when that round left the recovery waiting. Heartbeats alone
 // cannot show this wait: the copies are live and may publish tails that
-// would let it finish, yet the recovery waits rather than guess (seed,
+// would let it finish, yet the recovery waits rather than guess (docs/protocol.md,
 // "Safety argument"). Refusals recorded for another transition or fence
 // epoch belong to a recovery that is gone, and a copy whose broker is no
 // longer registered is listed as down instead.

@@ -1,6 +1,6 @@
 // Package liveness is the controller leader's loop over the cluster: it
 // notices a lost owner and records a pending recovery for a replicated stream
-// (seed, "Stream failover"), and brings an under-replicated stream back to its
+// (docs/protocol.md, "Stream failover"), and brings an under-replicated stream back to its
 // copies by the fast path, preferring a copy left out of the assignment that
 // is live again, so an old owner rejoins as a follower without another
 // recovery.
@@ -137,12 +137,12 @@ func (l *loop) reconcile(ctx context.Context, s *state.Snapshot) {
 //
 // Only a pending recovery seals past the assignment's epoch, and a sealed
 // copy waits until an assignment at or past its fence epoch includes it
-// (seed, "Stream failover"). A member sealed past a with no recovery
+// (docs/protocol.md, "Stream failover"). A member sealed past a with no recovery
 // pending was sealed for a recovery an operator withdrew before it
 // committed. Nothing else releases it: the owner is registered, and a
 // sealed copy reports the fence epoch, which Suspecting does not match. So
 // the loop records a new recovery, whose transition takes the seal over at
-// the same fence epoch (seed, "Copies with a longer tail").
+// the same fence epoch (docs/protocol.md, "Copies with a longer tail").
 //
 // The comparison is strict. A recovery's commit moves the assignment to
 // its fence epoch and clears the recovery in one transaction, so a copy
@@ -198,7 +198,7 @@ func (l *loop) lostOwners(ctx context.Context, s *state.Snapshot) map[string]str
 // owner has written them, before its fsync, so a machine crash can leave a
 // follower holding records the owner lost; continuing the epoch would give
 // other records their offsets. A recovery at a new epoch promotes the
-// furthest copy instead (seed, "Safety argument").
+// furthest copy instead (docs/protocol.md, "Safety argument").
 func OwnerStandsDown(s *state.Snapshot, a cluster.Assignment) bool {
 	t, ok := s.Tails(a.Owner, a.Stream)
 	return ok && t.Suspect == a.Owner && t.Epoch == a.Epoch
@@ -297,7 +297,7 @@ func (l *loop) replenish(ctx context.Context, s *state.Snapshot, stream string) 
 // placement picks.
 //
 // blocked lists the candidates left out because adding them would raise W:
-// those additions need a recovery (seed, "Stream failover").
+// those additions need a recovery (docs/protocol.md, "Stream failover").
 func Replenish(s *state.Snapshot, a cluster.Assignment, copies int) (next cluster.Assignment, added, blocked []string) {
 	// Only brokers heard from since the assignment was written count: a
 	// SIGKILLed owner's key and heartbeat outlive it until its lease ends,

@@ -21,7 +21,7 @@ type Committer struct {
 // WriteRecovery records a pending recovery, guarded by the assignment's mod
 // revision (nothing moved since the proposal was made) and the recovery key
 // being absent (one pending recovery per stream). It never moves the stream:
-// the recoverer seals and commits (DESIGN.md, "The failover path"). Seal
+// the recoverer seals and commits (docs/protocol.md, "Stream failover"). Seal
 // refusals left from an earlier recovery are deleted with it: every write
 // that records or clears a recovery drops them, so they only ever describe
 // the recovery pending beside them.
@@ -45,8 +45,8 @@ func (c Committer) WriteRecovery(ctx context.Context, asgModRev int64, rec clust
 
 // FastPath commits next in place of old when IsFastPath holds, keeping the
 // epoch: nothing is sealed or fenced, and brokers apply the new follower set
-// and policy from their assignment watch (seed: such a change "commits
-// without recovery"). It is guarded by the assignment's mod revision and by
+// and policy from their assignment watch (docs/protocol.md, "The fast
+// path"). It is guarded by the assignment's mod revision and by
 // no recovery being pending, which would otherwise act on a stale member list.
 func (c Committer) FastPath(ctx context.Context, old state.Versioned[cluster.Assignment], next cluster.Assignment, extra ...clientv3.Op) error {
 	next.Epoch = old.Value.Epoch

@@ -1,6 +1,6 @@
 // Package transition decides and commits changes to a stream's assignment:
-// proposing a pending recovery when the owner is lost (seed, "Stream
-// failover"), fast-path changes that commit without recovery, and an
+// proposing a pending recovery when the owner is lost (docs/protocol.md,
+// "Stream failover"), fast-path changes that commit without recovery, and an
 // operator's accepted owner loss. Decisions are pure functions of a
 // snapshot; commits are guarded etcd transactions.
 package transition
@@ -140,7 +140,7 @@ type AcceptedLoss struct {
 }
 
 // AcceptLoss moves stream to node (or, when node is empty, the best live
-// copy) without sealing (seed, "Known limits"): epoch + 1, the old owner left
+// copy) without sealing (docs/limits.md): epoch + 1, the old owner left
 // out, the other copies following. The start recorded is the new owner's tails
 // as last published in its heartbeat, at the new epoch; none if it published
 // nothing. A stream whose copies are all down moves to a live broker

@@ -1,5 +1,5 @@
-// Package pick holds the recovery worker's pure decisions (seed, "Stream
-// failover"): whether a pending recovery still belongs to the assignment it
+// Package pick holds the recovery worker's pure decisions (docs/protocol.md,
+// "Stream failover"): whether a pending recovery still belongs to the assignment it
 // was read with, the seal threshold R, the furthest sealed copy and its
 // tie-break, when to wait instead of promoting, and the assignment and
 // history starts one guarded commit writes. Nothing here talks to etcd or to
@@ -27,15 +27,15 @@ var ErrStale = errors.New("pick: stale recovery")
 //   - The recovery starts from the assignment's epoch; any other epoch means
 //     the assignment moved after the controller recorded it.
 //   - Its old members are the assignment's copies, so sealing them seals
-//     copies of the assignment whose W confirmed the records (seed, "Safety
-//     argument").
+//     copies of the assignment whose W confirmed the records (docs/protocol.md,
+//     "Safety argument").
 //   - The fence epoch is past the old epoch, since sealing fences each copy
-//     at the next epoch (seed, "Safety argument").
+//     at the next epoch (docs/protocol.md, "Safety argument").
 //   - No history start exists at or past the fence epoch, so the appended
-//     start keeps the list ordered by epoch (seed, "The confirmed prefix").
+//     start keeps the list ordered by epoch (docs/protocol.md, "The confirmed prefix").
 //   - It names a transition: a seal carries it, and a newer transition at
-//     the same fence epoch takes an existing seal over (seed, "Copies with a
-//     longer tail").
+//     the same fence epoch takes an existing seal over (docs/protocol.md,
+//     "Withdrawing a recovery").
 func Check(old cluster.Assignment, rec cluster.Recovery, history cluster.HistoryStarts) error {
 	if rec.TransitionID == "" {
 		return fmt.Errorf("%w: no transition id", ErrStale)
@@ -66,7 +66,7 @@ func sameMembers(a, b []string) bool {
 // rule old's records were confirmed under, from the policy stamped on old
 // and its copy count E. It comes from cluster.StreamConfirmPolicy, the one
 // rule for W, so the recoverer cannot disagree with the broker that
-// confirmed (seed, "One rule for W").
+// confirmed (docs/protocol.md, "One rule for W").
 func Threshold(old cluster.Assignment) int {
 	return cluster.StreamConfirmPolicy(old.Policy, old.Copies()).R()
 }
@@ -90,10 +90,10 @@ const (
 	Promote Verdict = iota + 1
 	// WaitQuorum waits because fewer than R copies answered: the answers
 	// may not include a copy holding every confirmed record, and the stream
-	// waits instead of guessing (seed, "Safety argument").
+	// waits instead of guessing (docs/protocol.md, "Safety argument").
 	WaitQuorum
 	// WaitPrefix waits because the pick's record tail is below the latest
-	// history start, the confirmed prefix (seed, "The confirmed prefix").
+	// history start, the confirmed prefix (docs/protocol.md, "The confirmed prefix").
 	WaitPrefix
 )
 
@@ -131,10 +131,10 @@ type Decision struct {
 //
 // With at least R answers the furthest copy holds every record confirmed
 // under old, since any W copies and any R copies share one and each copy's
-// log is a prefix of the old owner's (seed, "Safety argument"). Sealing more
+// log is a prefix of the old owner's (docs/protocol.md, "Safety argument"). Sealing more
 // than R only adds followers. Records confirmed before old lie below the
 // latest history start, so a pick below it would lose them: the recovery
-// waits for a copy at or past it (seed, "The confirmed prefix").
+// waits for a copy at or past it (docs/protocol.md, "The confirmed prefix").
 func Decide(old cluster.Assignment, history cluster.HistoryStarts, answers []Answer) Decision {
 	byNode := make(map[string]Answer, len(answers))
 	for _, a := range answers {
@@ -175,7 +175,7 @@ func Decide(old cluster.Assignment, history cluster.HistoryStarts, answers []Ans
 // gone, and a copy that answered its seal after all needs no replacement,
 // or the stream would grow past its copy count and W with it. Old copies
 // that did not answer are left out; they stay sealed until a later
-// assignment includes them (seed, "Stream failover").
+// assignment includes them (docs/protocol.md, "Stream failover").
 func Followers(old cluster.Assignment, rec cluster.Recovery, d Decision) []string {
 	followers := []string{}
 	add := func(node string) {
@@ -200,7 +200,7 @@ func Followers(old cluster.Assignment, rec cluster.Recovery, d Decision) []strin
 // Commit returns what the guarded commit of a Promote decision writes: the
 // new assignment at the fence epoch owned by the pick, and the history
 // starts with the pick's start appended, its record and cursor event tails
-// at the new epoch (seed, "Stream failover"). The policy is the one the
+// at the new epoch (docs/protocol.md, "Stream failover"). The policy is the one the
 // proposal carries, else the old assignment's; retention is kept.
 func Commit(old cluster.Assignment, rec cluster.Recovery, history cluster.HistoryStarts, d Decision) (cluster.Assignment, cluster.HistoryStarts) {
 	policy := old.Policy

@@ -21,8 +21,8 @@ func assignment(e int, policy cluster.Policy) cluster.Assignment {
 
 func majority() cluster.Policy { return cluster.Policy{Name: cluster.MajorityDurable} }
 
-// The seal threshold R for E = 1..7 and every policy (seed, "Tests": "the
-// seal threshold for E and W combinations"). Each row lists R for E = 1..7.
+// The seal threshold R for E = 1..7 and every policy (docs/protocol.md,
+// "Safety argument"). Each row lists R for E = 1..7.
 func TestThresholdTable(t *testing.T) {
 	rows := []struct {
 		policy cluster.Policy
@@ -49,7 +49,7 @@ func TestThresholdTable(t *testing.T) {
 	}
 }
 
-// The furthest copy and its tie-break (seed, "Stream failover": highest
+// The furthest copy and its tie-break (docs/protocol.md, "Stream failover": highest
 // record tail, then highest cursor event tail, then lowest node id).
 func TestFurthestTable(t *testing.T) {
 	cases := []struct {
@@ -85,7 +85,7 @@ func TestFurthestTable(t *testing.T) {
 	}
 }
 
-// Waiting when fewer than R copies answer (seed, "Safety argument": "If they
+// Waiting when fewer than R copies answer (docs/protocol.md, "Safety argument": "If they
 // cannot, the stream waits, as a queue does, instead of guessing").
 func TestDecideQuorumTable(t *testing.T) {
 	cases := []struct {
@@ -183,7 +183,7 @@ func TestDecideQuorumTable(t *testing.T) {
 }
 
 // A second owner loss waits for the confirmed prefix and promotes once a
-// copy at the start answers (seed, "The confirmed prefix" and "Tests").
+// copy at the start answers (docs/protocol.md, "The confirmed prefix").
 func TestDecideConfirmedPrefix(t *testing.T) {
 	// n1 took over at epoch 4 with 100 records, the only copy holding them;
 	// it is lost before n2 and n3 catch up.
@@ -222,7 +222,7 @@ func TestDecideConfirmedPrefix(t *testing.T) {
 	}
 }
 
-// The new assignment's members (seed, "Stream failover": "The owner is the
+// The new assignment's members (docs/protocol.md, "Stream failover": "The owner is the
 // chosen copy, the other sealed copies follow it, and members the proposal
 // added that held no copy join as followers too"; left-out copies stay out).
 func TestFollowersTable(t *testing.T) {

@@ -9,9 +9,9 @@ import (
 	"github.com/strandhq/strand/internal/cluster"
 )
 
-// commit writes a promotion with one guarded transaction (seed, "Stream
-// failover": "One guarded consensus write commits the new assignment, clears
-// the pending recovery and appends where the new owner's history starts").
+// commit writes a promotion with one guarded transaction (docs/protocol.md,
+// "Stream failover": one guarded write commits the new assignment, clears
+// the pending recovery and appends where the new owner's history starts).
 // It also deletes the seal refusals recorded for the recovery.
 //
 // It compares the mod revisions snap was read at (the assignment, the

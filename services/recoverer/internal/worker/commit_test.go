@@ -105,8 +105,8 @@ func TestReadSnapshotAtOneRevision(t *testing.T) {
 }
 
 // The commit compares every mod revision it read and the leader key: any
-// change in between makes it fail and write nothing (seed, "Stream
-// failover": "One guarded consensus write").
+// change in between makes it fail and write nothing (docs/protocol.md,
+// "Stream failover").
 func TestCommitGuardedByReadRevisions(t *testing.T) {
 	cases := []struct {
 		name        string

@@ -30,7 +30,8 @@ const (
 
 // run drives one stream's pending recovery until it is committed or gone, or
 // the term ends. Waiting never gives up: a recovery that cannot commit safely
-// waits, as the seed asks, and the controller's attention shows why.
+// waits (docs/protocol.md, "Safety argument"), and the controller's
+// attention shows why.
 func (t *term) run(k *task) {
 	bo := newBackoff(t.w.cfg.BackoffMin, t.w.cfg.BackoffMax)
 	var st taskState
@@ -101,7 +102,7 @@ func (s *taskState) noteWait(key string) bool {
 }
 
 // attempt reads the stream's state at one revision, seals the old copies,
-// decides and, when it may promote, commits (seed, "Stream failover").
+// decides and, when it may promote, commits (docs/protocol.md, "Stream failover").
 func (t *term) attempt(k *task, st *taskState, bo *backoff) step {
 	cfg := t.w.cfg
 	snap, err := readSnapshot(t.ctx, cfg.Client, cfg.Schema, k.stream)
@@ -164,8 +165,8 @@ func (t *term) attempt(k *task, st *taskState, bo *backoff) step {
 	if d.Verdict != pick.Promote {
 		// Attention shows why the recovery waits: the copies that did not
 		// seal although their broker is registered, and what they answered
-		// (seed, "Known limits": a waiting recovery "shows under controller
-		// attention until one answers"). A promotion's commit deletes them.
+		// (docs/limits.md: a waiting recovery stays under controller
+		// attention until a copy answers). A promotion's commit deletes them.
 		t.recordRefusals(log, st, snap, refusalsOf(snap, d, failed, time.Now()))
 	}
 	switch d.Verdict {

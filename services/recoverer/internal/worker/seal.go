@@ -32,9 +32,9 @@ type sealResult struct {
 // sealRound sends Seal(stream, fence epoch, transition id) to every copy of
 // the old assignment at once and gathers the answers until every copy has
 // answered or failed, or the seal timeout passes. Copies that fail to answer
-// in time are left out (seed, "Stream failover"). Sealing fences each copy
+// in time are left out (docs/protocol.md, "Stream failover"). Sealing fences each copy
 // at the fence epoch first, so its tail cannot grow from the old owner while
-// the recovery decides (seed, "Safety argument").
+// the recovery decides (docs/protocol.md, "Safety argument").
 //
 // Once the answers in hand already decide a promotion, the round waits only
 // QuorumGrace more for stragglers: sealing more than R copies only adds

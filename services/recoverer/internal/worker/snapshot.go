@@ -13,7 +13,7 @@ import (
 // recovery and the history starts at ONE etcd revision, with the mod
 // revisions the guarded commit compares. The starts must come from the same
 // snapshot the commit checks, or a start recorded in between could be
-// missed (seed, "The confirmed prefix").
+// missed (docs/protocol.md, "The confirmed prefix").
 type snapshot struct {
 	stream string
 	// rev is the revision everything was read at.
@@ -69,7 +69,7 @@ func readSnapshot(ctx context.Context, cli *clientv3.Client, schema cluster.Sche
 	}
 	if kvs := resp.Responses[2].GetResponseRange().GetKvs(); len(kvs) == 1 {
 		// An unreadable list withholds the commit: without it the confirmed
-		// prefix cannot be checked (seed, "Copies with a longer tail").
+		// prefix cannot be checked (docs/protocol.md, "Copies with a longer tail").
 		if snap.history, err = cluster.Decode[cluster.HistoryStarts](kvs[0].Value); err != nil {
 			return snapshot{}, fmt.Errorf("worker: history starts of %s: %w", stream, err)
 		}

@@ -1,4 +1,4 @@
-// Package worker is Strand's recovery worker (seed, "Stream failover"): on
+// Package worker is Strand's recovery worker (docs/protocol.md, "Stream failover"): on
 // the coordination leader it finishes every pending recovery by sealing the
 // copies of the old assignment, picking the furthest one and committing the
 // new assignment with one guarded etcd transaction.
@@ -46,11 +46,11 @@ type Config struct {
 	// Name is the election value, so operators can see who leads.
 	Name string
 	// SealTimeout bounds one round of seals; copies that have not answered
-	// by then are left out (seed, "Stream failover").
+	// by then are left out (docs/protocol.md, "Stream failover").
 	SealTimeout time.Duration
 	// QuorumGrace is how long a seal round still waits for stragglers once
 	// the answers in hand already decide a promotion. Sealing more than R
-	// copies only adds followers (seed, "Stream failover"), so this trades
+	// copies only adds followers (docs/protocol.md, "Stream failover"), so this trades
 	// a few followers for failover time; slower copies are added back later.
 	QuorumGrace time.Duration
 	// SessionTTL is the election session's lease TTL (whole seconds): how
