@@ -2,16 +2,16 @@
 //
 // A Client finds the owner of a stream with StreamService.Locate on any broker
 // it knows, caches it per stream and sends publishes, reads and cursor
-// commits there. It rides through owner changes (docs/api.md,
-// "Redirects and retries"): a FailedPrecondition carrying an owner hint redirects to the
-// hinted address; Unavailable, a connection error, an attempt that timed out
+// commits there. It rides through owner changes (docs/api.md, "Redirects
+// and retries"): a FailedPrecondition carrying an owner hint redirects to
+// the hinted address; Unavailable, a connection error, an attempt that timed out
 // or a hint without an address make it locate the owner again and retry with
 // jittered exponential backoff until the caller's deadline (or
 // Config.RetryBudget when the context has none).
 //
-// Publishes are idempotent by default (docs/api.md, "Idempotent publish"): the client stamps a producer
-// id and per-stream sequence numbers 1, 2, 3… on each record, and a retry
-// reuses the sequences it was given, so a broker stores a retried record once
+// Publishes are idempotent by default (docs/api.md, "Idempotent publish"):
+// the client stamps a producer id and per-stream sequence numbers 1, 2, 3…
+// on each record, and a retry reuses the sequences it was given, so a broker stores a retried record once
 // and answers with its original offset. To keep sequences in order on the
 // wire, an idempotent client sends one publish request per stream at a time
 // and merges concurrent Publish calls into that request (client-side group
