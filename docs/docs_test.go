@@ -11,14 +11,14 @@ import (
 )
 
 // outsideRef matches a reference that only someone outside the clone could
-// follow: a path into a sibling "shared" directory, the design files that
-// lived there, or an issue of a tracker by number (the word, then a number
+// follow: a path into a sibling "shared" directory, the design and style
+// files that lived there, or an issue of a tracker by number (the word, then a number
 // with or without "#", in any case, also broken across a comment line). What such a line meant
 // belongs in docs/ or in the comment itself.
 //
 // "issue" must start a word and be followed by a number, so "issues",
 // "tissue 3" and "the issue is" pass.
-var outsideRef = regexp.MustCompile(`(?i)\.\./shared\b|\bDESIGN\.md\b|stream-failover\.md|\bissue(?:\s|//|#)+[0-9]`)
+var outsideRef = regexp.MustCompile(`(?i)\.\./shared\b|\b(?:DESIGN|STYLE)\.md\b|stream-failover\.md|\bissue(?:\s|//|#)+[0-9]`)
 
 // The table builds its inputs from pieces so that this file, which the scan
 // below reads too, holds none of them whole.
@@ -36,6 +36,7 @@ func TestOutsideRefMatcher(t *testing.T) {
 		{"IS" + "SUE 4, item 4", true},
 		{"// " + iss + "ue\n// 7", true},
 		{"DESIGN" + ".md", true},
+		{"STYLE" + ".md", true},
 		{"stream-failover" + ".md", true},
 		{iss + "ues", false},
 		{iss + "ues 3", false},

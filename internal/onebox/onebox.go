@@ -2,7 +2,7 @@
 // embedded etcd (internal/etcdtest), controllers, recoverers and brokers
 // started through their services' app packages (never by copying their
 // wiring), all on loopback with short timings, so a failover takes about a
-// second. It is the integration tier of STYLE.md: real etcd, real Badger in
+// second. It is the integration tier of the tests: real etcd, real Badger in
 // temp dirs, real Connect over loopback HTTP/2, no mocks.
 //
 // A broker can be stopped (its app's ordered Close, which revokes its lease:
