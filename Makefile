@@ -98,7 +98,7 @@ clean: ## Remove bin/ (keeps .strand/ data).
 	rm -rf $(BIN)
 
 .PHONY: bench-nats
-bench-nats: build ## Strand against NATS JetStream R3 on this machine: throughput and confirm p99 as ratios, alternating (bench/natsjs; PAIRS=3).
+bench-nats: build ## NATS JetStream R3 and strandctl bench, alternating: Strand's throughput and confirm p99 as ratios of NATS's (bench/natsjs; PAIRS=3).
 	env -u STRAND_CONTROLLER -u STRAND_BROKER bench/natsjs/compare.sh $(or $(PAIRS),3) 16 2
 
 .PHONY: bench-failover
