@@ -44,14 +44,16 @@ type Options struct {
 
 // Result is the bench's JSON line.
 type Result struct {
-	Confirmed          int     `json:"confirmed"`
-	Lost               int     `json:"lost"`
-	Duplicates         int     `json:"duplicates"`
-	OffsetMismatches   int     `json:"offset_mismatches"`
-	RecordsPerS        float64 `json:"records_per_s"`
-	MBPerS             float64 `json:"mb_per_s"`
-	ConfirmP50Ms       float64 `json:"confirm_p50_ms"`
-	ConfirmP99Ms       float64 `json:"confirm_p99_ms"`
+	Confirmed        int     `json:"confirmed"`
+	Lost             int     `json:"lost"`
+	Duplicates       int     `json:"duplicates"`
+	OffsetMismatches int     `json:"offset_mismatches"`
+	RecordsPerS      float64 `json:"records_per_s"`
+	MBPerS           float64 `json:"mb_per_s"`
+	ConfirmP50Ms     float64 `json:"confirm_p50_ms"`
+	ConfirmP99Ms     float64 `json:"confirm_p99_ms"`
+	// UnavailableMs is from the kill to the first confirm of a publish
+	// sent after it, to one of the streams the killed broker owned.
 	UnavailableMs      float64 `json:"unavailable_ms"`
 	MaxGapMs           float64 `json:"max_gap_ms"`
 	OldOwner           string  `json:"old_owner"`
@@ -108,6 +110,10 @@ type Result struct {
 	AllServingMs      *float64 `json:"all_serving_ms,omitempty"`
 	ServingP50Ms      *float64 `json:"serving_p50_ms,omitempty"`
 	StreamsNotServing int      `json:"streams_not_serving,omitempty"`
+	// RejoinedStreams is, with many streams, of how many of the streams
+	// it owned the restarted broker became a live follower again
+	// (rejoined_as_follower: all of them).
+	RejoinedStreams int `json:"rejoined_streams,omitempty"`
 	// PhaseStream is the stream whose failover the phases above and
 	// new_owner describe, with many streams.
 	PhaseStream string `json:"phase_stream,omitempty"`
@@ -655,6 +661,8 @@ func round(f float64) float64 { return float64(int64(f*100+0.5)) / 100 }
 func (r *runner) createStreams(ctx context.Context) (int, error) {
 	o := r.o
 	t0 := time.Now()
+	var created, serving atomic.Int64
+	stop := r.countProgress(ctx, "created", &created)
 	err := forEach(ctx, len(r.names), streamWorkers, func(ctx context.Context, i int) error {
 		req := &strandv1.CreateStreamRequest{Name: r.names[i], Copies: uint32(o.Copies), Policy: &strandv1.ConfirmPolicy{Name: o.Policy, Nodes: uint32(o.Nodes)}}
 		if _, err := r.c.Admin().CreateStream(ctx, connect.NewRequest(req)); err != nil {
@@ -663,18 +671,23 @@ func (r *runner) createStreams(ctx context.Context) (int, error) {
 			}
 			return fmt.Errorf("bench: create stream %q: %w", r.names[i], err)
 		}
+		created.Add(1)
 		return nil
 	})
+	stop()
 	if err != nil {
 		return 0, err
 	}
 	r.res.CreateMs = round(ms(time.Since(t0)))
 	before := make([]*strandv1.GetStreamResponse, len(r.names))
+	stop = r.countProgress(ctx, "serving", &serving)
 	err = forEach(ctx, len(r.names), streamWorkers, func(ctx context.Context, i int) error {
 		res, err := r.waitServing(ctx, r.names[i])
 		before[i] = res
+		serving.Add(1)
 		return err
 	})
+	stop()
 	if err != nil {
 		return 0, err
 	}
@@ -689,6 +702,32 @@ func (r *runner) createStreams(ctx context.Context) (int, error) {
 		history += len(b.GetHistory())
 	}
 	return history, nil
+}
+
+// countProgress prints how many of the streams are done every 5 s, with
+// many streams (a thousand take minutes on a small machine), until stop.
+func (r *runner) countProgress(ctx context.Context, what string, done *atomic.Int64) (stop func()) {
+	if len(r.names) == 1 {
+		return func() {}
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		t := time.NewTicker(5 * time.Second)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+				fmt.Fprintf(r.o.Stderr, "bench: %d of %d streams %s\n", done.Load(), len(r.names), what)
+			}
+		}
+	})
+	return func() {
+		cancel()
+		wg.Wait()
+	}
 }
 
 // idle watches the cluster for the idle window, the streams created and
@@ -888,7 +927,10 @@ func (r *runner) restartOldOwner(ctx context.Context) error {
 	}
 	r.mu.Unlock()
 	fmt.Fprintf(r.o.Stderr, "bench: %s is back (pid %d); waiting for it to rejoin as a follower of %d streams\n", node, r.cl.PID(node), len(waiting))
-	ctx, cancel := context.WithTimeout(ctx, 60*time.Second)
+	// A minute, and more for many streams: each rejoin is a catch-up
+	// from the new owner.
+	limit := time.Minute + time.Duration(len(waiting))*100*time.Millisecond
+	ctx, cancel := context.WithTimeout(ctx, limit)
 	defer cancel()
 	tick := time.NewTicker(100 * time.Millisecond)
 	defer tick.Stop()
@@ -913,6 +955,9 @@ func (r *runner) restartOldOwner(ctx context.Context) error {
 			}
 			return nil
 		})
+		if len(r.names) > 1 {
+			r.res.RejoinedStreams = len(r.killEpochs) - len(waiting)
+		}
 		if len(waiting) == 0 {
 			r.res.RejoinedAsFollower = true
 			fmt.Fprintf(r.o.Stderr, "bench: %s rejoined as a follower of every stream it owned\n", node)
@@ -920,7 +965,7 @@ func (r *runner) restartOldOwner(ctx context.Context) error {
 		}
 		select {
 		case <-ctx.Done():
-			return fmt.Errorf("%s did not rejoin as a follower of %d streams within 60s", node, len(waiting))
+			return fmt.Errorf("%s did not rejoin as a follower of %d streams within %v", node, len(waiting), limit)
 		case <-tick.C:
 		}
 	}
