@@ -110,6 +110,12 @@ type Result struct {
 	AllServingMs      *float64 `json:"all_serving_ms,omitempty"`
 	ServingP50Ms      *float64 `json:"serving_p50_ms,omitempty"`
 	StreamsNotServing int      `json:"streams_not_serving,omitempty"`
+	// StreamIntervalMs is, with many streams, the mean time between two
+	// publishes to one stream (streams / records_per_s): a stream with
+	// no publish in flight at the kill shows that it serves again only
+	// with its next publish, so its serving time may hold up to about
+	// this much of the bench's own pace.
+	StreamIntervalMs float64 `json:"stream_interval_ms,omitempty"`
 	// RejoinedStreams is, with many streams, of how many of the streams
 	// it owned the restarted broker became a live follower again
 	// (rejoined_as_follower: all of them).
@@ -526,6 +532,9 @@ func (r *runner) run(ctx context.Context) error {
 	lat := Summarize(Latencies(measured))
 	r.res.ConfirmP50Ms, r.res.ConfirmP99Ms, r.res.ConfirmMaxMs = round(lat.P50), round(lat.P99), round(lat.Max)
 	r.res.MaxGapMs = round(ms(MaxGap(measured)))
+	if len(r.names) > 1 && r.res.RecordsPerS > 0 {
+		r.res.StreamIntervalMs = round(float64(len(r.names)) / r.res.RecordsPerS * 1000)
+	}
 	r.res.BrokerPeakRSSMB = round(float64(r.peakRSS.Load()) / 1024)
 	r.res.BrokerPeakAnonMB = round(float64(r.peakAnon.Load()) / 1024)
 
@@ -573,9 +582,9 @@ func (r *runner) run(ctx context.Context) error {
 	return nil
 }
 
-// onStreams is the confirms of the streams in set (stream index → any);
-// all of them when set holds every one of the n streams.
-func onStreams[V any](confirms []Confirm, set map[int]V, n int) []Confirm {
+// onStreams is the confirms of the streams in set (by stream index); all of
+// them when set holds every one of the n streams.
+func onStreams(confirms []Confirm, set map[int]uint64, n int) []Confirm {
 	if len(set) == n {
 		return confirms
 	}
