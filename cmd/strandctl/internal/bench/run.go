@@ -688,11 +688,9 @@ func (r *runner) createStreams(ctx context.Context) (int, error) {
 		return 0, err
 	}
 	r.res.CreateMs = round(ms(time.Since(t0)))
-	before := make([]*strandv1.GetStreamResponse, len(r.names))
 	stop = r.countProgress(ctx, "serving", &serving)
 	err = forEach(ctx, len(r.names), streamWorkers, func(ctx context.Context, i int) error {
-		res, err := r.waitServing(ctx, r.names[i])
-		before[i] = res
+		err := r.waitServing(ctx, r.names[i])
 		serving.Add(1)
 		return err
 	})
@@ -701,6 +699,10 @@ func (r *runner) createStreams(ctx context.Context) (int, error) {
 		return 0, err
 	}
 	r.res.ReadyMs = round(ms(time.Since(t0)))
+	before, err := r.getStreams(ctx)
+	if err != nil {
+		return 0, fmt.Errorf("bench: get streams: %w", err)
+	}
 	if len(r.names) > 1 {
 		fmt.Fprintf(o.Stderr, "bench: %d streams created in %.0f ms, all serving after %.0f ms\n", len(r.names), r.res.CreateMs, r.res.ReadyMs)
 	}
@@ -759,22 +761,44 @@ func (r *runner) idle(ctx context.Context) error {
 	return nil
 }
 
-// getStreams reads every stream's state, in the order of r.names.
+// getStreams reads every stream's state, in the order of r.names. Each
+// admin call reads the whole cluster's state, so for many streams it asks
+// for the list once and looks up only the streams the list left out (a
+// list cut into pages, say).
 func (r *runner) getStreams(ctx context.Context) ([]*strandv1.GetStreamResponse, error) {
 	out := make([]*strandv1.GetStreamResponse, len(r.names))
-	err := forEach(ctx, len(r.names), streamWorkers, func(ctx context.Context, i int) error {
-		res, err := r.c.Admin().GetStream(ctx, connect.NewRequest(&strandv1.GetStreamRequest{Name: r.names[i]}))
+	if len(r.names) > 1 {
+		list, err := r.c.Admin().ListStreams(ctx, connect.NewRequest(&strandv1.ListStreamsRequest{}))
 		if err != nil {
-			return fmt.Errorf("%s: %w", r.names[i], err)
+			return nil, fmt.Errorf("list streams: %w", err)
 		}
-		out[i] = res.Msg
+		for _, st := range list.Msg.GetStreams() {
+			if i, ok := r.index[st.GetSpec().GetName()]; ok {
+				out[i] = st
+			}
+		}
+	}
+	var missing []int
+	for i, st := range out {
+		if st == nil {
+			missing = append(missing, i)
+		}
+	}
+	err := forEach(ctx, len(missing), streamWorkers, func(ctx context.Context, j int) error {
+		name := r.names[missing[j]]
+		res, err := r.c.Admin().GetStream(ctx, connect.NewRequest(&strandv1.GetStreamRequest{Name: name}))
+		if err != nil {
+			return fmt.Errorf("%s: %w", name, err)
+		}
+		out[missing[j]] = res.Msg
 		return nil
 	})
 	return out, err
 }
 
-// waitServing waits until the stream has an owner that answers Locate.
-func (r *runner) waitServing(ctx context.Context, stream string) (*strandv1.GetStreamResponse, error) {
+// waitServing waits until the stream has an owner that answers Locate (a
+// broker that holds the stream's assignment names it).
+func (r *runner) waitServing(ctx context.Context, stream string) error {
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	tick := time.NewTicker(50 * time.Millisecond)
@@ -782,14 +806,11 @@ func (r *runner) waitServing(ctx context.Context, stream string) (*strandv1.GetS
 	for {
 		loc, err := r.c.Locate(ctx, stream)
 		if err == nil && loc.GetOwner().GetAddress() != "" {
-			res, err := r.c.Admin().GetStream(ctx, connect.NewRequest(&strandv1.GetStreamRequest{Name: stream}))
-			if err == nil && res.Msg.GetAssignment().GetOwner() != "" {
-				return res.Msg, nil
-			}
+			return nil
 		}
 		select {
 		case <-ctx.Done():
-			return nil, fmt.Errorf("bench: stream %q has no serving owner: %w", stream, ctx.Err())
+			return fmt.Errorf("bench: stream %q has no serving owner: %w", stream, ctx.Err())
 		case <-tick.C:
 		}
 	}
@@ -941,29 +962,22 @@ func (r *runner) restartOldOwner(ctx context.Context) error {
 	limit := time.Minute + time.Duration(len(waiting))*100*time.Millisecond
 	ctx, cancel := context.WithTimeout(ctx, limit)
 	defer cancel()
-	tick := time.NewTicker(100 * time.Millisecond)
+	// Every look-up reads the whole cluster's state on the controller:
+	// with many streams, once a second.
+	every := 100 * time.Millisecond
+	if len(r.names) > 1 {
+		every = time.Second
+	}
+	tick := time.NewTicker(every)
 	defer tick.Stop()
 	for {
-		left := make([]int, 0, len(waiting))
-		for i := range waiting {
-			left = append(left, i)
-		}
-		slices.Sort(left)
-		var mu sync.Mutex
-		_ = forEach(ctx, len(left), streamWorkers, func(ctx context.Context, j int) error {
-			res, err := r.c.Admin().GetStream(ctx, connect.NewRequest(&strandv1.GetStreamRequest{Name: r.names[left[j]]}))
-			if err != nil || !slices.Contains(res.Msg.GetAssignment().GetFollowers(), node) {
-				return nil
-			}
-			for _, cp := range res.Msg.GetCopies() {
-				if cp.GetNode() == node && cp.GetLive() && cp.GetRole() == "follower" {
-					mu.Lock()
-					delete(waiting, left[j])
-					mu.Unlock()
+		if states, err := r.getStreams(ctx); err == nil {
+			for i := range waiting {
+				if rejoined(states[i], node) {
+					delete(waiting, i)
 				}
 			}
-			return nil
-		})
+		}
 		if len(r.names) > 1 {
 			r.res.RejoinedStreams = len(r.killEpochs) - len(waiting)
 		}
@@ -978,6 +992,19 @@ func (r *runner) restartOldOwner(ctx context.Context) error {
 		case <-tick.C:
 		}
 	}
+}
+
+// rejoined reports whether node is a live follower of the stream.
+func rejoined(st *strandv1.GetStreamResponse, node string) bool {
+	if !slices.Contains(st.GetAssignment().GetFollowers(), node) {
+		return false
+	}
+	for _, cp := range st.GetCopies() {
+		if cp.GetNode() == node && cp.GetLive() && cp.GetRole() == "follower" {
+			return true
+		}
+	}
+	return false
 }
 
 // readAll reads every stream from offset 0 to its end.
