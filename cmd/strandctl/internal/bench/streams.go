@@ -143,29 +143,45 @@ func SummarizeServing(served map[int]time.Duration, want []int) Serving {
 	return s
 }
 
-// forEach calls fn for i in [0, n) on at most workers goroutines and
-// returns the first error (by index) once all calls ended; a call that
-// failed does not stop the others, which see ctx.
+// forEach calls fn for i in [0, n) on at most workers goroutines. The
+// first error ends the loop: the calls running see ctx cancelled, the ones
+// not started are skipped, and forEach returns that error once the running
+// calls ended.
 func forEach(ctx context.Context, n, workers int, fn func(ctx context.Context, i int) error) error {
-	errs := make([]error, n)
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var (
+		once  sync.Once
+		first error
+	)
 	next := make(chan int)
 	var wg sync.WaitGroup
 	for range min(workers, n) {
 		wg.Go(func() {
 			for i := range next {
-				errs[i] = fn(ctx, i)
+				if err := fn(ctx, i); err != nil {
+					once.Do(func() {
+						first = err
+						cancel()
+					})
+				}
 			}
 		})
 	}
-	for i := range n {
-		next <- i
+	fed := 0
+feed:
+	for ; fed < n && ctx.Err() == nil; fed++ {
+		select {
+		case next <- fed:
+		case <-ctx.Done():
+			break feed
+		}
 	}
 	close(next)
 	wg.Wait()
-	for _, err := range errs {
-		if err != nil {
-			return err
-		}
+	if first == nil && fed < n {
+		// The caller's ctx ended the loop before every call ran.
+		first = ctx.Err()
 	}
-	return nil
+	return first
 }

@@ -250,7 +250,6 @@ func TestForEach(t *testing.T) {
 	var running, peak atomic.Int64
 	var mu sync.Mutex
 	seen := map[int]int{}
-	errOdd := errors.New("odd")
 	err := forEach(context.Background(), 100, 4, func(_ context.Context, i int) error {
 		n := running.Add(1)
 		defer running.Add(-1)
@@ -258,23 +257,52 @@ func TestForEach(t *testing.T) {
 		mu.Lock()
 		seen[i]++
 		mu.Unlock()
-		if i == 7 || i == 3 {
-			return errOdd
-		}
 		return nil
 	})
-	if !errors.Is(err, errOdd) {
-		t.Fatalf("forEach = %v, want the calls' error", err)
+	if err != nil {
+		t.Fatalf("forEach = %v", err)
 	}
 	if peak.Load() > 4 {
 		t.Fatalf("%d calls at once, want at most 4", peak.Load())
 	}
 	for i := range 100 {
 		if seen[i] != 1 {
-			t.Fatalf("index %d called %d times, want once (a failed call stops none)", i, seen[i])
+			t.Fatalf("index %d called %d times, want once", i, seen[i])
 		}
 	}
-	if err := forEach(context.Background(), 0, 4, func(context.Context, int) error { return errOdd }); err != nil {
+
+	// The first error ends the loop: the calls running see ctx end, the
+	// rest do not run, and the error is the one that ended it.
+	errBad := errors.New("bad")
+	var calls atomic.Int64
+	err = forEach(context.Background(), 1000, 4, func(ctx context.Context, i int) error {
+		calls.Add(1)
+		if i == 10 {
+			return errBad
+		}
+		if i > 10 {
+			<-ctx.Done()
+			return ctx.Err()
+		}
+		return nil
+	})
+	if !errors.Is(err, errBad) {
+		t.Fatalf("forEach = %v, want the failing call's error", err)
+	}
+	if n := calls.Load(); n > 20 {
+		t.Fatalf("%d calls after the error at index 10, want the loop ended", n)
+	}
+
+	// A caller's ctx that ends stops the loop with its error.
+	ctx, cancel := context.WithCancel(context.Background())
+	err = forEach(ctx, 1000, 2, func(context.Context, int) error {
+		cancel()
+		return nil
+	})
+	if !errors.Is(err, context.Canceled) {
+		t.Fatalf("forEach with its ctx cancelled = %v, want context.Canceled", err)
+	}
+	if err := forEach(context.Background(), 0, 4, func(context.Context, int) error { return errBad }); err != nil {
 		t.Fatalf("forEach over nothing = %v", err)
 	}
 }
