@@ -16,6 +16,9 @@ import (
 // benchFlags are the bench's own flags.
 type benchFlags struct {
 	stream        string
+	streams       int
+	idleWindow    time.Duration
+	etcd          string
 	copies        int
 	policy        string
 	nodes         int
@@ -35,7 +38,10 @@ type benchFlags struct {
 }
 
 func (b *benchFlags) register(fs *flag.FlagSet) {
-	fs.StringVar(&b.stream, "stream", bench.DefaultStream, "stream to create and publish to")
+	fs.StringVar(&b.stream, "stream", bench.DefaultStream, "stream to create and publish to; with --streams above 1 the base of the streams' names (durable-0000, durable-0001, ...)")
+	fs.IntVar(&b.streams, "streams", bench.DefaultStreams, "streams to create (16 at a time; create_ms is until all exist, ready_ms until all serve) and spread the --inflight window over, round-robin by record; with --kill-owner-at-secs the broker owning the most of them is killed, and streams_failed_over, all_serving_ms (kill to the last of its streams confirming a publish again) and serving_p50_ms (the median stream) report the failover")
+	fs.DurationVar(&b.idleWindow, "idle-window", bench.DefaultIdleWindow, "watch the cluster this long with the streams created and nothing published, for the _idle figures (etcd_revisions_per_s_idle, the CPU and memory ones); 0: no idle window. controller_cpu_pct, recoverer_cpu_pct, broker_cpu_pct (mean over the brokers that ran the whole window, the killed owner left out; percent of one core) and broker_peak_heap_mb (the brokers' peak anonymous resident memory) come from /proc of the processes the bench started: on a running cluster (--controller/--broker) the bench cannot see them and leaves those fields out")
+	fs.StringVar(&b.etcd, "etcd", "", "etcd endpoints of a running cluster, comma separated, for etcd_revisions_per_s(_idle) and etcd_db_bytes (the bench's own cluster needs none; without it a running cluster's run leaves those fields out)")
 	fs.IntVar(&b.copies, "copies", bench.DefaultCopies, "copies of the stream")
 	fs.StringVar(&b.policy, "policy", bench.DefaultPolicy, "confirm policy")
 	fs.IntVar(&b.nodes, "nodes", 0, "copy count for replica_durable and replica_accepted")
@@ -47,7 +53,7 @@ func (b *benchFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&b.publishers, "publishers", bench.PublishersAsync, "async: one goroutine keeps the window full with PublishAsync (as NATS's and Kafka's producers do); sync: a goroutine per record in flight, each calling Publish")
 	fs.DurationVar(&b.duration, "duration", bench.DefaultDuration, "how long to publish and measure")
 	fs.DurationVar(&b.warmup, "warmup", 0, "publish this long first, outside the measurement: records/s, latencies, CPU and stages cover --duration after it (confirmed, stored, failed and dedupe hits count it; every record is verified)")
-	fs.Float64Var(&b.killAt, "kill-owner-at-secs", 0, "kill the stream's owner this many seconds in (0: no kill)")
+	fs.Float64Var(&b.killAt, "kill-owner-at-secs", 0, "kill the stream's owner this many seconds in (with --streams, the broker owning the most of them; 0: no kill)")
 	fs.StringVar(&b.killSignal, "kill-signal", bench.DefaultKillSignal, "KILL, STOP or TERM")
 	fs.StringVar(&b.plot, "plot", "", "write an SVG timeline of confirms to this file")
 	fs.IntVar(&b.brokers, "brokers", 3, "brokers in the bench's own cluster")
@@ -61,7 +67,7 @@ func (b *benchFlags) config(external bool) (bench.Config, error) {
 		return bench.Config{}, usagef("--kill-owner-at-secs must be a positive number of seconds, got %v", b.killAt)
 	}
 	cfg := bench.Config{
-		Stream: b.stream, Copies: b.copies, Policy: b.policy, Nodes: b.nodes, Size: b.size, Inflight: b.inflight, NoProducerIDs: b.noProducerIDs, Lanes: b.lanes, Linger: b.linger, Publishers: b.publishers,
+		Stream: b.stream, Streams: b.streams, IdleWindow: b.idleWindow, Copies: b.copies, Policy: b.policy, Nodes: b.nodes, Size: b.size, Inflight: b.inflight, NoProducerIDs: b.noProducerIDs, Lanes: b.lanes, Linger: b.linger, Publishers: b.publishers,
 		Duration: b.duration, Warmup: b.warmup, KillAt: time.Duration(b.killAt * float64(time.Second)), KillSignal: b.killSignal,
 		Plot: b.plot, Brokers: b.brokers, External: external,
 	}
@@ -87,7 +93,11 @@ func benchCommand() *command {
 				return err
 			}
 			opts := bench.Options{Config: cfg, BinDir: b.binDir, Stderr: e.stderr}
+			if b.etcd != "" && !external {
+				return usagef("--etcd is for a running cluster (with --controller/--broker); the bench's own cluster has its etcd")
+			}
 			if external {
+				opts.Etcd = splitList(b.etcd)
 				opts.Controller, opts.BrokerAddrs, err = e.endpoints()
 				if err != nil {
 					return err

@@ -110,6 +110,10 @@ func TestExitCodes(t *testing.T) {
 		{[]string{"accept-loss", "s"}, 2, "--why is required"},
 		{[]string{"cursor", "commit", "s", "c", "x"}, 2, "not a number"},
 		{[]string{"subscribe", "s", "--commit-every", "5"}, 2, "--commit-every needs --cursor"},
+		{[]string{"bench", "--streams", "0"}, 2, "--streams must be 1.."},
+		{[]string{"bench", "--streams", "-5"}, 2, "--streams must be 1.."},
+		{[]string{"bench", "--idle-window", "-1s"}, 2, "--idle-window"},
+		{[]string{"bench", "--etcd", "127.0.0.1:1"}, 2, "--etcd is for a running cluster"},
 		{[]string{"stream", "get", "s"}, 1, "no cluster to talk to"},
 		{[]string{"stream", "create", "-h"}, 0, ""},
 	} {

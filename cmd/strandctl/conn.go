@@ -17,12 +17,7 @@ import (
 // environment variables) when given, else DIR/cluster.json of a dev cluster.
 func (e *env) endpoints() (controller string, brokers []string, err error) {
 	if e.g.controller != "" || e.g.broker != "" {
-		for _, b := range strings.Split(e.g.broker, ",") {
-			if b = strings.TrimSpace(b); b != "" {
-				brokers = append(brokers, b)
-			}
-		}
-		return e.g.controller, brokers, nil
+		return e.g.controller, splitList(e.g.broker), nil
 	}
 	info, err := devcluster.ReadInfo(e.g.dataDir)
 	if errors.Is(err, devcluster.ErrNoCluster) {
@@ -32,6 +27,17 @@ func (e *env) endpoints() (controller string, brokers []string, err error) {
 		return "", nil, err
 	}
 	return info.Controller, info.BrokerAddresses(), nil
+}
+
+// splitList splits a comma-separated flag into its non-empty items.
+func splitList(s string) []string {
+	var out []string
+	for _, item := range strings.Split(s, ",") {
+		if item = strings.TrimSpace(item); item != "" {
+			out = append(out, item)
+		}
+	}
+	return out
 }
 
 // client builds a client for the cluster.

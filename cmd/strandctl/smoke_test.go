@@ -416,7 +416,7 @@ func TestBenchSmoke(t *testing.T) {
 	for _, publishers := range []string{"async", "sync"} {
 		t.Run(publishers, func(t *testing.T) {
 			out := mustCtl(t, t.TempDir(), "", "bench", "--duration", "2s", "--inflight", "32", "--json",
-				"--publishers", publishers, "--bin-dir", binDir)
+				"--publishers", publishers, "--idle-window", "0", "--bin-dir", binDir)
 			lines := strings.Split(strings.TrimSpace(out), "\n")
 			var res struct {
 				Confirmed         int                `json:"confirmed"`
@@ -454,5 +454,73 @@ func TestBenchSmoke(t *testing.T) {
 				t.Fatalf("bench ran %q publishers on %d copies, want %q on 3", res.Publishers, res.Copies, publishers)
 			}
 		})
+	}
+}
+
+// TestBenchStreamsFailover runs `strandctl bench --streams 20` with an owner
+// kill: the broker owning the most of the streams is killed, the streams it
+// owned fail over and serve again, and every record of every stream is read
+// back where its confirm said; the result carries the many-streams, etcd,
+// CPU and memory figures, idle and loaded.
+func TestBenchStreamsFailover(t *testing.T) {
+	if buildErr != nil {
+		t.Fatal(buildErr)
+	}
+	out := mustCtl(t, t.TempDir(), "", "bench", "--streams", "20", "--duration", "3s", "--kill-owner-at-secs", "1",
+		"--inflight", "64", "--idle-window", "1s", "--json", "--bin-dir", binDir)
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	last := []byte(lines[len(lines)-1])
+	var res struct {
+		Confirmed         int     `json:"confirmed"`
+		Lost              int     `json:"lost"`
+		Duplicates        int     `json:"duplicates"`
+		OffsetMismatches  int     `json:"offset_mismatches"`
+		Stored            int     `json:"stored"`
+		UnconfirmedStored int     `json:"unconfirmed_stored"`
+		OK                bool    `json:"ok"`
+		Streams           int     `json:"streams"`
+		StreamsFailedOver int     `json:"streams_failed_over"`
+		AllServingMs      float64 `json:"all_serving_ms"`
+		ServingP50Ms      float64 `json:"serving_p50_ms"`
+		Recoveries        int     `json:"recoveries"`
+		Rejoined          bool    `json:"rejoined_as_follower"`
+	}
+	if err := json.Unmarshal(last, &res); err != nil {
+		t.Fatalf("bench output is not a JSON result: %v\n%s", err, out)
+	}
+	if !res.OK || res.Confirmed == 0 || res.Lost != 0 || res.Duplicates != 0 || res.OffsetMismatches != 0 {
+		t.Fatalf("bench result not clean: %+v\n%s", res, out)
+	}
+	if res.Stored != res.Confirmed+res.UnconfirmedStored {
+		t.Fatalf("stored %d, want confirmed %d + unconfirmed %d", res.Stored, res.Confirmed, res.UnconfirmedStored)
+	}
+	// The killed broker owned the most streams: at least a third of them.
+	if res.Streams != 20 || res.StreamsFailedOver < 7 || res.StreamsFailedOver > 20 {
+		t.Fatalf("streams %d, failed over %d; want 20 and at least 7", res.Streams, res.StreamsFailedOver)
+	}
+	if res.Recoveries < res.StreamsFailedOver || !res.Rejoined {
+		t.Fatalf("recoveries %d for %d streams failed over, rejoined %v", res.Recoveries, res.StreamsFailedOver, res.Rejoined)
+	}
+	if res.ServingP50Ms <= 0 || res.AllServingMs < res.ServingP50Ms {
+		t.Fatalf("serving p50 %v ms, all %v ms: want every failed-over stream serving again, p50 <= all", res.ServingP50Ms, res.AllServingMs)
+	}
+	// Every figure of the cluster's cost is there, idle and loaded.
+	var fields map[string]any
+	if err := json.Unmarshal(last, &fields); err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range []string{"create_ms", "ready_ms", "etcd_db_bytes",
+		"etcd_revisions_per_s", "etcd_revisions_per_s_idle",
+		"controller_cpu_pct", "controller_cpu_pct_idle", "recoverer_cpu_pct", "recoverer_cpu_pct_idle",
+		"broker_cpu_pct", "broker_cpu_pct_idle", "broker_peak_heap_mb", "broker_peak_heap_mb_idle"} {
+		v, ok := fields[f].(float64)
+		if !ok || v < 0 {
+			t.Errorf("%s = %v, want a measured figure", f, fields[f])
+		}
+	}
+	for _, f := range []string{"etcd_revisions_per_s", "broker_cpu_pct", "broker_peak_heap_mb", "etcd_db_bytes"} {
+		if v, _ := fields[f].(float64); v <= 0 {
+			t.Errorf("%s = %v under load, want above 0", f, fields[f])
+		}
 	}
 }

@@ -18,7 +18,7 @@ import (
 )
 
 func validConfig() Config {
-	return Config{Stream: DefaultStream, Copies: 3, Policy: DefaultPolicy, Size: DefaultSize, Inflight: DefaultInflight,
+	return Config{Stream: DefaultStream, Streams: 1, Copies: 3, Policy: DefaultPolicy, Size: DefaultSize, Inflight: DefaultInflight,
 		Duration: DefaultDuration, KillAt: 8 * time.Second, KillSignal: "KILL", Brokers: 3}
 }
 
@@ -61,6 +61,15 @@ func TestValidate(t *testing.T) {
 		{"negative warm-up", func(c *Config) { c.Warmup, c.KillAt = -time.Second, 0 }, "--warmup"},
 		{"warm-up with a kill", func(c *Config) { c.Warmup = 2 * time.Second }, "--warmup"},
 		{"bad stream name", func(c *Config) { c.Stream = "Bad Name" }, "--stream"},
+		{"many streams", func(c *Config) { c.Streams = 1000 }, ""},
+		{"no streams", func(c *Config) { c.Streams = 0 }, "--streams must be 1.."},
+		{"negative streams", func(c *Config) { c.Streams = -3 }, "--streams must be 1.."},
+		{"too many streams", func(c *Config) { c.Streams = MaxStreams + 1 }, "--streams must be 1.."},
+		// 123 characters fit one stream's name but not with "-0000".
+		{"longest single name", func(c *Config) { c.Stream = strings.Repeat("s", 128) }, ""},
+		{"derived names too long", func(c *Config) { c.Stream, c.Streams = strings.Repeat("s", 124), 2 }, "--stream"},
+		{"no idle window", func(c *Config) { c.IdleWindow = 0 }, ""},
+		{"negative idle window", func(c *Config) { c.IdleWindow = -time.Second }, "--idle-window"},
 		{"kill on an external cluster", func(c *Config) { c.External = true }, "drop --controller/--broker"},
 		{"kill a single copy", func(c *Config) { c.Copies = 1 }, "--copies 2 or more"},
 	} {
@@ -131,6 +140,9 @@ func TestVerify(t *testing.T) {
 		{"an unconfirmed record stored twice", stored(0, 1, 1, 2, 2, 3, 3, 4, 4, 9, 5, 9), Verdict{Confirmed: 4, UnconfirmedStored: 1, Duplicates: 1}},
 		{"a foreign record", append(stored(0, 1, 1, 2, 2, 3, 3, 4), Stored{Offset: 4}), Verdict{Confirmed: 4, Foreign: 1}},
 		{"empty stream", nil, Verdict{Confirmed: 4, Lost: 4}},
+		// Offsets are per stream: a record at its confirmed offset but
+		// in another stream moved.
+		{"in another stream", append(stored(0, 1, 1, 2, 2, 3), Stored{Offset: 3, ID: 4, Stream: 1, HasID: true}), Verdict{Confirmed: 4, OffsetMismatches: 1}},
 	} {
 		got := Verify(confirms, c.stored)
 		got.Examples = nil

@@ -18,7 +18,12 @@ import (
 
 // Config is the bench's settings.
 type Config struct {
-	Stream   string
+	// Stream is the stream's name, or with Streams above 1 the base of
+	// the streams' names (StreamNames).
+	Stream string
+	// Streams is how many streams to create and spread the window over
+	// (at least 1).
+	Streams  int
 	Copies   int
 	Policy   string
 	Nodes    int
@@ -54,6 +59,10 @@ type Config struct {
 	KillAt     time.Duration
 	KillSignal string
 	Plot       string
+	// IdleWindow is how long the bench watches the cluster, streams
+	// created and nothing published, before it publishes: the idle CPU,
+	// memory and etcd revision rate (0: no idle window).
+	IdleWindow time.Duration
 	// Brokers is the cluster size when the bench starts its own cluster.
 	Brokers int
 	// External is set when the bench targets a running cluster.
@@ -69,6 +78,8 @@ const (
 	DefaultInflight   = 256
 	DefaultDuration   = 20 * time.Second
 	DefaultKillSignal = "KILL"
+	DefaultStreams    = 1
+	DefaultIdleWindow = 10 * time.Second
 )
 
 // The two ways of keeping the window full (Config.Publishers).
@@ -88,8 +99,16 @@ func (c Config) Validate() error {
 	bad := func(format string, args ...any) error {
 		return fmt.Errorf("%w: %s", ErrInvalid, fmt.Sprintf(format, args...))
 	}
-	if err := cluster.ValidateStreamName(c.Stream); err != nil {
+	if c.Streams < 1 || c.Streams > MaxStreams {
+		return bad("--streams must be 1..%d, got %d", MaxStreams, c.Streams)
+	}
+	// The longest derived name is the last one.
+	names := StreamNames(c.Stream, c.Streams)
+	if err := cluster.ValidateStreamName(names[len(names)-1]); err != nil {
 		return bad("--stream: %v", err)
+	}
+	if c.IdleWindow < 0 {
+		return bad("--idle-window must be 0 (none) or more, got %v", c.IdleWindow)
 	}
 	if c.Duration <= 0 {
 		return bad("--duration must be positive, got %v", c.Duration)

@@ -18,6 +18,8 @@ import (
 
 	"connectrpc.com/connect"
 	"github.com/prometheus/procfs"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
 
 	strandv1 "github.com/strandhq/strand/api/strand/v1"
 	"github.com/strandhq/strand/client"
@@ -31,6 +33,9 @@ type Options struct {
 	// Controller and BrokerAddrs target a running cluster (Config.External).
 	Controller  string
 	BrokerAddrs []string
+	// Etcd is the etcd endpoints of a running cluster, for the etcd
+	// figures (optional; the bench's own cluster has its own etcd).
+	Etcd []string
 	// BinDir is where the service binaries are for the bench's own cluster.
 	BinDir string
 	// Stderr receives progress lines.
@@ -39,14 +44,16 @@ type Options struct {
 
 // Result is the bench's JSON line.
 type Result struct {
-	Confirmed          int     `json:"confirmed"`
-	Lost               int     `json:"lost"`
-	Duplicates         int     `json:"duplicates"`
-	OffsetMismatches   int     `json:"offset_mismatches"`
-	RecordsPerS        float64 `json:"records_per_s"`
-	MBPerS             float64 `json:"mb_per_s"`
-	ConfirmP50Ms       float64 `json:"confirm_p50_ms"`
-	ConfirmP99Ms       float64 `json:"confirm_p99_ms"`
+	Confirmed        int     `json:"confirmed"`
+	Lost             int     `json:"lost"`
+	Duplicates       int     `json:"duplicates"`
+	OffsetMismatches int     `json:"offset_mismatches"`
+	RecordsPerS      float64 `json:"records_per_s"`
+	MBPerS           float64 `json:"mb_per_s"`
+	ConfirmP50Ms     float64 `json:"confirm_p50_ms"`
+	ConfirmP99Ms     float64 `json:"confirm_p99_ms"`
+	// UnavailableMs is from the kill to the first confirm of a publish
+	// sent after it, to one of the streams the killed broker owned.
 	UnavailableMs      float64 `json:"unavailable_ms"`
 	MaxGapMs           float64 `json:"max_gap_ms"`
 	OldOwner           string  `json:"old_owner"`
@@ -86,6 +93,60 @@ type Result struct {
 	ApplyMs        *float64 `json:"apply_ms,omitempty"`
 	FirstConfirmMs *float64 `json:"first_confirm_ms,omitempty"`
 
+	// The streams (--streams): how many, how long until the controller
+	// had created all of them, and until every one had an owner that
+	// answered Locate.
+	Streams  int     `json:"streams"`
+	CreateMs float64 `json:"create_ms"`
+	ReadyMs  float64 `json:"ready_ms"`
+	// The kill with many streams (runs with a kill only): the bench kills
+	// the broker owning the most streams. streams_failed_over is how many
+	// it owned; all_serving_ms the time from the kill until the last of
+	// them confirmed a publish again (a confirm at a later epoch, or of a
+	// publish sent after the kill), serving_p50_ms the median of those
+	// times; -1 when that stream (or the median one) did not serve again
+	// within the run, streams_not_serving says how many.
+	StreamsFailedOver *int     `json:"streams_failed_over,omitempty"`
+	AllServingMs      *float64 `json:"all_serving_ms,omitempty"`
+	ServingP50Ms      *float64 `json:"serving_p50_ms,omitempty"`
+	StreamsNotServing int      `json:"streams_not_serving,omitempty"`
+	// StreamIntervalMs is, with many streams, the mean time between two
+	// publishes to one stream (streams / records_per_s): a stream with
+	// no publish in flight at the kill shows that it serves again only
+	// with its next publish, so its serving time may hold up to about
+	// this much of the bench's own pace.
+	StreamIntervalMs float64 `json:"stream_interval_ms,omitempty"`
+	// RejoinedStreams is, with many streams, of how many of the streams
+	// it owned the restarted broker became a live follower again
+	// (rejoined_as_follower: all of them).
+	RejoinedStreams int `json:"rejoined_streams,omitempty"`
+	// PhaseStream is the stream whose failover the phases above and
+	// new_owner describe, with many streams.
+	PhaseStream string `json:"phase_stream,omitempty"`
+
+	// What the cluster costs, over the measured window and (the _idle
+	// figures) over the idle window before publishing (--idle-window):
+	// etcd's revisions per second (writes to etcd, heartbeats included),
+	// the CPU of the controller, the recoverer and the mean over the
+	// brokers (percent of one core, from /proc/PID/stat; the killed owner
+	// is left out of the loaded mean), and the brokers' peak anonymous
+	// resident memory (heap and stacks, sampled every 250 ms). The CPU
+	// and memory need the bench's own cluster (absent otherwise), etcd's
+	// figures its etcd or --etcd. etcd_db_bytes is etcd's database size
+	// at the end.
+	EtcdRevisionsPerS     *float64 `json:"etcd_revisions_per_s,omitempty"`
+	EtcdRevisionsPerSIdle *float64 `json:"etcd_revisions_per_s_idle,omitempty"`
+	EtcdDBBytes           *int64   `json:"etcd_db_bytes,omitempty"`
+	ControllerCPUPct      *float64 `json:"controller_cpu_pct,omitempty"`
+	ControllerCPUPctIdle  *float64 `json:"controller_cpu_pct_idle,omitempty"`
+	RecovererCPUPct       *float64 `json:"recoverer_cpu_pct,omitempty"`
+	RecovererCPUPctIdle   *float64 `json:"recoverer_cpu_pct_idle,omitempty"`
+	BrokerCPUPct          *float64 `json:"broker_cpu_pct,omitempty"`
+	BrokerCPUPctIdle      *float64 `json:"broker_cpu_pct_idle,omitempty"`
+	BrokerPeakHeapMB      *float64 `json:"broker_peak_heap_mb,omitempty"`
+	BrokerPeakHeapMBIdle  *float64 `json:"broker_peak_heap_mb_idle,omitempty"`
+	IdleWindowS           float64  `json:"idle_window_s,omitempty"`
+
 	// Context for the figures above.
 	OK                bool     `json:"ok"`
 	Failed            int      `json:"failed"`
@@ -119,7 +180,13 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 	if o.Stderr == nil {
 		o.Stderr = io.Discard
 	}
-	r := &runner{o: o, res: &Result{Stream: o.Stream, Copies: o.Copies, Policy: policyName(o.Config), Size: o.Size, Inflight: o.Inflight, Publishers: cmp.Or(o.Publishers, PublishersAsync), ProducerIDs: !o.NoProducerIDs}}
+	r := &runner{o: o, res: &Result{Stream: o.Stream, Copies: o.Copies, Policy: policyName(o.Config), Size: o.Size, Inflight: o.Inflight, Publishers: cmp.Or(o.Publishers, PublishersAsync), ProducerIDs: !o.NoProducerIDs,
+		Streams: o.Streams}, phaseStream: -1}
+	r.names = StreamNames(o.Stream, o.Streams)
+	r.index = make(map[string]int, len(r.names))
+	for i, n := range r.names {
+		r.index[n] = i
+	}
 	if !o.External {
 		dir, err := os.MkdirTemp("", "strand-bench-")
 		if err != nil {
@@ -142,9 +209,17 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 			return nil, err
 		}
 		defer cl.Close()
-		r.cl = cl
+		r.cl, r.etcd = cl, cl.Etcd()
 		info := cl.Info()
 		o.Controller, o.BrokerAddrs = info.Controller, info.BrokerAddresses()
+	}
+	if o.External && len(o.Etcd) > 0 {
+		cli, err := clientv3.New(clientv3.Config{Endpoints: o.Etcd, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+		if err != nil {
+			return nil, fmt.Errorf("bench: etcd client: %w", err)
+		}
+		defer cli.Close()
+		r.etcd = cli
 	}
 	c, err := client.New(client.Config{Controller: o.Controller, Brokers: o.BrokerAddrs, Idempotent: client.Bool(!o.NoProducerIDs), Lanes: o.Lanes, Linger: o.Linger})
 	if err != nil {
@@ -170,6 +245,12 @@ type runner struct {
 	cl  *devcluster.Cluster // nil for an external cluster
 	c   *client.Client
 	res *Result
+	// etcd is the cluster's etcd, for its revision and size: the bench's
+	// own, or the one --etcd names; nil when there is none.
+	etcd *clientv3.Client
+	// names are the streams (StreamNames), index their positions.
+	names []string
+	index map[string]int
 
 	start     time.Time
 	confirmed atomic.Int64
@@ -181,40 +262,44 @@ type runner struct {
 	// runs on the bench's own cluster).
 	watch *keyWatch
 
-	mu       sync.Mutex
+	mu sync.Mutex
+	// owner and oldEpoch are the phase stream's owner and epoch when it
+	// was killed (before the kill: the first stream's owner).
 	owner    string
 	oldEpoch uint64
 	killAt   time.Duration
 	newAt    time.Duration
 	newOwner string
+	// killed is the broker the bench killed; killEpochs the epoch, at the
+	// kill, of each stream it owned (by index); phaseStream the one of
+	// them whose failover is split into phases and whose new owner is
+	// reported (the first by name; -1 before the kill).
+	killed      string
+	killEpochs  map[int]uint64
+	phaseStream int
 }
 
 func (r *runner) since() time.Duration { return time.Since(r.start) }
 
 func (r *runner) run(ctx context.Context) error {
 	o := r.o
-	admin := r.c.Admin()
-	req := &strandv1.CreateStreamRequest{Name: o.Stream, Copies: uint32(o.Copies), Policy: &strandv1.ConfirmPolicy{Name: o.Policy, Nodes: uint32(o.Nodes)}}
-	if _, err := admin.CreateStream(ctx, connect.NewRequest(req)); err != nil {
-		if connect.CodeOf(err) == connect.CodeAlreadyExists {
-			return fmt.Errorf("bench: stream %q exists; the bench needs a fresh stream (pick another --stream): %w", o.Stream, err)
-		}
-		return fmt.Errorf("bench: create stream: %w", err)
-	}
-	before, err := r.waitServing(ctx)
+	historyBefore, err := r.createStreams(ctx)
 	if err != nil {
 		return err
 	}
-	r.owner = before.GetAssignment().GetOwner()
-	r.res.OldOwner = r.owner
-	historyBefore := len(before.GetHistory())
-	if o.KillAt > 0 && r.cl != nil {
-		w, err := watchKeys(ctx, r.cl.Etcd(), cluster.NewSchema(r.cl.Info().Prefix), o.Stream)
-		if err != nil {
-			r.res.PhaseNotes = append(r.res.PhaseNotes, err.Error())
-		} else {
-			r.watch = w
-			defer w.stop()
+	// The kill starts the watch on the stream whose phases it reports
+	// (kill); it ends with the run.
+	defer func() {
+		r.mu.Lock()
+		w := r.watch
+		r.mu.Unlock()
+		if w != nil {
+			w.stop()
+		}
+	}()
+	if o.IdleWindow > 0 {
+		if err := r.idle(ctx); err != nil {
+			return err
 		}
 	}
 
@@ -225,8 +310,10 @@ func (r *runner) run(ctx context.Context) error {
 		cpuBefore    time.Duration
 		cpuOK        bool
 		stagesBefore map[string]brokerHistograms
+		loaded       *usageWindow
 	)
 	measureFrom := func() {
+		loaded = r.startUsage(ctx)
 		cpuBefore, cpuOK = r.brokerCPU()
 		stagesBefore = r.brokerHistograms(ctx)
 	}
@@ -250,12 +337,13 @@ func (r *runner) run(ctx context.Context) error {
 	const confirmChunk = 1 << 16
 	pubCtx, stopPub := context.WithCancel(ctx)
 	defer stopPub()
-	record := func(w int, id uint64, sent, done time.Duration, res *strandv1.PublishResponse) {
+	record := func(w int, id uint64, stream int, sent, done time.Duration, res *strandv1.PublishResponse) {
 		dup := len(res.GetDuplicate()) > 0 && res.GetDuplicate()[0]
 		if dup {
 			dedupe.Add(1)
 		}
-		confirms[w] = append(confirms[w], Confirm{ID: id, Offset: res.GetOffsets()[0], Sent: sent, Done: done, Duplicate: dup})
+		confirms[w] = append(confirms[w], Confirm{ID: id, Offset: res.GetOffsets()[0], Epoch: res.GetEpoch(), Stream: uint32(stream),
+			Sent: sent, Done: done, Duplicate: dup})
 		r.confirmed.Add(1)
 	}
 	if r.res.Publishers == PublishersSync {
@@ -264,13 +352,14 @@ func (r *runner) run(ctx context.Context) error {
 			wg.Go(func() {
 				for pubCtx.Err() == nil && r.since() < end {
 					id := next.Add(1)
+					stream := StreamFor(id, len(r.names))
 					sent := r.since()
-					res, err := r.c.Publish(pubCtx, o.Stream, []*strandv1.Record{{Payload: RecordPayload(id, o.Size)}})
+					res, err := r.c.Publish(pubCtx, r.names[stream], []*strandv1.Record{{Payload: RecordPayload(id, o.Size)}})
 					if err != nil {
 						r.failed.Add(1)
 						continue
 					}
-					record(w, id, sent, r.since(), res)
+					record(w, id, stream, sent, r.since(), res)
 				}
 			})
 		}
@@ -294,9 +383,10 @@ func (r *runner) run(ctx context.Context) error {
 					break
 				}
 				id := next.Add(1)
+				stream := StreamFor(id, len(r.names))
 				sent := r.since()
 				pending.Add(1)
-				r.c.PublishAsync(pubCtx, o.Stream, []*strandv1.Record{{Payload: RecordPayload(id, o.Size)}}, func(res *strandv1.PublishResponse, err error) {
+				r.c.PublishAsync(pubCtx, r.names[stream], []*strandv1.Record{{Payload: RecordPayload(id, o.Size)}}, func(res *strandv1.PublishResponse, err error) {
 					defer pending.Done()
 					if err != nil {
 						r.failed.Add(1)
@@ -308,7 +398,7 @@ func (r *runner) run(ctx context.Context) error {
 							confirms = append(confirms, make([]Confirm, 0, confirmChunk))
 							w++
 						}
-						record(w, id, sent, done, res)
+						record(w, id, stream, sent, done, res)
 						confirmsMu.Unlock()
 					}
 					<-slots
@@ -353,7 +443,15 @@ func (r *runner) run(ctx context.Context) error {
 	// the figures are not reported (ctx.Err below).
 	<-warmedUp
 	cpuAfter, cpuAfterOK := r.brokerCPU()
-	if stagesBefore != nil && o.KillAt <= 0 {
+	if loaded != nil {
+		r.mu.Lock()
+		killed := r.killed
+		r.mu.Unlock()
+		u := loaded.end(ctx, r, killed)
+		r.res.ControllerCPUPct, r.res.RecovererCPUPct, r.res.BrokerCPUPct = u.cpu.Controller, u.cpu.Recoverer, u.cpu.Broker
+		r.res.BrokerPeakHeapMB, r.res.EtcdRevisionsPerS = u.peakAnonMB, u.revisionsPS
+	}
+	if stagesBefore != nil && o.KillAt <= 0 && len(r.names) == 1 {
 		if after := r.brokerHistograms(ctx); after != nil {
 			r.res.StageMeanMs = stageMeans(r.owner, stagesBefore, after)
 		}
@@ -391,24 +489,31 @@ func (r *runner) run(ctx context.Context) error {
 			fmt.Fprintf(o.Stderr, "bench: restarting %s: %v\n", r.res.OldOwner, err)
 		}
 	}
-	after, err := r.c.Admin().GetStream(ctx, connect.NewRequest(&strandv1.GetStreamRequest{Name: o.Stream}))
+	after, err := r.getStreams(ctx)
 	if err != nil {
-		return fmt.Errorf("bench: get stream after the run: %w", err)
+		return fmt.Errorf("bench: get streams after the run: %w", err)
 	}
-	r.res.Recoveries = len(after.Msg.GetHistory()) - historyBefore
+	historyAfter := 0
+	for _, a := range after {
+		historyAfter += len(a.GetHistory())
+	}
+	r.res.Recoveries = historyAfter - historyBefore
 	if o.KillAt > 0 {
 		r.mu.Lock()
-		if r.newOwner == "" {
+		if r.newOwner == "" && r.phaseStream >= 0 {
 			// The owner moved only after the run (a recovery that
 			// waited for the killed broker to come back): no time to
 			// report, but the owner it moved to.
-			if owner := after.Msg.GetAssignment().GetOwner(); owner != r.owner {
+			if owner := after[r.phaseStream].GetAssignment().GetOwner(); owner != r.owner {
 				r.newOwner = owner
 			}
 		}
 		r.mu.Unlock()
 	}
 	r.samplePeakRSS()
+	if m, err := etcdStatus(ctx, r.etcd); err == nil {
+		r.res.EtcdDBBytes = &m.db
+	}
 
 	// Read back and verify.
 	stored, err := r.readAll(ctx)
@@ -427,17 +532,22 @@ func (r *runner) run(ctx context.Context) error {
 	lat := Summarize(Latencies(measured))
 	r.res.ConfirmP50Ms, r.res.ConfirmP99Ms, r.res.ConfirmMaxMs = round(lat.P50), round(lat.P99), round(lat.Max)
 	r.res.MaxGapMs = round(ms(MaxGap(measured)))
+	if len(r.names) > 1 && r.res.RecordsPerS > 0 {
+		r.res.StreamIntervalMs = round(float64(len(r.names)) / r.res.RecordsPerS * 1000)
+	}
 	r.res.BrokerPeakRSSMB = round(float64(r.peakRSS.Load()) / 1024)
 	r.res.BrokerPeakAnonMB = round(float64(r.peakAnon.Load()) / 1024)
 
 	var marks []Mark
 	if o.KillAt > 0 {
 		r.mu.Lock()
-		killAt, newAt := r.killAt, r.newAt
+		killAt, newAt, epochs, phaseStream := r.killAt, r.newAt, r.killEpochs, r.phaseStream
 		r.res.NewOwner = r.newOwner
 		r.mu.Unlock()
 		r.res.KillAtS, r.res.KillSignal = round(killAt.Seconds()), o.KillSignal
-		u, uok := Unavailable(all, killAt)
+		// unavailable_ms is over the streams that failed over: with many
+		// streams the others served on through the kill.
+		u, uok := Unavailable(onStreams(all, epochs, len(r.names)), killAt)
 		if uok {
 			r.res.UnavailableMs = round(ms(u))
 		} else {
@@ -447,7 +557,12 @@ func (r *runner) run(ctx context.Context) error {
 			r.res.OK = false
 			r.res.Problems = append(r.res.Problems, "no publish was confirmed after the kill: the stream did not serve again within the run")
 		}
-		r.phases(killAt, u, uok)
+		r.serving(all, killAt, epochs, uok)
+		pu, puok := u, uok
+		if len(r.names) > 1 {
+			pu, puok = Unavailable(onStreams(all, map[int]uint64{phaseStream: 0}, len(r.names)), killAt)
+		}
+		r.phases(killAt, pu, puok)
 		marks = append(marks, Mark{At: killAt, Label: "SIG" + strings.TrimPrefix(o.KillSignal, "SIG") + " " + r.res.OldOwner, Color: "#c0392b"})
 		if newAt > 0 {
 			r.res.NewAssignmentMs = round(ms(newAt - killAt))
@@ -467,6 +582,49 @@ func (r *runner) run(ctx context.Context) error {
 	return nil
 }
 
+// onStreams is the confirms of the streams in set (by stream index); all of
+// them when set holds every one of the n streams.
+func onStreams(confirms []Confirm, set map[int]uint64, n int) []Confirm {
+	if len(set) == n {
+		return confirms
+	}
+	out := make([]Confirm, 0, len(confirms)*len(set)/max(n, 1))
+	for _, c := range confirms {
+		if _, ok := set[int(c.Stream)]; ok {
+			out = append(out, c)
+		}
+	}
+	return out
+}
+
+// serving reports how long the streams the killed broker owned took to
+// serve again.
+func (r *runner) serving(all []Confirm, killAt time.Duration, epochs map[int]uint64, servedAny bool) {
+	n := len(epochs)
+	r.res.StreamsFailedOver = &n
+	want := make([]int, 0, n)
+	for i := range epochs {
+		want = append(want, i)
+	}
+	s := SummarizeServing(ServedAgain(all, killAt, epochs), want)
+	allMs, p50Ms := -1.0, -1.0
+	if s.AllOK {
+		allMs = round(ms(s.All))
+	}
+	if s.P50OK {
+		p50Ms = round(ms(s.P50))
+	}
+	r.res.AllServingMs, r.res.ServingP50Ms = &allMs, &p50Ms
+	if s.Missing > 0 {
+		r.res.StreamsNotServing = s.Missing
+		r.res.OK = false
+	}
+	if s.Missing > 0 && servedAny {
+		// (When none served again, the unavailable_ms problem says so.)
+		r.res.Problems = append(r.res.Problems, fmt.Sprintf("%d of the %d streams the killed broker owned confirmed no publish after the kill", s.Missing, n))
+	}
+}
+
 // phases splits the failover into phases from the watch's events and the
 // service logs, and prints them.
 func (r *runner) phases(killAt, unavailable time.Duration, unavailableOK bool) {
@@ -474,11 +632,12 @@ func (r *runner) phases(killAt, unavailable time.Duration, unavailableOK bool) {
 		return
 	}
 	r.mu.Lock()
-	in := FailoverInput{Start: r.start, Kill: killAt, Stream: r.o.Stream, OldOwner: r.owner, OldEpoch: r.oldEpoch,
+	in := FailoverInput{Start: r.start, Kill: killAt, Stream: r.names[max(r.phaseStream, 0)], OldOwner: r.owner, OldEpoch: r.oldEpoch,
 		Unavailable: unavailable, UnavailableOK: unavailableOK}
+	w := r.watch
 	r.mu.Unlock()
-	if r.watch != nil {
-		events, err := r.watch.Events(r.start)
+	if w != nil {
+		events, err := w.Events(r.start)
 		in.Events, in.Watched = events, true
 		if err != nil {
 			r.res.PhaseNotes = append(r.res.PhaseNotes, "etcd watch broken: "+err.Error())
@@ -505,29 +664,187 @@ func (r *runner) phases(killAt, unavailable time.Duration, unavailableOK bool) {
 
 func round(f float64) float64 { return float64(int64(f*100+0.5)) / 100 }
 
-// waitServing waits until the stream has an owner that answers Locate.
-func (r *runner) waitServing(ctx context.Context) (*strandv1.GetStreamResponse, error) {
+// createStreams creates the streams, streamWorkers at a time, and waits
+// until each has an owner that answers Locate; it returns the length of
+// their histories then, summed, for the recoveries count.
+func (r *runner) createStreams(ctx context.Context) (int, error) {
+	o := r.o
+	t0 := time.Now()
+	var created, serving atomic.Int64
+	stop := r.countProgress(ctx, "created", &created)
+	err := forEach(ctx, len(r.names), streamWorkers, func(ctx context.Context, i int) error {
+		req := &strandv1.CreateStreamRequest{Name: r.names[i], Copies: uint32(o.Copies), Policy: &strandv1.ConfirmPolicy{Name: o.Policy, Nodes: uint32(o.Nodes)}}
+		if _, err := r.c.Admin().CreateStream(ctx, connect.NewRequest(req)); err != nil {
+			if connect.CodeOf(err) == connect.CodeAlreadyExists {
+				return fmt.Errorf("bench: stream %q exists; the bench needs fresh streams (pick another --stream): %w", r.names[i], err)
+			}
+			return fmt.Errorf("bench: create stream %q: %w", r.names[i], err)
+		}
+		created.Add(1)
+		return nil
+	})
+	stop()
+	if err != nil {
+		return 0, err
+	}
+	r.res.CreateMs = round(ms(time.Since(t0)))
+	stop = r.countProgress(ctx, "serving", &serving)
+	err = forEach(ctx, len(r.names), streamWorkers, func(ctx context.Context, i int) error {
+		err := r.waitServing(ctx, r.names[i])
+		serving.Add(1)
+		return err
+	})
+	stop()
+	if err != nil {
+		return 0, err
+	}
+	r.res.ReadyMs = round(ms(time.Since(t0)))
+	before, err := r.getStreams(ctx)
+	if err != nil {
+		return 0, fmt.Errorf("bench: get streams: %w", err)
+	}
+	if len(r.names) > 1 {
+		fmt.Fprintf(o.Stderr, "bench: %d streams created in %.0f ms, all serving after %.0f ms\n", len(r.names), r.res.CreateMs, r.res.ReadyMs)
+	}
+	r.owner = before[0].GetAssignment().GetOwner()
+	r.res.OldOwner = r.owner
+	history := 0
+	for _, b := range before {
+		history += len(b.GetHistory())
+	}
+	return history, nil
+}
+
+// countProgress prints how many of the streams are done every 5 s, with
+// many streams (a thousand take minutes on a small machine), until stop.
+func (r *runner) countProgress(ctx context.Context, what string, done *atomic.Int64) (stop func()) {
+	if len(r.names) == 1 {
+		return func() {}
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		t := time.NewTicker(5 * time.Second)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+				fmt.Fprintf(r.o.Stderr, "bench: %d of %d streams %s\n", done.Load(), len(r.names), what)
+			}
+		}
+	})
+	return func() {
+		cancel()
+		wg.Wait()
+	}
+}
+
+// idle watches the cluster for the idle window, the streams created and
+// nothing published: the cluster's cost at rest.
+func (r *runner) idle(ctx context.Context) error {
+	fmt.Fprintf(r.o.Stderr, "bench: idle for %v before publishing\n", r.o.IdleWindow)
+	w := r.startUsage(ctx)
+	t := time.NewTimer(r.o.IdleWindow)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		w.mem.stop()
+		return ctx.Err()
+	case <-t.C:
+	}
+	u := w.end(ctx, r, "")
+	r.res.IdleWindowS = round(r.o.IdleWindow.Seconds())
+	r.res.ControllerCPUPctIdle, r.res.RecovererCPUPctIdle, r.res.BrokerCPUPctIdle = u.cpu.Controller, u.cpu.Recoverer, u.cpu.Broker
+	r.res.BrokerPeakHeapMBIdle, r.res.EtcdRevisionsPerSIdle = u.peakAnonMB, u.revisionsPS
+	return nil
+}
+
+// getStreams reads every stream's state, in the order of r.names. Each
+// admin call reads the whole cluster's state, so for many streams it asks
+// for the list once and looks up only the streams the list left out (a
+// list cut into pages, say).
+func (r *runner) getStreams(ctx context.Context) ([]*strandv1.GetStreamResponse, error) {
+	out := make([]*strandv1.GetStreamResponse, len(r.names))
+	if len(r.names) > 1 {
+		list, err := r.c.Admin().ListStreams(ctx, connect.NewRequest(&strandv1.ListStreamsRequest{}))
+		if err != nil {
+			return nil, fmt.Errorf("list streams: %w", err)
+		}
+		for _, st := range list.Msg.GetStreams() {
+			if i, ok := r.index[st.GetSpec().GetName()]; ok {
+				out[i] = st
+			}
+		}
+	}
+	var missing []int
+	for i, st := range out {
+		if st == nil {
+			missing = append(missing, i)
+		}
+	}
+	err := forEach(ctx, len(missing), streamWorkers, func(ctx context.Context, j int) error {
+		name := r.names[missing[j]]
+		res, err := r.c.Admin().GetStream(ctx, connect.NewRequest(&strandv1.GetStreamRequest{Name: name}))
+		if err != nil {
+			return fmt.Errorf("%s: %w", name, err)
+		}
+		out[missing[j]] = res.Msg
+		return nil
+	})
+	return out, err
+}
+
+// waitServing waits until the stream has an owner that answers Locate (a
+// broker that holds the stream's assignment names it).
+func (r *runner) waitServing(ctx context.Context, stream string) error {
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	tick := time.NewTicker(50 * time.Millisecond)
 	defer tick.Stop()
 	for {
-		loc, err := r.c.Locate(ctx, r.o.Stream)
+		loc, err := r.c.Locate(ctx, stream)
 		if err == nil && loc.GetOwner().GetAddress() != "" {
-			res, err := r.c.Admin().GetStream(ctx, connect.NewRequest(&strandv1.GetStreamRequest{Name: r.o.Stream}))
-			if err == nil && res.Msg.GetAssignment().GetOwner() != "" {
-				return res.Msg, nil
-			}
+			return nil
 		}
 		select {
 		case <-ctx.Done():
-			return nil, fmt.Errorf("bench: stream %q has no serving owner: %w", r.o.Stream, ctx.Err())
+			return fmt.Errorf("bench: stream %q has no serving owner: %w", stream, ctx.Err())
 		case <-tick.C:
 		}
 	}
 }
 
-// kill kills the owner at KillAt and watches for the new assignment.
+// owners reads the streams' assignments from etcd: each stream's owner and
+// epoch, by stream index.
+func (r *runner) owners(ctx context.Context) (map[string]string, map[int]uint64, error) {
+	schema := cluster.NewSchema(r.cl.Info().Prefix)
+	res, err := r.etcd.Get(ctx, schema.AssignmentsDir(), clientv3.WithPrefix())
+	if err != nil {
+		return nil, nil, err
+	}
+	owners, epochs := map[string]string{}, map[int]uint64{}
+	for _, kv := range res.Kvs {
+		name, err := cluster.NameIn(schema.AssignmentsDir(), string(kv.Key))
+		if err != nil {
+			continue
+		}
+		i, ours := r.index[name]
+		if !ours {
+			continue
+		}
+		a, err := cluster.Decode[cluster.Assignment](kv.Value)
+		if err != nil {
+			return nil, nil, fmt.Errorf("assignment of %s: %w", name, err)
+		}
+		owners[name], epochs[i] = a.Owner, a.Epoch
+	}
+	return owners, epochs, nil
+}
+
+// kill kills, at KillAt, the broker that owns the most of the streams, and
+// watches for the new assignment of the first of them (the phase stream).
 func (r *runner) kill(ctx context.Context) error {
 	sig, _ := ParseSignal(r.o.KillSignal)
 	t := time.NewTimer(time.Until(r.start.Add(r.o.KillAt)))
@@ -537,39 +854,62 @@ func (r *runner) kill(ctx context.Context) error {
 		return nil
 	case <-t.C:
 	}
-	res, err := r.c.Admin().GetStream(ctx, connect.NewRequest(&strandv1.GetStreamRequest{Name: r.o.Stream}))
+	owners, epochs, err := r.owners(ctx)
 	if err != nil {
 		return fmt.Errorf("bench: find the owner to kill: %w", err)
 	}
-	owner, epoch := res.Msg.GetAssignment().GetOwner(), res.Msg.GetAssignment().GetEpoch()
+	owner, streams := MostStreamsOwner(owners)
+	if owner == "" {
+		return fmt.Errorf("bench: find the owner to kill: none of the %d streams has an owner", len(r.names))
+	}
+	owned := make(map[int]uint64, len(streams))
+	for _, s := range streams {
+		owned[r.index[s]] = epochs[r.index[s]]
+	}
+	phase := r.index[streams[0]]
+	// The watch starts from the current revision before the signal, so
+	// the recovery and the new assignment cannot be missed.
+	w, err := watchKeys(ctx, r.etcd, cluster.NewSchema(r.cl.Info().Prefix), streams[0])
+	r.mu.Lock()
+	if err != nil {
+		r.res.PhaseNotes = append(r.res.PhaseNotes, err.Error())
+	} else {
+		r.watch = w
+	}
+	r.mu.Unlock()
 	r.samplePeakRSS()
 	if err := r.cl.Kill(owner, sig); err != nil {
 		return fmt.Errorf("bench: kill %s: %w", owner, err)
 	}
 	at := r.since()
 	r.mu.Lock()
-	r.owner, r.oldEpoch, r.killAt = owner, epoch, at
+	r.owner, r.oldEpoch, r.killAt = owner, owned[phase], at
+	r.killed, r.killEpochs, r.phaseStream = owner, owned, phase
 	r.mu.Unlock()
 	r.res.OldOwner = owner
-	fmt.Fprintf(r.o.Stderr, "bench: %.2fs sent SIG%s to the owner %s (pid %d)\n", at.Seconds(), r.o.KillSignal, owner, r.cl.PID(owner))
+	if len(r.names) > 1 {
+		r.res.PhaseStream = streams[0]
+	}
+	fmt.Fprintf(r.o.Stderr, "bench: %.2fs sent SIG%s to %s (pid %d), the owner of %d of the %d streams\n",
+		at.Seconds(), r.o.KillSignal, owner, r.cl.PID(owner), len(streams), len(r.names))
 	r.waitNewAssignment(ctx)
 	return nil
 }
 
-// waitNewAssignment polls the assignment until its owner is not the killed
-// one, recording when that was first seen.
+// waitNewAssignment polls the phase stream's assignment until its owner is
+// not the killed one, recording when that was first seen.
 func (r *runner) waitNewAssignment(ctx context.Context) {
 	tick := time.NewTicker(20 * time.Millisecond)
 	defer tick.Stop()
 	for {
 		r.mu.Lock()
-		done, old := r.newAt > 0, r.owner
+		done, old, phase := r.newAt > 0, r.owner, r.phaseStream
 		r.mu.Unlock()
-		if done {
+		if done || phase < 0 {
 			return
 		}
 		cctx, cancel := context.WithTimeout(ctx, time.Second)
-		res, err := r.c.Admin().GetStream(cctx, connect.NewRequest(&strandv1.GetStreamRequest{Name: r.o.Stream}))
+		res, err := r.c.Admin().GetStream(cctx, connect.NewRequest(&strandv1.GetStreamRequest{Name: r.names[phase]}))
 		cancel()
 		if err == nil {
 			if o := res.Msg.GetAssignment().GetOwner(); o != "" && o != old {
@@ -592,7 +932,7 @@ func (r *runner) waitNewAssignment(ctx context.Context) {
 }
 
 // restartOldOwner brings the killed broker back (SIGCONT for STOP) and waits
-// until the assignment lists it as a follower.
+// until every stream it owned lists it as a live follower.
 func (r *runner) restartOldOwner(ctx context.Context) error {
 	node := r.res.OldOwner
 	if r.o.KillSignal == "STOP" || r.o.KillSignal == "SIGSTOP" {
@@ -610,48 +950,87 @@ func (r *runner) restartOldOwner(ctx context.Context) error {
 			return err
 		}
 	}
-	fmt.Fprintf(r.o.Stderr, "bench: %s is back (pid %d); waiting for it to rejoin as a follower\n", node, r.cl.PID(node))
-	ctx, cancel := context.WithTimeout(ctx, 60*time.Second)
+	r.mu.Lock()
+	waiting := make(map[int]bool, len(r.killEpochs))
+	for i := range r.killEpochs {
+		waiting[i] = true
+	}
+	r.mu.Unlock()
+	fmt.Fprintf(r.o.Stderr, "bench: %s is back (pid %d); waiting for it to rejoin as a follower of %d streams\n", node, r.cl.PID(node), len(waiting))
+	// A minute, and more for many streams: each rejoin is a catch-up
+	// from the new owner.
+	limit := time.Minute + time.Duration(len(waiting))*100*time.Millisecond
+	ctx, cancel := context.WithTimeout(ctx, limit)
 	defer cancel()
-	tick := time.NewTicker(100 * time.Millisecond)
+	// Every look-up reads the whole cluster's state on the controller:
+	// with many streams, once a second.
+	every := 100 * time.Millisecond
+	if len(r.names) > 1 {
+		every = time.Second
+	}
+	tick := time.NewTicker(every)
 	defer tick.Stop()
 	for {
-		res, err := r.c.Admin().GetStream(ctx, connect.NewRequest(&strandv1.GetStreamRequest{Name: r.o.Stream}))
-		if err == nil && slices.Contains(res.Msg.GetAssignment().GetFollowers(), node) {
-			for _, cp := range res.Msg.GetCopies() {
-				if cp.GetNode() == node && cp.GetLive() && cp.GetRole() == "follower" {
-					r.res.RejoinedAsFollower = true
-					fmt.Fprintf(r.o.Stderr, "bench: %s rejoined as a follower at epoch %d\n", node, res.Msg.GetAssignment().GetEpoch())
-					return nil
+		if states, err := r.getStreams(ctx); err == nil {
+			for i := range waiting {
+				if rejoined(states[i], node) {
+					delete(waiting, i)
 				}
 			}
 		}
+		if len(r.names) > 1 {
+			r.res.RejoinedStreams = len(r.killEpochs) - len(waiting)
+		}
+		if len(waiting) == 0 {
+			r.res.RejoinedAsFollower = true
+			fmt.Fprintf(r.o.Stderr, "bench: %s rejoined as a follower of every stream it owned\n", node)
+			return nil
+		}
 		select {
 		case <-ctx.Done():
-			return fmt.Errorf("%s did not rejoin as a follower within 60s", node)
+			return fmt.Errorf("%s did not rejoin as a follower of %d streams within %v", node, len(waiting), limit)
 		case <-tick.C:
 		}
 	}
 }
 
-// readAll reads the stream from offset 0 to its end.
-func (r *runner) readAll(ctx context.Context) ([]Stored, error) {
-	var out []Stored
-	next := uint64(0)
-	for {
-		res, err := r.c.Read(ctx, &strandv1.ReadRequest{Stream: r.o.Stream, FromOffset: next})
-		if err != nil {
-			return nil, err
-		}
-		if len(res.GetRecords()) == 0 {
-			return out, nil
-		}
-		for _, rec := range res.GetRecords() {
-			id, ok := ParseID(rec.GetPayload())
-			out = append(out, Stored{Offset: rec.GetOffset(), ID: id, HasID: ok})
-			next = rec.GetOffset() + 1
+// rejoined reports whether node is a live follower of the stream.
+func rejoined(st *strandv1.GetStreamResponse, node string) bool {
+	if !slices.Contains(st.GetAssignment().GetFollowers(), node) {
+		return false
+	}
+	for _, cp := range st.GetCopies() {
+		if cp.GetNode() == node && cp.GetLive() && cp.GetRole() == "follower" {
+			return true
 		}
 	}
+	return false
+}
+
+// readAll reads every stream from offset 0 to its end.
+func (r *runner) readAll(ctx context.Context) ([]Stored, error) {
+	per := make([][]Stored, len(r.names))
+	err := forEach(ctx, len(r.names), streamWorkers, func(ctx context.Context, i int) error {
+		next := uint64(0)
+		for {
+			res, err := r.c.Read(ctx, &strandv1.ReadRequest{Stream: r.names[i], FromOffset: next})
+			if err != nil {
+				return fmt.Errorf("%s: %w", r.names[i], err)
+			}
+			if len(res.GetRecords()) == 0 {
+				return nil
+			}
+			for _, rec := range res.GetRecords() {
+				id, ok := ParseID(rec.GetPayload())
+				per[i] = append(per[i], Stored{Offset: rec.GetOffset(), ID: id, Stream: uint32(i), HasID: ok})
+				next = rec.GetOffset() + 1
+			}
+		}
+	})
+	if err != nil {
+		return nil, err
+	}
+	return slices.Concat(per...), nil
 }
 
 // progress prints a line per second.
@@ -707,19 +1086,16 @@ func (r *runner) samplePeakRSS() {
 // used so far; ok is false when there is no such cluster or a broker's
 // /proc/PID/stat cannot be read.
 func (r *runner) brokerCPU() (total time.Duration, ok bool) {
-	if r.cl == nil {
+	s, ok := r.sampleCPU()
+	if !ok {
 		return 0, false
 	}
-	fs, err := procfs.NewDefaultFS()
-	if err != nil {
-		return 0, false
-	}
-	for _, b := range r.cl.Info().Brokers {
-		cpu, ok := procCPU(fs, b.PID)
+	for _, b := range r.brokerNodes() {
+		p, ok := s.procs[b]
 		if !ok {
 			return 0, false
 		}
-		total += cpu
+		total += p.cpu
 	}
 	return total, true
 }

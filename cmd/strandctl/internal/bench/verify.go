@@ -34,6 +34,11 @@ func ParseID(payload []byte) (uint64, bool) {
 type Confirm struct {
 	ID     uint64
 	Offset uint64
+	// Epoch is the epoch the confirm named (the owner's that stored it).
+	Epoch uint64
+	// Stream is the record's stream, an index into the bench's streams
+	// (StreamNames); offsets are per stream.
+	Stream uint32
 	// Sent and Done are since the start of publishing.
 	Sent, Done time.Duration
 	// Duplicate is the broker saying an earlier attempt had stored it.
@@ -44,6 +49,8 @@ type Confirm struct {
 type Stored struct {
 	Offset uint64
 	ID     uint64
+	// Stream is the stream it was read from, as Confirm.Stream.
+	Stream uint32
 	// HasID is false for a record without a bench id.
 	HasID bool
 }
@@ -78,16 +85,31 @@ func (v Verdict) OK() bool {
 
 const maxExamples = 5
 
-// Verify checks the confirms against the records read back.
+// place is where a record is stored: which stream, which offset.
+type place struct {
+	stream uint32
+	offset uint64
+}
+
+func (p place) String() string {
+	if p.stream == 0 {
+		return strconv.FormatUint(p.offset, 10)
+	}
+	return fmt.Sprintf("%d of stream %d", p.offset, p.stream)
+}
+
+// Verify checks the confirms against the records read back, from every
+// stream: ids are unique across the bench's streams, so a record stored in
+// another stream than its confirm named counts as moved.
 func Verify(confirms []Confirm, stored []Stored) Verdict {
 	v := Verdict{Confirmed: len(confirms)}
-	at := make(map[uint64][]uint64, len(stored))
+	at := make(map[uint64][]place, len(stored))
 	for _, s := range stored {
 		if !s.HasID {
 			v.Foreign++
 			continue
 		}
-		at[s.ID] = append(at[s.ID], s.Offset)
+		at[s.ID] = append(at[s.ID], place{s.Stream, s.Offset})
 	}
 	note := func(format string, args ...any) {
 		if len(v.Examples) < maxExamples {
@@ -97,14 +119,14 @@ func Verify(confirms []Confirm, stored []Stored) Verdict {
 	confirmed := make(map[uint64]bool, len(confirms))
 	for _, c := range confirms {
 		confirmed[c.ID] = true
-		offs := at[c.ID]
+		offs, want := at[c.ID], place{c.Stream, c.Offset}
 		switch {
 		case len(offs) == 0:
 			v.Lost++
-			note("record %d confirmed at %d is missing", c.ID, c.Offset)
-		case len(offs) > 1 || offs[0] != c.Offset:
+			note("record %d confirmed at %v is missing", c.ID, want)
+		case len(offs) > 1 || offs[0] != want:
 			v.OffsetMismatches++
-			note("record %d confirmed at %d is stored at %v", c.ID, c.Offset, offs)
+			note("record %d confirmed at %v is stored at %v", c.ID, want, offs)
 		}
 	}
 	ids := make([]uint64, 0, len(at))

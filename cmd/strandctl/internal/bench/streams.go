@@ -1,0 +1,187 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"slices"
+	"strconv"
+	"sync"
+	"time"
+)
+
+// The bench with many streams (--streams N): N streams created at once,
+// the one window of publishes spread over them, and with a kill the broker
+// that owns the most of them killed, so a failover moves many streams at
+// once and the bench reports how long until each of them served again.
+
+// streamWorkers bounds the admin calls (create, look-ups, read-back) the
+// bench makes at once for many streams: enough to create a thousand
+// streams in seconds, few enough not to queue the controller's requests
+// behind each other.
+const streamWorkers = 16
+
+// MaxStreams bounds --streams: the bench keeps every stream's state and
+// confirms in memory, and names carry up to six digits.
+const MaxStreams = 100_000
+
+// StreamNames derives the names of n streams from base: base itself for
+// one stream (the bench's single-stream runs keep their stream's name),
+// else base-0000, base-0001, ... with at least four digits, zero padded so
+// the names sort in creation order.
+func StreamNames(base string, n int) []string {
+	if n <= 1 {
+		return []string{base}
+	}
+	width := max(4, len(strconv.Itoa(n-1)))
+	out := make([]string, n)
+	for i := range n {
+		out[i] = fmt.Sprintf("%s-%0*d", base, width, i)
+	}
+	return out
+}
+
+// StreamFor is the stream (an index into StreamNames) that record id goes
+// to: round-robin over the ids, which start at 1, so any run of n
+// consecutive records has one per stream and the window is spread evenly
+// without a random source to seed.
+func StreamFor(id uint64, n int) int {
+	if n <= 1 {
+		return 0
+	}
+	return int((id - 1) % uint64(n))
+}
+
+// MostStreamsOwner picks the broker that owns the most streams in owners
+// (stream → owner node; an empty owner is skipped) and returns it with the
+// streams it owns, sorted. A tie goes to the lowest node id, so the choice
+// is the same for the same assignments.
+func MostStreamsOwner(owners map[string]string) (node string, streams []string) {
+	count := map[string]int{}
+	for _, o := range owners {
+		if o != "" {
+			count[o]++
+		}
+	}
+	for n, c := range count {
+		if node == "" || c > count[node] || (c == count[node] && n < node) {
+			node = n
+		}
+	}
+	if node == "" {
+		return "", nil
+	}
+	for s, o := range owners {
+		if o == node {
+			streams = append(streams, s)
+		}
+	}
+	slices.Sort(streams)
+	return node, streams
+}
+
+// ServedAgain is, for each stream in epochs (stream index → its epoch when
+// the owner was killed), the time from the kill to the first confirm that
+// proves the stream served again: a confirm received after the kill that
+// names a later epoch (a new owner took the stream over) or answers a
+// publish sent after the kill. A stream with no such confirm is absent.
+//
+// A publish sent before the kill and confirmed after it at the old epoch
+// does not count: the killed owner may have answered it just before the
+// signal, so it proves nothing about serving again.
+func ServedAgain(confirms []Confirm, killAt time.Duration, epochs map[int]uint64) map[int]time.Duration {
+	out := make(map[int]time.Duration, len(epochs))
+	for _, c := range confirms {
+		epoch, ok := epochs[int(c.Stream)]
+		if !ok || c.Done < killAt || (c.Epoch <= epoch && c.Sent < killAt) {
+			continue
+		}
+		d := c.Done - killAt
+		if best, seen := out[int(c.Stream)]; !seen || d < best {
+			out[int(c.Stream)] = d
+		}
+	}
+	return out
+}
+
+// Serving summarises ServedAgain over the want streams that failed over:
+// all is the time until the last of them served again and p50 the median
+// of their times (nearest rank); missing counts those that did not serve
+// again. A stream that did not serve again counts as later than any, so
+// all is not ok when one is missing, and p50 is not ok when the median
+// falls on one.
+type Serving struct {
+	All, P50     time.Duration
+	AllOK, P50OK bool
+	Missing      int
+}
+
+// SummarizeServing computes Serving for the streams want.
+func SummarizeServing(served map[int]time.Duration, want []int) Serving {
+	var s Serving
+	if len(want) == 0 {
+		return s
+	}
+	// A stream that did not serve again sorts after every time.
+	const never = time.Duration(math.MaxInt64)
+	times := make([]time.Duration, 0, len(want))
+	for _, w := range want {
+		d, ok := served[w]
+		if !ok {
+			d = never
+			s.Missing++
+		}
+		times = append(times, d)
+	}
+	slices.Sort(times)
+	if last := times[len(times)-1]; last != never {
+		s.All, s.AllOK = last, true
+	}
+	if p50 := Percentile(times, 50); p50 != never {
+		s.P50, s.P50OK = p50, true
+	}
+	return s
+}
+
+// forEach calls fn for i in [0, n) on at most workers goroutines. The
+// first error ends the loop: the calls running see ctx cancelled, the ones
+// not started are skipped, and forEach returns that error once the running
+// calls ended.
+func forEach(ctx context.Context, n, workers int, fn func(ctx context.Context, i int) error) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var (
+		once  sync.Once
+		first error
+	)
+	next := make(chan int)
+	var wg sync.WaitGroup
+	for range min(workers, n) {
+		wg.Go(func() {
+			for i := range next {
+				if err := fn(ctx, i); err != nil {
+					once.Do(func() {
+						first = err
+						cancel()
+					})
+				}
+			}
+		})
+	}
+	fed := 0
+feed:
+	for ; fed < n && ctx.Err() == nil; fed++ {
+		select {
+		case next <- fed:
+		case <-ctx.Done():
+			break feed
+		}
+	}
+	close(next)
+	wg.Wait()
+	if first == nil && fed < n {
+		// The caller's ctx ended the loop before every call ran.
+		first = ctx.Err()
+	}
+	return first
+}
