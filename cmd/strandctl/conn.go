@@ -10,7 +10,6 @@ import (
 
 	"github.com/strandhq/strand/api/strand/v1/strandv1connect"
 	"github.com/strandhq/strand/client"
-	"github.com/strandhq/strand/cmd/strandctl/internal/devcluster"
 )
 
 // endpoints says where the cluster is: --controller/--broker (or their
@@ -24,14 +23,14 @@ func (e *env) endpoints() (controller string, brokers []string, err error) {
 		}
 		return e.g.controller, brokers, nil
 	}
-	info, err := devcluster.ReadInfo(e.g.dataDir)
-	if errors.Is(err, devcluster.ErrNoCluster) {
+	cfg, err := client.DevClusterConfig(e.g.dataDir)
+	if errors.Is(err, client.ErrNoDevCluster) {
 		return "", nil, fmt.Errorf("no cluster to talk to: pass --controller/--broker, set STRAND_CONTROLLER/STRAND_BROKER, or run `strandctl dev` (%w)", err)
 	}
 	if err != nil {
 		return "", nil, err
 	}
-	return info.Controller, info.BrokerAddresses(), nil
+	return cfg.Controller, cfg.Brokers, nil
 }
 
 // client builds a client for the cluster.
