@@ -168,7 +168,7 @@ type pendingPublish struct {
 // producer orders one stream's idempotent publishes: sequences are assigned
 // when a batch is formed and only one batch is in flight, so the broker sees
 // each producer's sequences in order and a retried batch carries the same
-// sequences as the first attempt (issue 7).
+// sequences as the first attempt.
 type producer struct {
 	c      *Client
 	stream string

@@ -44,7 +44,7 @@ func validStream(name string) error {
 // Publish appends records and answers once the stream's confirm policy
 // holds for all of them.
 //
-// Idempotent publish (issue 7; storage doc.go, "Idempotent publish"): a
+// Idempotent publish (storage doc.go, "Idempotent publish"): a
 // record with a producer_id and a sequence (1, 2, 3, … per producer and
 // stream; 0 means none) is stored once. Each copy keeps, per producer, the
 // offsets of its last records (the dedupe window: its last 256 batches, at
