@@ -2,6 +2,7 @@ package api
 
 import (
 	"context"
+	"errors"
 	"fmt"
 
 	"connectrpc.com/connect"
@@ -140,6 +141,11 @@ func (s *StreamService) Read(ctx context.Context, req *connect.Request[strandv1.
 		res, err = s.m.ReadEarliest(msg.GetStream(), n, b)
 	} else {
 		res, err = s.m.Read(msg.GetStream(), msg.GetFromOffset(), n, b)
+		if errors.Is(err, storage.ErrOutOfRange) {
+			// Below the retained head or past the record tail: the
+			// request's offset, named as its field.
+			return nil, rpcerr.BadField(connect.CodeOutOfRange, "from_offset", "%v", err)
+		}
 	}
 	if err != nil {
 		return nil, toConnect(err)
@@ -185,6 +191,9 @@ func (s *StreamService) Subscribe(ctx context.Context, req *connect.Request[stra
 	}
 	n, b := s.readLimits(msg.GetMaxBatch(), 0)
 	sub, err := s.m.Subscribe(msg.GetStream(), from)
+	if errors.Is(err, storage.ErrOutOfRange) && msg.GetStart() == strandv1.StartPosition_START_POSITION_OFFSET {
+		return rpcerr.BadField(connect.CodeOutOfRange, "offset", "%v", err)
+	}
 	if err != nil {
 		return toConnect(err)
 	}
