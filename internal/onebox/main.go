@@ -12,14 +12,15 @@ import (
 // and examples run, and stops it after them: an Example function has no
 // *testing.T to start one with, and reads where the cluster is from the
 // environment, as a program would. setup gets the running cluster (to
-// export its addresses, say) and may fail the start by returning an error.
-// Main returns the exit code for TestMain to pass to os.Exit.
-func Main(m *testing.M, opts Options, setup func(*Cluster) error) int {
+// export its addresses, say) and a testing.TB to wait with (Eventually):
+// its Fatalf, or an error setup returns, fails the start, and the binary
+// runs nothing. Main returns the exit code for TestMain to pass to os.Exit.
+func Main(m *testing.M, opts Options, setup func(testing.TB, *Cluster) error) int {
 	t := &mainT{}
 	defer t.cleanup()
 	if err := t.run(func() {
 		c := Start(t, opts)
-		if err := setup(c); err != nil {
+		if err := setup(t, c); err != nil {
 			t.Fatalf("onebox: %v", err)
 		}
 	}); err != nil {
@@ -78,6 +79,7 @@ func (t *mainT) Logf(f string, a ...any) { fmt.Fprintf(os.Stderr, f+"\n", a...) 
 func (t *mainT) Fatalf(f string, a ...any) {
 	panic(errFatal{fmt.Sprintf(f, a...)})
 }
+func (t *mainT) Fatal(a ...any) { panic(errFatal{fmt.Sprint(a...)}) }
 
 func (t *mainT) TempDir() string {
 	d, err := os.MkdirTemp("", "onebox-")
