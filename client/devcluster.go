@@ -32,12 +32,14 @@ type devClusterEndpoints struct {
 }
 
 // DevClusterConfig returns a Config for the dev cluster whose data dir is
-// dir (DefaultDevClusterDir when empty): its controller and brokers, as
-// DIR/cluster.json records them. An error wraps ErrNoDevCluster when the
-// file does not exist.
+// dir: its controller and brokers, as DIR/cluster.json records them. An
+// empty dir means the DefaultDevClusterDir of the working directory or of
+// the nearest parent that has one, so a program run anywhere in a checkout
+// (examples/, say) finds the cluster `make run` started at its root. An
+// error wraps ErrNoDevCluster when the file does not exist.
 func DevClusterConfig(dir string) (Config, error) {
 	if dir == "" {
-		dir = DefaultDevClusterDir
+		dir = findDevClusterDir()
 	}
 	path := filepath.Join(dir, DevClusterFile)
 	raw, err := os.ReadFile(path)
@@ -61,4 +63,23 @@ func DevClusterConfig(dir string) (Config, error) {
 		return Config{}, fmt.Errorf("client: dev cluster: %s names no controller and no broker", path)
 	}
 	return cfg, nil
+}
+
+// findDevClusterDir returns the DefaultDevClusterDir, holding a
+// DevClusterFile, of the working directory or its nearest parent; the
+// working directory's when none has one (its absence is then the error).
+func findDevClusterDir() string {
+	wd, err := os.Getwd()
+	if err != nil {
+		return DefaultDevClusterDir
+	}
+	// Bounded by the path's depth: Dir of the root is the root.
+	for d := wd; ; d = filepath.Dir(d) {
+		if _, err := os.Stat(filepath.Join(d, DefaultDevClusterDir, DevClusterFile)); err == nil {
+			return filepath.Join(d, DefaultDevClusterDir)
+		}
+		if filepath.Dir(d) == d {
+			return DefaultDevClusterDir
+		}
+	}
 }
