@@ -2,6 +2,7 @@ package onebox
 
 import (
 	"errors"
+	"flag"
 	"fmt"
 	"os"
 	"slices"
@@ -16,6 +17,13 @@ import (
 // its Fatalf, or an error setup returns, fails the start, and the binary
 // runs nothing. Main returns the exit code for TestMain to pass to os.Exit.
 func Main(m *testing.M, opts Options, setup func(testing.TB, *Cluster) error) int {
+	// A run that selects no test or example (make test compiles every
+	// test binary in parallel with -run '^$' first) needs no cluster, and
+	// starting one there would only load the machine.
+	flag.Parse()
+	if f := flag.Lookup("test.run"); f != nil && f.Value.String() == "^$" {
+		return m.Run()
+	}
 	t := &mainT{}
 	defer t.cleanup()
 	if err := t.run(func() {
