@@ -2,7 +2,6 @@ package api
 
 import (
 	"errors"
-	"fmt"
 	"strings"
 	"testing"
 
@@ -51,35 +50,14 @@ var edgeSentinels = map[string]map[string]error{
 // Every sentinel that can reach the edge has its own row, so none falls
 // through to Internal ("internal error") by omission.
 func TestCodesCoverEverySentinel(t *testing.T) {
-	for dir, listed := range edgeSentinels {
-		names, err := sentinels.Exported(dir)
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, name := range names {
-			if _, ok := listed[name]; !ok {
-				t.Errorf("%s.%s is not in edgeSentinels: list it and give it a row in codes", dir, name)
+	sentinels.CheckTable(t, edgeSentinels, func(sentinel error) (connect.Code, bool) {
+		for _, c := range codes {
+			if c.err == sentinel {
+				return c.code, true
 			}
 		}
-		for name, sentinel := range listed {
-			row := -1
-			for i, c := range codes {
-				if c.err == sentinel {
-					row = i
-				}
-			}
-			if row < 0 {
-				t.Errorf("%s.%s has no row in codes", dir, name)
-				continue
-			}
-			// Wrapped as the packages return them: the sentinel's own row
-			// answers, not an earlier one it happens to wrap.
-			got := toConnect(fmt.Errorf("%w: stream %q", sentinel, "s"))
-			if want := codes[row].code; connect.CodeOf(got) != want {
-				t.Errorf("toConnect(%s.%s) = %v, want %v", dir, name, got, want)
-			}
-		}
-	}
+		return 0, false
+	}, toConnect)
 }
 
 // A sequence error names the record's field in the message and in a typed

@@ -1,7 +1,6 @@
 package admin
 
 import (
-	"fmt"
 	"testing"
 
 	"connectrpc.com/connect"
@@ -49,31 +48,12 @@ var edgeSentinels = map[string]map[string]error{
 // answered as "coordination store unavailable" (a retry) by omission.
 func TestCodesCoverEverySentinel(t *testing.T) {
 	s := &Service{log: zerolog.Nop()}
-	for dir, listed := range edgeSentinels {
-		names, err := sentinels.Exported(dir)
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, name := range names {
-			if _, ok := listed[name]; !ok {
-				t.Errorf("%s.%s is not in edgeSentinels: list it and give it a row in codes", dir, name)
+	sentinels.CheckTable(t, edgeSentinels, func(sentinel error) (connect.Code, bool) {
+		for _, c := range codes {
+			if c.err == sentinel {
+				return c.code, true
 			}
 		}
-		for name, sentinel := range listed {
-			row := -1
-			for i, c := range codes {
-				if c.err == sentinel {
-					row = i
-				}
-			}
-			if row < 0 {
-				t.Errorf("%s.%s has no row in codes", dir, name)
-				continue
-			}
-			got := s.toConnect(fmt.Errorf("%w: %q", sentinel, "s"))
-			if want := codes[row].code; connect.CodeOf(got) != want {
-				t.Errorf("toConnect(%s.%s) = %v, want %v", dir, name, got, want)
-			}
-		}
-	}
+		return 0, false
+	}, s.toConnect)
 }
