@@ -83,6 +83,7 @@ check-generate: generate ## Fail if generated code is out of date.
 .PHONY: lint
 lint: ## go vet, buf lint, buf format, gofmt, and golangci-lint when installed.
 	$(GO) vet ./...
+	cd examples && $(GO) vet ./...
 	$(GO) tool buf lint
 	$(GO) tool buf format -d --exit-code
 	@test -z "$$(gofmt -l $$(git ls-files '*.go' | grep -v '^api/'))" || { gofmt -l $$(git ls-files '*.go' | grep -v '^api/'); exit 1; }

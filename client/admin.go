@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
 	"sync"
 	"syscall"
 
@@ -13,12 +12,9 @@ import (
 
 	strandv1 "github.com/strandhq/strand/api/strand/v1"
 	"github.com/strandhq/strand/api/strand/v1/strandv1connect"
+	"github.com/strandhq/strand/internal/rpcerr"
 	"github.com/strandhq/strand/internal/rpcserver"
 )
-
-// leaderIsAt is how a controller that is not the leader names the leader
-// (docs/api.md, "Controller leadership"); the message is the contract.
-const leaderIsAt = "leader is at "
 
 // maxLeaderRedirects bounds redirects between controllers within one call.
 const maxLeaderRedirects = 3
@@ -27,9 +23,10 @@ const maxLeaderRedirects = 3
 var ErrNoController = errors.New("client: no controller address (set Config.Controller)")
 
 // Admin returns the AdminService client. It sends to the controller leader:
-// a controller that answers "not the controller leader; leader is at X" is
-// retried at X, and Unavailable or a connection error is retried with backoff
-// within the call's deadline (or the retry budget).
+// a controller that does not lead answers Unavailable with a LeaderHint
+// (docs/errors.md), and the call is sent again at the hinted address; any
+// other Unavailable or a connection error is retried with backoff within the
+// call's deadline (or the retry budget).
 //
 // A retried CreateStream or DeleteStream reports what the call did, not
 // what its last attempt was told: when an earlier attempt may have been
@@ -73,18 +70,6 @@ func (a *adminClient) setLeader(addr string) {
 	a.leader = addr
 }
 
-// LeaderHint returns the leader address a non-leader controller named in
-// err, if it did.
-func LeaderHint(err error) (string, bool) {
-	var cerr *connect.Error
-	if !errors.As(err, &cerr) || cerr.Code() != connect.CodeUnavailable {
-		return "", false
-	}
-	_, addr, ok := strings.Cut(cerr.Message(), leaderIsAt)
-	addr = strings.TrimSpace(addr)
-	return addr, ok && addr != ""
-}
-
 // adminCall sends one AdminService call to the leader with redirects and
 // retries. Each attempt gets a fresh request carrying the caller's headers.
 func adminCall[Req, Res any](ctx context.Context, a *adminClient, name string, req *connect.Request[Req],
@@ -123,9 +108,9 @@ func adminRetry[Req, Res any](ctx context.Context, a *adminClient, name string, 
 		if ctx.Err() != nil {
 			return nil, earlierMayHaveApplied, fmt.Errorf("client: admin %s: %w after %d attempts; last error: %w", name, ctx.Err(), attempts, err)
 		}
-		if leader, ok := LeaderHint(err); ok && leader != addr && redirects < maxLeaderRedirects {
+		if hint, ok := rpcerr.LeaderHint(err); ok && hint.GetAddress() != addr && redirects < maxLeaderRedirects {
 			redirects++
-			a.setLeader(leader)
+			a.setLeader(hint.GetAddress())
 			continue
 		}
 		if !retryable(ctx, err) || connect.CodeOf(err) == connect.CodeFailedPrecondition {
@@ -168,7 +153,7 @@ func describe[T any](ctx context.Context, a *adminClient, req *connect.Request[T
 // connection lost mid-response) may have come after the controller's
 // transaction committed.
 func mayHaveApplied(err error) bool {
-	if _, ok := LeaderHint(err); ok {
+	if _, ok := rpcerr.LeaderHint(err); ok {
 		// A controller that does not lead refuses before it reads or
 		// writes anything (docs/api.md, "Controller leadership").
 		return false
@@ -297,10 +282,11 @@ func gone(err error, req *strandv1.DeleteStreamRequest) bool {
 	case connect.CodeNotFound:
 		return true
 	case connect.CodeFailedPrecondition:
-		// Only the refusal of another incarnation, which names the field
-		// (a FailedPrecondition for anything else leaves the stream there).
-		var cerr *connect.Error
-		return req.GetIncarnation() != "" && errors.As(err, &cerr) && strings.HasPrefix(cerr.Message(), "incarnation: ")
+		// Only the refusal of another incarnation, its typed violation
+		// naming the field (a FailedPrecondition for anything else leaves
+		// the stream there).
+		v, ok := rpcerr.Precondition(err, rpcerr.PreconditionIncarnation)
+		return req.GetIncarnation() != "" && ok && v.GetSubject() == "incarnation"
 	}
 	return false
 }

@@ -18,6 +18,7 @@ import (
 
 	strandv1 "github.com/strandhq/strand/api/strand/v1"
 	"github.com/strandhq/strand/api/strand/v1/strandv1connect"
+	"github.com/strandhq/strand/internal/rpcerr"
 )
 
 // loss is how a fakeAdmin fails an attempt.
@@ -105,7 +106,7 @@ func (f *fakeAdmin) DeleteStream(ctx context.Context, req *connect.Request[stran
 			return nil, connect.NewError(connect.CodeNotFound, fmt.Errorf("no such stream: %q", name))
 		}
 		if want := req.Msg.GetIncarnation(); want != "" && f.incarnations[name] != want {
-			return nil, connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf("incarnation: stream %q is incarnation %q, not %q", name, f.incarnations[name], want))
+			return nil, rpcerr.FieldPrecondition("incarnation", rpcerr.PreconditionIncarnation, "stream %q is incarnation %q, not %q", name, f.incarnations[name], want)
 		}
 		delete(f.specs, name)
 		delete(f.incarnations, name)
@@ -116,7 +117,7 @@ func (f *fakeAdmin) DeleteStream(ctx context.Context, req *connect.Request[stran
 func (f *fakeAdmin) GetStream(_ context.Context, req *connect.Request[strandv1.GetStreamRequest]) (*connect.Response[strandv1.GetStreamResponse], error) {
 	if f.how == redirectedToLeader && f.lose.Add(-1) >= 0 {
 		// A controller that does not lead refuses every call.
-		return nil, connect.NewError(connect.CodeUnavailable, fmt.Errorf("not the controller leader; leader is at %s", f.leader))
+		return nil, rpcerr.NotLeader(f.leader)
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -133,7 +134,7 @@ func (f *fakeAdmin) GetStream(_ context.Context, req *connect.Request[strandv1.G
 func lossy[Res any](ctx context.Context, f *fakeAdmin, apply func() (*Res, error)) (*connect.Response[Res], error) {
 	lost := f.lose.Add(-1) >= 0
 	if lost && f.how == redirectedToLeader {
-		return nil, connect.NewError(connect.CodeUnavailable, fmt.Errorf("not the controller leader; leader is at %s", f.leader))
+		return nil, rpcerr.NotLeader(f.leader)
 	}
 	f.mu.Lock()
 	res, err := apply()
@@ -440,11 +441,13 @@ func TestMayHaveApplied(t *testing.T) {
 		err  error
 		want bool
 	}{
-		{"leader redirect", connect.NewError(connect.CodeUnavailable, errors.New("not the controller leader; leader is at 127.0.0.1:1")), false},
+		{"leader redirect", rpcerr.NotLeader("127.0.0.1:1"), false},
+		// The message alone is no hint: it may have come from anything.
+		{"leader named in the message only", connect.NewError(connect.CodeUnavailable, errors.New("not the controller leader; leader is at 127.0.0.1:1")), true},
 		{"connection refused", connect.NewError(connect.CodeUnavailable, fmt.Errorf("dial: %w", syscall.ECONNREFUSED)), false},
 		{"conflict", connect.NewError(connect.CodeAborted, errors.New("conflict")), false},
 		{"unavailable", connect.NewError(connect.CodeUnavailable, errors.New("coordination store unavailable")), true},
-		{"no leader elected", connect.NewError(connect.CodeUnavailable, errors.New("not the controller leader; no leader is elected yet")), true},
+		{"no leader elected", rpcerr.NotLeader(""), true},
 		{"attempt timeout", connect.NewError(connect.CodeDeadlineExceeded, context.DeadlineExceeded), true},
 		{"canceled", connect.NewError(connect.CodeCanceled, context.Canceled), true},
 		{"cut mid-response", connect.NewError(connect.CodeUnknown, io.ErrUnexpectedEOF), true},
@@ -452,5 +455,30 @@ func TestMayHaveApplied(t *testing.T) {
 		if got := mayHaveApplied(tc.err); got != tc.want {
 			t.Errorf("%s: mayHaveApplied = %v, want %v", tc.name, got, tc.want)
 		}
+	}
+}
+
+// A delete's FailedPrecondition counts as the stream gone only with the
+// controller's typed incarnation violation: the message alone, or a
+// violation of another kind, leaves the stream there.
+func TestGoneReadsTheTypedIncarnationViolation(t *testing.T) {
+	req := &strandv1.DeleteStreamRequest{Name: "s", Incarnation: "inc-1"}
+	for _, tc := range []struct {
+		name string
+		err  error
+		want bool
+	}{
+		{"not found", connect.NewError(connect.CodeNotFound, errors.New("no such stream")), true},
+		{"incarnation violation", rpcerr.FieldPrecondition("incarnation", rpcerr.PreconditionIncarnation, "stream %q is incarnation %q", "s", "inc-2"), true},
+		{"incarnation in the message only", connect.NewError(connect.CodeFailedPrecondition, errors.New(`incarnation: stream "s" is incarnation "inc-2"`)), false},
+		{"placement violation", rpcerr.FieldPrecondition("copies", rpcerr.PreconditionPlacement, "3 copies need 3 live brokers"), false},
+		{"pending recovery", connect.NewError(connect.CodeFailedPrecondition, errors.New("transition: a recovery is already pending")), false},
+	} {
+		if got := gone(tc.err, req); got != tc.want {
+			t.Errorf("%s: gone = %v, want %v", tc.name, got, tc.want)
+		}
+	}
+	if gone(rpcerr.FieldPrecondition("incarnation", rpcerr.PreconditionIncarnation, "x"), &strandv1.DeleteStreamRequest{Name: "s"}) {
+		t.Error("gone for a request without an incarnation, want false")
 	}
 }

@@ -48,7 +48,8 @@ type Config struct {
 	// Brokers are broker addresses to locate owners with; owners and hints
 	// learned later are added to them.
 	Brokers []string
-	// HTTPClient defaults to rpcserver.HTTPClient (h2c).
+	// HTTPClient defaults to a client that speaks HTTP/2 without TLS
+	// (h2c), as Strand's services serve.
 	HTTPClient *http.Client
 	// Options are passed to every Connect client.
 	Options []connect.ClientOption

@@ -745,7 +745,7 @@ func TestAdminFollowsControllerLeader(t *testing.T) {
 	}}
 	leaderAddr := startController(t, leader)
 	follower := &fakeController{listBrokers: func() (*strandv1.ListBrokersResponse, error) {
-		return nil, connect.NewError(connect.CodeUnavailable, fmt.Errorf("not the controller leader; leader is at %s", leaderAddr))
+		return nil, rpcerr.NotLeader(leaderAddr)
 	}}
 	followerAddr := startController(t, follower)
 	c := newTestClient(t, Config{Controller: followerAddr})
@@ -794,20 +794,29 @@ func TestBackoffBounds(t *testing.T) {
 	}
 }
 
+// The leader is read from the typed hint only: a message that names an
+// address without the detail is no hint, and a hint on any code but
+// Unavailable is none either.
 func TestLeaderHint(t *testing.T) {
+	onPrecondition := connect.NewError(connect.CodeFailedPrecondition, errors.New("x"))
+	if d, err := connect.NewErrorDetail(&strandv1.LeaderHint{Address: "x:1"}); err == nil {
+		onPrecondition.AddDetail(d)
+	}
 	for _, c := range []struct {
 		err  error
 		want string
 		ok   bool
 	}{
-		{connect.NewError(connect.CodeUnavailable, errors.New("not the controller leader; leader is at 10.0.0.1:7102")), "10.0.0.1:7102", true},
-		{connect.NewError(connect.CodeUnavailable, errors.New("not the controller leader; leader is at ")), "", false},
-		{connect.NewError(connect.CodeFailedPrecondition, errors.New("leader is at x:1")), "", false},
+		{rpcerr.NotLeader("10.0.0.1:7102"), "10.0.0.1:7102", true},
+		{fmt.Errorf("client: admin GetStream: %w", rpcerr.NotLeader("10.0.0.1:7102")), "10.0.0.1:7102", true},
+		{rpcerr.NotLeader(""), "", false},
+		{connect.NewError(connect.CodeUnavailable, errors.New("not the controller leader; leader is at 10.0.0.1:7102")), "", false},
+		{onPrecondition, "", false},
 		{errors.New("leader is at x:1"), "", false},
 	} {
 		got, ok := LeaderHint(c.err)
-		if got != c.want || ok != c.ok {
-			t.Errorf("LeaderHint(%v) = %q, %v; want %q, %v", c.err, got, ok, c.want, c.ok)
+		if got.GetAddress() != c.want || ok != c.ok {
+			t.Errorf("LeaderHint(%v) = %q, %v; want %q, %v", c.err, got.GetAddress(), ok, c.want, c.ok)
 		}
 	}
 }

@@ -1,5 +1,19 @@
 // Package client is the Go client for Strand.
 //
+// Other modules import it as github.com/strandhq/strand/client, with the
+// generated API in github.com/strandhq/strand/api/strand/v1 (package
+// strandv1): records published are strandv1.Record, records read or
+// received are strandv1.StoredRecord, and the requests and responses are the
+// generated messages too, so a record needs no conversion on its way in or
+// out. Admin returns the generated strandv1connect.AdminServiceClient. The
+// runnable examples below, and the module in examples/ of the repository,
+// show a program from connecting to reading back.
+//
+// Where the cluster is: Config.Controller and Config.Brokers, which a
+// program usually takes from flags or from STRAND_CONTROLLER and
+// STRAND_BROKER; DevClusterConfig reads them from the cluster.json of a dev
+// cluster (strandctl dev, make run).
+//
 // A Client finds the owner of a stream with StreamService.Locate on any broker
 // it knows, caches it per stream and sends publishes, reads and cursor
 // commits there. It rides through owner changes (docs/api.md, "Redirects
@@ -36,4 +50,11 @@
 //
 // Subscriptions resume after an error at the next offset not yet delivered and
 // drop anything below it, so a caller sees each offset once, in order.
+//
+// Errors keep the cluster's answer: connect.CodeOf(err) is its Connect
+// code, errors.As with a *connect.Error finds it, and OwnerHint, LeaderHint
+// and FieldViolations read its typed details; an error after the retries
+// ran out also matches context.DeadlineExceeded. No error's message needs
+// to be read. docs/errors.md in the repository lists, per RPC, each code,
+// when it comes, what it carries and what to do about it.
 package client

@@ -2,7 +2,6 @@ package client
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"sync"
 	"time"
@@ -11,6 +10,7 @@ import (
 
 	strandv1 "github.com/strandhq/strand/api/strand/v1"
 	"github.com/strandhq/strand/api/strand/v1/strandv1connect"
+	"github.com/strandhq/strand/internal/rpcerr"
 )
 
 // Publish appends records to stream and returns once the stream's confirm
@@ -57,7 +57,7 @@ func (c *Client) Publish(ctx context.Context, stream string, records []*strandv1
 const maxHeaderKey = 256
 
 func errEmptyBatch() error {
-	return connect.NewError(connect.CodeInvalidArgument, errors.New("records: empty batch"))
+	return rpcerr.InvalidArgument("records", "empty batch")
 }
 
 // PublishAsync queues records for stream and returns; done is called
@@ -99,7 +99,7 @@ func (c *Client) PublishAsync(ctx context.Context, stream string, records []*str
 	for i, r := range records {
 		for k := range r.GetHeaders() {
 			if k == "" || len(k) > maxHeaderKey {
-				done(nil, connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("records[%d].headers: header keys must be 1..%d bytes", i, maxHeaderKey)))
+				done(nil, rpcerr.InvalidArgument(fmt.Sprintf("records[%d].headers", i), "header keys must be 1..%d bytes", maxHeaderKey))
 				return
 			}
 		}

@@ -10,7 +10,6 @@ import (
 
 	"github.com/strandhq/strand/api/strand/v1/strandv1connect"
 	"github.com/strandhq/strand/client"
-	"github.com/strandhq/strand/cmd/strandctl/internal/devcluster"
 )
 
 // endpoints says where the cluster is: --controller/--broker (or their
@@ -19,14 +18,14 @@ func (e *env) endpoints() (controller string, brokers []string, err error) {
 	if e.g.controller != "" || e.g.broker != "" {
 		return e.g.controller, splitList(e.g.broker), nil
 	}
-	info, err := devcluster.ReadInfo(e.g.dataDir)
-	if errors.Is(err, devcluster.ErrNoCluster) {
+	cfg, err := client.DevClusterConfig(e.g.dataDir)
+	if errors.Is(err, client.ErrNoDevCluster) {
 		return "", nil, fmt.Errorf("no cluster to talk to: pass --controller/--broker, set STRAND_CONTROLLER/STRAND_BROKER, or run `strandctl dev` (%w)", err)
 	}
 	if err != nil {
 		return "", nil, err
 	}
-	return info.Controller, info.BrokerAddresses(), nil
+	return cfg.Controller, cfg.Brokers, nil
 }
 
 // splitList splits a comma-separated flag into its non-empty items.

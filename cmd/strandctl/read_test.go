@@ -115,7 +115,7 @@ func TestReadFromEarliestAfterRetention(t *testing.T) {
 	// head reads the same records as earliest.
 	for _, from := range []string{"0", strconv.Itoa(head - 1)} {
 		code, out, errb := inProcess(t, c, "read", stream, "--from", from, "--json")
-		if code != 1 || out != "" || !strings.Contains(errb, "out_of_range") || !strings.Contains(errb, "from_offset "+from+" ") {
+		if code != 1 || out != "" || !strings.Contains(errb, "out_of_range") || !strings.Contains(errb, "from_offset: ") || !strings.Contains(errb, " "+from+" is below the retained head") {
 			t.Fatalf("read --from %s below the head %d: exit %d, stdout %q, stderr %q; want exit 1, no records, out_of_range naming from_offset %s", from, head, code, out, errb, from)
 		}
 	}

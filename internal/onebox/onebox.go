@@ -73,7 +73,7 @@ type Options struct {
 
 // Cluster is a running in-process cluster.
 type Cluster struct {
-	t      *testing.T
+	t      testing.TB
 	Etcd   *etcdtest.Server
 	Cli    *clientv3.Client
 	Schema cluster.Schema
@@ -97,7 +97,7 @@ type Cluster struct {
 // Start runs etcd and the services opts asks for and stops them all at the
 // end of the test. Brokers start first, so a controller's first look at the
 // cluster sees them live.
-func Start(t *testing.T, opts Options) *Cluster {
+func Start(t testing.TB, opts Options) *Cluster {
 	t.Helper()
 	if opts.DefaultPolicy == (cluster.Policy{}) {
 		opts.DefaultPolicy = cluster.DefaultPolicy

@@ -1042,9 +1042,58 @@ func (x *OwnerHint) GetEpoch() uint64 {
 	return 0
 }
 
-// ConfirmPolicy is the policy stamped on an assignment; W, the copies that
-// must hold a record before it is confirmed, follows from it and the copy
-// count E by one rule (docs/protocol.md, "One rule for W").
+// LeaderHint travels in the Unavailable error details of an AdminService
+// call answered by a controller that does not lead, so a client can
+// redirect to the leader. A controller that knows of no leader (none is
+// elected yet) sends none.
+type LeaderHint struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// address is the leader's advertise address, its value in the
+	// controller election.
+	Address       string `protobuf:"bytes,1,opt,name=address,proto3" json:"address,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *LeaderHint) Reset() {
+	*x = LeaderHint{}
+	mi := &file_strand_v1_stream_proto_msgTypes[15]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LeaderHint) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LeaderHint) ProtoMessage() {}
+
+func (x *LeaderHint) ProtoReflect() protoreflect.Message {
+	mi := &file_strand_v1_stream_proto_msgTypes[15]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LeaderHint.ProtoReflect.Descriptor instead.
+func (*LeaderHint) Descriptor() ([]byte, []int) {
+	return file_strand_v1_stream_proto_rawDescGZIP(), []int{15}
+}
+
+func (x *LeaderHint) GetAddress() string {
+	if x != nil {
+		return x.Address
+	}
+	return ""
+}
+
+// ConfirmPolicy is the policy stamped on an assignment (docs/protocol.md,
+// "One rule for W").
 type ConfirmPolicy struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// name is local_durable, majority_durable, replica_durable or replica_accepted.
@@ -1057,7 +1106,7 @@ type ConfirmPolicy struct {
 
 func (x *ConfirmPolicy) Reset() {
 	*x = ConfirmPolicy{}
-	mi := &file_strand_v1_stream_proto_msgTypes[15]
+	mi := &file_strand_v1_stream_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1069,7 +1118,7 @@ func (x *ConfirmPolicy) String() string {
 func (*ConfirmPolicy) ProtoMessage() {}
 
 func (x *ConfirmPolicy) ProtoReflect() protoreflect.Message {
-	mi := &file_strand_v1_stream_proto_msgTypes[15]
+	mi := &file_strand_v1_stream_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1082,7 +1131,7 @@ func (x *ConfirmPolicy) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ConfirmPolicy.ProtoReflect.Descriptor instead.
 func (*ConfirmPolicy) Descriptor() ([]byte, []int) {
-	return file_strand_v1_stream_proto_rawDescGZIP(), []int{15}
+	return file_strand_v1_stream_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *ConfirmPolicy) GetName() string {
@@ -1179,7 +1228,10 @@ const file_strand_v1_stream_proto_rawDesc = "" +
 	"\x06stream\x18\x01 \x01(\tR\x06stream\x12\x12\n" +
 	"\x04node\x18\x02 \x01(\tR\x04node\x12\x18\n" +
 	"\aaddress\x18\x03 \x01(\tR\aaddress\x12\x14\n" +
-	"\x05epoch\x18\x04 \x01(\x04R\x05epoch\"9\n" +
+	"\x05epoch\x18\x04 \x01(\x04R\x05epoch\"&\n" +
+	"\n" +
+	"LeaderHint\x12\x18\n" +
+	"\aaddress\x18\x01 \x01(\tR\aaddress\"9\n" +
 	"\rConfirmPolicy\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
 	"\x05nodes\x18\x02 \x01(\rR\x05nodes*\x9d\x01\n" +
@@ -1210,7 +1262,7 @@ func file_strand_v1_stream_proto_rawDescGZIP() []byte {
 }
 
 var file_strand_v1_stream_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_strand_v1_stream_proto_msgTypes = make([]protoimpl.MessageInfo, 18)
+var file_strand_v1_stream_proto_msgTypes = make([]protoimpl.MessageInfo, 19)
 var file_strand_v1_stream_proto_goTypes = []any{
 	(StartPosition)(0),            // 0: strand.v1.StartPosition
 	(*Record)(nil),                // 1: strand.v1.Record
@@ -1228,21 +1280,22 @@ var file_strand_v1_stream_proto_goTypes = []any{
 	(*LocateRequest)(nil),         // 13: strand.v1.LocateRequest
 	(*LocateResponse)(nil),        // 14: strand.v1.LocateResponse
 	(*OwnerHint)(nil),             // 15: strand.v1.OwnerHint
-	(*ConfirmPolicy)(nil),         // 16: strand.v1.ConfirmPolicy
-	nil,                           // 17: strand.v1.Record.HeadersEntry
-	nil,                           // 18: strand.v1.StoredRecord.HeadersEntry
-	(*timestamppb.Timestamp)(nil), // 19: google.protobuf.Timestamp
+	(*LeaderHint)(nil),            // 16: strand.v1.LeaderHint
+	(*ConfirmPolicy)(nil),         // 17: strand.v1.ConfirmPolicy
+	nil,                           // 18: strand.v1.Record.HeadersEntry
+	nil,                           // 19: strand.v1.StoredRecord.HeadersEntry
+	(*timestamppb.Timestamp)(nil), // 20: google.protobuf.Timestamp
 }
 var file_strand_v1_stream_proto_depIdxs = []int32{
-	17, // 0: strand.v1.Record.headers:type_name -> strand.v1.Record.HeadersEntry
+	18, // 0: strand.v1.Record.headers:type_name -> strand.v1.Record.HeadersEntry
 	1,  // 1: strand.v1.PublishRequest.records:type_name -> strand.v1.Record
-	18, // 2: strand.v1.StoredRecord.headers:type_name -> strand.v1.StoredRecord.HeadersEntry
-	19, // 3: strand.v1.StoredRecord.publish_time:type_name -> google.protobuf.Timestamp
+	19, // 2: strand.v1.StoredRecord.headers:type_name -> strand.v1.StoredRecord.HeadersEntry
+	20, // 3: strand.v1.StoredRecord.publish_time:type_name -> google.protobuf.Timestamp
 	4,  // 4: strand.v1.ReadResponse.records:type_name -> strand.v1.StoredRecord
 	0,  // 5: strand.v1.SubscribeRequest.start:type_name -> strand.v1.StartPosition
 	4,  // 6: strand.v1.SubscribeResponse.records:type_name -> strand.v1.StoredRecord
 	15, // 7: strand.v1.LocateResponse.owner:type_name -> strand.v1.OwnerHint
-	16, // 8: strand.v1.LocateResponse.policy:type_name -> strand.v1.ConfirmPolicy
+	17, // 8: strand.v1.LocateResponse.policy:type_name -> strand.v1.ConfirmPolicy
 	2,  // 9: strand.v1.StreamService.Publish:input_type -> strand.v1.PublishRequest
 	5,  // 10: strand.v1.StreamService.Read:input_type -> strand.v1.ReadRequest
 	7,  // 11: strand.v1.StreamService.Subscribe:input_type -> strand.v1.SubscribeRequest
@@ -1273,7 +1326,7 @@ func file_strand_v1_stream_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_strand_v1_stream_proto_rawDesc), len(file_strand_v1_stream_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   18,
+			NumMessages:   19,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

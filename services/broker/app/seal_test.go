@@ -58,10 +58,11 @@ func TestSealFencesTheStaleOwner(t *testing.T) {
 	if connect.CodeOf(err) != connect.CodeFailedPrecondition {
 		t.Fatalf("stale fence: %v, want FailedPrecondition", err)
 	}
-	// Unknown stream.
+	// A stream this broker holds no copy of: FailedPrecondition, not
+	// NotFound, which would say the stream does not exist anywhere.
 	_, err = h.replication("b2").Seal(context.Background(), connect.NewRequest(&strandv1.SealRequest{Stream: "nope", FenceEpoch: 2, TransitionId: "t"}))
-	if connect.CodeOf(err) != connect.CodeNotFound {
-		t.Fatalf("unknown stream seal: %v, want NotFound", err)
+	if connect.CodeOf(err) != connect.CodeFailedPrecondition {
+		t.Fatalf("seal of a stream with no copy here: %v, want FailedPrecondition", err)
 	}
 
 	// The recovered assignment at the fence epoch releases the sealed copy

@@ -14,6 +14,7 @@ import (
 	strandv1 "github.com/strandhq/strand/api/strand/v1"
 	"github.com/strandhq/strand/internal/cluster"
 	"github.com/strandhq/strand/internal/clustertest"
+	"github.com/strandhq/strand/internal/rpcerr"
 )
 
 func TestSubscribeAndCursorResume(t *testing.T) {
@@ -181,6 +182,12 @@ func TestStreamServiceBadInput(t *testing.T) {
 		}
 		if !strings.Contains(err.Error(), c.field) {
 			t.Errorf("%s: %q does not name %q", c.name, err.Error(), c.field)
+		}
+		// A refused field travels as a BadRequest detail too, so no
+		// program reads the message (docs/errors.md); NotFound names the
+		// stream in its message only.
+		if fv := rpcerr.FieldViolations(err); c.code != connect.CodeNotFound && (len(fv) != 1 || fv[0].GetField() != c.field) {
+			t.Errorf("%s: field violations %v, want one naming %q", c.name, fv, c.field)
 		}
 	}
 	// Malformed JSON over the Connect protocol: InvalidArgument, no crash.

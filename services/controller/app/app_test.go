@@ -19,6 +19,7 @@ import (
 	"github.com/strandhq/strand/internal/cluster"
 	"github.com/strandhq/strand/internal/clustertest"
 	"github.com/strandhq/strand/internal/etcdtest"
+	"github.com/strandhq/strand/internal/rpcerr"
 	"github.com/strandhq/strand/internal/rpcserver"
 )
 
@@ -420,11 +421,30 @@ func TestBadInputChangesNothing(t *testing.T) {
 			if tc.field != "" && !strings.HasPrefix(errMessage(err), tc.field+": ") {
 				t.Errorf("error %q does not name field %q", errMessage(err), tc.field)
 			}
+			// The field travels as a typed detail too, so no program has
+			// to read the message (docs/errors.md).
+			if got := detailField(err); got != tc.field {
+				t.Errorf("error %v carries field %q in its details, want %q", err, got, tc.field)
+			}
 			if after := h.dump(); !maps.Equal(before, after) {
 				t.Errorf("stored state changed:\nbefore %v\nafter  %v", before, after)
 			}
 		})
 	}
+}
+
+// detailField is the request field err's typed details name: a BadRequest
+// field violation, or the subject of a PreconditionFailure; "" for none.
+func detailField(err error) string {
+	if fv := rpcerr.FieldViolations(err); len(fv) == 1 {
+		return fv[0].GetField()
+	}
+	for _, kind := range []string{rpcerr.PreconditionPlacement, rpcerr.PreconditionIncarnation} {
+		if v, ok := rpcerr.Precondition(err, kind); ok {
+			return v.GetSubject()
+		}
+	}
+	return ""
 }
 
 func errMessage(err error) string {
@@ -447,11 +467,15 @@ func TestLeaderFailover(t *testing.T) {
 	second := h.controller(Config{Name: "c2"})
 	c2 := adminClient(second.Addr())
 
-	// The follower refuses and names the leader.
+	// The follower refuses and names the leader, in its message for
+	// people and in a LeaderHint for programs.
 	_, err := c2.ListStreams(ctxT(t), connect.NewRequest(&strandv1.ListStreamsRequest{}))
 	wantCode(t, err, connect.CodeUnavailable)
 	if want := "not the controller leader; leader is at " + first.Addr(); errMessage(err) != want {
 		t.Fatalf("follower said %q, want %q", errMessage(err), want)
+	}
+	if hint, ok := rpcerr.LeaderHint(err); !ok || hint.GetAddress() != first.Addr() {
+		t.Fatalf("follower's leader hint %v (%v), want address %s", hint, ok, first.Addr())
 	}
 	create(t, c1, "s", 1, nil)
 
@@ -488,7 +512,8 @@ func TestLeaderLosesSession(t *testing.T) {
 	// The first campaigns again and now points at the second.
 	clustertest.Until(t, 15*time.Second, "first names the new leader", func() bool {
 		_, err := adminClient(first.Addr()).ListStreams(ctxT(t), connect.NewRequest(&strandv1.ListStreamsRequest{}))
-		return connect.CodeOf(err) == connect.CodeUnavailable && errMessage(err) == "not the controller leader; leader is at "+second.Addr()
+		hint, ok := rpcerr.LeaderHint(err)
+		return ok && hint.GetAddress() == second.Addr()
 	})
 	if _, err := adminClient(second.Addr()).ListStreams(ctxT(t), connect.NewRequest(&strandv1.ListStreamsRequest{})); err != nil {
 		t.Fatalf("new leader: %v", err)

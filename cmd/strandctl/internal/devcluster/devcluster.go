@@ -27,6 +27,7 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 
+	"github.com/strandhq/strand/client"
 	"github.com/strandhq/strand/internal/cluster"
 	"github.com/strandhq/strand/internal/rpcserver"
 )
@@ -49,7 +50,7 @@ func BrokerNode(i int) string { return "broker-" + strconv.Itoa(i) }
 
 // Defaults for Options fields left zero.
 const (
-	DefaultDir          = ".strand"
+	DefaultDir          = client.DefaultDevClusterDir
 	DefaultBrokers      = 3
 	DefaultPortBase     = 2379 // etcd on its usual 2379 (peer 2380), so `go tool etcdctl` needs no flags
 	DefaultReadyTimeout = 60 * time.Second

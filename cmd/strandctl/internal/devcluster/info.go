@@ -9,13 +9,19 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+
+	"github.com/strandhq/strand/client"
 )
 
 // InfoFile is the name of the file, in the data dir, that records a running
-// dev cluster (docs/operating.md, "strandctl dev").
-const InfoFile = "cluster.json"
+// dev cluster (docs/operating.md, "strandctl dev"). Its endpoints are read
+// by client.DevClusterConfig, for strandctl's commands and for programs
+// alike; this package writes the file and reads its process ids.
+const InfoFile = client.DevClusterFile
 
-// Info is what cluster.json holds: endpoints and process ids.
+// Info is what cluster.json holds: endpoints and process ids. The JSON
+// names of Controller and Brokers' Address are what client.DevClusterConfig
+// reads.
 type Info struct {
 	Etcd          []string     `json:"etcd"`
 	Prefix        string       `json:"prefix"`
@@ -53,8 +59,9 @@ func (i Info) Broker(node string) (BrokerInfo, bool) {
 	return BrokerInfo{}, false
 }
 
-// ErrNoCluster is returned by ReadInfo when no dev cluster runs in the dir.
-var ErrNoCluster = errors.New("devcluster: no cluster.json (is `strandctl dev` running?)")
+// ErrNoCluster is returned by ReadInfo when no dev cluster runs in the dir:
+// the client's error for the same case, so either reader's answer matches.
+var ErrNoCluster = client.ErrNoDevCluster
 
 // ReadInfo reads DIR/cluster.json.
 func ReadInfo(dir string) (Info, error) {

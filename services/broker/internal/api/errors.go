@@ -1,6 +1,6 @@
 // Package api serves a broker's Connect services: StreamService for clients
 // and ReplicationService for peers. Handlers validate, call the replica
-// manager and map its errors to Connect codes in one table (toConnect).
+// manager and map its errors to Connect codes in one table (codes).
 package api
 
 import (
@@ -15,8 +15,67 @@ import (
 	"github.com/strandhq/strand/services/broker/internal/storage"
 )
 
-// toConnect is the one table from internal errors to Connect codes. Wire
-// messages name the condition, never internals such as file paths.
+// codes is the one table from the sentinel errors of the packages whose
+// errors reach the broker's edge (replica, storage) to Connect codes:
+// every exported Err* of them has a row (TestCodesCoverEverySentinel holds
+// it to that). Rows are tried in order, so an error that wraps two
+// sentinels (storage.ErrTooLarge is an ErrInvalidArgument) takes the first.
+// msg, when set, replaces the error's own message on the wire: those
+// errors' messages name internals (keys, files) a client has no use for.
+var codes = []struct {
+	err  error
+	code connect.Code
+	msg  string
+}{
+	// NotFound only when the broker's assignments mirror etcd: while they
+	// do not, the same lookup is ErrUnavailable (docs/errors.md).
+	{err: replica.ErrUnknownStream, code: connect.CodeNotFound},
+	// Recovering, sealed, shutting down, role changing, or the view of
+	// assignments not current: a client locates the owner again and
+	// retries.
+	{err: replica.ErrUnavailable, code: connect.CodeUnavailable},
+	// W copies did not hold the records in time; they may remain.
+	{err: replica.ErrConfirmTimeout, code: connect.CodeUnavailable},
+	{err: replica.ErrNotMember, code: connect.CodePermissionDenied},
+	{err: replica.ErrEpochMismatch, code: connect.CodeFailedPrecondition},
+	{err: replica.ErrPastTail, code: connect.CodeOutOfRange},
+	{err: replica.ErrChainMismatch, code: connect.CodeDataLoss},
+	{err: replica.ErrStaleFence, code: connect.CodeFailedPrecondition},
+	{err: replica.ErrOtherIncarnation, code: connect.CodeFailedPrecondition},
+	// A seal to a broker with no copy: the stream may exist elsewhere, so
+	// not NotFound.
+	{err: replica.ErrNoCopy, code: connect.CodeFailedPrecondition},
+	{err: storage.ErrIncarnation, code: connect.CodeFailedPrecondition},
+	{err: storage.ErrFenced, code: connect.CodeFailedPrecondition},
+	{err: storage.ErrSealed, code: connect.CodeUnavailable},
+	{err: storage.ErrClosed, code: connect.CodeUnavailable},
+	// Replicated entries that do not start at the copy's tail: the
+	// sender's view of this copy is behind, not the copy broken.
+	{err: storage.ErrOffsetMismatch, code: connect.CodeFailedPrecondition},
+	{err: storage.ErrChainMismatch, code: connect.CodeDataLoss},
+	{err: storage.ErrCorrupt, code: connect.CodeDataLoss, msg: "stored data of the stream does not decode"},
+	{err: storage.ErrOutOfRange, code: connect.CodeOutOfRange},
+	// Producer sequences normally come wrapped in a SequenceError, which
+	// toConnect answers naming the record's field; these rows answer one
+	// that does not.
+	{err: storage.ErrSequenceGap, code: connect.CodeFailedPrecondition},
+	{err: storage.ErrSequenceOrder, code: connect.CodeFailedPrecondition},
+	{err: storage.ErrBelowWindow, code: connect.CodeOutOfRange},
+	// A record above what one storage entry holds (reached when
+	// --max-record-bytes is set above it): too large, as any record above
+	// the limits is. Before ErrInvalidArgument, which it wraps.
+	{err: storage.ErrTooLarge, code: connect.CodeResourceExhausted},
+	// Input storage refuses that the handler's checks let through (its
+	// message names what and the bound).
+	{err: storage.ErrInvalidArgument, code: connect.CodeInvalidArgument},
+	{err: context.Canceled, code: connect.CodeCanceled},
+	{err: context.DeadlineExceeded, code: connect.CodeDeadlineExceeded},
+}
+
+// toConnect maps an error of the replica manager to its wire form: the
+// owner hint and the producer sequence errors, which carry typed details,
+// then the table. Wire messages name the condition, never internals such as
+// file paths.
 func toConnect(err error) error {
 	if err == nil {
 		return nil
@@ -34,37 +93,24 @@ func toConnect(err error) error {
 		return rpcerr.NotOwner(notOwner.Hint)
 	case errors.As(err, &seq):
 		// Idempotent publish (stream.go, Publish): name the record's field.
-		code := connect.CodeFailedPrecondition
+		field := fmt.Sprintf("records[%d].sequence", seq.Index)
 		if errors.Is(err, storage.ErrBelowWindow) {
-			code = connect.CodeOutOfRange
+			// Whether the record is stored cannot be told any more: the
+			// value is out of the range the broker can answer for.
+			return rpcerr.BadField(connect.CodeOutOfRange, field, "%s", seq.Detail())
 		}
-		return connect.NewError(code, fmt.Errorf("records[%d].sequence: %s", seq.Index, seq.Detail()))
-	case errors.Is(err, replica.ErrUnknownStream):
-		return connect.NewError(connect.CodeNotFound, errors.New(err.Error()))
-	case errors.Is(err, replica.ErrUnavailable), errors.Is(err, replica.ErrConfirmTimeout),
-		errors.Is(err, storage.ErrSealed), errors.Is(err, storage.ErrClosed):
-		return connect.NewError(connect.CodeUnavailable, errors.New(err.Error()))
-	case errors.Is(err, replica.ErrNotMember):
-		return connect.NewError(connect.CodePermissionDenied, errors.New(err.Error()))
-	case errors.Is(err, replica.ErrEpochMismatch), errors.Is(err, replica.ErrStaleFence), errors.Is(err, replica.ErrOtherIncarnation),
-		errors.Is(err, storage.ErrFenced):
-		return connect.NewError(connect.CodeFailedPrecondition, errors.New(err.Error()))
-	case errors.Is(err, replica.ErrPastTail), errors.Is(err, storage.ErrOutOfRange):
-		return connect.NewError(connect.CodeOutOfRange, errors.New(err.Error()))
-	case errors.Is(err, replica.ErrChainMismatch), errors.Is(err, storage.ErrChainMismatch):
-		return connect.NewError(connect.CodeDataLoss, errors.New(err.Error()))
+		return rpcerr.FieldPrecondition(field, rpcerr.PreconditionSequence, "%s", seq.Detail())
 	case errors.Is(err, storage.ErrTooLarge):
-		// A record above what one storage entry holds (reached when
-		// --max-record-bytes is set above it): too large, like any record over the limit.
-		return connect.NewError(connect.CodeResourceExhausted, fmt.Errorf("records: %s", err.Error()))
-	case errors.Is(err, storage.ErrInvalidArgument):
-		// Input storage refuses that the handler's checks let through
-		// (its message names what and the bound).
-		return connect.NewError(connect.CodeInvalidArgument, errors.New(err.Error()))
-	case errors.Is(err, context.Canceled):
-		return connect.NewError(connect.CodeCanceled, err)
-	case errors.Is(err, context.DeadlineExceeded):
-		return connect.NewError(connect.CodeDeadlineExceeded, err)
+		return rpcerr.BadField(connect.CodeResourceExhausted, "records", "%s", err.Error())
+	}
+	for _, c := range codes {
+		if errors.Is(err, c.err) {
+			msg := c.msg
+			if msg == "" {
+				msg = err.Error()
+			}
+			return connect.NewError(c.code, errors.New(msg))
+		}
 	}
 	return connect.NewError(connect.CodeInternal, errors.New("internal error"))
 }

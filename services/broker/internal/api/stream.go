@@ -76,7 +76,7 @@ func (s *StreamService) Publish(ctx context.Context, req *connect.Request[strand
 	// first MaxBatchRecords+1 records (publishcodec.go), so nothing else in
 	// it is known, and what was decoded must never be stored.
 	if len(msg.GetRecords()) > s.limits.MaxBatchRecords {
-		return nil, connect.NewError(connect.CodeResourceExhausted, fmt.Errorf("records: more than %d records in one batch, the batch limit", s.limits.MaxBatchRecords))
+		return nil, rpcerr.BadField(connect.CodeResourceExhausted, "records", "more than %d records in one batch, the batch limit", s.limits.MaxBatchRecords)
 	}
 	if err := validStream(msg.GetStream()); err != nil {
 		return nil, err
@@ -95,7 +95,7 @@ func (s *StreamService) Publish(ctx context.Context, req *connect.Request[strand
 			size += len(k) + len(v)
 		}
 		if size > s.limits.MaxRecordBytes {
-			return nil, connect.NewError(connect.CodeResourceExhausted, fmt.Errorf("records[%d]: %d bytes exceeds the record limit of %d", i, size, s.limits.MaxRecordBytes))
+			return nil, rpcerr.BadField(connect.CodeResourceExhausted, fmt.Sprintf("records[%d]", i), "%d bytes exceeds the record limit of %d", size, s.limits.MaxRecordBytes)
 		}
 		total += size
 		if r.GetSequence() != 0 && r.GetProducerId() == "" {
@@ -107,7 +107,7 @@ func (s *StreamService) Publish(ctx context.Context, req *connect.Request[strand
 		recs = append(recs, storage.Record{Payload: r.GetPayload(), Headers: r.GetHeaders(), ProducerID: r.GetProducerId(), Sequence: r.GetSequence()})
 	}
 	if total > s.limits.MaxBatchBytes {
-		return nil, connect.NewError(connect.CodeResourceExhausted, fmt.Errorf("records: batch of %d bytes exceeds the batch limit of %d", total, s.limits.MaxBatchBytes))
+		return nil, rpcerr.BadField(connect.CodeResourceExhausted, "records", "batch of %d bytes exceeds the batch limit of %d", total, s.limits.MaxBatchBytes)
 	}
 	res, err := s.m.Publish(ctx, msg.GetStream(), recs)
 	if err != nil {
@@ -141,6 +141,11 @@ func (s *StreamService) Read(ctx context.Context, req *connect.Request[strandv1.
 		res, err = s.m.ReadEarliest(msg.GetStream(), n, b)
 	} else {
 		res, err = s.m.Read(msg.GetStream(), msg.GetFromOffset(), n, b)
+		if errors.Is(err, storage.ErrOutOfRange) {
+			// Below the retained head or past the record tail: the
+			// request's offset, named as its field.
+			return nil, rpcerr.BadField(connect.CodeOutOfRange, "from_offset", "%v", err)
+		}
 	}
 	if err != nil {
 		return nil, toConnect(err)
@@ -169,7 +174,7 @@ func (s *StreamService) Subscribe(ctx context.Context, req *connect.Request[stra
 		// takes 2^64-1 records), so it is past every copy's record tail,
 		// and answered as any offset past this copy's is.
 		if msg.GetOffset() == ^uint64(0) {
-			return connect.NewError(connect.CodeOutOfRange, fmt.Errorf("offset: %d is past the record tail", msg.GetOffset()))
+			return rpcerr.BadField(connect.CodeOutOfRange, "offset", "%d is past the record tail", msg.GetOffset())
 		}
 		from = msg.GetOffset()
 	case strandv1.StartPosition_START_POSITION_CURSOR:
@@ -186,6 +191,9 @@ func (s *StreamService) Subscribe(ctx context.Context, req *connect.Request[stra
 	}
 	n, b := s.readLimits(msg.GetMaxBatch(), 0)
 	sub, err := s.m.Subscribe(msg.GetStream(), from)
+	if errors.Is(err, storage.ErrOutOfRange) && msg.GetStart() == strandv1.StartPosition_START_POSITION_OFFSET {
+		return rpcerr.BadField(connect.CodeOutOfRange, "offset", "%v", err)
+	}
 	if err != nil {
 		return toConnect(err)
 	}
@@ -256,9 +264,6 @@ func (s *StreamService) Locate(ctx context.Context, req *connect.Request[strandv
 	}
 	resp, err := s.m.Locate(req.Msg.GetStream())
 	if err != nil {
-		if errors.Is(err, replica.ErrUnknownStream) {
-			return nil, connect.NewError(connect.CodeNotFound, fmt.Errorf("stream %q not found", req.Msg.GetStream()))
-		}
 		return nil, toConnect(err)
 	}
 	return connect.NewResponse(resp), nil

@@ -293,6 +293,9 @@ func (c *Coord) watchBrokers(ctx context.Context, synced func()) error {
 }
 
 func (c *Coord) watchAssignments(ctx context.Context, synced func()) error {
+	// Once the watch ends the manager's assignments may fall behind etcd,
+	// so a stream missing from them is no longer known not to exist.
+	defer c.cfg.Manager.AssignmentsStale()
 	dir := c.cfg.Schema.AssignmentsDir()
 	resp, err := c.cfg.Client.Get(ctx, dir, clientv3.WithPrefix())
 	if err != nil {

@@ -8,8 +8,13 @@ import (
 )
 
 var (
-	// ErrUnknownStream: no assignment names the stream and no copy is held.
+	// ErrUnknownStream: no assignment names the stream, no copy is held,
+	// and the broker's assignments mirror etcd, so the stream does not
+	// exist. While they do not, the same lookup is ErrUnavailable.
 	ErrUnknownStream = errors.New("replica: unknown stream")
+	// ErrNoCopy: a seal reached a broker that holds no copy of the stream
+	// and is not a member of its assignment.
+	ErrNoCopy = errors.New("replica: no copy of the stream on this broker")
 	// ErrUnavailable: the copy cannot serve right now (recovering, sealed,
 	// shutting down, role changing); a client should re-locate and retry.
 	ErrUnavailable = errors.New("replica: unavailable")

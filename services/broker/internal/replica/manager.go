@@ -64,6 +64,13 @@ type Manager struct {
 	copies      map[string]*Copy
 	assignments map[string]cluster.Assignment
 	brokers     map[string]cluster.BrokerInfo
+	// assignmentsCurrent is set while assignments mirror etcd: from a
+	// full listing (SyncAssignments) until the watch that follows it ends
+	// (AssignmentsStale). Only then does a stream missing from them not
+	// exist; before (a broker just started, or reconnecting to etcd) it may
+	// exist all the same, and a client must be told to retry, not that it
+	// does not exist (unknown).
+	assignmentsCurrent bool
 }
 
 // NewManager opens every stream storage already holds, so a restarted broker
@@ -242,6 +249,7 @@ func (m *Manager) SyncAssignments(all map[string]cluster.Assignment, unreadable 
 	}
 	maps.Copy(kept, all)
 	m.assignments = kept
+	m.assignmentsCurrent = true
 	var gone []*Copy
 	for name, c := range m.copies {
 		if _, ok := all[name]; !ok && !slices.Contains(unreadable, name) {
@@ -255,6 +263,15 @@ func (m *Manager) SyncAssignments(all map[string]cluster.Assignment, unreadable 
 	for _, a := range all {
 		m.SetAssignment(a)
 	}
+}
+
+// AssignmentsStale says the assignments watch ended: until the next full
+// listing (SyncAssignments) a stream the broker has no assignment for is not
+// known not to exist (unknown).
+func (m *Manager) AssignmentsStale() {
+	m.mu.Lock()
+	m.assignmentsCurrent = false
+	m.mu.Unlock()
 }
 
 // dropCopy drops c's data, forgets c, and then applies the stream's latest
@@ -289,15 +306,10 @@ func (m *Manager) dropCopy(c *Copy) error {
 	return nil
 }
 
-// Hint says who owns a stream as far as this broker knows.
-func (m *Manager) Hint(stream string) (*strandv1.OwnerHint, bool) {
-	m.mu.RLock()
-	defer m.mu.RUnlock()
-	a, ok := m.assignments[stream]
-	if !ok {
-		return &strandv1.OwnerHint{Stream: stream}, false
-	}
-	return &strandv1.OwnerHint{Stream: stream, Node: a.Owner, Address: m.brokers[a.Owner].Address, Epoch: a.Epoch}, true
+// hintLocked says who owns a stream, as its assignment a names it. m.mu
+// must be held.
+func (m *Manager) hintLocked(a cluster.Assignment) *strandv1.OwnerHint {
+	return &strandv1.OwnerHint{Stream: a.Stream, Node: a.Owner, Address: m.brokers[a.Owner].Address, Epoch: a.Epoch}
 }
 
 // Locate answers who owns a stream.
@@ -306,21 +318,35 @@ func (m *Manager) Locate(stream string) (*strandv1.LocateResponse, error) {
 	defer m.mu.RUnlock()
 	a, ok := m.assignments[stream]
 	if !ok {
-		return nil, ErrUnknownStream
+		return nil, m.unknownLocked(stream)
 	}
 	return &strandv1.LocateResponse{
-		Owner:     &strandv1.OwnerHint{Stream: stream, Node: a.Owner, Address: m.brokers[a.Owner].Address, Epoch: a.Epoch},
+		Owner:     m.hintLocked(a),
 		Followers: slices.Clone(a.Followers),
 		Policy:    &strandv1.ConfirmPolicy{Name: a.Policy.Name, Nodes: uint32(a.Policy.Nodes)},
 	}, nil
 }
 
 func (m *Manager) notHere(stream string) error {
-	hint, ok := m.Hint(stream)
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	a, ok := m.assignments[stream]
 	if !ok {
-		return fmt.Errorf("%w: no stream %q", ErrUnknownStream, stream)
+		return m.unknownLocked(stream)
 	}
-	return &NotOwnerError{Hint: hint}
+	return &NotOwnerError{Hint: m.hintLocked(a)}
+}
+
+// unknownLocked is the error for a stream with no assignment here:
+// ErrUnknownStream only while the assignments mirror etcd, so NotFound
+// means the stream does not exist; ErrUnavailable before that, since the
+// stream may exist and a retry, here once the listing is in or at another
+// broker, may find it. m.mu must be held.
+func (m *Manager) unknownLocked(stream string) error {
+	if !m.assignmentsCurrent {
+		return fmt.Errorf("%w: stream %q: this broker's view of the assignments is not current (starting, or reconnecting to etcd)", ErrUnavailable, stream)
+	}
+	return fmt.Errorf("%w: no stream %q", ErrUnknownStream, stream)
 }
 
 // Urgent delivers a value when a heartbeat should go out now.

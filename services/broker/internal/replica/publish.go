@@ -137,10 +137,10 @@ func (m *Manager) ReadEarliest(stream string, maxRecords, maxBytes int) (ReadRes
 func (c *Copy) readBelow(from, wm uint64, maxRecords, maxBytes int) (ReadResult, error) {
 	s := c.st.State()
 	if from < s.Head {
-		return ReadResult{}, fmt.Errorf("%w: from_offset %d is below the retained head %d", storage.ErrOutOfRange, from, s.Head)
+		return ReadResult{}, fmt.Errorf("%w: %d is below the retained head %d", storage.ErrOutOfRange, from, s.Head)
 	}
 	if from > s.RecordTail {
-		return ReadResult{}, fmt.Errorf("%w: from_offset %d is past the record tail %d", storage.ErrOutOfRange, from, s.RecordTail)
+		return ReadResult{}, fmt.Errorf("%w: %d is past the record tail %d", storage.ErrOutOfRange, from, s.RecordTail)
 	}
 	res := ReadResult{Head: s.Head, Watermark: wm, Next: from}
 	if from >= wm {
@@ -177,7 +177,7 @@ func (m *Manager) Subscribe(stream string, from uint64) (*Subscription, error) {
 		from = wm
 	}
 	if from > s.RecordTail {
-		return nil, fmt.Errorf("%w: offset %d is past the record tail %d", storage.ErrOutOfRange, from, s.RecordTail)
+		return nil, fmt.Errorf("%w: %d is past the record tail %d", storage.ErrOutOfRange, from, s.RecordTail)
 	}
 	return &Subscription{c: c, next: max(from, s.Head)}, nil
 }

@@ -36,6 +36,7 @@ func (m *Manager) Seal(ctx context.Context, stream string, fenceEpoch uint64, tr
 	// it would wait there for a recovery that never comes.
 	m.mu.RLock()
 	a, known := m.assignments[stream]
+	current := m.assignmentsCurrent
 	m.mu.RUnlock()
 	if incarnation != "" && known && a.Incarnation != "" && a.Incarnation != incarnation {
 		return storage.State{}, fmt.Errorf("%w: seal of incarnation %q, assignment of %q", ErrOtherIncarnation, incarnation, a.Incarnation)
@@ -47,8 +48,16 @@ func (m *Manager) Seal(ctx context.Context, stream string, fenceEpoch uint64, tr
 		}
 	}
 	if c == nil {
+		if !known && !current {
+			// An assignment not seen yet may name this broker.
+			m.mu.RLock()
+			err := m.unknownLocked(stream)
+			m.mu.RUnlock()
+			return storage.State{}, err
+		}
 		if !known || !a.Includes(m.cfg.Node) {
-			return storage.State{}, fmt.Errorf("%w: no copy of %q on this broker", ErrUnknownStream, stream)
+			// The stream may well exist: this broker holds no copy of it.
+			return storage.State{}, fmt.Errorf("%w: %q", ErrNoCopy, stream)
 		}
 		var err error
 		if c, err = m.openCopy(stream); err != nil {

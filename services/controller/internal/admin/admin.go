@@ -7,7 +7,6 @@ package admin
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"slices"
 	"time"
@@ -67,13 +66,14 @@ func New(cfg Config) *Service {
 func (s *Service) lead(ctx context.Context) (*leader.Term, *state.Snapshot, error) {
 	term := s.gate.Term()
 	if term == nil {
+		// The leader hint is how a client finds the leader; a failed read
+		// of the election sends none, and the client backs off and asks
+		// again.
 		addr, err := s.gate.LeaderAddr(ctx)
-		switch {
-		case err != nil || addr == "":
-			return nil, nil, connect.NewError(connect.CodeUnavailable, errors.New("not the controller leader; no leader is elected yet"))
-		default:
-			return nil, nil, connect.NewError(connect.CodeUnavailable, fmt.Errorf("not the controller leader; leader is at %s", addr))
+		if err != nil {
+			addr = ""
 		}
+		return nil, nil, rpcerr.NotLeader(addr)
 	}
 	snap, err := state.Load(ctx, s.cli, s.schema)
 	if err != nil {
@@ -152,11 +152,11 @@ func (s *Service) CreateStream(ctx context.Context, req *connect.Request[strandv
 		}
 		live := snap.LiveBrokers()
 		if copies > len(live) {
-			return nil, fieldPrecondition("copies", "%d copies need %d live brokers, %d are live", copies, copies, len(live))
+			return nil, rpcerr.FieldPrecondition("copies", rpcerr.PreconditionPlacement, "%d copies need %d live brokers, %d are live", copies, copies, len(live))
 		}
 		owner, followers, err := placement.Place(transition.LoadOf(snap), copies)
 		if err != nil {
-			return nil, fieldPrecondition("copies", "%v", err)
+			return nil, rpcerr.FieldPrecondition("copies", rpcerr.PreconditionPlacement, "%v", err)
 		}
 		spec := cluster.StreamSpec{Name: name, Copies: copies, Policy: policy, Retention: retention, Created: s.now().UTC()}
 		asg := cluster.Assignment{Stream: name, Epoch: 1, Owner: owner, Followers: followers, Policy: policy, Retention: retention,
@@ -217,9 +217,9 @@ func (s *Service) DeleteStream(ctx context.Context, req *connect.Request[strandv
 	// the incarnation checked here is the one deleted.
 	if want := req.Msg.GetIncarnation(); want != "" && asg.Value.Incarnation != want {
 		if !hasAsg {
-			return nil, fieldPrecondition("incarnation", "stream %q has no assignment, so not incarnation %q", name, want)
+			return nil, rpcerr.FieldPrecondition("incarnation", rpcerr.PreconditionIncarnation, "stream %q has no assignment, so not incarnation %q", name, want)
 		}
-		return nil, fieldPrecondition("incarnation", "stream %q is incarnation %q, not %q", name, asg.Value.Incarnation, want)
+		return nil, rpcerr.FieldPrecondition("incarnation", rpcerr.PreconditionIncarnation, "stream %q is incarnation %q, not %q", name, asg.Value.Incarnation, want)
 	}
 	resp, err := term.Txn(ctx, []clientv3.Cmp{
 		clientv3.Compare(clientv3.ModRevision(s.schema.StreamKey(name)), "=", spec.ModRev),

@@ -7,18 +7,25 @@ import (
 
 	"connectrpc.com/connect"
 
+	"github.com/strandhq/strand/internal/cluster"
 	"github.com/strandhq/strand/services/controller/internal/leader"
 	"github.com/strandhq/strand/services/controller/internal/placement"
 	"github.com/strandhq/strand/services/controller/internal/transition"
 )
 
 // codes is the one table mapping the controller's sentinel errors to Connect
-// codes. Their messages are written for operators and name the stream or
-// node; anything else is reported without its internals.
+// codes: every exported Err* of the packages whose errors reach the admin
+// edge (TestCodesCoverEverySentinel holds it to that). Their messages are
+// written for operators and name the stream or node; anything else is
+// reported without its internals. Errors that name a request field do not
+// come through here: the handlers answer them with rpcerr's field errors,
+// which carry the field as a typed detail (docs/errors.md).
 var codes = []struct {
 	err  error
 	code connect.Code
 }{
+	// A write that lost its term; the client asks again, and the
+	// controller it reaches then names the new leader.
 	{leader.ErrNotLeader, connect.CodeUnavailable},
 	{transition.ErrNoStream, connect.CodeNotFound},
 	{transition.ErrNoRecovery, connect.CodeNotFound},
@@ -30,8 +37,20 @@ var codes = []struct {
 	{transition.ErrNotFastPath, connect.CodeFailedPrecondition},
 	{transition.ErrSingleCopy, connect.CodeFailedPrecondition},
 	{transition.ErrDroppingCopies, connect.CodeFailedPrecondition},
+	// A guarded transaction that did not commit wrote nothing: a retry
+	// reads the new state.
 	{transition.ErrConflict, connect.CodeAborted},
 	{placement.ErrNotEnoughBrokers, connect.CodeFailedPrecondition},
+	// Names and policies are validated by the handlers, which name the
+	// field; these rows answer one that slips through as the client's
+	// mistake all the same.
+	{cluster.ErrInvalidName, connect.CodeInvalidArgument},
+	{cluster.ErrInvalidPolicy, connect.CodeInvalidArgument},
+	// A stored value that does not decode, or a key outside its
+	// directory: the cluster's state is damaged, and a retry will not
+	// mend it.
+	{cluster.ErrCorrupt, connect.CodeInternal},
+	{cluster.ErrNotInDir, connect.CodeInternal},
 	{context.DeadlineExceeded, connect.CodeDeadlineExceeded},
 	{context.Canceled, connect.CodeCanceled},
 }
@@ -49,10 +68,4 @@ func (s *Service) toConnect(err error) error {
 	}
 	s.log.Warn().Err(err).Msg("admin request failed on the coordination store; the client may retry")
 	return connect.NewError(connect.CodeUnavailable, fmt.Errorf("coordination store unavailable"))
-}
-
-// fieldPrecondition is a FailedPrecondition naming the field whose value the
-// cluster cannot satisfy.
-func fieldPrecondition(field, format string, args ...any) *connect.Error {
-	return connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf("%s: %s", field, fmt.Sprintf(format, args...)))
 }

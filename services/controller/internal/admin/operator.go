@@ -53,7 +53,7 @@ func (s *Service) UpdateStream(ctx context.Context, req *connect.Request[strandv
 		spec.Policy = *pol
 	}
 	if spec.Copies < a.Copies() {
-		return nil, fieldPrecondition("copies", "%v: %s has %d copies", transition.ErrDroppingCopies, name, a.Copies())
+		return nil, rpcerr.FieldPrecondition("copies", rpcerr.PreconditionPlacement, "%v: %s has %d copies", transition.ErrDroppingCopies, name, a.Copies())
 	}
 	next := a
 	next.Policy = spec.Policy
@@ -61,7 +61,7 @@ func (s *Service) UpdateStream(ctx context.Context, req *connect.Request[strandv
 	if grow := spec.Copies - a.Copies(); grow > 0 {
 		added, err = placement.Pick(transition.LoadOf(snap), grow, a.Members())
 		if err != nil {
-			return nil, fieldPrecondition("copies", "%v", err)
+			return nil, rpcerr.FieldPrecondition("copies", rpcerr.PreconditionPlacement, "%v", err)
 		}
 		next.Followers = append(slices.Clone(a.Followers), added...)
 	}

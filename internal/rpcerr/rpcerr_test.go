@@ -1,0 +1,46 @@
+package rpcerr
+
+import (
+	"errors"
+	"fmt"
+	"testing"
+
+	"connectrpc.com/connect"
+)
+
+// Each builder's detail is read back through wrapping, and only the reader
+// of its own kind finds it.
+func TestDetailsReadBack(t *testing.T) {
+	bad := fmt.Errorf("client: publish: %w", BadField(connect.CodeResourceExhausted, "records[2]", "%d bytes", 9))
+	if fv := FieldViolations(bad); connect.CodeOf(bad) != connect.CodeResourceExhausted || len(fv) != 1 || fv[0].GetField() != "records[2]" || fv[0].GetDescription() != "9 bytes" {
+		t.Errorf("BadField: code %v, violations %v", connect.CodeOf(bad), fv)
+	}
+	var cerr *connect.Error
+	if !errors.As(bad, &cerr) || cerr.Message() != "records[2]: 9 bytes" {
+		t.Errorf("BadField message %q, want the field first", cerr.Message())
+	}
+	if _, ok := Precondition(bad, PreconditionPlacement); ok {
+		t.Error("a BadRequest read as a PreconditionFailure")
+	}
+
+	pre := FieldPrecondition("incarnation", PreconditionIncarnation, "stream %q is incarnation %q", "s", "b")
+	if v, ok := Precondition(pre, PreconditionIncarnation); !ok || v.GetSubject() != "incarnation" {
+		t.Errorf("FieldPrecondition: violation %v, %v", v, ok)
+	}
+	if _, ok := Precondition(pre, PreconditionPlacement); ok {
+		t.Error("a violation of one type read as another")
+	}
+	if len(FieldViolations(pre)) != 0 {
+		t.Error("a PreconditionFailure read as a BadRequest")
+	}
+
+	if h, ok := LeaderHint(fmt.Errorf("wrapped: %w", NotLeader("10.0.0.1:7102"))); !ok || h.GetAddress() != "10.0.0.1:7102" {
+		t.Errorf("LeaderHint of NotLeader: %v, %v", h, ok)
+	}
+	if _, ok := LeaderHint(NotLeader("")); ok {
+		t.Error("a leader hint without a leader")
+	}
+	if _, ok := OwnerHint(NotLeader("x:1")); ok {
+		t.Error("a leader hint read as an owner hint")
+	}
+}
