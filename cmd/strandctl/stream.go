@@ -65,6 +65,28 @@ func policyString(p *strandv1.ConfirmPolicy) string {
 	return cluster.Policy{Name: p.GetName(), Nodes: int(p.GetNodes())}.String()
 }
 
+// listPageSize is how many streams stream list asks for per call.
+const listPageSize = 500
+
+// streamRows adds a row per stream to t.
+func streamRows(t *table, streams []*strandv1.GetStreamResponse) {
+	for _, s := range streams {
+		a := s.GetAssignment()
+		tail := uint64(0)
+		for _, cp := range s.GetCopies() {
+			if cp.GetNode() == a.GetOwner() {
+				tail = cp.GetRecordTail()
+			}
+		}
+		rec := "-"
+		if r := s.GetPendingRecovery(); r != nil {
+			rec = fmt.Sprintf("fence %d", r.GetFenceEpoch())
+		}
+		t.row(s.GetSpec().GetName(), s.GetSpec().GetCopies(), policyString(a.GetPolicy()), a.GetEpoch(),
+			dash(a.GetOwner()), dash(strings.Join(a.GetFollowers(), ",")), tail, rec, len(s.GetAttention()))
+	}
+}
+
 func streamCommands() []*command {
 	var (
 		copies    uint
@@ -74,6 +96,7 @@ func streamCommands() []*command {
 		retAge    time.Duration
 		updCopies uint
 		updPol    policyFlags
+		listLimit uint
 	)
 	return []*command{
 		{
@@ -155,35 +178,44 @@ func streamCommands() []*command {
 			},
 		},
 		{
-			name: "stream list", summary: "list streams",
+			name: "stream list", summary: "list streams, ordered by name",
+			flags: func(fs *flag.FlagSet) {
+				fs.UintVar(&listLimit, "limit", 0, "list at most this many streams (0: all)")
+			},
 			run: func(ctx context.Context, e *env, _ *flag.FlagSet, args []string) error {
 				if err := needArgs(args, 0, 0, "no arguments"); err != nil {
 					return err
 				}
-				res, err := adminCall(ctx, e, strandv1connect.AdminServiceClient.ListStreams, &strandv1.ListStreamsRequest{})
-				if err != nil {
-					return err
-				}
-				if e.g.json {
-					return printEach(e.stdout, res.GetStreams())
-				}
 				t := newTable(e.stdout, "NAME", "COPIES", "POLICY", "EPOCH", "OWNER", "FOLLOWERS", "RECORD_TAIL", "RECOVERY", "ATTENTION")
-				for _, s := range res.GetStreams() {
-					a := s.GetAssignment()
-					tail := uint64(0)
-					for _, cp := range s.GetCopies() {
-						if cp.GetNode() == a.GetOwner() {
-							tail = cp.GetRecordTail()
+				// The controller answers a page at a time; each page is
+				// its own call, so a long listing is not one call's
+				// deadline.
+				req := &strandv1.ListStreamsRequest{}
+				for listed := uint(0); ; {
+					req.PageSize = listPageSize
+					if left := listLimit - listed; listLimit != 0 && left < listPageSize {
+						req.PageSize = int32(left)
+					}
+					res, err := adminCall(ctx, e, strandv1connect.AdminServiceClient.ListStreams, req)
+					if err != nil {
+						return err
+					}
+					listed += uint(len(res.GetStreams()))
+					if e.g.json {
+						if err := printEach(e.stdout, res.GetStreams()); err != nil {
+							return err
 						}
+					} else {
+						streamRows(t, res.GetStreams())
 					}
-					rec := "-"
-					if r := s.GetPendingRecovery(); r != nil {
-						rec = fmt.Sprintf("fence %d", r.GetFenceEpoch())
+					if res.GetNextPageToken() == "" || (listLimit != 0 && listed >= listLimit) {
+						break
 					}
-					t.row(s.GetSpec().GetName(), s.GetSpec().GetCopies(), policyString(a.GetPolicy()), a.GetEpoch(),
-						dash(a.GetOwner()), dash(strings.Join(a.GetFollowers(), ",")), tail, rec, len(s.GetAttention()))
+					req.PageToken = res.GetNextPageToken()
 				}
-				t.flush()
+				if !e.g.json {
+					t.flush()
+				}
 				return nil
 			},
 		},

@@ -1038,8 +1038,15 @@ func (x *GetStreamResponse) GetAttention() []*AttentionEntry {
 	return nil
 }
 
+// ListStreamsRequest asks for one page of streams, ordered by name.
 type ListStreamsRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// page_size is the most streams one response holds: 0 means 100, and
+	// at most 1000 may be asked for.
+	PageSize int32 `protobuf:"varint,1,opt,name=page_size,json=pageSize,proto3" json:"page_size,omitempty"`
+	// page_token, when set, is the next_page_token of the previous page;
+	// the page starts after the last stream that page listed.
+	PageToken     string `protobuf:"bytes,2,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1074,9 +1081,26 @@ func (*ListStreamsRequest) Descriptor() ([]byte, []int) {
 	return file_strand_v1_admin_proto_rawDescGZIP(), []int{14}
 }
 
+func (x *ListStreamsRequest) GetPageSize() int32 {
+	if x != nil {
+		return x.PageSize
+	}
+	return 0
+}
+
+func (x *ListStreamsRequest) GetPageToken() string {
+	if x != nil {
+		return x.PageToken
+	}
+	return ""
+}
+
 type ListStreamsResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Streams       []*GetStreamResponse   `protobuf:"bytes,1,rep,name=streams,proto3" json:"streams,omitempty"`
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Streams []*GetStreamResponse   `protobuf:"bytes,1,rep,name=streams,proto3" json:"streams,omitempty"`
+	// next_page_token is set when streams follow this page: pass it as
+	// page_token to list them.
+	NextPageToken string `protobuf:"bytes,2,opt,name=next_page_token,json=nextPageToken,proto3" json:"next_page_token,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1116,6 +1140,13 @@ func (x *ListStreamsResponse) GetStreams() []*GetStreamResponse {
 		return x.Streams
 	}
 	return nil
+}
+
+func (x *ListStreamsResponse) GetNextPageToken() string {
+	if x != nil {
+		return x.NextPageToken
+	}
+	return ""
 }
 
 type UpdateStreamRequest struct {
@@ -1812,10 +1843,14 @@ const file_strand_v1_admin_proto_rawDesc = "" +
 	"\x06copies\x18\x03 \x03(\v2\x15.strand.v1.CopyStatusR\x06copies\x12>\n" +
 	"\x10pending_recovery\x18\x04 \x01(\v2\x13.strand.v1.RecoveryR\x0fpendingRecovery\x121\n" +
 	"\ahistory\x18\x05 \x03(\v2\x17.strand.v1.HistoryStartR\ahistory\x127\n" +
-	"\tattention\x18\x06 \x03(\v2\x19.strand.v1.AttentionEntryR\tattention\"\x14\n" +
-	"\x12ListStreamsRequest\"M\n" +
+	"\tattention\x18\x06 \x03(\v2\x19.strand.v1.AttentionEntryR\tattention\"P\n" +
+	"\x12ListStreamsRequest\x12\x1b\n" +
+	"\tpage_size\x18\x01 \x01(\x05R\bpageSize\x12\x1d\n" +
+	"\n" +
+	"page_token\x18\x02 \x01(\tR\tpageToken\"u\n" +
 	"\x13ListStreamsResponse\x126\n" +
-	"\astreams\x18\x01 \x03(\v2\x1c.strand.v1.GetStreamResponseR\astreams\"s\n" +
+	"\astreams\x18\x01 \x03(\v2\x1c.strand.v1.GetStreamResponseR\astreams\x12&\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"s\n" +
 	"\x13UpdateStreamRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x16\n" +
 	"\x06copies\x18\x02 \x01(\rR\x06copies\x120\n" +

@@ -27,6 +27,7 @@ import (
 	"github.com/strandhq/strand/services/controller/internal/admin"
 	"github.com/strandhq/strand/services/controller/internal/leader"
 	"github.com/strandhq/strand/services/controller/internal/liveness"
+	"github.com/strandhq/strand/services/controller/internal/state"
 )
 
 // Config configures a controller. Zero fields take the defaults of
@@ -91,6 +92,7 @@ type App struct {
 	cli     *clientv3.Client
 	schema  cluster.Schema
 	gate    *leader.Gate
+	view    *state.View
 	checker *grpchealth.StaticChecker
 	srv     *rpcserver.Server
 	addr    string
@@ -100,6 +102,7 @@ type App struct {
 	errc      chan error
 	cancel    context.CancelFunc
 	campaign  chan struct{}
+	viewDone  chan struct{}
 	closeOnce sync.Once
 	closeErr  error
 }
@@ -134,12 +137,16 @@ func Start(ctx context.Context, cfg Config) (*App, error) {
 	schema := cluster.NewSchema(cfg.Prefix)
 	a := &App{
 		cfg: cfg, log: log, cli: cli, schema: schema, addr: addr,
-		gate:     leader.NewGate(cli, schema.ControllerElection()),
+		gate: leader.NewGate(cli, schema.ControllerElection()),
+		// A controller keeps its view while it does not lead as well, so
+		// a controller that takes over passes over the cluster at once.
+		view:     state.NewView(cli, schema, log),
 		ready:    make(chan struct{}),
 		errc:     make(chan error, 1),
 		campaign: make(chan struct{}),
+		viewDone: make(chan struct{}),
 	}
-	svc := admin.New(admin.Config{Client: cli, Schema: schema, Gate: a.gate, DefaultPolicy: cfg.DefaultPolicy, Log: log})
+	svc := admin.New(admin.Config{View: a.view, Schema: schema, Gate: a.gate, DefaultPolicy: cfg.DefaultPolicy, Log: log})
 	mux, checker := rpcserver.Mux(strandv1connect.AdminServiceName)
 	checker.SetStatus(strandv1connect.AdminServiceName, grpchealth.StatusNotServing)
 	a.checker = checker
@@ -155,6 +162,10 @@ func Start(ctx context.Context, cfg Config) (*App, error) {
 	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	a.cancel = cancel
 	go a.watchServer()
+	go func() {
+		defer close(a.viewDone)
+		_ = a.view.Run(runCtx)
+	}()
 	go a.campaignLoop(runCtx)
 	log.Info().Str(logging.Addr, addr).Str("advertise", cfg.Advertise).Msg("controller serving; campaigning for leadership")
 	return a, nil
@@ -261,7 +272,7 @@ func (a *App) lead(ctx context.Context) error {
 	var wg sync.WaitGroup
 	wg.Go(func() {
 		_ = liveness.Run(cctx, liveness.Config{
-			Client: a.cli, Schema: a.schema, Log: a.log, ProbeGrace: a.cfg.OwnerProbeGrace, Probe: a.cfg.Probe,
+			View: a.view, Schema: a.schema, Log: a.log, ProbeGrace: a.cfg.OwnerProbeGrace, Probe: a.cfg.Probe,
 		}, term)
 	})
 	// The term also ends if the election key goes away by other means.
@@ -301,6 +312,7 @@ func (a *App) Close() error {
 	a.closeOnce.Do(func() {
 		a.cancel()
 		<-a.campaign
+		<-a.viewDone
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
 		a.closeErr = a.srv.Shutdown(ctx)

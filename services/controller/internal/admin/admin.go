@@ -7,8 +7,10 @@ package admin
 
 import (
 	"context"
+	"encoding/base64"
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 
 	"connectrpc.com/connect"
@@ -32,7 +34,9 @@ const MaxCopies = 7
 
 // Config is what the admin service needs.
 type Config struct {
-	Client        *clientv3.Client
+	// View is the controller's view of the cluster, which every call
+	// reads (brought up to the current revision first).
+	View          *state.View
 	Schema        cluster.Schema
 	Gate          *leader.Gate
 	DefaultPolicy cluster.Policy
@@ -43,7 +47,7 @@ type Config struct {
 
 // Service implements strandv1connect.AdminServiceHandler.
 type Service struct {
-	cli    *clientv3.Client
+	view   *state.View
 	schema cluster.Schema
 	gate   *leader.Gate
 	policy cluster.Policy
@@ -58,11 +62,17 @@ func New(cfg Config) *Service {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
-	return &Service{cli: cfg.Client, schema: cfg.Schema, gate: cfg.Gate, policy: cfg.DefaultPolicy, log: cfg.Log, now: cfg.Now}
+	return &Service{view: cfg.View, schema: cfg.Schema, gate: cfg.Gate, policy: cfg.DefaultPolicy, log: cfg.Log, now: cfg.Now}
 }
 
 // lead returns the current term and a snapshot, or the Unavailable a
 // non-leader answers (docs/api.md, "Controller leadership").
+//
+// The snapshot is the view's, brought up to etcd's current revision: a
+// call sees every write finished before it (a stream created or deleted by
+// the call before), without reading the whole prefix. A write still
+// compares the mod revisions it read, and one that lost a race to a write
+// made since is made again from a newer snapshot.
 func (s *Service) lead(ctx context.Context) (*leader.Term, *state.Snapshot, error) {
 	term := s.gate.Term()
 	if term == nil {
@@ -75,7 +85,7 @@ func (s *Service) lead(ctx context.Context) (*leader.Term, *state.Snapshot, erro
 		}
 		return nil, nil, rpcerr.NotLeader(addr)
 	}
-	snap, err := state.Load(ctx, s.cli, s.schema)
+	snap, err := s.view.Fresh(ctx)
 	if err != nil {
 		return nil, nil, s.toConnect(err)
 	}
@@ -251,27 +261,82 @@ func (s *Service) GetStream(ctx context.Context, req *connect.Request[strandv1.G
 	if err != nil {
 		return nil, err
 	}
-	out, ok := streamStatus(snap, name, attention.Judge(snap))
+	out, ok := streamStatus(snap, name, attention.JudgeStream(snap, name))
 	if !ok {
 		return nil, s.toConnect(fmt.Errorf("%w: %q", transition.ErrNoStream, name))
 	}
 	return connect.NewResponse(out), nil
 }
 
-// ListStreams reports every stream, ordered by name.
-func (s *Service) ListStreams(ctx context.Context, _ *connect.Request[strandv1.ListStreamsRequest]) (*connect.Response[strandv1.ListStreamsResponse], error) {
+// Pages of ListStreams: a request without a page size gets
+// defaultPageSize streams, and none may ask for more than maxPageSize, so
+// one response stays bounded however many streams there are.
+const (
+	defaultPageSize = 100
+	maxPageSize     = 1000
+)
+
+// ListStreams reports one page of streams, ordered by name. A page token
+// names the last stream of the page before, so a page starts after it even
+// when streams were created or deleted in between: every stream that
+// exists throughout a listing is listed once.
+func (s *Service) ListStreams(ctx context.Context, req *connect.Request[strandv1.ListStreamsRequest]) (*connect.Response[strandv1.ListStreamsResponse], error) {
+	size := int(req.Msg.GetPageSize())
+	switch {
+	case size < 0 || size > maxPageSize:
+		return nil, rpcerr.InvalidArgument("page_size", "must be between 0 and %d, got %d", maxPageSize, size)
+	case size == 0:
+		size = defaultPageSize
+	}
+	after, err := decodePageToken(req.Msg.GetPageToken())
+	if err != nil {
+		return nil, err
+	}
 	_, snap, err := s.lead(ctx)
 	if err != nil {
 		return nil, err
 	}
-	entries := attention.Judge(snap)
+	names := snap.StreamNames()
+	start := 0
+	if after != "" {
+		i, found := slices.BinarySearch(names, after)
+		if found {
+			i++
+		}
+		start = i
+	}
+	end := min(start+size, len(names))
 	out := &strandv1.ListStreamsResponse{}
-	for _, name := range snap.StreamNames() {
-		if st, ok := streamStatus(snap, name, entries); ok {
+	for _, name := range names[start:end] {
+		if st, ok := streamStatus(snap, name, attention.JudgeStream(snap, name)); ok {
 			out.Streams = append(out.Streams, st)
 		}
 	}
+	if end < len(names) {
+		out.NextPageToken = encodePageToken(names[end-1])
+	}
 	return connect.NewResponse(out), nil
+}
+
+// pageTokenPrefix marks a page token, so a token from elsewhere is told
+// apart from a stream name.
+const pageTokenPrefix = "after:"
+
+func encodePageToken(last string) string {
+	return base64.RawURLEncoding.EncodeToString([]byte(pageTokenPrefix + last))
+}
+
+// decodePageToken returns the stream a page token names ("" for none).
+func decodePageToken(token string) (string, error) {
+	if token == "" {
+		return "", nil
+	}
+	raw, err := base64.RawURLEncoding.DecodeString(token)
+	last, ok := strings.CutPrefix(string(raw), pageTokenPrefix)
+	if err != nil || !ok || last == "" {
+		return "", rpcerr.InvalidArgument("page_token", "not a token a ListStreams response gave")
+	}
+	return last, nil
 }
 
 // ListBrokers reports registered brokers (live) and brokers that hold copies

@@ -45,71 +45,95 @@ type Entry struct {
 // and node.
 func Judge(s *state.Snapshot) []Entry {
 	var out []Entry
-	for name, av := range s.Assignments {
-		a := av.Value
-		if rec, ok := s.Recoveries[name]; ok {
-			if e, wait := judgeRecovery(s, a, rec.Value, s.History[name].Value); wait {
-				out = append(out, e)
-			}
-			out = append(out, judgeRefusals(s, name, rec.Value, s.Refusals[name].Value)...)
-		} else if fence, by := liveness.SealedPast(s, a); len(by) > 0 && a.Copies() == 1 {
-			// A replicated stream sealed like this gets a new recovery from
-			// the liveness loop; a single copy gets none of its own, and
-			// refuses publishes until a recovery that adds copies takes
-			// the seal over.
-			out = append(out, Entry{
-				Stream: name, Kind: SingleCopySealed, Node: a.Owner,
-				Reason: fmt.Sprintf("single-copy stream is sealed at epoch %d on %s, past its assignment's epoch %d, with no recovery pending (one was withdrawn); it refuses publishes until a stream update to more copies recovers it",
-					fence, a.Owner, a.Epoch),
-			})
-		}
-		for _, m := range a.Members() {
-			if s.Live(m) {
-				continue
-			}
-			if a.Copies() == 1 {
-				out = append(out, Entry{
-					Stream: name, Kind: SingleCopyOwnerDown, Node: m,
-					Reason: fmt.Sprintf("single-copy stream waits for its owner %s; accept the loss to move it", m),
-				})
-				continue
-			}
-			role := cluster.RoleFollower
-			if m == a.Owner {
-				role = cluster.RoleOwner
-			}
-			out = append(out, Entry{
-				Stream: name, Kind: BrokerDown, Node: m,
-				Reason: fmt.Sprintf("broker %s holding the %s copy at epoch %d is down", m, role, a.Epoch),
-			})
-		}
-		suspects := map[string][]string{}
-		for node, hb := range s.Heartbeats {
-			t, ok := hb.Streams[name]
-			if !ok {
-				continue
-			}
-			if t.Suspect != "" && t.Suspect == a.Owner {
-				suspects[t.Suspect] = append(suspects[t.Suspect], node)
-			}
-			if t.ChainMismatch {
-				out = append(out, Entry{
-					Stream: name, Kind: ChainMismatch, Node: node,
-					Reason: fmt.Sprintf("copy on %s disagrees with its owner's checksum chain at epoch %d; it stopped following", node, t.Epoch),
-				})
-			}
-		}
-		for owner, by := range suspects {
-			slices.Sort(by)
-			out = append(out, Entry{
-				Stream: name, Kind: FailoverSuspect, Node: owner,
-				Reason: fmt.Sprintf("owner %s suspected by %s", owner, strings.Join(by, ", ")),
-			})
-		}
+	for name := range s.Assignments {
+		out = append(out, judgeStream(s, name)...)
 	}
+	sortEntries(out)
+	return out
+}
+
+// JudgeStream lists the attention entries of one stream, ordered by kind
+// and node: what Judge lists for it, at the cost of that stream alone.
+func JudgeStream(s *state.Snapshot, name string) []Entry {
+	out := judgeStream(s, name)
+	sortEntries(out)
+	return out
+}
+
+func sortEntries(out []Entry) {
 	slices.SortFunc(out, func(x, y Entry) int {
 		return cmp.Or(cmp.Compare(x.Stream, y.Stream), cmp.Compare(x.Kind, y.Kind), cmp.Compare(x.Node, y.Node))
 	})
+}
+
+// judgeStream lists the entries of one stream, unordered; a stream with no
+// assignment has none.
+func judgeStream(s *state.Snapshot, name string) []Entry {
+	av, ok := s.Assignments[name]
+	if !ok {
+		return nil
+	}
+	a := av.Value
+	var out []Entry
+	if rec, ok := s.Recoveries[name]; ok {
+		if e, wait := judgeRecovery(s, a, rec.Value, s.History[name].Value); wait {
+			out = append(out, e)
+		}
+		out = append(out, judgeRefusals(s, name, rec.Value, s.Refusals[name].Value)...)
+	} else if fence, by := liveness.SealedPast(s, a); len(by) > 0 && a.Copies() == 1 {
+		// A replicated stream sealed like this gets a new recovery from
+		// the liveness loop; a single copy gets none of its own, and
+		// refuses publishes until a recovery that adds copies takes
+		// the seal over.
+		out = append(out, Entry{
+			Stream: name, Kind: SingleCopySealed, Node: a.Owner,
+			Reason: fmt.Sprintf("single-copy stream is sealed at epoch %d on %s, past its assignment's epoch %d, with no recovery pending (one was withdrawn); it refuses publishes until a stream update to more copies recovers it",
+				fence, a.Owner, a.Epoch),
+		})
+	}
+	for _, m := range a.Members() {
+		if s.Live(m) {
+			continue
+		}
+		if a.Copies() == 1 {
+			out = append(out, Entry{
+				Stream: name, Kind: SingleCopyOwnerDown, Node: m,
+				Reason: fmt.Sprintf("single-copy stream waits for its owner %s; accept the loss to move it", m),
+			})
+			continue
+		}
+		role := cluster.RoleFollower
+		if m == a.Owner {
+			role = cluster.RoleOwner
+		}
+		out = append(out, Entry{
+			Stream: name, Kind: BrokerDown, Node: m,
+			Reason: fmt.Sprintf("broker %s holding the %s copy at epoch %d is down", m, role, a.Epoch),
+		})
+	}
+	suspects := map[string][]string{}
+	for node, hb := range s.Heartbeats {
+		t, ok := hb.Streams[name]
+		if !ok {
+			continue
+		}
+		if t.Suspect != "" && t.Suspect == a.Owner {
+			suspects[t.Suspect] = append(suspects[t.Suspect], node)
+		}
+		if t.ChainMismatch {
+			out = append(out, Entry{
+				Stream: name, Kind: ChainMismatch, Node: node,
+				Reason: fmt.Sprintf("copy on %s disagrees with its owner's checksum chain at epoch %d; it stopped following", node, t.Epoch),
+			})
+		}
+	}
+	for owner, by := range suspects {
+		slices.Sort(by)
+		out = append(out, Entry{
+			Stream: name, Kind: FailoverSuspect, Node: owner,
+			Reason: fmt.Sprintf("owner %s suspected by %s", owner, strings.Join(by, ", ")),
+		})
+	}
 	return out
 }
 

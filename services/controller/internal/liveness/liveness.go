@@ -18,7 +18,6 @@ import (
 
 	"connectrpc.com/grpchealth"
 	"github.com/rs/zerolog"
-	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/strandhq/strand/internal/cluster"
 	"github.com/strandhq/strand/internal/logging"
@@ -49,14 +48,16 @@ func HealthProber() Prober {
 
 // Config is what the loop needs.
 type Config struct {
-	Client *clientv3.Client
+	// View is the controller's view of the cluster; the loop passes over
+	// its snapshot whenever it changes.
+	View   *state.View
 	Schema cluster.Schema
 	Log    zerolog.Logger
 	// ProbeGrace bounds the probe of a suspected owner.
 	ProbeGrace time.Duration
 	// Probe defaults to HealthProber.
 	Probe Prober
-	// Resync re-reads the cluster this often even without changes, so a
+	// Resync passes over the cluster this often even without changes, so a
 	// failed probe or a conflicting write is retried (default 1s).
 	Resync time.Duration
 	Now    func() time.Time
@@ -76,30 +77,32 @@ func Run(ctx context.Context, cfg Config, term *leader.Term) error {
 	l := &loop{cfg: cfg, commit: transition.Committer{Term: term, Schema: cfg.Schema}}
 	tick := time.NewTicker(cfg.Resync)
 	defer tick.Stop()
-	var wch clientv3.WatchChan
 	for {
-		snap, err := state.Load(ctx, cfg.Client, cfg.Schema)
-		if err != nil {
+		// The pass reads the view, never etcd: a change of any size costs
+		// a pass over the decoded snapshot, not a read and decoding of the
+		// whole prefix. A stale snapshot is safe: every write the pass
+		// makes compares the mod revisions it read, and one that lost the
+		// race is made again from a newer snapshot at a later pass.
+		snap, changed := cfg.View.Current()
+		if snap != nil && l.reconcile(ctx, snap) {
+			// Wait for the view to hold the pass's own writes, and pass
+			// again at once over what changed meanwhile: a pass on a view
+			// without them would propose again what this one recorded,
+			// which its compare refuses at the cost of a transaction per
+			// stream after a failover.
+			wctx, cancel := context.WithTimeout(ctx, cfg.Resync)
+			_, _ = cfg.View.Fresh(wctx)
+			cancel()
 			if ctx.Err() != nil {
 				return ctx.Err()
 			}
-			cfg.Log.Warn().Err(err).Msg("liveness: cannot read the cluster; retrying at the next resync")
-		} else {
-			if wch == nil {
-				wctx := clientv3.WithRequireLeader(ctx)
-				wch = cfg.Client.Watch(wctx, cfg.Schema.Prefix()+"/", clientv3.WithPrefix(), clientv3.WithRev(snap.Rev+1))
-			}
-			l.reconcile(ctx, snap)
+			continue
 		}
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
 		case <-tick.C:
-		case resp, ok := <-wch:
-			if !ok || resp.Err() != nil {
-				// Compacted or cancelled: the next read starts a new watch.
-				wch = nil
-			}
+		case <-changed:
 		}
 	}
 }
@@ -107,9 +110,17 @@ func Run(ctx context.Context, cfg Config, term *leader.Term) error {
 type loop struct {
 	cfg    Config
 	commit transition.Committer
+	// load is the placement load of the pass's snapshot: it costs a walk
+	// over every assignment, so it is taken once per pass rather than per
+	// stream that needs a broker placed.
+	load placement.Load
+	// wrote is set when the pass committed a write.
+	wrote bool
 }
 
-func (l *loop) reconcile(ctx context.Context, s *state.Snapshot) {
+// reconcile passes over s and reports whether it wrote anything.
+func (l *loop) reconcile(ctx context.Context, s *state.Snapshot) bool {
+	l.load, l.wrote = transition.LoadOf(s), false
 	lost := l.lostOwners(ctx, s)
 	for _, stream := range slices.Sorted(maps.Keys(s.Assignments)) {
 		if _, pending := s.Recoveries[stream]; pending {
@@ -130,6 +141,7 @@ func (l *loop) reconcile(ctx context.Context, s *state.Snapshot) {
 		}
 		l.replenish(ctx, s, stream)
 	}
+	return l.wrote
 }
 
 // SealedPast returns the members of a whose heartbeat reports their copy
@@ -166,6 +178,10 @@ func (l *loop) lostOwners(ctx context.Context, s *state.Snapshot) map[string]str
 	lost := map[string]string{}
 	suspected := map[string][]string{} // owner -> streams
 	for stream, av := range s.Assignments {
+		if _, pending := s.Recoveries[stream]; pending {
+			// Its recovery is under way; reconcile leaves it alone.
+			continue
+		}
 		a := av.Value
 		if !s.Live(a.Owner) {
 			lost[stream] = fmt.Sprintf("owner %s lost: its broker lease ended", a.Owner)
@@ -250,7 +266,7 @@ func (l *loop) recordRecovery(ctx context.Context, s *state.Snapshot, stream str
 	if a.Copies() == 1 {
 		return
 	}
-	rec, err := transition.ProposeRecovery(s, stream, lost, reason)
+	rec, err := transition.ProposeRecoveryWith(s, l.load, stream, lost, reason)
 	if err != nil {
 		l.cfg.Log.Warn().Err(err).Str(logging.Stream, stream).Msg("liveness: cannot propose a recovery; retrying at the next change")
 		return
@@ -260,9 +276,10 @@ func (l *loop) recordRecovery(ctx context.Context, s *state.Snapshot, stream str
 	}
 	rec = transition.Stamp(rec, l.cfg.Now())
 	if err := l.commit.WriteRecovery(ctx, s.Assignments[stream].ModRev, rec); err != nil {
-		l.logWriteError(err, stream, "liveness: recovery not recorded; re-reading")
+		l.logWriteError(err, stream, "liveness: recovery not recorded; trying again at the next pass")
 		return
 	}
+	l.wrote = true
 	l.cfg.Log.Info().Str(logging.Stream, stream).Uint64(logging.Epoch, rec.FromEpoch).Uint64(logging.FenceEpoch, rec.FenceEpoch).
 		Str(logging.Transition, rec.TransitionID).Str(logging.Owner, rec.OldOwner).Str("proposed_owner", rec.ProposedOwner).
 		Strs("added_members", rec.AddedMembers).Str(logging.Reason, reason).Msg(msg)
@@ -278,15 +295,16 @@ func (l *loop) replenish(ctx context.Context, s *state.Snapshot, stream string) 
 	if !ok || spec.Value.Copies <= av.Value.Copies() {
 		return
 	}
-	next, added, blocked := Replenish(s, av.Value, spec.Value.Copies)
+	next, added, blocked := ReplenishWith(s, l.load, av.Value, spec.Value.Copies)
 	if len(added) == 0 {
 		l.restoreThroughRecovery(ctx, s, stream, blocked)
 		return
 	}
 	if err := l.commit.FastPath(ctx, av, next); err != nil {
-		l.logWriteError(err, stream, "liveness: follower not added; re-reading")
+		l.logWriteError(err, stream, "liveness: follower not added; trying again at the next pass")
 		return
 	}
+	l.wrote = true
 	l.cfg.Log.Info().Str(logging.Stream, stream).Uint64(logging.Epoch, next.Epoch).Strs("added", added).
 		Strs(logging.Followers, next.Followers).Msg("followers added on the fast path")
 }
@@ -299,6 +317,11 @@ func (l *loop) replenish(ctx context.Context, s *state.Snapshot, stream string) 
 // blocked lists the candidates left out because adding them would raise W:
 // those additions need a recovery (docs/protocol.md, "Stream failover").
 func Replenish(s *state.Snapshot, a cluster.Assignment, copies int) (next cluster.Assignment, added, blocked []string) {
+	return ReplenishWith(s, transition.LoadOf(s), a, copies)
+}
+
+// ReplenishWith is Replenish with the placement load of s taken already.
+func ReplenishWith(s *state.Snapshot, load placement.Load, a cluster.Assignment, copies int) (next cluster.Assignment, added, blocked []string) {
 	// Only brokers heard from since the assignment was written count: a
 	// SIGKILLed owner's key and heartbeat outlive it until its lease ends,
 	// and adding it back would count a dead copy in E and raise the next
@@ -327,7 +350,7 @@ func Replenish(s *state.Snapshot, a cluster.Assignment, copies int) (next cluste
 	}
 	need := copies - a.Copies()
 	exclude := append(append(a.Members(), order...), silent...)
-	order = append(order, placement.PickUpTo(transition.LoadOf(s), need, exclude)...)
+	order = append(order, placement.PickUpTo(load, need, exclude)...)
 
 	next = a
 	next.Followers = slices.Clone(a.Followers)
@@ -373,9 +396,10 @@ func (l *loop) restoreThroughRecovery(ctx context.Context, s *state.Snapshot, st
 		Reason: fmt.Sprintf("restoring %d copies under %s needs more copies to confirm", spec.Copies, spec.Policy),
 	}, l.cfg.Now())
 	if err := l.commit.WriteRecovery(ctx, av.ModRev, rec); err != nil {
-		l.logWriteError(err, stream, "liveness: copy restore not recorded; re-reading")
+		l.logWriteError(err, stream, "liveness: copy restore not recorded; trying again at the next pass")
 		return
 	}
+	l.wrote = true
 	l.cfg.Log.Info().Str(logging.Stream, stream).Uint64(logging.FenceEpoch, rec.FenceEpoch).Str(logging.Transition, rec.TransitionID).
 		Strs("added_members", rec.AddedMembers).Str(logging.Reason, rec.Reason).Msg("copies restored through a pending recovery")
 }

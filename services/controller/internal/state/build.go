@@ -8,17 +8,7 @@ type Builder struct{ s *Snapshot }
 
 // Build starts an empty snapshot.
 func Build() *Builder {
-	return &Builder{s: &Snapshot{
-		Brokers:     map[string]cluster.BrokerInfo{},
-		Heartbeats:  map[string]cluster.Heartbeat{},
-		Streams:     map[string]Versioned[cluster.StreamSpec]{},
-		Assignments: map[string]Versioned[cluster.Assignment]{},
-		Recoveries:  map[string]Versioned[cluster.Recovery]{},
-		History:     map[string]Versioned[cluster.HistoryStarts]{},
-		Refusals:    map[string]Versioned[cluster.SealRefusals]{},
-
-		HeartbeatRev: map[string]int64{},
-	}}
+	return &Builder{s: empty()}
 }
 
 // Live registers brokers.

@@ -1,15 +1,18 @@
 // Package state reads the controller's view of the cluster from etcd: every
 // key under the schema's prefix at one revision, decoded, with the mod
-// revisions guarded writes compare.
+// revisions guarded writes compare. Load reads it whole; a View keeps it
+// from one load and the watch after it.
 package state
 
 import (
 	"context"
 	"fmt"
+	"maps"
 	"slices"
 	"sort"
 	"strings"
 
+	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/strandhq/strand/internal/cluster"
@@ -45,12 +48,38 @@ type Snapshot struct {
 // Load reads everything under the schema's prefix in one range request, so
 // the snapshot is consistent.
 func Load(ctx context.Context, cli *clientv3.Client, s cluster.Schema) (*Snapshot, error) {
-	resp, err := cli.Get(ctx, s.Prefix()+"/", clientv3.WithPrefix())
+	return LoadAt(ctx, cli, s, 0)
+}
+
+// LoadAt reads everything under the schema's prefix as of revision rev (the
+// current revision when rev is 0).
+func LoadAt(ctx context.Context, cli *clientv3.Client, s cluster.Schema, rev int64) (*Snapshot, error) {
+	opts := []clientv3.OpOption{clientv3.WithPrefix()}
+	if rev > 0 {
+		opts = append(opts, clientv3.WithRev(rev))
+	}
+	resp, err := cli.Get(ctx, s.Prefix()+"/", opts...)
 	if err != nil {
 		return nil, fmt.Errorf("state: read %s: %w", s.Prefix(), err)
 	}
-	snap := &Snapshot{
-		Rev:         resp.Header.Revision,
+	snap := empty()
+	// A read at an older revision answers with the current revision in
+	// its header; the snapshot is of the revision asked for.
+	snap.Rev = resp.Header.Revision
+	if rev > 0 {
+		snap.Rev = rev
+	}
+	for _, kv := range resp.Kvs {
+		snap.apply(s, string(kv.Key), kv, ownAll)
+	}
+	return snap, nil
+}
+
+// ownAll is apply's own for a snapshot nothing else shares.
+func ownAll(part) {}
+
+func empty() *Snapshot {
+	return &Snapshot{
 		Brokers:     map[string]cluster.BrokerInfo{},
 		Heartbeats:  map[string]cluster.Heartbeat{},
 		Streams:     map[string]Versioned[cluster.StreamSpec]{},
@@ -61,54 +90,169 @@ func Load(ctx context.Context, cli *clientv3.Client, s cluster.Schema) (*Snapsho
 
 		HeartbeatRev: map[string]int64{},
 	}
-	for _, kv := range resp.Kvs {
-		key := string(kv.Key)
-		if node, err := cluster.NameIn(s.HeartbeatsDir(), key); err == nil {
+}
+
+// part names the pieces of a Snapshot one key can change: the view copies
+// only the pieces an event changes, and only once after it handed out a
+// snapshot sharing them.
+type part uint16
+
+const (
+	partBrokers part = 1 << iota
+	partHeartbeats
+	partStreams
+	partAssignments
+	partRecoveries
+	partHistory
+	partRefusals
+	partCorrupt
+
+	partNone part = 0
+	partAll       = partCorrupt<<1 - 1
+)
+
+// apply sets key to kv's value in snap, or removes it when kv is nil (a
+// delete). It is the one decoding of a stored key-value, shared by Load and
+// the view's watch, so the snapshot the view keeps from events is the one a
+// Load at the same revision reads. own is called with the parts apply is
+// about to change before it changes them (the view copies a part it shares
+// with a published snapshot then). Values are replaced, never changed in
+// place: published snapshots share them.
+func (snap *Snapshot) apply(s cluster.Schema, key string, kv *mvccpb.KeyValue, own func(part)) {
+	p, dir := partOf(s, key)
+	if p == partNone {
+		// Election keys and anything else under the prefix are not state.
+		return
+	}
+	own(p)
+	var err error
+	switch p {
+	case partHeartbeats:
+		err = snap.applyHeartbeat(s, key, kv)
+	case partBrokers:
+		err = applyIn(snap.Brokers, dir, key, kv, plain[cluster.BrokerInfo])
+	case partStreams:
+		err = applyIn(snap.Streams, dir, key, kv, versioned[cluster.StreamSpec])
+	case partAssignments:
+		err = applyIn(snap.Assignments, dir, key, kv, versioned[cluster.Assignment])
+	case partRecoveries:
+		err = applyIn(snap.Recoveries, dir, key, kv, versioned[cluster.Recovery])
+	case partHistory:
+		err = applyIn(snap.History, dir, key, kv, versioned[cluster.HistoryStarts])
+	case partRefusals:
+		err = applyIn(snap.Refusals, dir, key, kv, versioned[cluster.SealRefusals])
+	}
+	// A delete takes a key off Corrupt whatever its name: a Load would not
+	// list it.
+	snap.markCorrupt(key, kv != nil && err != nil, own)
+}
+
+// partOf returns the part key belongs to and its directory.
+func partOf(s cluster.Schema, key string) (part, string) {
+	for _, d := range [...]struct {
+		dir string
+		p   part
+	}{
+		{s.HeartbeatsDir(), partHeartbeats},
+		{s.BrokersDir(), partBrokers},
+		{s.StreamsDir(), partStreams},
+		{s.AssignmentsDir(), partAssignments},
+		{s.RecoveriesDir(), partRecoveries},
+		{s.HistoryDir(), partHistory},
+		{s.RefusalsDir(), partRefusals},
+	} {
+		if strings.HasPrefix(key, d.dir) {
+			return d.p, d.dir
+		}
+	}
+	return partNone, ""
+}
+
+// applyHeartbeat is the heartbeat part of apply: a broker's heartbeat and
+// the revision it was written at. The revision is kept even for a value
+// that cannot be decoded, since the broker did write it.
+func (snap *Snapshot) applyHeartbeat(s cluster.Schema, key string, kv *mvccpb.KeyValue) error {
+	if node, err := cluster.NameIn(s.HeartbeatsDir(), key); err == nil {
+		if kv == nil {
+			delete(snap.HeartbeatRev, node)
+		} else {
 			snap.HeartbeatRev[node] = kv.ModRevision
 		}
-		var derr error
-		switch {
-		case decodeInto(s.BrokersDir(), kv, snap.Brokers, &derr, func(v cluster.BrokerInfo) cluster.BrokerInfo { return v }):
-		case decodeInto(s.HeartbeatsDir(), kv, snap.Heartbeats, &derr, func(v cluster.Heartbeat) cluster.Heartbeat { return v }):
-		case decodeInto(s.StreamsDir(), kv, snap.Streams, &derr, versioned[cluster.StreamSpec](kv.ModRevision)):
-		case decodeInto(s.AssignmentsDir(), kv, snap.Assignments, &derr, versioned[cluster.Assignment](kv.ModRevision)):
-		case decodeInto(s.RecoveriesDir(), kv, snap.Recoveries, &derr, versioned[cluster.Recovery](kv.ModRevision)):
-		case decodeInto(s.HistoryDir(), kv, snap.History, &derr, versioned[cluster.HistoryStarts](kv.ModRevision)):
-		case decodeInto(s.RefusalsDir(), kv, snap.Refusals, &derr, versioned[cluster.SealRefusals](kv.ModRevision)):
-		}
-		if derr != nil {
-			snap.Corrupt = append(snap.Corrupt, key)
-		}
 	}
-	return snap, nil
+	return applyIn(snap.Heartbeats, s.HeartbeatsDir(), key, kv, plain[cluster.Heartbeat])
 }
 
-func versioned[T any](rev int64) func(T) Versioned[T] {
-	return func(v T) Versioned[T] { return Versioned[T]{Value: v, ModRev: rev} }
-}
+func plain[T any](v T, _ int64) T { return v }
 
-// decodeInto decodes kv into m when its key is directly under dir; it
-// reports whether the key belonged to dir.
-func decodeInto[T, V any](dir string, kv interface {
-	GetKey() []byte
-	GetValue() []byte
-}, m map[string]V, derr *error, wrap func(T) V) bool {
-	key := string(kv.GetKey())
-	if !strings.HasPrefix(key, dir) {
-		return false
-	}
+func versioned[T any](v T, rev int64) Versioned[T] { return Versioned[T]{Value: v, ModRev: rev} }
+
+// applyIn sets or removes the entry of m that key, directly under dir,
+// names. A value that cannot be decoded removes the entry (a Load would not
+// have it) and is reported.
+func applyIn[T, V any](m map[string]V, dir, key string, kv *mvccpb.KeyValue, wrap func(T, int64) V) error {
 	name, err := cluster.NameIn(dir, key)
 	if err != nil {
-		*derr = err
-		return true
+		return err
 	}
-	v, err := cluster.Decode[T](kv.GetValue())
+	if kv == nil {
+		delete(m, name)
+		return nil
+	}
+	v, err := cluster.Decode[T](kv.Value)
 	if err != nil {
-		*derr = err
-		return true
+		delete(m, name)
+		return err
 	}
-	m[name] = wrap(v)
-	return true
+	m[name] = wrap(v, kv.ModRevision)
+	return nil
+}
+
+// markCorrupt lists key in Corrupt or takes it off, keeping Corrupt sorted
+// (the order a range read lists keys in) and nil when empty, as Load
+// leaves it.
+func (snap *Snapshot) markCorrupt(key string, corrupt bool, own func(part)) {
+	i, found := slices.BinarySearch(snap.Corrupt, key)
+	if corrupt == found {
+		return
+	}
+	own(partCorrupt)
+	if corrupt {
+		snap.Corrupt = slices.Insert(snap.Corrupt, i, key)
+		return
+	}
+	snap.Corrupt = slices.Delete(snap.Corrupt, i, i+1)
+	if len(snap.Corrupt) == 0 {
+		snap.Corrupt = nil
+	}
+}
+
+// unshare replaces the parts p of snap with copies, so changing them does
+// not change a snapshot published earlier that shares them.
+func (snap *Snapshot) unshare(p part) {
+	if p&partBrokers != 0 {
+		snap.Brokers = maps.Clone(snap.Brokers)
+	}
+	if p&partHeartbeats != 0 {
+		snap.Heartbeats, snap.HeartbeatRev = maps.Clone(snap.Heartbeats), maps.Clone(snap.HeartbeatRev)
+	}
+	if p&partStreams != 0 {
+		snap.Streams = maps.Clone(snap.Streams)
+	}
+	if p&partAssignments != 0 {
+		snap.Assignments = maps.Clone(snap.Assignments)
+	}
+	if p&partRecoveries != 0 {
+		snap.Recoveries = maps.Clone(snap.Recoveries)
+	}
+	if p&partHistory != 0 {
+		snap.History = maps.Clone(snap.History)
+	}
+	if p&partRefusals != 0 {
+		snap.Refusals = maps.Clone(snap.Refusals)
+	}
+	if p&partCorrupt != 0 {
+		snap.Corrupt = slices.Clone(snap.Corrupt)
+	}
 }
 
 // Live reports whether node's broker key is present.

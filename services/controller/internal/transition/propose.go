@@ -70,6 +70,12 @@ func LoadOf(s *state.Snapshot) placement.Load {
 // by a live non-member placement picks, while one exists. TransitionID and
 // Created are left for the caller.
 func ProposeRecovery(s *state.Snapshot, stream string, lost []string, reason string) (cluster.Recovery, error) {
+	return ProposeRecoveryWith(s, LoadOf(s), stream, lost, reason)
+}
+
+// ProposeRecoveryWith is ProposeRecovery with the placement load of s taken
+// already, for a caller proposing for many streams of one snapshot.
+func ProposeRecoveryWith(s *state.Snapshot, load placement.Load, stream string, lost []string, reason string) (cluster.Recovery, error) {
 	av, ok := s.Assignments[stream]
 	if !ok {
 		return cluster.Recovery{}, ErrNoStream
@@ -96,7 +102,7 @@ func ProposeRecovery(s *state.Snapshot, stream string, lost []string, reason str
 			gone++
 		}
 	}
-	added := placement.PickUpTo(LoadOf(s), gone, a.Members())
+	added := placement.PickUpTo(load, gone, a.Members())
 	policy := a.Policy
 	if spec, ok := s.Streams[stream]; ok {
 		policy = spec.Value.Policy

@@ -1,0 +1,108 @@
+package etcdtest
+
+import (
+	"io"
+	"net"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
+)
+
+// Forwarder is a loopback TCP proxy in front of the server that a test can
+// cut: Cut closes every connection it carries and closes new ones at once
+// until Resume. A client through it loses its watches for real, as it
+// would in a network partition or an etcd restart, while the server goes
+// on taking writes from other clients.
+type Forwarder struct {
+	ln     net.Listener
+	target string
+
+	mu    sync.Mutex
+	open  bool
+	conns []net.Conn
+}
+
+// Forward starts a forwarder to the server's first endpoint; it stops at
+// cleanup.
+func (s *Server) Forward(t testing.TB) *Forwarder {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatalf("etcdtest: forwarder: %v", err)
+	}
+	target := strings.TrimPrefix(s.Endpoints[0], "http://")
+	f := &Forwarder{ln: ln, target: target, open: true}
+	t.Cleanup(func() {
+		_ = ln.Close()
+		f.Cut()
+	})
+	go f.serve()
+	return f
+}
+
+// Client returns a client that reaches the server through the forwarder,
+// closed at cleanup.
+func (f *Forwarder) Client(t testing.TB) *clientv3.Client {
+	t.Helper()
+	c, err := clientv3.New(clientv3.Config{
+		Endpoints: []string{"http://" + f.ln.Addr().String()}, DialTimeout: 5 * time.Second, Logger: zap.NewNop(),
+	})
+	if err != nil {
+		t.Fatalf("etcdtest: client: %v", err)
+	}
+	t.Cleanup(func() { _ = c.Close() })
+	return c
+}
+
+func (f *Forwarder) serve() {
+	for {
+		c, err := f.ln.Accept()
+		if err != nil {
+			return
+		}
+		f.mu.Lock()
+		if !f.open {
+			f.mu.Unlock()
+			_ = c.Close()
+			continue
+		}
+		up, err := net.Dial("tcp", f.target)
+		if err != nil {
+			f.mu.Unlock()
+			_ = c.Close()
+			continue
+		}
+		f.conns = append(f.conns, c, up)
+		f.mu.Unlock()
+		go pipe(c, up)
+		go pipe(up, c)
+	}
+}
+
+func pipe(dst, src net.Conn) {
+	_, _ = io.Copy(dst, src)
+	_ = dst.Close()
+	_ = src.Close()
+}
+
+// Cut closes every connection and refuses new ones until Resume.
+func (f *Forwarder) Cut() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.open = false
+	for _, c := range f.conns {
+		_ = c.Close()
+	}
+	f.conns = nil
+}
+
+// Resume lets connections through again.
+func (f *Forwarder) Resume() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.open = true
+}
