@@ -101,11 +101,23 @@ func (h *harness) brokerAt(node, addr string) {
 	}
 }
 
-// heartbeat publishes node's copy tails on its lease.
+// heartbeat publishes node's copy tails on its lease, every shard of its
+// heartbeat in one transaction, as a broker does on registering.
 func (h *harness) heartbeat(node string, streams map[string]cluster.CopyTails) {
 	h.t.Helper()
-	hb := cluster.Heartbeat{Node: node, Time: time.Now().UTC(), Streams: streams}
-	if _, err := h.cli.Put(ctxT(h.t), schema.HeartbeatKey(node), cluster.Encode(hb), clientv3.WithLease(h.leases[node])); err != nil {
+	var shards [cluster.HeartbeatShards]map[string]cluster.CopyTails
+	for i := range shards {
+		shards[i] = map[string]cluster.CopyTails{}
+	}
+	for stream, t := range streams {
+		shards[cluster.HeartbeatShard(stream)][stream] = t
+	}
+	ops := make([]clientv3.Op, 0, len(shards))
+	for i, m := range shards {
+		hb := cluster.Heartbeat{Node: node, Shard: i, Time: time.Now().UTC(), Streams: m}
+		ops = append(ops, clientv3.OpPut(schema.HeartbeatKey(node, i), cluster.Encode(hb), clientv3.WithLease(h.leases[node])))
+	}
+	if _, err := h.cli.Txn(ctxT(h.t)).Then(ops...).Commit(); err != nil {
 		h.t.Fatal(err)
 	}
 }

@@ -25,11 +25,11 @@ type Versioned[T any] struct {
 type Snapshot struct {
 	Rev        int64
 	Brokers    map[string]cluster.BrokerInfo
+	// Heartbeats are each broker's heartbeat shards merged into one.
 	Heartbeats map[string]cluster.Heartbeat
-	// HeartbeatRev is the mod revision of each broker's heartbeat: a broker
-	// heard since a revision has written after it, so it is running; a
-	// killed broker's key and heartbeat outlive it until its lease ends.
-	HeartbeatRev map[string]int64
+	// HeartbeatRev is the mod revision of each shard of each broker's
+	// heartbeat (HeardSince).
+	HeartbeatRev map[string]*[cluster.HeartbeatShards]int64
 	Streams      map[string]Versioned[cluster.StreamSpec]
 	Assignments  map[string]Versioned[cluster.Assignment]
 	Recoveries   map[string]Versioned[cluster.Recovery]
@@ -59,17 +59,15 @@ func Load(ctx context.Context, cli *clientv3.Client, s cluster.Schema) (*Snapsho
 		History:     map[string]Versioned[cluster.HistoryStarts]{},
 		Refusals:    map[string]Versioned[cluster.SealRefusals]{},
 
-		HeartbeatRev: map[string]int64{},
+		HeartbeatRev: map[string]*[cluster.HeartbeatShards]int64{},
 	}
 	for _, kv := range resp.Kvs {
 		key := string(kv.Key)
-		if node, err := cluster.NameIn(s.HeartbeatsDir(), key); err == nil {
-			snap.HeartbeatRev[node] = kv.ModRevision
-		}
 		var derr error
 		switch {
 		case decodeInto(s.BrokersDir(), kv, snap.Brokers, &derr, func(v cluster.BrokerInfo) cluster.BrokerInfo { return v }):
-		case decodeInto(s.HeartbeatsDir(), kv, snap.Heartbeats, &derr, func(v cluster.Heartbeat) cluster.Heartbeat { return v }):
+		case strings.HasPrefix(key, s.HeartbeatsDir()):
+			derr = snap.decodeHeartbeat(s, key, kv.Value, kv.ModRevision)
 		case decodeInto(s.StreamsDir(), kv, snap.Streams, &derr, versioned[cluster.StreamSpec](kv.ModRevision)):
 		case decodeInto(s.AssignmentsDir(), kv, snap.Assignments, &derr, versioned[cluster.Assignment](kv.ModRevision)):
 		case decodeInto(s.RecoveriesDir(), kv, snap.Recoveries, &derr, versioned[cluster.Recovery](kv.ModRevision)):
@@ -81,6 +79,42 @@ func Load(ctx context.Context, cli *clientv3.Client, s cluster.Schema) (*Snapsho
 		}
 	}
 	return snap, nil
+}
+
+// decodeHeartbeat merges one heartbeat shard into the snapshot: its
+// statuses into the broker's Heartbeat, its mod revision into the broker's
+// HeartbeatRev. It is the one place a heartbeat key and value are read.
+func (snap *Snapshot) decodeHeartbeat(s cluster.Schema, key string, value []byte, modRev int64) error {
+	node, shard, err := s.ParseHeartbeatKey(key)
+	if err != nil {
+		return err
+	}
+	v, err := cluster.Decode[cluster.Heartbeat](value)
+	if err != nil {
+		return err
+	}
+	hb, ok := snap.Heartbeats[node]
+	if !ok {
+		hb = cluster.Heartbeat{Node: node, Time: v.Time, Streams: make(map[string]cluster.CopyTails, len(v.Streams))}
+	}
+	for stream, t := range v.Streams {
+		// A stream in a shard it does not hash to is not where readers
+		// look for it (a broker with another shard count); it is taken
+		// all the same, since it is the broker's word on its copy.
+		hb.Streams[stream] = t
+	}
+	if v.Time.After(hb.Time) {
+		hb.Time = v.Time
+	}
+	hb.Omitted += v.Omitted
+	snap.Heartbeats[node] = hb
+	revs := snap.HeartbeatRev[node]
+	if revs == nil {
+		revs = new([cluster.HeartbeatShards]int64)
+		snap.HeartbeatRev[node] = revs
+	}
+	revs[shard] = modRev
+	return nil
 }
 
 func versioned[T any](rev int64) func(T) Versioned[T] {
@@ -117,9 +151,28 @@ func (s *Snapshot) Live(node string) bool {
 	return ok
 }
 
-// HeardSince reports whether node wrote a heartbeat after revision rev.
-func (s *Snapshot) HeardSince(node string, rev int64) bool {
-	return s.HeartbeatRev[node] > rev
+// HeardSince reports whether node wrote the heartbeat shard that carries
+// stream after revision rev: the broker was running after rev, and, when
+// rev is the mod revision of stream's assignment, it has taken that
+// assignment in (applied it, or found its copy left out of it).
+//
+// Brokers write on change, not on a clock, so a broker's last write can be
+// long before any given revision; what ties a write to an assignment is
+// that every broker holding a copy of a stream writes the stream's shard
+// when its copy takes in a new assignment, even if the copy's status reads
+// the same (replica.Manager.TakeTakenIn). A broker that was killed and
+// whose lease has not ended yet cannot, so a killed owner is not taken for
+// a copy that is back. A broker that holds no copy of stream gives no such
+// evidence: HeardSince is false for it.
+func (s *Snapshot) HeardSince(node, stream string, rev int64) bool {
+	revs := s.HeartbeatRev[node]
+	if revs == nil {
+		return false
+	}
+	if _, ok := s.Heartbeats[node].Streams[stream]; !ok {
+		return false
+	}
+	return revs[cluster.HeartbeatShard(stream)] > rev
 }
 
 // LiveBrokers returns the live broker ids in order.
