@@ -24,7 +24,8 @@ const MaxHeartbeatTxnBytes = 1 << 20
 // value fits and leaves the rest out, counting them in Omitted: a value
 // etcd would refuse is never sent (it would fail every heartbeat after
 // it, the ones that fit included). It returns the encoded value and the
-// streams left out.
+// streams left out. limit must leave room for a shard with no copies (a
+// few hundred bytes); MaxHeartbeatBytes does, by far.
 func BoundHeartbeat(hb Heartbeat, limit int) (string, []string) {
 	v := Encode(hb)
 	if len(v) <= limit {

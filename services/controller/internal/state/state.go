@@ -23,8 +23,8 @@ type Versioned[T any] struct {
 
 // Snapshot is the coordination state at one etcd revision.
 type Snapshot struct {
-	Rev        int64
-	Brokers    map[string]cluster.BrokerInfo
+	Rev     int64
+	Brokers map[string]cluster.BrokerInfo
 	// Heartbeats are each broker's heartbeat shards merged into one.
 	Heartbeats map[string]cluster.Heartbeat
 	// HeartbeatRev is the mod revision of each shard of each broker's
