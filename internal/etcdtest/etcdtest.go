@@ -13,6 +13,8 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/server/v3/embed"
 	"go.uber.org/zap"
+
+	"github.com/strandhq/strand/internal/etcdcfg"
 )
 
 // Server is an embedded etcd on loopback with a data dir in t.TempDir().
@@ -66,6 +68,9 @@ func startIn(dir string) (*Server, error) {
 	cfg.ListenPeerUrls = []url.URL{*peerURL}
 	cfg.AdvertisePeerUrls = []url.URL{*peerURL}
 	cfg.InitialCluster = cfg.Name + "=" + peerURL.String()
+	// The compaction and quota of every etcd Strand starts, so tests run
+	// against the configuration operators are told to run (docs/etcd.md).
+	etcdcfg.Defaults().Apply(cfg)
 	e, err := embed.StartEtcd(cfg)
 	if err != nil {
 		return nil, fmt.Errorf("etcdtest: start: %w", err)
