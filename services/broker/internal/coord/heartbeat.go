@@ -54,8 +54,9 @@ type heartbeats struct {
 	log    zerolog.Logger
 	status func() map[string]cluster.CopyTails
 	// maxValue and maxTxn bound one shard's value and one transaction's
-	// values (cluster.MaxHeartbeatBytes, cluster.MaxHeartbeatTxnBytes).
-	maxValue, maxTxn int
+	// values (cluster.MaxHeartbeatBytes, cluster.MaxHeartbeatTxnBytes),
+	// maxOps a transaction's puts (maxTxnOps).
+	maxValue, maxTxn, maxOps int
 
 	// Used by the session's loop only.
 	lease     clientv3.LeaseID
@@ -74,7 +75,7 @@ type heartbeats struct {
 
 func newHeartbeats(cli *clientv3.Client, schema cluster.Schema, node string, log zerolog.Logger, status func() map[string]cluster.CopyTails) *heartbeats {
 	return &heartbeats{cli: cli, schema: schema, node: node, log: log, status: status,
-		maxValue: cluster.MaxHeartbeatBytes, maxTxn: cluster.MaxHeartbeatTxnBytes}
+		maxValue: cluster.MaxHeartbeatBytes, maxTxn: cluster.MaxHeartbeatTxnBytes, maxOps: maxTxnOps}
 }
 
 // tookIn marks the shards of streams whose copies took in an assignment.
@@ -118,7 +119,7 @@ func (h *heartbeats) publish(ctx context.Context, lease clientv3.LeaseID, mode p
 	txns := 0
 	for len(batch) > 0 {
 		n, size := 0, 0
-		for n < len(batch) && n < maxTxnOps && (n == 0 || size+len(batch[n].value) <= h.maxTxn) {
+		for n < len(batch) && n < h.maxOps && (n == 0 || size+len(batch[n].value) <= h.maxTxn) {
 			size += len(batch[n].value)
 			n++
 		}

@@ -174,6 +174,23 @@ func TestHeartbeatBatchesChangesIntoOneRevision(t *testing.T) {
 	}
 }
 
+// A pass never puts more than etcd's --max-txn-ops in one transaction:
+// with a bound below the shard count it splits, every shard written.
+func TestHeartbeatTxnOpsBound(t *testing.T) {
+	if cluster.HeartbeatShards > maxTxnOps {
+		t.Fatalf("%d shards cannot go in one transaction of at most %d operations", cluster.HeartbeatShards, maxTxnOps)
+	}
+	f := newHBFixture(t, 100)
+	f.hb.maxOps = 5
+	want := (cluster.HeartbeatShards + 4) / 5
+	if txns, revs := f.publish(publishTails); txns != want || revs != int64(want) {
+		t.Fatalf("%d transactions, revision moved %d; want %d of at most 5 puts", txns, revs, want)
+	}
+	if got := len(f.shards()); got != cluster.HeartbeatShards {
+		t.Fatalf("%d shards written, want %d", got, cluster.HeartbeatShards)
+	}
+}
+
 // A stream whose copy took in an assignment has its shard written even
 // when its status reads the same: the controller learns from it that the
 // broker saw the assignment (state.Snapshot.HeardSince).
