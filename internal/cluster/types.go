@@ -48,9 +48,9 @@ type Heartbeat struct {
 	// broker's lease does.
 	Time    time.Time            `json:"time"`
 	Streams map[string]CopyTails `json:"streams"`
-	// Omitted counts copies left out of the value because it would have
-	// passed MaxHeartbeatBytes (BoundHeartbeat); the controller sees no
-	// status for them.
+	// Omitted counts copies left out of the shard's value because it
+	// would have passed MaxHeartbeatBytes (BoundHeartbeat); the controller
+	// sees no status for them. Meaningless in a merged Heartbeat too.
 	Omitted int `json:"omitted,omitempty"`
 }
 

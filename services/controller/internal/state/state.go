@@ -81,8 +81,9 @@ func Load(ctx context.Context, cli *clientv3.Client, s cluster.Schema) (*Snapsho
 	return snap, nil
 }
 
-// decodeHeartbeat merges one heartbeat shard into the snapshot: its
-// statuses into the broker's Heartbeat, its mod revision into the broker's
+// decodeHeartbeat sets one heartbeat shard in the snapshot: its statuses
+// into the broker's merged Heartbeat, in place of what an earlier value of
+// the same shard put there, and its mod revision into the broker's
 // HeartbeatRev. It is the one place a heartbeat key and value are read.
 func (snap *Snapshot) decodeHeartbeat(s cluster.Schema, key string, value []byte, modRev int64) error {
 	node, shard, err := s.ParseHeartbeatKey(key)
@@ -97,6 +98,15 @@ func (snap *Snapshot) decodeHeartbeat(s cluster.Schema, key string, value []byte
 	if !ok {
 		hb = cluster.Heartbeat{Node: node, Time: v.Time, Streams: make(map[string]cluster.CopyTails, len(v.Streams))}
 	}
+	if revs := snap.HeartbeatRev[node]; revs != nil && revs[shard] != 0 {
+		// A newer value of a shard already taken: its copies replace the
+		// old value's, which a copy gone since would outlive.
+		for stream := range hb.Streams {
+			if cluster.HeartbeatShard(stream) == shard {
+				delete(hb.Streams, stream)
+			}
+		}
+	}
 	for stream, t := range v.Streams {
 		// A stream in a shard it does not hash to is not where readers
 		// look for it (a broker with another shard count); it is taken
@@ -106,7 +116,6 @@ func (snap *Snapshot) decodeHeartbeat(s cluster.Schema, key string, value []byte
 	if v.Time.After(hb.Time) {
 		hb.Time = v.Time
 	}
-	hb.Omitted += v.Omitted
 	snap.Heartbeats[node] = hb
 	revs := snap.HeartbeatRev[node]
 	if revs == nil {
