@@ -31,6 +31,7 @@ import (
 	"github.com/strandhq/strand/api/strand/v1/strandv1connect"
 	strandclient "github.com/strandhq/strand/client"
 	"github.com/strandhq/strand/internal/cluster"
+	"github.com/strandhq/strand/internal/etcdcfg"
 	"github.com/strandhq/strand/internal/rpcserver"
 )
 
@@ -205,12 +206,14 @@ func healthCommand(name, port string) []string {
 	return []string{"/strand-healthprobe", "127.0.0.1:" + port}
 }
 
+// etcdRequest runs etcd with the compaction and quota of every etcd Strand
+// starts (docs/etcd.md).
 func (h *harness) etcdRequest() testcontainers.GenericContainerRequest {
-	return h.request("etcd", etcdImage, etcdPort,
-		"--name=etcd", "--data-dir=/data/etcd",
-		"--listen-client-urls=http://0.0.0.0:"+etcdPort, "--advertise-client-urls=http://etcd:"+etcdPort,
+	args := append([]string{"--name=etcd", "--data-dir=/data/etcd",
+		"--listen-client-urls=http://0.0.0.0:" + etcdPort, "--advertise-client-urls=http://etcd:" + etcdPort,
 		"--listen-peer-urls=http://127.0.0.1:2380", "--initial-advertise-peer-urls=http://127.0.0.1:2380",
-		"--initial-cluster=etcd=http://127.0.0.1:2380", "--log-level=warn")
+		"--initial-cluster=etcd=http://127.0.0.1:2380", "--log-level=warn"}, etcdcfg.Defaults().Flags()...)
+	return h.request("etcd", etcdImage, etcdPort, args...)
 }
 
 func (h *harness) controllerRequest() testcontainers.GenericContainerRequest {

@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 
 	"github.com/strandhq/strand/cmd/strandctl/internal/devcluster"
+	"github.com/strandhq/strand/internal/etcdcfg"
 )
 
 func devCommand() *command {
@@ -14,6 +15,7 @@ func devCommand() *command {
 		brokers  int
 		portBase int
 		binDir   string
+		etcdOpts = etcdcfg.Defaults()
 	)
 	return &command{
 		name: "dev", summary: "run a local cluster: embedded etcd, controller, recoverer and brokers as processes (Ctrl-C stops)",
@@ -21,6 +23,9 @@ func devCommand() *command {
 			fs.IntVar(&brokers, "brokers", devcluster.DefaultBrokers, "number of brokers")
 			fs.IntVar(&portBase, "port-base", devcluster.DefaultPortBase, "etcd on P, peer P+1, controller P+2, recoverer P+3, broker i on P+10+i")
 			fs.StringVar(&binDir, "bin-dir", "", "where strand-broker, strand-controller and strand-recoverer are (default: next to strandctl, else PATH)")
+			fs.StringVar(&etcdOpts.Mode, "etcd-auto-compaction-mode", etcdOpts.Mode, "embedded etcd's auto-compaction: periodic (retention is a duration) or revision (retention is a count of revisions); see docs/etcd.md")
+			fs.StringVar(&etcdOpts.Retention, "etcd-auto-compaction-retention", etcdOpts.Retention, "history the embedded etcd keeps: a duration such as 5m (periodic) or a count such as 10000 (revision); 0 turns compaction off")
+			fs.Int64Var(&etcdOpts.QuotaBytes, "etcd-quota-backend-bytes", etcdOpts.QuotaBytes, "embedded etcd's backend quota in bytes; past it etcd raises the NOSPACE alarm and refuses writes")
 		},
 		run: func(ctx context.Context, e *env, _ *flag.FlagSet, args []string) error {
 			if err := needArgs(args, 0, 0, "no arguments"); err != nil {
@@ -32,9 +37,12 @@ func devCommand() *command {
 			if portBase < 1024 || portBase+10+brokers > 65535 {
 				return usagef("--port-base %d out of range", portBase)
 			}
+			if err := etcdOpts.Validate("etcd-"); err != nil {
+				return usagef("%v", err)
+			}
 			fmt.Fprintf(e.stderr, "dev: starting etcd, controller, recoverer and %d brokers in %s\n", brokers, e.g.dataDir)
 			c, err := devcluster.Start(ctx, devcluster.Options{
-				Dir: e.g.dataDir, Brokers: brokers, PortBase: portBase, BinDir: binDir, Log: e.stderr,
+				Dir: e.g.dataDir, Brokers: brokers, PortBase: portBase, BinDir: binDir, Log: e.stderr, Etcd: etcdOpts,
 			})
 			if err != nil {
 				return err

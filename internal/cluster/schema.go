@@ -4,7 +4,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"regexp"
+	"strconv"
 	"strings"
 )
 
@@ -15,7 +17,7 @@ const DefaultPrefix = "/strand"
 // built or parsed (docs/etcd-schema.md).
 //
 //	<prefix>/brokers/<node>        BrokerInfo, bound to the broker's lease
-//	<prefix>/heartbeats/<node>     Heartbeat, bound to the broker's lease
+//	<prefix>/heartbeats/<node>/<shard>  Heartbeat: one shard of the broker's copy statuses, bound to its lease
 //	<prefix>/streams/<stream>      StreamSpec
 //	<prefix>/assignments/<stream>  Assignment
 //	<prefix>/recoveries/<stream>   Recovery (a pending recovery)
@@ -50,12 +52,55 @@ func (s Schema) RefusalsDir() string    { return s.prefix + "/refusals/" }
 
 // Keys of one broker or one stream.
 func (s Schema) BrokerKey(node string) string       { return s.BrokersDir() + node }
-func (s Schema) HeartbeatKey(node string) string    { return s.HeartbeatsDir() + node }
 func (s Schema) StreamKey(stream string) string     { return s.StreamsDir() + stream }
 func (s Schema) AssignmentKey(stream string) string { return s.AssignmentsDir() + stream }
 func (s Schema) RecoveryKey(stream string) string   { return s.RecoveriesDir() + stream }
 func (s Schema) HistoryKey(stream string) string    { return s.HistoryDir() + stream }
 func (s Schema) RefusalsKey(stream string) string   { return s.RefusalsDir() + stream }
+
+// HeartbeatShards is how many keys a broker's copy statuses are spread
+// over. A broker rewrites only the shards whose statuses changed, so one
+// change costs a value of about 1/HeartbeatShards of its copies, and a
+// broker's shards fit in one transaction (HeartbeatShards is well under
+// etcd's default --max-txn-ops of 128). Changing it moves streams between
+// shards: readers take every shard key under a broker's directory, so a
+// broker restarted with another count is read correctly once its old
+// lease (and with it its old shards) is gone.
+const HeartbeatShards = 16
+
+// HeartbeatShard is the shard of a broker's heartbeat that carries the
+// status of its copy of stream: a stable hash of the name (FNV-1a), the
+// same on every broker and controller.
+func HeartbeatShard(stream string) int {
+	h := fnv.New32a()
+	_, _ = h.Write([]byte(stream))
+	return int(h.Sum32() % HeartbeatShards)
+}
+
+// HeartbeatDir is the directory of node's heartbeat shards.
+func (s Schema) HeartbeatDir(node string) string { return s.HeartbeatsDir() + node + "/" }
+
+// HeartbeatKey is the key of one shard of node's heartbeat.
+func (s Schema) HeartbeatKey(node string, shard int) string {
+	return s.HeartbeatDir(node) + fmt.Sprintf("%02d", shard)
+}
+
+// ParseHeartbeatKey returns the node and shard of a heartbeat shard key.
+func (s Schema) ParseHeartbeatKey(key string) (node string, shard int, err error) {
+	rest, ok := strings.CutPrefix(key, s.HeartbeatsDir())
+	if !ok {
+		return "", 0, fmt.Errorf("%w: %q under %q", ErrNotInDir, key, s.HeartbeatsDir())
+	}
+	node, num, ok := strings.Cut(rest, "/")
+	if !ok || node == "" || len(num) != 2 {
+		return "", 0, fmt.Errorf("%w: %q is not <node>/<shard> under %q", ErrNotInDir, key, s.HeartbeatsDir())
+	}
+	shard, err = strconv.Atoi(num)
+	if err != nil || shard < 0 || shard >= HeartbeatShards {
+		return "", 0, fmt.Errorf("%w: %q: shard %q outside 00..%02d", ErrNotInDir, key, num, HeartbeatShards-1)
+	}
+	return node, shard, nil
+}
 
 // Election prefixes for concurrency.Election.
 func (s Schema) ControllerElection() string { return s.prefix + "/election/controller" }

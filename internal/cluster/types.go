@@ -35,11 +35,23 @@ type CopyTails struct {
 	ChainMismatch bool `json:"chain_mismatch,omitempty"`
 }
 
-// Heartbeat is stored at HeartbeatKey, bound to the broker's lease.
+// Heartbeat is stored at HeartbeatKey, bound to the broker's lease: the
+// statuses of the broker's copies whose streams fall in one shard
+// (HeartbeatShard). Readers merge a broker's shards into one Heartbeat.
 type Heartbeat struct {
-	Node    string               `json:"node"`
+	Node string `json:"node"`
+	// Shard is the shard the value was written for; meaningless in a
+	// merged Heartbeat.
+	Shard int `json:"shard"`
+	// Time is when the value was written. Values are written on change,
+	// not on a clock, so an old Time says nothing about liveness: the
+	// broker's lease does.
 	Time    time.Time            `json:"time"`
 	Streams map[string]CopyTails `json:"streams"`
+	// Omitted counts copies left out of the shard's value because it
+	// would have passed MaxHeartbeatBytes (BoundHeartbeat); the controller
+	// sees no status for them. Meaningless in a merged Heartbeat too.
+	Omitted int `json:"omitted,omitempty"`
 }
 
 // Retention bounds a stream's retained log; zero values mean unbounded.

@@ -81,9 +81,10 @@ func (v View) HasKey(key string) bool {
 }
 
 // Tails reads what node last published about its copy of stream in its
-// heartbeat; ok is false when there is no heartbeat or no copy.
+// heartbeat (the shard that carries the stream); ok is false when there is
+// no heartbeat or no copy.
 func (v View) Tails(node, stream string) (cluster.CopyTails, bool) {
-	hb, ok := Get[cluster.Heartbeat](v, v.Schema.HeartbeatKey(node))
+	hb, ok := Get[cluster.Heartbeat](v, v.Schema.HeartbeatKey(node, cluster.HeartbeatShard(stream)))
 	if !ok {
 		return cluster.CopyTails{}, false
 	}

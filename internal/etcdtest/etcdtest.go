@@ -13,6 +13,8 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/server/v3/embed"
 	"go.uber.org/zap"
+
+	"github.com/strandhq/strand/internal/etcdcfg"
 )
 
 // Server is an embedded etcd on loopback with a data dir in t.TempDir().
@@ -24,7 +26,13 @@ type Server struct {
 // Start launches etcd and waits until it serves; it is stopped at cleanup.
 func Start(t testing.TB) *Server {
 	t.Helper()
-	s, err := StartIn(t.TempDir())
+	return StartWith(t, etcdcfg.Defaults())
+}
+
+// StartWith is Start with the given compaction and quota.
+func StartWith(t testing.TB, opts etcdcfg.Options) *Server {
+	t.Helper()
+	s, err := startRetrying(t.TempDir(), opts)
 	if err != nil {
 		t.Fatalf("etcdtest: %v", err)
 	}
@@ -37,17 +45,21 @@ func Start(t testing.TB) *Server {
 // binds it; etcd then fails to start, before it writes anything in dir,
 // and is started again on other ports (a few times).
 func StartIn(dir string) (*Server, error) {
+	return startRetrying(dir, etcdcfg.Defaults())
+}
+
+func startRetrying(dir string, opts etcdcfg.Options) (*Server, error) {
 	var err error
 	for range 3 {
 		var s *Server
-		if s, err = startIn(dir); err == nil || !errors.Is(err, syscall.EADDRINUSE) {
+		if s, err = startIn(dir, opts); err == nil || !errors.Is(err, syscall.EADDRINUSE) {
 			return s, err
 		}
 	}
 	return nil, err
 }
 
-func startIn(dir string) (*Server, error) {
+func startIn(dir string, opts etcdcfg.Options) (*Server, error) {
 	cfg := embed.NewConfig()
 	cfg.Dir = dir
 	cfg.Logger = "zap"
@@ -66,6 +78,9 @@ func startIn(dir string) (*Server, error) {
 	cfg.ListenPeerUrls = []url.URL{*peerURL}
 	cfg.AdvertisePeerUrls = []url.URL{*peerURL}
 	cfg.InitialCluster = cfg.Name + "=" + peerURL.String()
+	// The compaction and quota of every etcd Strand starts, so tests run
+	// against the configuration operators are told to run (docs/etcd.md).
+	opts.Apply(cfg)
 	e, err := embed.StartEtcd(cfg)
 	if err != nil {
 		return nil, fmt.Errorf("etcdtest: start: %w", err)

@@ -203,6 +203,7 @@ func Start(ctx context.Context, cfg Config) (*App, error) {
 		Heartbeat: cfg.Heartbeat, LeaseTTL: cfg.LeaseTTL, Logger: log, Manager: a.manager,
 	})
 	a.coord = co
+	met.Heartbeats(co.HeartbeatTicks, co.HeartbeatTxns, co.HeartbeatOmitted)
 
 	mux, _ := rpcserver.Mux(strandv1connect.StreamServiceName, strandv1connect.ReplicationServiceName)
 	// Responses are not compressed: records are already as small as their

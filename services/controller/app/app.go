@@ -16,6 +16,7 @@ import (
 	"connectrpc.com/connect"
 	"connectrpc.com/grpchealth"
 	"github.com/rs/zerolog"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/client/v3/concurrency"
 	"go.uber.org/zap"
@@ -259,7 +260,7 @@ func (a *App) lead(ctx context.Context) error {
 		}
 	}()
 	el := concurrency.NewElection(sess, a.schema.ControllerElection())
-	if err := el.Campaign(cctx, a.cfg.Advertise); err != nil {
+	if err := a.campaignOn(cctx, el); err != nil {
 		return fmt.Errorf("controller: campaign: %w", err)
 	}
 
@@ -276,26 +277,37 @@ func (a *App) lead(ctx context.Context) error {
 		}, term)
 	})
 	// The term also ends if the election key goes away by other means.
-	wch := a.cli.Watch(cctx, el.Key(), clientv3.WithRev(el.Rev()+1))
 	err = errLostLeadership
 	for ended := false; !ended; {
-		select {
-		case <-cctx.Done():
-			ended = true
-			if ctx.Err() != nil {
-				err = nil
-			}
-		case resp, ok := <-wch:
-			if !ok {
+		// Watched from a revision just read, never from the key's create
+		// revision: a controller that waited in the campaign longer than
+		// etcd keeps history would find that revision compacted and give
+		// up a term it holds (docs/etcd.md).
+		from, held := a.leaderKeyHeld(cctx, el)
+		if !held {
+			break
+		}
+		wch := a.cli.Watch(cctx, el.Key(), clientv3.WithRev(from))
+		for watching := true; watching && !ended; {
+			select {
+			case <-cctx.Done():
 				ended = true
-				break
-			}
-			for _, ev := range resp.Events {
-				if ev.Type == clientv3.EventTypeDelete {
-					ended = true
+			case resp, ok := <-wch:
+				if !ok || resp.Err() != nil {
+					// Compacted or broken: read the key again.
+					watching = false
+					break
+				}
+				for _, ev := range resp.Events {
+					if ev.Type == clientv3.EventTypeDelete {
+						ended = true
+					}
 				}
 			}
 		}
+	}
+	if ctx.Err() != nil {
+		err = nil
 	}
 	close(done)
 	a.gate.Set(nil)
@@ -304,6 +316,50 @@ func (a *App) lead(ctx context.Context) error {
 	wg.Wait()
 	a.log.Info().Msg("controller stopped leading")
 	return err
+}
+
+// campaignRetries bounds the campaigns one session makes again after its
+// wait's watch met compacted history.
+const campaignRetries = 10
+
+// campaignOn campaigns on el until this controller leads. A campaign waits
+// for the keys before its own to go with a watch from the revision it read
+// them at; etcd can compact that revision before the watch has caught up
+// (revision-mode compaction under a burst of writes), and the campaign
+// fails. It is made again on the same session, which finds its own key and
+// waits in the same place: a new session would queue behind every other
+// controller (docs/etcd.md).
+func (a *App) campaignOn(ctx context.Context, el *concurrency.Election) error {
+	var err error
+	for range campaignRetries {
+		if err = el.Campaign(ctx, a.cfg.Advertise); !errors.Is(err, rpctypes.ErrCompacted) || ctx.Err() != nil {
+			return err
+		}
+	}
+	return err
+}
+
+// leaderKeyHeld reads el's leader key: it reports whether the key is still
+// the one this term campaigned with, and the revision to watch it from.
+// An etcd that cannot answer within the election's session ends the term
+// with the session; until then the read is retried.
+func (a *App) leaderKeyHeld(ctx context.Context, el *concurrency.Election) (int64, bool) {
+	for ctx.Err() == nil {
+		resp, err := a.cli.Get(ctx, el.Key())
+		if err == nil {
+			if len(resp.Kvs) == 0 || resp.Kvs[0].CreateRevision != el.Rev() {
+				return 0, false
+			}
+			return resp.Header.Revision + 1, true
+		}
+		t := time.NewTimer(100 * time.Millisecond)
+		select {
+		case <-ctx.Done():
+		case <-t.C:
+		}
+		t.Stop()
+	}
+	return 0, false
 }
 
 // Close stops leading (revoking the election lease, so another controller

@@ -102,11 +102,23 @@ func (h *harness) brokerAt(node, addr string) {
 	}
 }
 
-// heartbeat publishes node's copy tails on its lease.
+// heartbeat publishes node's copy tails on its lease, every shard of its
+// heartbeat in one transaction, as a broker does on registering.
 func (h *harness) heartbeat(node string, streams map[string]cluster.CopyTails) {
 	h.t.Helper()
-	hb := cluster.Heartbeat{Node: node, Time: time.Now().UTC(), Streams: streams}
-	if _, err := h.cli.Put(ctxT(h.t), schema.HeartbeatKey(node), cluster.Encode(hb), clientv3.WithLease(h.leases[node])); err != nil {
+	var shards [cluster.HeartbeatShards]map[string]cluster.CopyTails
+	for i := range shards {
+		shards[i] = map[string]cluster.CopyTails{}
+	}
+	for stream, t := range streams {
+		shards[cluster.HeartbeatShard(stream)][stream] = t
+	}
+	ops := make([]clientv3.Op, 0, len(shards))
+	for i, m := range shards {
+		hb := cluster.Heartbeat{Node: node, Shard: i, Time: time.Now().UTC(), Streams: m}
+		ops = append(ops, clientv3.OpPut(schema.HeartbeatKey(node, i), cluster.Encode(hb), clientv3.WithLease(h.leases[node])))
+	}
+	if _, err := h.cli.Txn(ctxT(h.t)).Then(ops...).Commit(); err != nil {
 		h.t.Fatal(err)
 	}
 }
@@ -517,5 +529,67 @@ func TestLeaderLosesSession(t *testing.T) {
 	})
 	if _, err := adminClient(second.Addr()).ListStreams(ctxT(t), connect.NewRequest(&strandv1.ListStreamsRequest{})); err != nil {
 		t.Fatalf("new leader: %v", err)
+	}
+}
+
+// TestStandbyLeadsAfterHistoryCompacted: a standby controller waits in its
+// campaign while etcd compacts its history (docs/etcd.md: compaction is on
+// in every etcd Strand starts), so the revision its election key was made
+// at is gone by the time it leads. It keeps the term it won: the watch that
+// ends a term starts from a revision just read, not from the key's.
+func TestStandbyLeadsAfterHistoryCompacted(t *testing.T) {
+	h := newHarness(t)
+	h.broker("b1")
+	first, c1 := h.leader(Config{Name: "c1"})
+	second := h.controller(Config{Name: "c2"})
+	keyOf := func(addr string) (string, int64) {
+		t.Helper()
+		resp, err := h.cli.Get(ctxT(t), schema.ControllerElection()+"/", clientv3.WithPrefix())
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, kv := range resp.Kvs {
+			if string(kv.Value) == addr {
+				return string(kv.Key), kv.CreateRevision
+			}
+		}
+		t.Fatalf("no election key of %s in %v", addr, resp.Kvs)
+		return "", 0
+	}
+	clustertest.Until(t, 15*time.Second, "second controller campaigns", func() bool {
+		resp, err := h.cli.Get(ctxT(t), schema.ControllerElection()+"/", clientv3.WithPrefix(), clientv3.WithCountOnly())
+		return err == nil && resp.Count == 2
+	})
+	key, created := keyOf(second.Addr())
+	// Writes after the key, so the history compacted away reaches past it.
+	create(t, c1, "s", 1, nil)
+	create(t, c1, "u", 1, nil)
+	rev, err := h.cli.Get(ctxT(t), "/nothing")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := h.cli.Compact(ctxT(t), rev.Header.Revision); err != nil {
+		t.Fatal(err)
+	}
+	if err := first.Close(); err != nil {
+		t.Fatal(err)
+	}
+	clustertest.Until(t, 15*time.Second, "second controller leads", second.Leading)
+	// etcd answers a watch from a compacted revision in a background pass
+	// over the watches not caught up; once one made after the second
+	// controller began to lead has its answer, the second's has too.
+	wctx, wcancel := context.WithTimeout(ctxT(t), 10*time.Second)
+	defer wcancel()
+	if wr := <-h.cli.Watch(wctx, "/nothing", clientv3.WithRev(1)); wr.CompactRevision == 0 {
+		t.Fatalf("a watch from revision 1 after compaction: %+v", wr)
+	}
+	// A term given up would end within a round trip of that answer; each
+	// of these needs the term, and they take many round trips.
+	for i := range 5 {
+		create(t, adminClient(second.Addr()), fmt.Sprintf("t%d", i), 1, nil)
+	}
+	if k, c := keyOf(second.Addr()); k != key || c != created || !second.Leading() {
+		t.Fatalf("second controller leads %v under key %s created at %d, want the key %s created at %d it campaigned with (it gave up its term)",
+			second.Leading(), k, c, key, created)
 	}
 }

@@ -3,7 +3,9 @@ package app
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -301,5 +303,53 @@ func TestOldOwnerRejoinsByFastPath(t *testing.T) {
 	}
 	if hist, _ := get[cluster.HistoryStarts](h, schema.HistoryKey("s")); len(hist) != 1 {
 		t.Fatalf("history grew on rejoin: %+v", hist)
+	}
+}
+
+// TestPlacementSkipsBrokerFailingProbe: brokers write their heartbeats on
+// change, so one holding no copy of a stream gives no sign of life in it,
+// and a killed one stays registered until its lease ends. The broker that
+// placement picks to restore a stream's copies is probed first; one that
+// fails is passed over for another.
+func TestPlacementSkipsBrokerFailingProbe(t *testing.T) {
+	h := newHarness(t)
+	for i, n := range []string{"b1", "b2", "b3", "b4"} {
+		h.brokerAt(n, fmt.Sprintf("127.0.0.1:%d", i+1))
+		h.heartbeat(n, nil)
+	}
+	var mu sync.Mutex
+	var probed []string
+	_, _ = h.leader(Config{Probe: func(ctx context.Context, addr string) error {
+		mu.Lock()
+		defer mu.Unlock()
+		probed = append(probed, addr)
+		if len(probed) == 1 {
+			return errors.New("connection refused")
+		}
+		return nil
+	}})
+	ctx := ctxT(t)
+	spec := cluster.StreamSpec{Name: "s", Copies: 3, Policy: cluster.DefaultPolicy, Created: time.Now().UTC()}
+	a := cluster.Assignment{Stream: "s", Epoch: 1, Owner: "b1", Followers: []string{"b2"}, Policy: cluster.DefaultPolicy}
+	if _, err := h.cli.Txn(ctx).Then(
+		clientv3.OpPut(schema.StreamKey("s"), cluster.Encode(spec)),
+		clientv3.OpPut(schema.AssignmentKey("s"), cluster.Encode(a)),
+	).Commit(); err != nil {
+		t.Fatal(err)
+	}
+	var got cluster.Assignment
+	clustertest.Until(t, 15*time.Second, "a third copy placed", func() bool {
+		got, _ = get[cluster.Assignment](h, schema.AssignmentKey("s"))
+		return got.Copies() == 3
+	})
+	added := got.Followers[1]
+	mu.Lock()
+	defer mu.Unlock()
+	if len(probed) == 0 {
+		t.Fatalf("placed %s without probing it", added)
+	}
+	first := probed[0]
+	if addr := "127.0.0.1:" + added[1:]; addr == first || (added != "b3" && added != "b4") {
+		t.Fatalf("placed %s (%s) after the probe of %s failed; probes %v", added, addr, first, probed)
 	}
 }

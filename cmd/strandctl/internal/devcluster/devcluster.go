@@ -29,6 +29,7 @@ import (
 
 	"github.com/strandhq/strand/client"
 	"github.com/strandhq/strand/internal/cluster"
+	"github.com/strandhq/strand/internal/etcdcfg"
 	"github.com/strandhq/strand/internal/rpcserver"
 )
 
@@ -78,6 +79,9 @@ type Options struct {
 	BrokerArgs     []string
 	ControllerArgs []string
 	RecovererArgs  []string
+	// Etcd is the embedded etcd's auto-compaction and quota; zero fields
+	// take etcdcfg's defaults (docs/etcd.md).
+	Etcd etcdcfg.Options
 }
 
 // Exit reports a child that exited without being asked to.
@@ -126,6 +130,9 @@ func Start(ctx context.Context, opts Options) (*Cluster, error) {
 	}
 	if opts.PortBase < 1 || opts.PortBase+10+opts.Brokers > 65535 {
 		return nil, fmt.Errorf("devcluster: --port-base %d leaves no room for %d brokers", opts.PortBase, opts.Brokers)
+	}
+	if err := opts.Etcd.Validate("etcd-"); err != nil {
+		return nil, fmt.Errorf("devcluster: %w", err)
 	}
 	dir, err := filepath.Abs(opts.Dir)
 	if err != nil {
@@ -221,6 +228,7 @@ func fillDefaults(o *Options) {
 	if o.StopTimeout == 0 {
 		o.StopTimeout = DefaultStopTimeout
 	}
+	o.Etcd = o.Etcd.WithDefaults()
 }
 
 func loopback(port int) string { return "127.0.0.1:" + strconv.Itoa(port) }
@@ -285,6 +293,10 @@ func (c *Cluster) startEtcd() error {
 	cfg.ListenPeerUrls = []url.URL{peerURL}
 	cfg.AdvertisePeerUrls = []url.URL{peerURL}
 	cfg.InitialCluster = cfg.Name + "=" + peerURL.String()
+	// Compacted history and an explicit quota: without them every write
+	// since the cluster was made stays in the database until the quota
+	// stops all writes (docs/etcd.md).
+	c.opts.Etcd.Apply(cfg)
 	e, err := embed.StartEtcd(cfg)
 	if err != nil {
 		return fmt.Errorf("devcluster: start etcd on %s: %w", clientURL.Host, err)

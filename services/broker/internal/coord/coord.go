@@ -1,7 +1,7 @@
 // Package coord is the broker's side of coordination through etcd: it
-// registers the broker on a lease, publishes its copies' tails in
-// heartbeats, and watches assignments and brokers, handing what it sees to
-// the replica manager.
+// registers the broker on a lease, publishes its copies' statuses in
+// heartbeat shards when they change (heartbeat.go), and watches
+// assignments and brokers, handing what it sees to the replica manager.
 package coord
 
 import (
@@ -47,6 +47,8 @@ type Coord struct {
 	closing bool
 	ready   chan struct{}
 	errc    chan error
+
+	hb *heartbeats
 }
 
 // New returns a Coord; Run starts it.
@@ -57,8 +59,22 @@ func New(cfg Config) *Coord {
 	if cfg.LeaseTTL <= 0 {
 		cfg.LeaseTTL = 3 * time.Second
 	}
-	return &Coord{cfg: cfg, log: cfg.Logger, start: time.Now(), ready: make(chan struct{}), errc: make(chan error, 1)}
+	c := &Coord{cfg: cfg, log: cfg.Logger, start: time.Now(), ready: make(chan struct{}), errc: make(chan error, 1)}
+	c.hb = newHeartbeats(cfg.Client, cfg.Schema, cfg.Node, cfg.Logger, cfg.Manager.Tails)
+	return c
 }
+
+// HeartbeatTicks counts the heartbeat intervals this broker has gone
+// through while registered, whether or not it wrote anything in them.
+func (c *Coord) HeartbeatTicks() int64 { return c.hb.ticks.Load() }
+
+// HeartbeatTxns counts the heartbeat transactions this broker wrote: each
+// one etcd revision.
+func (c *Coord) HeartbeatTxns() int64 { return c.hb.txns.Load() }
+
+// HeartbeatOmitted is how many copies the broker's heartbeat shards leave
+// out for want of room (cluster.BoundHeartbeat).
+func (c *Coord) HeartbeatOmitted() int64 { return c.hb.omittedTotal.Load() }
 
 // Ready is closed once the broker is registered and has applied the initial
 // assignment listing.
@@ -129,7 +145,11 @@ func (c *Coord) runSession(ctx context.Context, readyOnce *bool) error {
 	if _, err := c.cfg.Client.Put(ctx, c.cfg.Schema.BrokerKey(c.cfg.Node), cluster.Encode(info), clientv3.WithLease(sess.Lease())); err != nil {
 		return fmt.Errorf("coord: register: %w", err)
 	}
-	if err := c.putHeartbeat(ctx, sess.Lease()); err != nil {
+	// Every shard again, under the new lease: the old lease's keys went
+	// with it (heartbeats.publish starts afresh on a lease it has not
+	// written under).
+	c.hb.tookIn(c.cfg.Manager.TakeTakenIn())
+	if _, err := c.hb.publish(ctx, sess.Lease(), publishTails); err != nil {
 		return err
 	}
 	wctx, cancel := context.WithCancel(ctx)
@@ -154,8 +174,22 @@ func (c *Coord) runSession(ctx context.Context, readyOnce *bool) error {
 		close(c.ready)
 	}
 	c.log.Info().Str(logging.Node, c.cfg.Node).Str(logging.Addr, c.cfg.Address).Int64("lease", int64(sess.Lease())).Msg("broker registered")
+	// Tails alone are written at most once per heartbeat interval (t);
+	// a change the controller acts on goes out promptDelay after it is
+	// signalled (prompt), gathered with the others of its burst.
 	t := time.NewTicker(c.cfg.Heartbeat)
 	defer t.Stop()
+	prompt := time.NewTimer(promptDelay)
+	prompt.Stop()
+	urgent := c.cfg.Manager.Urgent()
+	publish := func(mode publishMode) {
+		c.hb.tookIn(c.cfg.Manager.TakeTakenIn())
+		pctx, cancel := context.WithTimeout(ctx, c.cfg.Heartbeat+time.Second)
+		defer cancel()
+		if _, err := c.hb.publish(pctx, sess.Lease(), mode); err != nil && ctx.Err() == nil {
+			c.log.Warn().Err(err).Msg("heartbeat failed; what it did not write goes out with the next one")
+		}
+	}
 	for {
 		select {
 		case <-ctx.Done():
@@ -164,24 +198,19 @@ func (c *Coord) runSession(ctx context.Context, readyOnce *bool) error {
 			return errors.New("coord: lease expired")
 		case err := <-watchErr:
 			return err
-		case <-c.cfg.Manager.Urgent():
-			if err := c.putHeartbeat(ctx, sess.Lease()); err != nil {
-				c.log.Warn().Err(err).Msg("heartbeat failed; will retry")
-			}
+		case <-urgent:
+			// Until the gathered pass has run, further signals wait in
+			// the channel (its buffer of one) for the pass after it.
+			urgent = nil
+			prompt.Reset(promptDelay)
+		case <-prompt.C:
+			urgent = c.cfg.Manager.Urgent()
+			publish(publishPrompt)
 		case <-t.C:
-			if err := c.putHeartbeat(ctx, sess.Lease()); err != nil {
-				c.log.Warn().Err(err).Msg("heartbeat failed; will retry")
-			}
+			publish(publishTails)
+			c.hb.ticks.Add(1)
 		}
 	}
-}
-
-func (c *Coord) putHeartbeat(ctx context.Context, lease clientv3.LeaseID) error {
-	hb := cluster.Heartbeat{Node: c.cfg.Node, Time: time.Now(), Streams: c.cfg.Manager.Tails()}
-	pctx, cancel := context.WithTimeout(ctx, c.cfg.Heartbeat+time.Second)
-	defer cancel()
-	_, err := c.cfg.Client.Put(pctx, c.cfg.Schema.HeartbeatKey(c.cfg.Node), cluster.Encode(hb), clientv3.WithLease(lease))
-	return err
 }
 
 // Revoke ends the lease at once and stops registering again: clean shutdown is eager failover, the

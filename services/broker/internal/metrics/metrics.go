@@ -17,6 +17,9 @@
 //	                                         publish bytes in flight (--max-publish-inflight-bytes)
 //	strand_broker_publish_inflight_bytes     request bytes of the publishes being handled
 //	strand_broker_publishes_refused_total    publishes answered Unavailable for want of room
+//	strand_broker_heartbeat_ticks_total      heartbeat intervals gone through while registered
+//	strand_broker_heartbeat_txns_total       heartbeat transactions written (one etcd revision each)
+//	strand_broker_heartbeat_omitted_copies   copies left out of the heartbeat for want of room
 //
 // Every broker has a registry of its own, so brokers running in one process
 // (tests, strandctl dev) do not share series.
@@ -97,6 +100,27 @@ func (b *Broker) PublishGate(waiting, held, refused func() int64) {
 		prometheus.NewCounterFunc(prometheus.CounterOpts{Namespace: "strand", Subsystem: "broker", Name: "publishes_refused_total",
 			Help: "Publishes answered Unavailable, unread, because they did not fit among the publish bytes in flight (--max-publish-inflight-bytes) in time."},
 			func() float64 { return float64(refused()) }),
+	)
+}
+
+// Heartbeats registers the series of the broker's heartbeat: the
+// intervals it went through, the transactions it wrote (on change only, so
+// an idle broker's stays flat while its ticks grow), and the copies its
+// shards leave out for want of room.
+func (b *Broker) Heartbeats(ticks, txns, omitted func() int64) {
+	if b == nil {
+		return
+	}
+	counter := func(name, help string, f func() int64) prometheus.CounterFunc {
+		return prometheus.NewCounterFunc(prometheus.CounterOpts{Namespace: "strand", Subsystem: "broker", Name: name, Help: help},
+			func() float64 { return float64(f()) })
+	}
+	b.registry.MustRegister(
+		counter("heartbeat_ticks_total", "Heartbeat intervals the broker went through while registered, whether or not it wrote anything in them.", ticks),
+		counter("heartbeat_txns_total", "Heartbeat transactions the broker wrote to etcd, each one revision: written when a copy's status changes, never on a clock alone.", txns),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "strand", Subsystem: "broker", Name: "heartbeat_omitted_copies",
+			Help: "Copies left out of the broker's heartbeat shards because a shard would pass its size bound; the controller sees no status for them."},
+			func() float64 { return float64(omitted()) }),
 	)
 }
 

@@ -116,6 +116,13 @@ func (c *Copy) reconcileLoop(ctx context.Context) {
 			}
 		}
 		dropped, err := c.reconcile(ctx)
+		// The status may have changed (a role, an epoch, a cut, the copy
+		// gone); a copy that took the assignment in says so even if not.
+		taken := ""
+		if err == nil && !dropped {
+			taken = c.name
+		}
+		c.m.heartbeatNow(taken)
 		if dropped {
 			return
 		}
@@ -450,6 +457,9 @@ func (c *Copy) endRole(newRole string) {
 func (c *Copy) signalRoleChangeLocked() {
 	close(c.roleChanged)
 	c.roleChanged = make(chan struct{})
+	// A role change is what attention and recovery read (a seal ends the
+	// role too): published at once, not with the next tails.
+	c.m.heartbeatNow("")
 }
 
 func (c *Copy) stop() {
@@ -559,15 +569,19 @@ func (c *Copy) setSuspect(owner string) {
 	changed := c.suspect != owner
 	c.suspect = owner
 	c.mu.Unlock()
-	if changed && owner != "" {
-		c.m.heartbeatNow()
+	if changed {
+		c.m.heartbeatNow("")
 	}
 }
 
 func (c *Copy) setChainMismatch() {
 	c.mu.Lock()
+	changed := !c.chainMismatch
 	c.chainMismatch = true
 	c.mu.Unlock()
+	if changed {
+		c.m.heartbeatNow("")
+	}
 }
 
 func isFollowerOf(a cluster.Assignment, node string) bool {

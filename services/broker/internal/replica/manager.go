@@ -55,10 +55,15 @@ type Manager struct {
 
 	stopping atomic.Bool
 	seals    chan struct{}
-	// urgent asks coordination for a heartbeat now: a follower that lost
-	// its owner reports the suspect at once, so the controller can fail
-	// over eagerly instead of a heartbeat interval later.
+	// urgent asks coordination for a heartbeat now: a copy changed in
+	// what the controller acts on (a role, an epoch, a seal; a follower
+	// that lost its owner reports the suspect at once, so the controller
+	// can fail over eagerly instead of a heartbeat interval later).
 	urgent chan struct{}
+	// takenInMu guards takenIn: streams whose copies took in an
+	// assignment since coordination last asked (TakeTakenIn).
+	takenInMu sync.Mutex
+	takenIn   map[string]struct{}
 
 	mu          sync.RWMutex
 	copies      map[string]*Copy
@@ -96,6 +101,7 @@ func NewManager(cfg Config) (*Manager, error) {
 		cancel:      cancel,
 		seals:       make(chan struct{}, cfg.MaxConcurrentSeals),
 		urgent:      make(chan struct{}, 1),
+		takenIn:     make(map[string]struct{}),
 		copies:      make(map[string]*Copy),
 		assignments: make(map[string]cluster.Assignment),
 		brokers:     make(map[string]cluster.BrokerInfo),
@@ -349,10 +355,34 @@ func (m *Manager) unknownLocked(stream string) error {
 	return fmt.Errorf("%w: no stream %q", ErrUnknownStream, stream)
 }
 
-// Urgent delivers a value when a heartbeat should go out now.
+// Urgent delivers a value when a heartbeat should go out now: a copy's
+// status changed in what the controller acts on, or a copy took in an
+// assignment (TakeTakenIn).
 func (m *Manager) Urgent() <-chan struct{} { return m.urgent }
 
-func (m *Manager) heartbeatNow() {
+// TakeTakenIn returns the streams whose copies took in an assignment
+// (applied it, or found themselves left out of it) since the last call,
+// and forgets them. Their heartbeat shards are written even when their
+// statuses read the same as before (a follower added on the fast path
+// leaves the owner's unchanged): the write is how the controller learns
+// that this broker, running, has seen the assignment
+// (state.Snapshot.HeardSince).
+func (m *Manager) TakeTakenIn() []string {
+	m.takenInMu.Lock()
+	defer m.takenInMu.Unlock()
+	out := slices.Collect(maps.Keys(m.takenIn))
+	clear(m.takenIn)
+	return out
+}
+
+// heartbeatNow asks for a heartbeat now; takenIn names a stream whose
+// copy took in an assignment, "" none.
+func (m *Manager) heartbeatNow(takenIn string) {
+	if takenIn != "" {
+		m.takenInMu.Lock()
+		m.takenIn[takenIn] = struct{}{}
+		m.takenInMu.Unlock()
+	}
 	select {
 	case m.urgent <- struct{}{}:
 	default:

@@ -295,7 +295,30 @@ func (l *loop) replenish(ctx context.Context, s *state.Snapshot, stream string) 
 	if !ok || spec.Value.Copies <= av.Value.Copies() {
 		return
 	}
-	next, added, blocked := ReplenishWith(s, l.load, av.Value, spec.Value.Copies)
+	// A broker with no copy of the stream says nothing in its heartbeat
+	// about being alive (brokers write on change), and a killed one stays
+	// registered until its lease ends: one that placement picks is probed
+	// first, as a suspected owner is, and one that fails is left out.
+	var down []string
+	var next cluster.Assignment
+	var added, blocked []string
+	for range maxPlacementRounds {
+		next, added, blocked = ReplenishWith(s, l.load, av.Value, spec.Value.Copies, down)
+		var fresh []string
+		for _, n := range append(slices.Clone(added), blocked...) {
+			if _, holds := s.Tails(n, stream); !holds {
+				fresh = append(fresh, n)
+			}
+		}
+		failed := l.probe(ctx, s, fresh)
+		if len(failed) == 0 {
+			break
+		}
+		l.cfg.Log.Info().Str(logging.Stream, stream).Strs("failed_probe", slices.Sorted(maps.Keys(failed))).
+			Msg("brokers placement picked failed the probe; picking others")
+		down = append(down, slices.Collect(maps.Keys(failed))...)
+		added, blocked = nil, nil
+	}
 	if len(added) == 0 {
 		l.restoreThroughRecovery(ctx, s, stream, blocked)
 		return
@@ -309,36 +332,47 @@ func (l *loop) replenish(ctx context.Context, s *state.Snapshot, stream string) 
 		Strs(logging.Followers, next.Followers).Msg("followers added on the fast path")
 }
 
+// maxPlacementRounds bounds how often one pass picks again after picks
+// failed their probe.
+const maxPlacementRounds = 3
+
 // Replenish returns a with followers added toward copies, one at a time
 // while IsFastPath holds: returning copies (live, not members, still
 // reporting the stream in their heartbeat; furthest first), then brokers
-// placement picks.
+// placement picks, never one in down (found not serving).
 //
 // blocked lists the candidates left out because adding them would raise W:
 // those additions need a recovery (docs/protocol.md, "Stream failover").
-func Replenish(s *state.Snapshot, a cluster.Assignment, copies int) (next cluster.Assignment, added, blocked []string) {
-	return ReplenishWith(s, transition.LoadOf(s), a, copies)
+func Replenish(s *state.Snapshot, a cluster.Assignment, copies int, down []string) (next cluster.Assignment, added, blocked []string) {
+	return ReplenishWith(s, transition.LoadOf(s), a, copies, down)
 }
 
 // ReplenishWith is Replenish with the placement load of s taken already.
-func ReplenishWith(s *state.Snapshot, load placement.Load, a cluster.Assignment, copies int) (next cluster.Assignment, added, blocked []string) {
-	// Only brokers heard from since the assignment was written count: a
-	// SIGKILLed owner's key and heartbeat outlive it until its lease ends,
-	// and adding it back would count a dead copy in E and raise the next
-	// recovery's R.
+func ReplenishWith(s *state.Snapshot, load placement.Load, a cluster.Assignment, copies int, down []string) (next cluster.Assignment, added, blocked []string) {
+	// A copy of the stream counts only if its broker has written the
+	// stream's heartbeat shard since the assignment was written, which it
+	// does on taking the assignment in: a SIGKILLed owner's key and
+	// heartbeat outlive it until its lease ends, and adding it back would
+	// count a dead copy in E and raise the next recovery's R. It is not
+	// placed either.
 	since := s.Assignments[a.Stream].ModRev
 	var returning []transition.Candidate
-	var silent []string
+	silent := slices.Clone(down)
 	for node, hb := range s.Heartbeats {
-		if !s.HeardSince(node, since) {
+		if _, ok := hb.Streams[a.Stream]; !ok || a.Includes(node) {
+			continue
+		}
+		if !s.HeardSince(node, a.Stream, since) {
 			silent = append(silent, node)
 			continue
 		}
-		if _, ok := hb.Streams[a.Stream]; ok && s.Live(node) && !a.Includes(node) {
+		if s.Live(node) && !slices.Contains(down, node) {
 			returning = append(returning, transition.Candidates(s, a.Stream, []string{node})...)
 		}
 	}
 	for _, node := range s.LiveBrokers() {
+		// Registered, and not one heartbeat shard written yet: still
+		// starting (a broker writes every shard on registering).
 		if _, ok := s.Heartbeats[node]; !ok {
 			silent = append(silent, node)
 		}
@@ -385,7 +419,7 @@ func (l *loop) restoreThroughRecovery(ctx context.Context, s *state.Snapshot, st
 		return
 	}
 	a := av.Value
-	if !s.Live(a.Owner) || !s.HeardSince(a.Owner, av.ModRev) {
+	if !s.Live(a.Owner) || !s.HeardSince(a.Owner, stream, av.ModRev) {
 		return
 	}
 	spec := s.Streams[stream].Value

@@ -21,6 +21,7 @@ func TestReplenish(t *testing.T) {
 		snap   *state.Snapshot
 		a      cluster.Assignment
 		copies int
+		down   []string
 		want   []string
 	}{
 		{
@@ -61,13 +62,23 @@ func TestReplenish(t *testing.T) {
 			a: asg(majority, "b2", "b3"), copies: 3, want: []string{"b1"},
 		},
 		{
+			name: "a broker found not serving is neither added back nor placed",
+			snap: state.Build().Live("b1", "b2", "b3", "b9").Tails("b1", "s", sealed(9)).Snapshot(),
+			a:    asg(majority, "b2", "b3"), copies: 3, down: []string{"b1", "b9"},
+		},
+		{
+			name: "placement passes over a broker found not serving",
+			snap: state.Build().Live("b2", "b3", "b8", "b9").Snapshot(),
+			a:    asg(majority, "b2", "b3"), copies: 3, down: []string{"b8"}, want: []string{"b9"},
+		},
+		{
 			name: "at its copies: nothing",
 			snap: state.Build().Live("b1", "b2", "b3").Tails("b1", "s", sealed(9)).Snapshot(),
 			a:    asg(majority, "b2", "b3"), copies: 2,
 		},
 	}
 	for _, c := range cases {
-		next, added, _ := Replenish(c.snap, c.a, c.copies)
+		next, added, _ := Replenish(c.snap, c.a, c.copies, c.down)
 		if !slices.Equal(added, c.want) {
 			t.Errorf("%s: added %v, want %v", c.name, added, c.want)
 			continue
@@ -124,7 +135,7 @@ func TestReplenishBlockedWhereWRises(t *testing.T) {
 	a := cluster.Assignment{Stream: "s", Epoch: 2, Owner: "b2", Followers: []string{"b3"}, Policy: local}
 	snap := state.Build().Live("b1", "b2", "b3").Stream(a).
 		Tails("b1", "s", cluster.CopyTails{Epoch: 1, Role: cluster.RoleSealed, RecordTail: 9}).Snapshot()
-	_, added, blocked := Replenish(snap, a, 3)
+	_, added, blocked := Replenish(snap, a, 3, nil)
 	if len(added) != 0 || !slices.Equal(blocked, []string{"b1"}) {
 		t.Fatalf("added %v blocked %v, want none added and [b1] blocked", added, blocked)
 	}

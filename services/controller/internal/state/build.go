@@ -41,18 +41,26 @@ func (b *Builder) Heartbeat(node string) *Builder {
 	return b
 }
 
-// fresh marks node's heartbeat as written after every other key the builder
-// writes (revisions below 100).
+// fresh marks node's heartbeat shards as written after every other key
+// the builder writes (revisions below 100).
 func (b *Builder) fresh(node string) {
 	if _, ok := b.s.HeartbeatRev[node]; !ok {
-		b.s.HeartbeatRev[node] = 100
+		b.setRevs(node, 100)
 	}
 }
 
-// StaleHeartbeat marks node's heartbeat as written before the assignments:
-// a broker that died but whose lease has not ended yet.
+func (b *Builder) setRevs(node string, rev int64) {
+	revs := new([cluster.HeartbeatShards]int64)
+	for i := range revs {
+		revs[i] = rev
+	}
+	b.s.HeartbeatRev[node] = revs
+}
+
+// StaleHeartbeat marks node's heartbeat shards as written before the
+// assignments: a broker that died but whose lease has not ended yet.
 func (b *Builder) StaleHeartbeat(node string) *Builder {
-	b.s.HeartbeatRev[node] = 1
+	b.setRevs(node, 1)
 	return b
 }
 

@@ -26,13 +26,13 @@ type Versioned[T any] struct {
 
 // Snapshot is the coordination state at one etcd revision.
 type Snapshot struct {
-	Rev        int64
-	Brokers    map[string]cluster.BrokerInfo
+	Rev     int64
+	Brokers map[string]cluster.BrokerInfo
+	// Heartbeats are each broker's heartbeat shards merged into one.
 	Heartbeats map[string]cluster.Heartbeat
-	// HeartbeatRev is the mod revision of each broker's heartbeat: a broker
-	// heard since a revision has written after it, so it is running; a
-	// killed broker's key and heartbeat outlive it until its lease ends.
-	HeartbeatRev map[string]int64
+	// HeartbeatRev is the mod revision of each shard of each broker's
+	// heartbeat (HeardSince).
+	HeartbeatRev map[string]*[cluster.HeartbeatShards]int64
 	Streams      map[string]Versioned[cluster.StreamSpec]
 	Assignments  map[string]Versioned[cluster.Assignment]
 	Recoveries   map[string]Versioned[cluster.Recovery]
@@ -88,7 +88,7 @@ func empty() *Snapshot {
 		History:     map[string]Versioned[cluster.HistoryStarts]{},
 		Refusals:    map[string]Versioned[cluster.SealRefusals]{},
 
-		HeartbeatRev: map[string]int64{},
+		HeartbeatRev: map[string]*[cluster.HeartbeatShards]int64{},
 	}
 }
 
@@ -168,18 +168,61 @@ func partOf(s cluster.Schema, key string) (part, string) {
 	return partNone, ""
 }
 
-// applyHeartbeat is the heartbeat part of apply: a broker's heartbeat and
-// the revision it was written at. The revision is kept even for a value
-// that cannot be decoded, since the broker did write it.
+// applyHeartbeat is the heartbeat part of apply, and the one place a
+// heartbeat key and value are read: one shard of a broker's heartbeat
+// (docs/etcd-schema.md) goes into the broker's merged Heartbeat, in place of
+// what an earlier value of the same shard put there, and its mod revision
+// into the broker's HeartbeatRev (HeardSince). A delete of a shard takes its
+// copies away; the broker's entry goes with its last shard. The revision is
+// kept even for a value that cannot be decoded, since the broker did write
+// it. Published snapshots share the Heartbeat values and revision arrays,
+// so both are replaced, never changed in place.
 func (snap *Snapshot) applyHeartbeat(s cluster.Schema, key string, kv *mvccpb.KeyValue) error {
-	if node, err := cluster.NameIn(s.HeartbeatsDir(), key); err == nil {
-		if kv == nil {
-			delete(snap.HeartbeatRev, node)
-		} else {
-			snap.HeartbeatRev[node] = kv.ModRevision
+	node, shard, err := s.ParseHeartbeatKey(key)
+	if err != nil {
+		return err
+	}
+	old := snap.Heartbeats[node]
+	hb := cluster.Heartbeat{Node: node, Time: old.Time, Streams: make(map[string]cluster.CopyTails, len(old.Streams))}
+	for stream, t := range old.Streams {
+		// The copies an earlier value of this shard put there go: a copy
+		// gone since would outlive it.
+		if cluster.HeartbeatShard(stream) != shard {
+			hb.Streams[stream] = t
 		}
 	}
-	return applyIn(snap.Heartbeats, s.HeartbeatsDir(), key, kv, plain[cluster.Heartbeat])
+	var revs [cluster.HeartbeatShards]int64
+	if r := snap.HeartbeatRev[node]; r != nil {
+		revs = *r
+	}
+	var derr error
+	if kv == nil {
+		revs[shard] = 0
+	} else {
+		revs[shard] = kv.ModRevision
+		v, err := cluster.Decode[cluster.Heartbeat](kv.Value)
+		if err != nil {
+			derr = err
+		} else {
+			for stream, t := range v.Streams {
+				// A stream in a shard it does not hash to (a broker with
+				// another shard count) is taken all the same: it is the
+				// broker's word on its copy.
+				hb.Streams[stream] = t
+			}
+			if v.Time.After(hb.Time) {
+				hb.Time = v.Time
+			}
+		}
+	}
+	if revs == ([cluster.HeartbeatShards]int64{}) {
+		delete(snap.Heartbeats, node)
+		delete(snap.HeartbeatRev, node)
+		return derr
+	}
+	snap.Heartbeats[node] = hb
+	snap.HeartbeatRev[node] = &revs
+	return derr
 }
 
 func plain[T any](v T, _ int64) T { return v }
@@ -261,9 +304,28 @@ func (s *Snapshot) Live(node string) bool {
 	return ok
 }
 
-// HeardSince reports whether node wrote a heartbeat after revision rev.
-func (s *Snapshot) HeardSince(node string, rev int64) bool {
-	return s.HeartbeatRev[node] > rev
+// HeardSince reports whether node wrote the heartbeat shard that carries
+// stream after revision rev: the broker was running after rev, and, when
+// rev is the mod revision of stream's assignment, it has taken that
+// assignment in (applied it, or found its copy left out of it).
+//
+// Brokers write on change, not on a clock, so a broker's last write can be
+// long before any given revision; what ties a write to an assignment is
+// that every broker holding a copy of a stream writes the stream's shard
+// when its copy takes in a new assignment, even if the copy's status reads
+// the same (replica.Manager.TakeTakenIn). A broker that was killed and
+// whose lease has not ended yet cannot, so a killed owner is not taken for
+// a copy that is back. A broker that holds no copy of stream gives no such
+// evidence: HeardSince is false for it.
+func (s *Snapshot) HeardSince(node, stream string, rev int64) bool {
+	revs := s.HeartbeatRev[node]
+	if revs == nil {
+		return false
+	}
+	if _, ok := s.Heartbeats[node].Streams[stream]; !ok {
+		return false
+	}
+	return revs[cluster.HeartbeatShard(stream)] > rev
 }
 
 // LiveBrokers returns the live broker ids in order.

@@ -35,17 +35,28 @@ func benchCluster(b *testing.B, streams int) (*clientv3.Client, func(ctx context
 		}
 		tails[name] = cluster.CopyTails{Epoch: 1, Role: cluster.RoleFollower, RecordTail: uint64(i)}
 	}
+	shards := make([]map[string]cluster.CopyTails, cluster.HeartbeatShards)
+	for i := range shards {
+		shards[i] = map[string]cluster.CopyTails{}
+	}
+	for name, t := range tails {
+		shards[cluster.HeartbeatShard(name)][name] = t
+	}
 	for _, n := range nodes {
 		if _, err := cli.Put(ctx, schema.BrokerKey(n), cluster.Encode(cluster.BrokerInfo{Node: n})); err != nil {
 			b.Fatal(err)
 		}
-		if _, err := cli.Put(ctx, schema.HeartbeatKey(n), cluster.Encode(cluster.Heartbeat{Node: n, Streams: tails})); err != nil {
-			b.Fatal(err)
+		for shard, streams := range shards {
+			if _, err := cli.Put(ctx, schema.HeartbeatKey(n, shard), cluster.Encode(cluster.Heartbeat{Node: n, Shard: shard, Streams: streams})); err != nil {
+				b.Fatal(err)
+			}
 		}
 	}
-	hb := cluster.Encode(cluster.Heartbeat{Node: "b1", Time: time.Now().UTC(), Streams: tails})
+	// A heartbeat write is one shard's: tails changing in the streams that
+	// hash to it.
+	hb := cluster.Encode(cluster.Heartbeat{Node: "b1", Shard: 0, Time: time.Now().UTC(), Streams: shards[0]})
 	return cli, func(ctx context.Context) int64 {
-		resp, err := cli.Put(ctx, schema.HeartbeatKey("b1"), hb)
+		resp, err := cli.Put(ctx, schema.HeartbeatKey("b1", 0), hb)
 		if err != nil {
 			b.Fatal(err)
 		}

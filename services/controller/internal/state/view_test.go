@@ -105,8 +105,12 @@ func (w *writer) brokerKey() (string, string) {
 	if w.rng.IntN(2) == 0 {
 		return schema.BrokerKey(n), cluster.Encode(cluster.BrokerInfo{Node: n, Address: fmt.Sprintf("127.0.0.1:%d", 1000+w.n())})
 	}
-	return schema.HeartbeatKey(n), cluster.Encode(cluster.Heartbeat{Node: n, Streams: map[string]cluster.CopyTails{
-		w.pick(streams): {Epoch: w.n(), Role: cluster.RoleFollower, RecordTail: w.n()},
+	// A shard of the broker's heartbeat, carrying a stream that hashes to
+	// it, as brokers write them.
+	st := w.pick(streams)
+	shard := cluster.HeartbeatShard(st)
+	return schema.HeartbeatKey(n, shard), cluster.Encode(cluster.Heartbeat{Node: n, Shard: shard, Streams: map[string]cluster.CopyTails{
+		st: {Epoch: w.n(), Role: cluster.RoleFollower, RecordTail: w.n()},
 	}})
 }
 
@@ -212,7 +216,7 @@ func (w *writer) lease(ctx context.Context) (int64, error) {
 	w.leases[n] = l.ID
 	resp, err := w.cli.Txn(ctx).Then(
 		clientv3.OpPut(schema.BrokerKey(n), cluster.Encode(cluster.BrokerInfo{Node: n, Address: "127.0.0.1:1"}), clientv3.WithLease(l.ID)),
-		clientv3.OpPut(schema.HeartbeatKey(n), cluster.Encode(cluster.Heartbeat{Node: n}), clientv3.WithLease(l.ID)),
+		clientv3.OpPut(schema.HeartbeatKey(n, 0), cluster.Encode(cluster.Heartbeat{Node: n}), clientv3.WithLease(l.ID)),
 	).Commit()
 	if err != nil {
 		return 0, err

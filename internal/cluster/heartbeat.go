@@ -1,0 +1,57 @@
+package cluster
+
+import (
+	"encoding/json"
+	"maps"
+	"slices"
+)
+
+// MaxHeartbeatBytes bounds one heartbeat shard's value. etcd refuses a
+// request above its --max-request-bytes (1.5 MiB by default), and a broker
+// that could not write its heartbeat could not report a seal or a suspect
+// owner either, so a value is bounded well under it: at about 110 bytes a
+// copy, 512 KiB holds some 4,700 copies in a shard, 75,000 on a broker.
+const MaxHeartbeatBytes = 512 << 10
+
+// MaxHeartbeatTxnBytes bounds the values one heartbeat transaction carries:
+// a broker writes its changed shards together (one revision), split over
+// several transactions only when their values pass this bound, which keeps
+// each request under etcd's --max-request-bytes with room for the keys.
+const MaxHeartbeatTxnBytes = 1 << 20
+
+// BoundHeartbeat encodes hb within limit bytes. A value that fits is hb
+// itself. One that does not keeps the copies in name order while the
+// value fits and leaves the rest out, counting them in Omitted: a value
+// etcd would refuse is never sent (it would fail every heartbeat after
+// it, the ones that fit included). It returns the encoded value and the
+// streams left out. limit must leave room for a shard with no copies (a
+// few hundred bytes); MaxHeartbeatBytes does, by far.
+func BoundHeartbeat(hb Heartbeat, limit int) (string, []string) {
+	v := Encode(hb)
+	if len(v) <= limit {
+		return v, nil
+	}
+	names := slices.Sorted(maps.Keys(hb.Streams))
+	kept := make(map[string]CopyTails, len(names))
+	empty := hb
+	empty.Streams = kept
+	empty.Omitted = len(names)
+	// The envelope with every copy omitted, plus per copy its name, its
+	// status and two bytes of separators: a bound on the value's size.
+	size := len(Encode(empty))
+	n := 0
+	for _, name := range names {
+		k, _ := json.Marshal(name)
+		t, _ := json.Marshal(hb.Streams[name])
+		if size+len(k)+len(t)+2 > limit {
+			break
+		}
+		size += len(k) + len(t) + 2
+		kept[name] = hb.Streams[name]
+		n++
+	}
+	out := hb
+	out.Streams = kept
+	out.Omitted = len(names) - n
+	return Encode(out), names[n:]
+}

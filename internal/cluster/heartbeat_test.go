@@ -1,0 +1,85 @@
+package cluster
+
+import (
+	"fmt"
+	"testing"
+)
+
+// Brokers and controllers must agree on a stream's shard: the hash is
+// pinned (FNV-1a 32 of the name, modulo 16, computed apart from this
+// code), and spreads names over every shard.
+func TestHeartbeatShard(t *testing.T) {
+	for name, want := range map[string]int{"orders": 12, "a": 12, "s1": 9, "orders.eu-1": 14} {
+		if got := HeartbeatShard(name); got != want {
+			t.Errorf("HeartbeatShard(%q) = %d, want %d", name, got, want)
+		}
+	}
+	seen := map[int]bool{}
+	for i := range 1000 {
+		seen[HeartbeatShard(fmt.Sprintf("s%d", i))] = true
+	}
+	if len(seen) != HeartbeatShards {
+		t.Fatalf("1000 names fall in %d shards, want all %d", len(seen), HeartbeatShards)
+	}
+}
+
+func TestHeartbeatKeyRoundTrip(t *testing.T) {
+	s := NewSchema("/x")
+	for _, shard := range []int{0, 7, HeartbeatShards - 1} {
+		key := s.HeartbeatKey("broker-1", shard)
+		node, got, err := s.ParseHeartbeatKey(key)
+		if err != nil || node != "broker-1" || got != shard {
+			t.Errorf("ParseHeartbeatKey(%q) = %q, %d, %v", key, node, got, err)
+		}
+	}
+	for _, key := range []string{
+		"/x/heartbeats/broker-1",       // the unsharded key of old brokers
+		"/x/heartbeats/broker-1/",      // no shard
+		"/x/heartbeats/broker-1/7",     // not two digits
+		"/x/heartbeats/broker-1/16",    // past the last shard
+		"/x/heartbeats/broker-1/0a",    // not a number
+		"/x/heartbeats/broker-1/01/02", // deeper
+		"/x/heartbeats//01",            // no node
+		"/x/brokers/broker-1",          // another directory
+		"/y/heartbeats/broker-1/01",    // another prefix
+	} {
+		if _, _, err := s.ParseHeartbeatKey(key); err == nil {
+			t.Errorf("ParseHeartbeatKey(%q) accepted", key)
+		}
+	}
+}
+
+func TestBoundHeartbeat(t *testing.T) {
+	hb := Heartbeat{Node: "b1", Shard: 3, Streams: map[string]CopyTails{}}
+	for i := range 100 {
+		hb.Streams[fmt.Sprintf("s%03d", i)] = CopyTails{Epoch: 3, Role: RoleFollower, RecordTail: 1 << 40, CursorEventTail: 1 << 30}
+	}
+	whole := Encode(hb)
+	if v, left := BoundHeartbeat(hb, len(whole)); v != whole || left != nil {
+		t.Fatalf("a value at its bound changed: left out %v", left)
+	}
+	for _, limit := range []int{len(whole) - 1, len(whole) / 2, 300} {
+		v, left := BoundHeartbeat(hb, limit)
+		if len(v) > limit {
+			t.Errorf("limit %d: value of %d bytes", limit, len(v))
+		}
+		got, err := Decode[Heartbeat]([]byte(v))
+		if err != nil {
+			t.Fatalf("limit %d: %v", limit, err)
+		}
+		if got.Omitted != len(left) || len(got.Streams)+len(left) != len(hb.Streams) || len(left) == 0 {
+			t.Errorf("limit %d: kept %d, omitted %d (field %d) of %d", limit, len(got.Streams), len(left), got.Omitted, len(hb.Streams))
+		}
+		// The copies kept are the first in name order.
+		for _, name := range left {
+			if _, ok := got.Streams[name]; ok {
+				t.Errorf("limit %d: %s both kept and left out", limit, name)
+			}
+			for kept := range got.Streams {
+				if kept > name {
+					t.Errorf("limit %d: kept %s after omitted %s", limit, kept, name)
+				}
+			}
+		}
+	}
+}

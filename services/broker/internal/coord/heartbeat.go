@@ -1,0 +1,180 @@
+package coord
+
+import (
+	"context"
+	"fmt"
+	"maps"
+	"sync/atomic"
+	"time"
+
+	"github.com/rs/zerolog"
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/strandhq/strand/internal/cluster"
+	"github.com/strandhq/strand/internal/logging"
+)
+
+// maxTxnOps is etcd's default --max-txn-ops: a transaction with more
+// operations is refused whole. A heartbeat batch holds at most
+// cluster.HeartbeatShards puts, and is split at this bound all the same,
+// so a larger shard count could never make every heartbeat fail.
+const maxTxnOps = 128
+
+// promptDelay gathers the status changes of one burst (an assignment
+// listing applied, a recovery's seals) into one transaction: copies apply
+// them concurrently, each one signalling, and a write per signal would cost
+// a revision per copy.
+const promptDelay = 25 * time.Millisecond
+
+// publishMode says which shards a pass writes.
+type publishMode int
+
+const (
+	// publishPrompt writes the shards where a copy came or went, or
+	// changed in what the controller acts on (role, epoch, seal, suspect
+	// owner, chain mismatch: liveness, attention and recovery), or took in
+	// an assignment (state.Snapshot.HeardSince).
+	publishPrompt publishMode = iota
+	// publishTails writes every shard whose statuses differ from what the
+	// broker last wrote, tails included: once per heartbeat interval.
+	publishTails
+)
+
+// heartbeats publishes this broker's copy statuses in etcd, one key per
+// shard (cluster.HeartbeatShard), on change and never on a clock alone:
+// liveness is the lease, whose keep-alives write no revisions, so an idle
+// broker writes nothing and a busy one about one revision per heartbeat
+// interval, however many streams it holds. What it writes it remembers per
+// lease; a new lease (a new session) starts with nothing written, and the
+// first pass under it writes every shard.
+type heartbeats struct {
+	cli    *clientv3.Client
+	schema cluster.Schema
+	node   string
+	log    zerolog.Logger
+	status func() map[string]cluster.CopyTails
+	// maxValue and maxTxn bound one shard's value and one transaction's
+	// values (cluster.MaxHeartbeatBytes, cluster.MaxHeartbeatTxnBytes),
+	// maxOps a transaction's puts (maxTxnOps).
+	maxValue, maxTxn, maxOps int
+
+	// Used by the session's loop only.
+	lease     clientv3.LeaseID
+	published [cluster.HeartbeatShards]map[string]cluster.CopyTails
+	written   [cluster.HeartbeatShards]bool
+	// takenIn marks shards to write at the next pass even when their
+	// statuses read the same: a copy in them took in an assignment.
+	takenIn [cluster.HeartbeatShards]bool
+	omitted [cluster.HeartbeatShards]int
+
+	// Counters for metrics and tests.
+	ticks        atomic.Int64
+	txns         atomic.Int64
+	omittedTotal atomic.Int64
+}
+
+func newHeartbeats(cli *clientv3.Client, schema cluster.Schema, node string, log zerolog.Logger, status func() map[string]cluster.CopyTails) *heartbeats {
+	return &heartbeats{cli: cli, schema: schema, node: node, log: log, status: status,
+		maxValue: cluster.MaxHeartbeatBytes, maxTxn: cluster.MaxHeartbeatTxnBytes, maxOps: maxTxnOps}
+}
+
+// tookIn marks the shards of streams whose copies took in an assignment.
+func (h *heartbeats) tookIn(streams []string) {
+	for _, s := range streams {
+		h.takenIn[cluster.HeartbeatShard(s)] = true
+	}
+}
+
+// publish writes the shards mode asks for under lease, in as few
+// transactions as the bounds allow (one, unless the values pass
+// maxTxn). It returns how many transactions it wrote. A failed write
+// leaves what it did not write to the next pass.
+func (h *heartbeats) publish(ctx context.Context, lease clientv3.LeaseID, mode publishMode) (int, error) {
+	if lease != h.lease {
+		h.lease = lease
+		h.published = [cluster.HeartbeatShards]map[string]cluster.CopyTails{}
+		h.written = [cluster.HeartbeatShards]bool{}
+	}
+	var cur [cluster.HeartbeatShards]map[string]cluster.CopyTails
+	for i := range cur {
+		cur[i] = map[string]cluster.CopyTails{}
+	}
+	for stream, t := range h.status() {
+		cur[cluster.HeartbeatShard(stream)][stream] = t
+	}
+	now := time.Now().UTC()
+	type put struct {
+		shard int
+		value string
+	}
+	var batch []put
+	for i := range cur {
+		if h.written[i] && !h.takenIn[i] && !changed(h.published[i], cur[i], mode) {
+			continue
+		}
+		v, left := cluster.BoundHeartbeat(cluster.Heartbeat{Node: h.node, Shard: i, Time: now, Streams: cur[i]}, h.maxValue)
+		h.noteOmitted(i, left)
+		batch = append(batch, put{shard: i, value: v})
+	}
+	txns := 0
+	for len(batch) > 0 {
+		n, size := 0, 0
+		for n < len(batch) && n < h.maxOps && (n == 0 || size+len(batch[n].value) <= h.maxTxn) {
+			size += len(batch[n].value)
+			n++
+		}
+		ops := make([]clientv3.Op, 0, n)
+		for _, p := range batch[:n] {
+			ops = append(ops, clientv3.OpPut(h.schema.HeartbeatKey(h.node, p.shard), p.value, clientv3.WithLease(lease)))
+		}
+		if _, err := h.cli.Txn(ctx).Then(ops...).Commit(); err != nil {
+			return txns, fmt.Errorf("coord: heartbeat: %w", err)
+		}
+		txns++
+		h.txns.Add(1)
+		for _, p := range batch[:n] {
+			h.published[p.shard] = cur[p.shard]
+			h.written[p.shard] = true
+			h.takenIn[p.shard] = false
+		}
+		batch = batch[n:]
+	}
+	return txns, nil
+}
+
+// changed reports whether a shard's statuses moved from was to now in a
+// way mode writes.
+func changed(was, now map[string]cluster.CopyTails, mode publishMode) bool {
+	if mode == publishTails {
+		return !maps.Equal(was, now)
+	}
+	if len(was) != len(now) {
+		return true
+	}
+	for stream, t := range now {
+		w, ok := was[stream]
+		if !ok || w.Epoch != t.Epoch || w.Role != t.Role || w.SealEpoch != t.SealEpoch ||
+			w.Suspect != t.Suspect || w.ChainMismatch != t.ChainMismatch {
+			return true
+		}
+	}
+	return false
+}
+
+// noteOmitted warns when a shard's value leaves copies out, and when it
+// stops doing so; a shard that keeps leaving the same number out is not
+// logged again.
+func (h *heartbeats) noteOmitted(shard int, left []string) {
+	if len(left) == h.omitted[shard] {
+		return
+	}
+	h.omittedTotal.Add(int64(len(left) - h.omitted[shard]))
+	h.omitted[shard] = len(left)
+	if len(left) == 0 {
+		h.log.Info().Str(logging.Node, h.node).Int("shard", shard).Msg("heartbeat shard fits its size bound again; every copy's status is published")
+		return
+	}
+	h.log.Warn().Str(logging.Node, h.node).Int("shard", shard).Int("omitted", len(left)).Str("first_omitted", left[0]).
+		Int("max_bytes", h.maxValue).
+		Msg("heartbeat shard would pass its size bound; copies left out of it (the controller sees no status for them: too many copies on this broker)")
+}

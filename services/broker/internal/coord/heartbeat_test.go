@@ -1,0 +1,329 @@
+package coord
+
+import (
+	"context"
+	"fmt"
+	"maps"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/rs/zerolog"
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/strandhq/strand/internal/cluster"
+	"github.com/strandhq/strand/internal/clustertest"
+	"github.com/strandhq/strand/internal/etcdtest"
+)
+
+// statuses is a broker's copy statuses as a test sets them.
+type statuses struct {
+	mu sync.Mutex
+	m  map[string]cluster.CopyTails
+}
+
+func (s *statuses) get() map[string]cluster.CopyTails {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return maps.Clone(s.m)
+}
+
+func (s *statuses) set(stream string, t cluster.CopyTails) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.m[stream] = t
+}
+
+type hbFixture struct {
+	t     *testing.T
+	cli   *clientv3.Client
+	hb    *heartbeats
+	st    *statuses
+	lease clientv3.LeaseID
+}
+
+// newHBFixture is a heartbeat publisher for node b1 on embedded etcd with
+// n streams following at epoch 1, and a lease to write under.
+func newHBFixture(t *testing.T, n int) *hbFixture {
+	t.Helper()
+	e := etcdtest.Start(t)
+	cli := e.Client(t)
+	st := &statuses{m: map[string]cluster.CopyTails{}}
+	for i := range n {
+		st.m[fmt.Sprintf("s%04d", i)] = cluster.CopyTails{Epoch: 1, Role: cluster.RoleFollower, RecordTail: uint64(i)}
+	}
+	f := &hbFixture{t: t, cli: cli, st: st, hb: newHeartbeats(cli, cluster.NewSchema(""), "b1", zerolog.Nop(), st.get)}
+	f.lease = f.grant()
+	return f
+}
+
+func (f *hbFixture) grant() clientv3.LeaseID {
+	f.t.Helper()
+	l, err := f.cli.Grant(context.Background(), 60)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	return l.ID
+}
+
+// publish runs one pass and returns how many transactions it wrote and
+// how far etcd's revision moved meanwhile.
+func (f *hbFixture) publish(mode publishMode) (txns int, revs int64) {
+	f.t.Helper()
+	before := f.rev()
+	txns, err := f.hb.publish(context.Background(), f.lease, mode)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	return txns, f.rev() - before
+}
+
+func (f *hbFixture) rev() int64 {
+	f.t.Helper()
+	resp, err := f.cli.Get(context.Background(), "/nothing")
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	return resp.Header.Revision
+}
+
+// shardKV is one heartbeat shard as stored.
+type shardKV struct {
+	hb     cluster.Heartbeat
+	modRev int64
+	lease  int64
+	size   int
+}
+
+// shards reads b1's heartbeat shards.
+func (f *hbFixture) shards() map[string]shardKV {
+	f.t.Helper()
+	schema := cluster.NewSchema("")
+	resp, err := f.cli.Get(context.Background(), schema.HeartbeatDir("b1"), clientv3.WithPrefix())
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	out := map[string]shardKV{}
+	for _, kv := range resp.Kvs {
+		hb, err := cluster.Decode[cluster.Heartbeat](kv.Value)
+		if err != nil {
+			f.t.Fatal(err)
+		}
+		out[string(kv.Key)] = shardKV{hb: hb, modRev: kv.ModRevision, lease: kv.Lease, size: len(kv.Value)}
+	}
+	return out
+}
+
+// The first pass under a lease writes every shard, in one transaction; a
+// pass with nothing changed writes nothing, whatever its mode; tails that
+// moved wait for the interval's pass, which writes only their shard.
+func TestHeartbeatWritesOnlyWhatChanged(t *testing.T) {
+	f := newHBFixture(t, 100)
+	if txns, revs := f.publish(publishPrompt); txns != 1 || revs != 1 {
+		t.Fatalf("first pass: %d transactions, revision moved %d; want 1 and 1", txns, revs)
+	}
+	if got := len(f.shards()); got != cluster.HeartbeatShards {
+		t.Fatalf("%d shards written, want %d", got, cluster.HeartbeatShards)
+	}
+	for _, mode := range []publishMode{publishPrompt, publishTails} {
+		if txns, revs := f.publish(mode); txns != 0 || revs != 0 {
+			t.Fatalf("unchanged, mode %d: %d transactions, revision moved %d; want none", mode, txns, revs)
+		}
+	}
+	f.st.set("s0007", cluster.CopyTails{Epoch: 1, Role: cluster.RoleFollower, RecordTail: 500})
+	if txns, _ := f.publish(publishPrompt); txns != 0 {
+		t.Fatalf("a tails-only change written by a prompt pass (%d transactions)", txns)
+	}
+	before := f.shards()
+	if txns, revs := f.publish(publishTails); txns != 1 || revs != 1 {
+		t.Fatalf("tails pass: %d transactions, revision moved %d; want 1 and 1", txns, revs)
+	}
+	key := cluster.NewSchema("").HeartbeatKey("b1", cluster.HeartbeatShard("s0007"))
+	for k, s := range f.shards() {
+		moved := s.modRev != before[k].modRev
+		if moved != (k == key) {
+			t.Errorf("shard %s moved %v; only %s should", k, moved, key)
+		}
+	}
+	if got := f.shards()[key].hb.Streams["s0007"].RecordTail; got != 500 {
+		t.Fatalf("published record tail %d, want 500", got)
+	}
+}
+
+// Many copies changing role at once (an assignment listing applied) are
+// written in one transaction: one revision, not one per copy or shard.
+func TestHeartbeatBatchesChangesIntoOneRevision(t *testing.T) {
+	f := newHBFixture(t, 300)
+	f.publish(publishTails)
+	for name := range f.st.get() {
+		f.st.set(name, cluster.CopyTails{Epoch: 2, Role: cluster.RoleOwner})
+	}
+	if txns, revs := f.publish(publishPrompt); txns != 1 || revs != 1 {
+		t.Fatalf("300 role changes: %d transactions, revision moved %d; want 1 and 1", txns, revs)
+	}
+	rev := f.rev()
+	for k, s := range f.shards() {
+		if s.modRev != rev {
+			t.Errorf("shard %s at revision %d, want %d", k, s.modRev, rev)
+		}
+		for name, tails := range s.hb.Streams {
+			if tails.Role != cluster.RoleOwner || tails.Epoch != 2 {
+				t.Errorf("%s published %+v", name, tails)
+			}
+		}
+	}
+}
+
+// A pass never puts more than etcd's --max-txn-ops in one transaction:
+// with a bound below the shard count it splits, every shard written.
+func TestHeartbeatTxnOpsBound(t *testing.T) {
+	if cluster.HeartbeatShards > maxTxnOps {
+		t.Fatalf("%d shards cannot go in one transaction of at most %d operations", cluster.HeartbeatShards, maxTxnOps)
+	}
+	f := newHBFixture(t, 100)
+	f.hb.maxOps = 5
+	want := (cluster.HeartbeatShards + 4) / 5
+	if txns, revs := f.publish(publishTails); txns != want || revs != int64(want) {
+		t.Fatalf("%d transactions, revision moved %d; want %d of at most 5 puts", txns, revs, want)
+	}
+	if got := len(f.shards()); got != cluster.HeartbeatShards {
+		t.Fatalf("%d shards written, want %d", got, cluster.HeartbeatShards)
+	}
+}
+
+// A stream whose copy took in an assignment has its shard written even
+// when its status reads the same: the controller learns from it that the
+// broker saw the assignment (state.Snapshot.HeardSince).
+func TestHeartbeatWritesTakenInShard(t *testing.T) {
+	f := newHBFixture(t, 50)
+	f.publish(publishTails)
+	before := f.shards()
+	f.hb.tookIn([]string{"s0003"})
+	if txns, _ := f.publish(publishPrompt); txns != 1 {
+		t.Fatalf("%d transactions, want 1", txns)
+	}
+	key := cluster.NewSchema("").HeartbeatKey("b1", cluster.HeartbeatShard("s0003"))
+	for k, s := range f.shards() {
+		if moved := s.modRev != before[k].modRev; moved != (k == key) {
+			t.Errorf("shard %s moved %v; only %s should", k, moved, key)
+		}
+	}
+	if txns, _ := f.publish(publishPrompt); txns != 0 {
+		t.Fatalf("taken in twice: %d transactions on the next pass", txns)
+	}
+}
+
+// A new lease (a new session) has none of the old lease's keys: the first
+// pass under it writes every shard again, bound to it, even with nothing
+// changed.
+func TestHeartbeatNewLeaseRewritesEveryShard(t *testing.T) {
+	f := newHBFixture(t, 40)
+	f.publish(publishTails)
+	old := f.lease
+	f.lease = f.grant()
+	if txns, _ := f.publish(publishPrompt); txns != 1 {
+		t.Fatalf("%d transactions under the new lease, want 1", txns)
+	}
+	got := f.shards()
+	if len(got) != cluster.HeartbeatShards {
+		t.Fatalf("%d shards, want %d", len(got), cluster.HeartbeatShards)
+	}
+	for k, s := range got {
+		if clientv3.LeaseID(s.lease) != f.lease {
+			t.Errorf("shard %s on lease %x, want the new %x (old %x)", k, s.lease, f.lease, old)
+		}
+	}
+}
+
+// A shard whose value would pass its bound is never sent whole: it keeps
+// the copies that fit, counts the rest in Omitted, and etcd takes it; the
+// values of one pass are split over transactions at their bound.
+func TestHeartbeatShardSizeBound(t *testing.T) {
+	const streams = 2000
+	f := newHBFixture(t, streams)
+	f.hb.maxValue, f.hb.maxTxn = 4<<10, 10<<10
+	txns, revs := f.publish(publishTails)
+	if int64(txns) != revs || txns < 6 {
+		t.Fatalf("%d transactions, revision moved %d; want one revision each, and at least 6 for 16 values of 4 KiB in 10 KiB", txns, revs)
+	}
+	kept, omitted := 0, 0
+	for k, s := range f.shards() {
+		if s.size > f.hb.maxValue {
+			t.Errorf("shard %s holds %d bytes, over the bound %d", k, s.size, f.hb.maxValue)
+		}
+		if s.hb.Omitted == 0 {
+			t.Errorf("shard %s omits nothing: %d copies fit in %d bytes?", k, len(s.hb.Streams), s.size)
+		}
+		kept += len(s.hb.Streams)
+		omitted += s.hb.Omitted
+	}
+	if kept+omitted != streams {
+		t.Fatalf("kept %d + omitted %d != %d copies", kept, omitted, streams)
+	}
+	if got := f.hb.omittedTotal.Load(); got != int64(omitted) {
+		t.Fatalf("omitted gauge %d, want %d", got, omitted)
+	}
+	// The full statuses were what this pass meant to write: the next one,
+	// with nothing changed, writes nothing rather than trying again.
+	if txns, _ := f.publish(publishTails); txns != 0 {
+		t.Fatalf("%d transactions on an unchanged pass after an over-bound one", txns)
+	}
+}
+
+// A new session (here: the lease revoked under a running broker, as when
+// it expires during a partition) writes every heartbeat shard again under
+// its new lease.
+func TestNewSessionRewritesEveryShard(t *testing.T) {
+	c, _ := newTestCoord(t)
+	// The session learns its lease is gone from a keep-alive, sent every
+	// third of the TTL.
+	c.cfg.LeaseTTL = 2 * time.Second
+	ctx, cancel := context.WithCancel(context.Background())
+	done := runCoord(c, ctx)
+	defer func() {
+		cancel()
+		waitRun(t, done)
+	}()
+	select {
+	case <-c.Ready():
+	case <-time.After(15 * time.Second):
+		t.Fatal("not registered")
+	}
+	leaseOf := func() (map[int64]int, error) {
+		resp, err := c.cfg.Client.Get(context.Background(), c.cfg.Schema.HeartbeatDir("b1"), clientv3.WithPrefix())
+		if err != nil {
+			return nil, err
+		}
+		out := map[int64]int{}
+		for _, kv := range resp.Kvs {
+			out[kv.Lease]++
+		}
+		return out, nil
+	}
+	first, err := leaseOf()
+	if err != nil || len(first) != 1 {
+		t.Fatalf("shards on leases %v (%v), want one lease", first, err)
+	}
+	var old int64
+	for l, n := range first {
+		old = l
+		if n != cluster.HeartbeatShards {
+			t.Fatalf("%d shards, want %d", n, cluster.HeartbeatShards)
+		}
+	}
+	if _, err := c.cfg.Client.Revoke(context.Background(), clientv3.LeaseID(old)); err != nil {
+		t.Fatal(err)
+	}
+	clustertest.Eventually(t, 15*time.Second, "every shard written again under a new lease", func() error {
+		got, err := leaseOf()
+		if err != nil {
+			return err
+		}
+		for l, n := range got {
+			if l != old && n == cluster.HeartbeatShards && len(got) == 1 {
+				return nil
+			}
+		}
+		return fmt.Errorf("shards on leases %v (old %x); want all %d on one new lease", got, old, cluster.HeartbeatShards)
+	})
+}

@@ -1,0 +1,133 @@
+package state
+
+import (
+	"context"
+	"go.etcd.io/etcd/api/v3/mvccpb"
+	"testing"
+	"time"
+
+	"github.com/strandhq/strand/internal/cluster"
+	"github.com/strandhq/strand/internal/etcdtest"
+)
+
+// streamsInShards returns two stream names that fall in different shards.
+func streamsInShards(t *testing.T) (string, string) {
+	t.Helper()
+	a := "s1"
+	for _, b := range []string{"s2", "s3", "s4", "s5", "s6"} {
+		if cluster.HeartbeatShard(b) != cluster.HeartbeatShard(a) {
+			return a, b
+		}
+	}
+	t.Fatal("no two names in different shards")
+	return "", ""
+}
+
+// A broker's heartbeat shards load merged into one Heartbeat; HeardSince
+// holds for a stream once its shard is written after the revision asked,
+// and a key that is not <node>/<shard> is listed corrupt, not guessed at.
+func TestLoadMergesHeartbeatShards(t *testing.T) {
+	e := etcdtest.Start(t)
+	cli := e.Client(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	s := cluster.NewSchema("")
+	a, b := streamsInShards(t)
+	put := func(node, stream string, tails cluster.CopyTails) int64 {
+		t.Helper()
+		shard := cluster.HeartbeatShard(stream)
+		hb := cluster.Heartbeat{Node: node, Shard: shard, Streams: map[string]cluster.CopyTails{stream: tails}}
+		resp, err := cli.Put(ctx, s.HeartbeatKey(node, shard), cluster.Encode(hb))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return resp.Header.Revision
+	}
+	revA := put("b1", a, cluster.CopyTails{Epoch: 1, Role: cluster.RoleOwner, RecordTail: 4})
+	revB := put("b1", b, cluster.CopyTails{Epoch: 1, Role: cluster.RoleFollower, RecordTail: 3})
+	if _, err := cli.Put(ctx, s.HeartbeatsDir()+"b9", "{}"); err != nil {
+		t.Fatal(err)
+	}
+	snap, err := Load(ctx, cli, s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ta, ok := snap.Tails("b1", a); !ok || ta.RecordTail != 4 {
+		t.Fatalf("%s on b1: %+v %v", a, ta, ok)
+	}
+	if tb, ok := snap.Tails("b1", b); !ok || tb.RecordTail != 3 {
+		t.Fatalf("%s on b1: %+v %v", b, tb, ok)
+	}
+	for _, c := range []struct {
+		node, stream string
+		rev          int64
+		want         bool
+	}{
+		{"b1", a, revA - 1, true},
+		{"b1", a, revA, false}, // a's shard not written since
+		{"b1", b, revA, true},
+		{"b1", b, revB, false},
+		{"b2", a, 0, false}, // no heartbeat
+		{"b1", "other", 0, false},
+	} {
+		if got := snap.HeardSince(c.node, c.stream, c.rev); got != c.want {
+			t.Errorf("HeardSince(%s, %s, %d) = %v, want %v", c.node, c.stream, c.rev, got, c.want)
+		}
+	}
+	if len(snap.Corrupt) != 1 || snap.Corrupt[0] != s.HeartbeatsDir()+"b9" {
+		t.Fatalf("corrupt %v, want the unsharded key", snap.Corrupt)
+	}
+	if _, ok := snap.Heartbeats["b9"]; ok {
+		t.Fatal("an unsharded key read as a heartbeat")
+	}
+}
+
+// A newer value of a shard replaces what the older one put in the merged
+// heartbeat: a copy gone from the shard is gone from the snapshot.
+func TestDecodeHeartbeatReplacesShard(t *testing.T) {
+	s := cluster.NewSchema("")
+	a, b := streamsInShards(t)
+	snap := Build().Snapshot()
+	set := func(streams map[string]cluster.CopyTails, shard int, rev int64) {
+		t.Helper()
+		v := cluster.Encode(cluster.Heartbeat{Node: "b1", Shard: shard, Streams: streams})
+		key := s.HeartbeatKey("b1", shard)
+		if err := snap.applyHeartbeat(s, key, &mvccpb.KeyValue{Key: []byte(key), Value: []byte(v), ModRevision: rev}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	set(map[string]cluster.CopyTails{a: {Epoch: 1}}, cluster.HeartbeatShard(a), 10)
+	set(map[string]cluster.CopyTails{b: {Epoch: 1}}, cluster.HeartbeatShard(b), 11)
+	set(map[string]cluster.CopyTails{}, cluster.HeartbeatShard(a), 12)
+	if _, ok := snap.Tails("b1", a); ok {
+		t.Fatalf("%s outlived its shard's newer value", a)
+	}
+	if _, ok := snap.Tails("b1", b); !ok {
+		t.Fatalf("%s, in another shard, went with it", b)
+	}
+	if got := snap.HeartbeatRev["b1"][cluster.HeartbeatShard(a)]; got != 12 {
+		t.Fatalf("shard revision %d, want 12", got)
+	}
+	// A deleted shard takes its copies with it; the broker's entry goes
+	// with its last shard.
+	del := func(shard int) {
+		t.Helper()
+		if err := snap.applyHeartbeat(s, s.HeartbeatKey("b1", shard), nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	del(cluster.HeartbeatShard(b))
+	if _, ok := snap.Tails("b1", b); ok {
+		t.Fatalf("%s outlived the delete of its shard", b)
+	}
+	if _, ok := snap.Heartbeats["b1"]; !ok {
+		t.Fatal("the broker went with a shard that was not its last")
+	}
+	del(cluster.HeartbeatShard(a))
+	if _, ok := snap.Heartbeats["b1"]; ok {
+		t.Fatal("the broker outlived its last shard")
+	}
+	if _, ok := snap.HeartbeatRev["b1"]; ok {
+		t.Fatal("the broker's shard revisions outlived its last shard")
+	}
+}
