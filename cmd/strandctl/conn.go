@@ -24,7 +24,7 @@ func (e *env) endpoints() (controller string, brokers []string, err error) {
 		}
 		return e.g.controller, brokers, nil
 	}
-	info, err := devcluster.ReadInfo(e.g.dataDir)
+	info, err := devcluster.ReadRunning(e.g.dataDir)
 	if errors.Is(err, devcluster.ErrNoCluster) {
 		return "", nil, fmt.Errorf("no cluster to talk to: pass --controller/--broker, set STRAND_CONTROLLER/STRAND_BROKER, or run `strandctl dev` (%w)", err)
 	}
