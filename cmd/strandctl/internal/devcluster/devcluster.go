@@ -461,6 +461,9 @@ func (c *Cluster) wait(ch *child, p *proc) {
 	case c.exits <- Exit{Name: ch.name, PID: pid, Err: err}:
 	default:
 	}
+	// Its pid is 0 in cluster.json from now on: nobody signals a pid the
+	// system may give to another process.
+	_ = c.writeInfo()
 	if restart {
 		c.restartAfter(ch, p, delay)
 	}
