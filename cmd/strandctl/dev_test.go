@@ -345,3 +345,58 @@ func TestDevStaleClusterJSON(t *testing.T) {
 		}
 	}
 }
+
+// TestDevPeerTokenLetsAHandStartedBrokerJoin: a broker started by hand with
+// the token from the file cluster.json names replicates with dev's brokers
+// (Follow and Seal refuse a peer with the wrong token, either way round).
+func TestDevPeerTokenLetsAHandStartedBrokerJoin(t *testing.T) {
+	if buildErr != nil {
+		t.Fatalf("building the binaries: %v", buildErr)
+	}
+	dir := t.TempDir()
+	port := freePortBase(t, 3) // broker-3's port is free: dev starts two
+	startDev(t, dir, port, 2)
+	info, err := devcluster.ReadRunning(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	token, err := devcluster.ReadPeerToken(info)
+	if err != nil || token == "" {
+		t.Fatalf("peer token from %q: %q, %v", info.PeerTokenFile, token, err)
+	}
+	const node = "broker-hand"
+	cmd := exec.Command(filepath.Join(binDir, devcluster.BrokerBin), "--node", node,
+		"--listen", fmt.Sprintf("127.0.0.1:%d", port+13), "--data-dir", filepath.Join(dir, node), "--etcd", info.Etcd[0])
+	cmd.Env = append(cleanEnv(), "STRAND_PEER_TOKEN="+token)
+	log := &lockedBuffer{}
+	cmd.Stdout, cmd.Stderr = log, log
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+		if t.Failed() {
+			t.Logf("%s's log:\n%s", node, log.String())
+		}
+	})
+	waitLive(t, dir, devcluster.BrokerNode(1), devcluster.BrokerNode(2), node)
+	const stream = "hand"
+	mustCtl(t, dir, "", "stream", "create", stream, "--copies", "3", "--policy", "majority_durable")
+	mustCtl(t, dir, "", "publish", stream, "a", "b")
+	clustertest.Eventually(t, 30*time.Second, "every copy in sync", func() error {
+		st, err := getStream(t, dir, stream)
+		if err != nil {
+			return err
+		}
+		for _, f := range st.Assignment.Followers {
+			if err := st.inSync(f); err != nil {
+				return err
+			}
+		}
+		if c, _ := st.copyOf(node); len(st.Assignment.Followers) != 2 || c.RecordTail != "2" {
+			return fmt.Errorf("assignment %+v; %s's copy %+v", st.Assignment, node, c)
+		}
+		return nil
+	})
+}
