@@ -137,23 +137,31 @@ func brokerOf(t *testing.T, dir, node string) devcluster.BrokerInfo {
 	return b
 }
 
-// TestDevSupervisorRestartsAKilledBroker: a follower SIGKILLed under `strandctl
-// dev` comes back by itself, as the same node on the same port with a new
-// pid, and catches up with the records published while it was down.
-func TestDevSupervisorRestartsAKilledBroker(t *testing.T) {
+// devWithStream starts `strandctl dev` with three brokers, creates a 3-copy
+// majority_durable stream and publishes a, b and c to it.
+func devWithStream(t *testing.T, stream string) (string, *devProcess, streamStatus) {
+	t.Helper()
 	if buildErr != nil {
 		t.Fatalf("building the binaries: %v", buildErr)
 	}
 	dir := t.TempDir()
 	dev := startDev(t, dir, freePortBase(t, 3), 3)
 	waitLive(t, dir, devcluster.BrokerNode(1), devcluster.BrokerNode(2), devcluster.BrokerNode(3))
-	const stream = "supervised"
 	mustCtl(t, dir, "", "stream", "create", stream, "--copies", "3", "--policy", "majority_durable")
 	mustCtl(t, dir, "", "publish", stream, "a", "b", "c")
 	st, err := getStream(t, dir, stream)
 	if err != nil {
 		t.Fatal(err)
 	}
+	return dir, dev, st
+}
+
+// TestDevSupervisorRestartsAKilledBroker: a follower SIGKILLed under `strandctl
+// dev` comes back by itself, as the same node on the same port with a new
+// pid, and catches up with the records published while it was down.
+func TestDevSupervisorRestartsAKilledBroker(t *testing.T) {
+	const stream = "supervised"
+	dir, dev, st := devWithStream(t, stream)
 	victim := st.Assignment.Followers[0]
 	before := brokerOf(t, dir, victim)
 	if err := syscall.Kill(before.PID, syscall.SIGKILL); err != nil {
@@ -196,19 +204,8 @@ func TestDevSupervisorRestartsAKilledBroker(t *testing.T) {
 // confirm); the supervisor leaves the stopped broker down; `dev start`
 // brings it back as a follower that catches up.
 func TestDevStopStartFailover(t *testing.T) {
-	if buildErr != nil {
-		t.Fatalf("building the binaries: %v", buildErr)
-	}
-	dir := t.TempDir()
-	dev := startDev(t, dir, freePortBase(t, 3), 3)
-	waitLive(t, dir, devcluster.BrokerNode(1), devcluster.BrokerNode(2), devcluster.BrokerNode(3))
 	const stream = "stop-start"
-	mustCtl(t, dir, "", "stream", "create", stream, "--copies", "3", "--policy", "majority_durable")
-	mustCtl(t, dir, "", "publish", stream, "a", "b", "c")
-	st0, err := getStream(t, dir, stream)
-	if err != nil {
-		t.Fatal(err)
-	}
+	dir, dev, st0 := devWithStream(t, stream)
 	owner := st0.Assignment.Owner
 
 	r := ctl(t, dir, "", "dev", "stop", "broker-9")
