@@ -133,7 +133,7 @@ type child struct {
 	bin     string
 	args    []string
 	proc    *proc         // the last process started; nil before the first
-	held    bool          // stopped by StopChild: not restarted until StartChild
+	held    bool          // stopped by Stop: not restarted until Restart
 	backoff time.Duration // the last supervised restart's delay
 }
 
@@ -484,7 +484,7 @@ func (ch *child) nextBackoff(t0, now time.Time) time.Duration {
 
 // restartAfter starts ch again after delay, with the flags, environment and
 // data dir it had, unless meanwhile the cluster closed, the child was
-// stopped by StopChild or started by StartChild (its process is no longer
+// stopped by Stop or started by Restart (its process is no longer
 // dead). A start that fails is tried again with a longer back-off.
 func (c *Cluster) restartAfter(ch *child, dead *proc, delay time.Duration) {
 	defer c.restarts.Done()
