@@ -16,6 +16,7 @@ help: ## Show this help.
 
 .PHONY: build
 build: ## Build every binary into bin/.
+	@echo "building $(BIN)/ (the first build takes a minute)..."
 	@mkdir -p $(BIN)
 	@for c in $(CMDS); do $(GO) build -o $(BIN)/$${c%%:*} $${c#*:} || exit 1; done
 
@@ -28,7 +29,9 @@ test: ## Run every test suite with -race (unit, integration, CLI smoke, e2e).
 	@# Compile every test binary in parallel, then run the packages one at a
 	@# time: the process, in-process and container clusters run on short
 	@# leases and must not starve each other's etcd on a 2-core machine.
+	@echo "compiling test binaries with -race (the first time takes several minutes)..."
 	@out=$$(mktemp); $(GO) test -race -count=1 -run '^$$' ./... >$$out 2>&1 || { cat $$out; rm -f $$out; exit 1; }; rm -f $$out
+	@echo "running the test packages one at a time..."
 	$(GO) test -race -count=1 -p 1 -timeout 25m ./...
 
 .PHONY: test-short
@@ -81,13 +84,14 @@ check-generate: generate ## Fail if generated code is out of date.
 	@test -z "$$(git status --porcelain -- api)" || { git status --porcelain -- api; echo "generated code differs: run make generate"; exit 1; }
 
 .PHONY: lint
-lint: ## go vet, buf lint, buf format, gofmt, and golangci-lint when installed.
+lint: ## go vet, buf lint, buf format, gofmt and golangci-lint (.golangci.yml; pinned in go.mod as a Go tool).
 	$(GO) vet ./...
 	cd examples && $(GO) vet ./...
 	$(GO) tool buf lint
 	$(GO) tool buf format -d --exit-code
 	@test -z "$$(gofmt -l $$(git ls-files '*.go' | grep -v '^api/'))" || { gofmt -l $$(git ls-files '*.go' | grep -v '^api/'); exit 1; }
-	@if command -v golangci-lint >/dev/null; then golangci-lint run ./...; else echo "golangci-lint not installed; skipped"; fi
+	@echo "golangci-lint (its first run compiles it: a minute or two)..."
+	$(GO) tool golangci-lint run ./...
 
 .PHONY: fmt
 fmt: ## gofmt every Go file and buf format the protos.

@@ -16,7 +16,7 @@ import (
 
 func TestMain(m *testing.M) {
 	// Ryuk would be pulled from a registry; the tests clean up themselves.
-	os.Setenv("TESTCONTAINERS_RYUK_DISABLED", "true")
+	_ = os.Setenv("TESTCONTAINERS_RYUK_DISABLED", "true")
 	tclog.SetDefault(tclog.NewNoopLogger())
 	if err := dockerReachable(); err != nil {
 		// Fail, never skip: a suite that cannot run must not look green.

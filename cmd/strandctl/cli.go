@@ -56,6 +56,7 @@ type command struct {
 func commands() []*command {
 	var cmds []*command
 	cmds = append(cmds, devCommand())
+	cmds = append(cmds, devControlCommands()...)
 	cmds = append(cmds, streamCommands()...)
 	cmds = append(cmds, dataCommands()...)
 	cmds = append(cmds, adminCommands()...)

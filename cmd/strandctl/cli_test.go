@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"errors"
 	"flag"
 	"io"
 	"slices"
@@ -64,7 +65,7 @@ func TestParsePolicy(t *testing.T) {
 	} {
 		if _, err := parsePolicy(c.in, c.nodes); err == nil {
 			t.Errorf("parsePolicy(%q, %d): want an error", c.in, c.nodes)
-		} else if _, ok := err.(usageError); !ok {
+		} else if !errors.As(err, new(usageError)) {
 			t.Errorf("parsePolicy(%q, %d): %v is not a usage error", c.in, c.nodes, err)
 		}
 	}

@@ -10,6 +10,7 @@ import (
 
 	"github.com/strandhq/strand/api/strand/v1/strandv1connect"
 	"github.com/strandhq/strand/client"
+	"github.com/strandhq/strand/cmd/strandctl/internal/devcluster"
 )
 
 // endpoints says where the cluster is: --controller/--broker (or their
@@ -17,6 +18,11 @@ import (
 func (e *env) endpoints() (controller string, brokers []string, err error) {
 	if e.g.controller != "" || e.g.broker != "" {
 		return e.g.controller, splitList(e.g.broker), nil
+	}
+	// A cluster.json whose dev process is gone fails at once, rather than
+	// every call waiting out its deadline on ports nobody serves.
+	if _, err := devcluster.ReadRunning(e.g.dataDir); err != nil && !errors.Is(err, devcluster.ErrNoCluster) {
+		return "", nil, err
 	}
 	cfg, err := client.DevClusterConfig(e.g.dataDir)
 	if errors.Is(err, client.ErrNoDevCluster) {

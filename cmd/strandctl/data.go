@@ -57,7 +57,7 @@ func dataCommands() []*command {
 				if err != nil {
 					return err
 				}
-				defer c.Close()
+				defer func() { _ = c.Close() }()
 				switch {
 				case count > 0:
 					return publishLoad(ctx, e, c, stream, count, int(size), int(inflight))
@@ -94,7 +94,7 @@ func dataCommands() []*command {
 				if err != nil {
 					return err
 				}
-				defer c.Close()
+				defer func() { _ = c.Close() }()
 				return readRecords(ctx, e, c, args[0], start, earliest, maxRecs)
 			},
 		},
@@ -120,7 +120,7 @@ func dataCommands() []*command {
 				if err != nil {
 					return err
 				}
-				defer c.Close()
+				defer func() { _ = c.Close() }()
 				return subscribe(ctx, e, c, args[0], opts, cursor, commitEvery)
 			},
 		},
@@ -138,7 +138,7 @@ func dataCommands() []*command {
 				if err != nil {
 					return err
 				}
-				defer c.Close()
+				defer func() { _ = c.Close() }()
 				ctx, cancel := e.withTimeout(ctx)
 				defer cancel()
 				res, err := c.CommitCursor(ctx, args[0], args[1], off)
@@ -162,7 +162,7 @@ func dataCommands() []*command {
 				if err != nil {
 					return err
 				}
-				defer c.Close()
+				defer func() { _ = c.Close() }()
 				ctx, cancel := e.withTimeout(ctx)
 				defer cancel()
 				res, err := c.GetCursor(ctx, args[0], args[1])
@@ -413,9 +413,9 @@ func subscribeStart(from, cursor string) (client.SubscribeOptions, error) {
 // commitEvery records and once more when stopping.
 func subscribe(ctx context.Context, e *env, c *client.Client, stream string, opts client.SubscribeOptions, cursor string, commitEvery uint64) error {
 	sub := c.Subscribe(ctx, stream, opts)
-	defer sub.Close()
+	defer func() { _ = sub.Close() }()
 	w := bufio.NewWriter(e.stdout)
-	defer w.Flush()
+	defer func() { _ = w.Flush() }()
 	var sinceCommit uint64
 	committed := uint64(0)
 	commit := func(ctx context.Context) error {

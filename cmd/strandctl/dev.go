@@ -16,6 +16,7 @@ func devCommand() *command {
 		portBase int
 		binDir   string
 		etcdOpts = etcdcfg.Defaults()
+		restart  bool
 	)
 	return &command{
 		name: "dev", summary: "run a local cluster: embedded etcd, controller, recoverer and brokers as processes (Ctrl-C stops)",
@@ -26,6 +27,7 @@ func devCommand() *command {
 			fs.StringVar(&etcdOpts.Mode, "etcd-auto-compaction-mode", etcdOpts.Mode, "embedded etcd's auto-compaction: periodic (retention is a duration) or revision (retention is a count of revisions); see docs/etcd.md")
 			fs.StringVar(&etcdOpts.Retention, "etcd-auto-compaction-retention", etcdOpts.Retention, "history the embedded etcd keeps: a duration such as 5m (periodic) or a count such as 10000 (revision); 0 turns compaction off")
 			fs.Int64Var(&etcdOpts.QuotaBytes, "etcd-quota-backend-bytes", etcdOpts.QuotaBytes, "embedded etcd's backend quota in bytes; past it etcd raises the NOSPACE alarm and refuses writes")
+			fs.BoolVar(&restart, "restart", true, "restart a child that exits unexpectedly, after a back-off of 200ms doubling to 5s (--restart=false leaves it dead, e.g. to show a dead broker)")
 		},
 		run: func(ctx context.Context, e *env, _ *flag.FlagSet, args []string) error {
 			if err := needArgs(args, 0, 0, "no arguments"); err != nil {
@@ -43,6 +45,7 @@ func devCommand() *command {
 			fmt.Fprintf(e.stderr, "dev: starting etcd, controller, recoverer and %d brokers in %s\n", brokers, e.g.dataDir)
 			c, err := devcluster.Start(ctx, devcluster.Options{
 				Dir: e.g.dataDir, Brokers: brokers, PortBase: portBase, BinDir: binDir, Log: e.stderr, Etcd: etcdOpts,
+				Supervise: restart, Control: true,
 			})
 			if err != nil {
 				return err
@@ -75,12 +78,47 @@ func printDevInfo(e *env, c *devcluster.Cluster, info devcluster.Info, brokers i
 		t.row("  "+b.Node, b.Address, b.PID)
 	}
 	t.flush()
-	fmt.Fprintf(w, "logs in %s; endpoints in %s\n", filepath.Join(c.Dir(), "logs"), filepath.Join(c.Dir(), devcluster.InfoFile))
+	fmt.Fprintf(w, "logs in %s; endpoints in %s; peer token in %s\n", filepath.Join(c.Dir(), "logs"), filepath.Join(c.Dir(), devcluster.InfoFile), info.PeerTokenFile)
 	dirFlag := ""
 	if e.g.dataDir != devcluster.DefaultDir && filepath.Clean(e.g.dataDir) != devcluster.DefaultDir {
 		dirFlag = " --data-dir " + e.g.dataDir
 	}
 	fmt.Fprintf(w, "try: strandctl stream create demo --copies %d%s && strandctl publish demo hello%s && strandctl read demo --from 0%s\n",
 		min(3, brokers), dirFlag, dirFlag, dirFlag)
-	fmt.Fprintln(w, "Ctrl-C stops the cluster.")
+	fmt.Fprintf(w, "strandctl dev stop NODE%s stops one (dev start NODE brings it back); Ctrl-C stops the cluster.\n", dirFlag)
+}
+
+// devControlCommands are `dev stop NODE` and `dev start NODE`: one child of
+// the running dev cluster, through its control endpoint.
+func devControlCommands() []*command {
+	var cmds []*command
+	for _, c := range []struct{ action, summary string }{
+		{devcluster.ActionStop, "stop one child of the running dev cluster (SIGTERM: a broker revokes its lease, so its streams fail over now); it stays down until dev start"},
+		{devcluster.ActionStart, "start a child of the running dev cluster that dev stop stopped (or that died), and wait until it is ready"},
+	} {
+		cmds = append(cmds, &command{
+			name: "dev " + c.action, args: "NODE", summary: c.summary,
+			run: func(ctx context.Context, e *env, _ *flag.FlagSet, args []string) error {
+				if err := needArgs(args, 1, 1, "NODE (controller, recoverer or broker-N)"); err != nil {
+					return err
+				}
+				info, err := devcluster.ReadRunning(e.g.dataDir)
+				if err != nil {
+					return err
+				}
+				ctx, cancel := e.withTimeout(ctx)
+				defer cancel()
+				msg, err := devcluster.Control(ctx, info, c.action, args[0])
+				if err != nil {
+					return err
+				}
+				if e.g.json {
+					return printJSON(e.stdout, map[string]string{"node": args[0], "action": c.action, "message": msg})
+				}
+				_, err = fmt.Fprintln(e.stdout, msg)
+				return err
+			},
+		})
+	}
+	return cmds
 }

@@ -143,10 +143,12 @@ func (l *lockedBuffer) String() string {
 	return l.b.String()
 }
 
-func startDev(t *testing.T, dir string, portBase, brokers int) *devProcess {
+// startDev starts `strandctl dev` on dir with extra flags after the usual
+// ones, and waits for its cluster.json.
+func startDev(t *testing.T, dir string, portBase, brokers int, extra ...string) *devProcess {
 	t.Helper()
-	cmd := exec.Command(filepath.Join(binDir, "strandctl"), "dev", "--data-dir", dir,
-		"--port-base", strconv.Itoa(portBase), "--brokers", strconv.Itoa(brokers), "--bin-dir", binDir)
+	cmd := exec.Command(filepath.Join(binDir, "strandctl"), append([]string{"dev", "--data-dir", dir,
+		"--port-base", strconv.Itoa(portBase), "--brokers", strconv.Itoa(brokers), "--bin-dir", binDir}, extra...)...)
 	cmd.Env = cleanEnv()
 	d := &devProcess{cmd: cmd, out: &lockedBuffer{}, done: make(chan struct{})}
 	cmd.Stdout, cmd.Stderr = d.out, d.out

@@ -192,7 +192,7 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 		if err != nil {
 			return nil, err
 		}
-		defer os.RemoveAll(dir)
+		defer func() { _ = os.RemoveAll(dir) }()
 		port, err := devcluster.FreePortBase(o.Brokers)
 		if err != nil {
 			return nil, err
@@ -208,7 +208,7 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 		if err != nil {
 			return nil, err
 		}
-		defer cl.Close()
+		defer func() { _ = cl.Close() }()
 		r.cl, r.etcd = cl, cl.Etcd()
 		info := cl.Info()
 		o.Controller, o.BrokerAddrs = info.Controller, info.BrokerAddresses()
@@ -225,7 +225,7 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 	if err != nil {
 		return nil, err
 	}
-	defer c.Close()
+	defer func() { _ = c.Close() }()
 	r.c = c
 	if err := r.run(ctx); err != nil {
 		return nil, err

@@ -45,7 +45,7 @@ func scrapeHistograms(ctx context.Context, hc *http.Client, addr string) (broker
 	if err != nil {
 		return nil, err
 	}
-	defer resp.Body.Close()
+	defer func() { _ = resp.Body.Close() }()
 	if resp.StatusCode != http.StatusOK {
 		return nil, fmt.Errorf("%s/metrics: %s", addr, resp.Status)
 	}

@@ -7,7 +7,6 @@ package devcluster
 
 import (
 	"context"
-	"crypto/rand"
 	"errors"
 	"fmt"
 	"io"
@@ -82,7 +81,23 @@ type Options struct {
 	// Etcd is the embedded etcd's auto-compaction and quota; zero fields
 	// take etcdcfg's defaults (docs/etcd.md).
 	Etcd etcdcfg.Options
+	// Supervise restarts a child that exits without being asked to, with
+	// the same flags, environment and data dir, after a back-off
+	// (RestartMin, doubling up to RestartMax; back to RestartMin once the
+	// child has run RestartReset). Without it a dead child stays dead
+	// until Restart: what the tests and the bench that kill one want.
+	Supervise bool
+	// Control serves the control endpoint (control.go) that `strandctl dev
+	// stop|start NODE` use, on a loopback port cluster.json names.
+	Control bool
 }
+
+// Back-off of a supervised restart.
+const (
+	RestartMin   = 200 * time.Millisecond
+	RestartMax   = 5 * time.Second
+	RestartReset = 10 * time.Second
+)
 
 // Exit reports a child that exited without being asked to.
 type Exit struct {
@@ -95,29 +110,55 @@ type Exit struct {
 type Cluster struct {
 	opts      Options
 	peerToken string
+	tokenFile string
 	etcd      *embed.Etcd
 	etcdCl    *clientv3.Client
 	schema    cluster.Schema
 	exits     chan Exit
+	quit      chan struct{} // closed by Close: pending restarts give up
+	restarts  sync.WaitGroup
+	control   *controlServer
 
-	mu       sync.Mutex
-	children map[string]*child
-	order    []string // controller, recoverer, broker-1..N
-	closed   bool
+	mu        sync.Mutex
+	children  map[string]*child
+	order     []string // controller, recoverer, broker-1..N
+	supervise bool     // Options.Supervise, from the end of Start on
+	closed    bool
+
+	// infoMu orders cluster.json's writes with Close's removal, so a
+	// restart that ends as the cluster closes cannot leave a file that
+	// names a cluster that is gone.
+	infoMu sync.Mutex
 }
 
-// child is one service process; a restart replaces it with a new child.
+// child is one service; each start of it is a new proc.
 type child struct {
-	name string
-	addr string
-	bin  string
-	args []string
-	log  *os.File
+	name    string
+	addr    string
+	bin     string
+	args    []string
+	proc    *proc         // the last process started; nil before the first
+	held    bool          // stopped by Stop: not restarted until Restart
+	backoff time.Duration // the last supervised restart's delay
+}
+
+// proc is one process of a child.
+type proc struct {
 	cmd  *exec.Cmd
+	log  *os.File
 	done chan struct{} // closed when the process has exited
 	err  error         // Wait's result, valid after done
 	stop bool          // stopping was asked for; the exit is expected
 	t0   time.Time
+}
+
+func (p *proc) running() bool {
+	select {
+	case <-p.done:
+		return false
+	default:
+		return true
+	}
 }
 
 // Start starts etcd and the services, waits until every service is healthy
@@ -146,7 +187,7 @@ func Start(ctx context.Context, opts Options) (*Cluster, error) {
 	// for this one before it is ready. One of a cluster still running is
 	// left alone, and this start refused: it would fail on the running
 	// cluster's ports after cutting every other command off from it.
-	if info, err := ReadInfo(dir); err == nil && info.PID > 0 && info.PID != os.Getpid() && syscall.Kill(info.PID, 0) == nil {
+	if info, err := ReadInfo(dir); err == nil && info.PID > 0 && info.PID != os.Getpid() && alive(info.PID) {
 		return nil, fmt.Errorf("devcluster: a cluster already runs from %s (strandctl pid %d); stop it or use another data dir", dir, info.PID)
 	}
 	_ = os.Remove(filepath.Join(dir, InfoFile))
@@ -154,17 +195,17 @@ func Start(ctx context.Context, opts Options) (*Cluster, error) {
 	if err != nil {
 		return nil, err
 	}
-	// The children share a peer token (Follow and Seal are for peers
-	// only): the caller's, else a fresh one for this start.
-	peerToken := rpcserver.PeerToken()
-	if peerToken == "" {
-		peerToken = rand.Text()
+	peerToken, tokenFile, err := loadPeerToken(dir)
+	if err != nil {
+		return nil, err
 	}
 	c := &Cluster{
 		opts:      opts,
 		peerToken: peerToken,
+		tokenFile: tokenFile,
 		schema:    cluster.NewSchema(opts.Prefix),
 		exits:     make(chan Exit, 16),
+		quit:      make(chan struct{}),
 		children:  make(map[string]*child),
 	}
 	if err := c.startEtcd(); err != nil {
@@ -187,18 +228,33 @@ func Start(ctx context.Context, opts Options) (*Cluster, error) {
 		c.add(node, addr, bins[BrokerBin],
 			append(append([]string{"--node", node, "--listen", addr, "--data-dir", filepath.Join(dir, node)}, common...), opts.BrokerArgs...))
 	}
-	for _, name := range c.order {
-		if err := c.spawn(c.children[name]); err != nil {
+	procs := make([]*proc, len(c.order))
+	for i, name := range c.order {
+		c.mu.Lock()
+		p, err := c.spawn(c.children[name])
+		c.mu.Unlock()
+		if err != nil {
 			return nil, err
 		}
+		procs[i] = p
 	}
 	ctx, cancel := context.WithTimeout(ctx, opts.ReadyTimeout)
 	defer cancel()
-	for _, name := range c.order {
-		if err := c.waitReady(ctx, c.children[name], c.children[name].done); err != nil {
+	for i, name := range c.order {
+		if err := c.waitReady(ctx, c.children[name], procs[i]); err != nil {
 			return nil, err
 		}
 	}
+	if opts.Control {
+		if c.control, err = c.serveControl(); err != nil {
+			return nil, err
+		}
+	}
+	// A child that fails while the cluster starts fails the start; only
+	// a cluster that came up is supervised.
+	c.mu.Lock()
+	c.supervise = opts.Supervise
+	c.mu.Unlock()
 	if err := c.writeInfo(); err != nil {
 		return nil, err
 	}
@@ -354,12 +410,13 @@ func logTail(path string, n int) string {
 	return strings.Join(lines[max(0, len(lines)-n):], "\n")
 }
 
-// spawn starts ch's process with its output in DIR/logs/<name>.log.
-func (c *Cluster) spawn(ch *child) error {
+// spawn starts a process of ch with its output in DIR/logs/<name>.log. The
+// caller holds c.mu.
+func (c *Cluster) spawn(ch *child) (*proc, error) {
 	logPath := c.logPath(ch.name)
 	f, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
-		return fmt.Errorf("devcluster: %w", err)
+		return nil, fmt.Errorf("devcluster: %w", err)
 	}
 	fmt.Fprintf(f, "---- %s: %s %v\n", time.Now().Format(time.RFC3339Nano), ch.bin, ch.args)
 	cmd := exec.Command(ch.bin, ch.args...)
@@ -375,21 +432,31 @@ func (c *Cluster) spawn(ch *child) error {
 	}
 	if err := cmd.Start(); err != nil {
 		_ = f.Close()
-		return fmt.Errorf("devcluster: start %s: %w", ch.name, err)
+		return nil, fmt.Errorf("devcluster: start %s: %w", ch.name, err)
 	}
-	ch.cmd, ch.log, ch.done, ch.err, ch.stop, ch.t0 = cmd, f, make(chan struct{}), nil, false, time.Now()
-	go c.wait(ch, cmd, ch.done)
-	return nil
+	p := &proc{cmd: cmd, log: f, done: make(chan struct{}), t0: time.Now()}
+	ch.proc = p
+	go c.wait(ch, p)
+	return p, nil
 }
 
-// wait reaps a child and reports an unexpected exit.
-func (c *Cluster) wait(ch *child, cmd *exec.Cmd, done chan struct{}) {
-	err := cmd.Wait()
+// wait reaps a process, reports an unexpected exit and, on a supervised
+// cluster, restarts the child.
+func (c *Cluster) wait(ch *child, p *proc) {
+	err := p.cmd.Wait()
 	c.mu.Lock()
-	ch.err = err
-	expected := ch.stop
-	_ = ch.log.Close()
-	close(done)
+	p.err = err
+	expected := p.stop
+	_ = p.log.Close()
+	close(p.done)
+	restart := !expected && c.supervise && !c.closed && !ch.held
+	var delay time.Duration
+	if restart {
+		delay = ch.nextBackoff(p.t0, time.Now())
+		// Added under c.mu while not closed: Close, which sets closed
+		// under c.mu, then waits for every restart it could miss.
+		c.restarts.Add(1)
+	}
 	c.mu.Unlock()
 	if expected {
 		return
@@ -397,26 +464,84 @@ func (c *Cluster) wait(ch *child, cmd *exec.Cmd, done chan struct{}) {
 	if err == nil {
 		err = errors.New("exit status 0")
 	}
-	fmt.Fprintf(c.opts.Log, "dev: %s (pid %d) exited: %v; the rest keep running\n", ch.name, cmd.Process.Pid, err)
+	pid := p.cmd.Process.Pid
+	if restart {
+		fmt.Fprintf(c.opts.Log, "dev: %s (pid %d) exited (%v); restarting in %v\n", ch.name, pid, err, delay)
+	} else {
+		fmt.Fprintf(c.opts.Log, "dev: %s (pid %d) exited: %v; the rest keep running\n", ch.name, pid, err)
+	}
 	select {
-	case c.exits <- Exit{Name: ch.name, PID: cmd.Process.Pid, Err: err}:
+	case c.exits <- Exit{Name: ch.name, PID: pid, Err: err}:
 	default:
+	}
+	// Its pid is 0 in cluster.json from now on: nobody signals a pid the
+	// system may give to another process.
+	_ = c.writeInfo()
+	if restart {
+		c.restartAfter(ch, p, delay)
+	}
+}
+
+// nextBackoff is the delay before the next supervised restart of ch, whose
+// process ran from t0 to now: doubled after each quick exit, so a child
+// that cannot start does not spin, and back to RestartMin once it had run a
+// while. The caller holds c.mu.
+func (ch *child) nextBackoff(t0, now time.Time) time.Duration {
+	if ch.backoff == 0 || now.Sub(t0) >= RestartReset {
+		ch.backoff = RestartMin
+	} else {
+		ch.backoff = min(2*ch.backoff, RestartMax)
+	}
+	return ch.backoff
+}
+
+// restartAfter starts ch again after delay, with the flags, environment and
+// data dir it had, unless meanwhile the cluster closed, the child was
+// stopped by Stop or started by Restart (its process is no longer
+// dead). A start that fails is tried again with a longer back-off.
+func (c *Cluster) restartAfter(ch *child, dead *proc, delay time.Duration) {
+	defer c.restarts.Done()
+	t := time.NewTimer(delay)
+	defer t.Stop()
+	for {
+		select {
+		case <-c.quit:
+			return
+		case <-t.C:
+		}
+		c.mu.Lock()
+		if c.closed || ch.held || ch.proc != dead {
+			c.mu.Unlock()
+			return
+		}
+		_, err := c.spawn(ch)
+		if err != nil {
+			delay = ch.nextBackoff(time.Now(), time.Now())
+		}
+		c.mu.Unlock()
+		if err == nil {
+			// The new pid, for whoever reads cluster.json.
+			_ = c.writeInfo()
+			return
+		}
+		fmt.Fprintf(c.opts.Log, "dev: restarting %s: %v; trying again in %v\n", ch.name, err, delay)
+		t.Reset(delay)
 	}
 }
 
 // waitReady polls the child's health, and for a broker its registration in
-// etcd, until both hold, the child exits, or ctx ends.
-func (c *Cluster) waitReady(ctx context.Context, ch *child, done <-chan struct{}) error {
+// etcd, until both hold, its process p exits, or ctx ends.
+func (c *Cluster) waitReady(ctx context.Context, ch *child, p *proc) error {
 	hc := grpchealth.NewClient(rpcserver.HTTPClient(), rpcserver.BaseURL(ch.addr))
 	tick := time.NewTicker(50 * time.Millisecond)
 	defer tick.Stop()
 	for {
-		if c.ready(ctx, hc, ch) {
+		if c.ready(ctx, hc, ch, p) {
 			return nil
 		}
 		select {
-		case <-done:
-			return fmt.Errorf("devcluster: %s exited while starting: %v; its log ends:\n%s", ch.name, ch.err, logTail(c.logPath(ch.name), 15))
+		case <-p.done:
+			return fmt.Errorf("devcluster: %s exited while starting: %v; its log ends:\n%s", ch.name, p.err, logTail(c.logPath(ch.name), 15))
 		case <-ctx.Done():
 			return fmt.Errorf("devcluster: %s at %s not ready: %w; its log ends:\n%s", ch.name, ch.addr, ctx.Err(), logTail(c.logPath(ch.name), 15))
 		case <-tick.C:
@@ -424,7 +549,7 @@ func (c *Cluster) waitReady(ctx context.Context, ch *child, done <-chan struct{}
 	}
 }
 
-func (c *Cluster) ready(ctx context.Context, hc *grpchealth.Client, ch *child) bool {
+func (c *Cluster) ready(ctx context.Context, hc *grpchealth.Client, ch *child, p *proc) bool {
 	cctx, cancel := context.WithTimeout(ctx, time.Second)
 	defer cancel()
 	res, err := hc.Check(cctx, &grpchealth.CheckRequest{})
@@ -442,19 +567,31 @@ func (c *Cluster) ready(ctx context.Context, hc *grpchealth.Client, ch *child) b
 		return false
 	}
 	info, err := cluster.Decode[cluster.BrokerInfo](get.Kvs[0].Value)
-	return err == nil && info.Address == ch.addr && !info.StartTime.Before(ch.t0.Add(-time.Second))
+	return err == nil && info.Address == ch.addr && !info.StartTime.Before(p.t0.Add(-time.Second))
 }
 
-// Info describes the cluster as cluster.json does.
+// Errors of the methods that name one child.
+var (
+	ErrUnknownNode = errors.New("devcluster: no such node")
+	ErrRunning     = errors.New("devcluster: already running")
+	ErrStopped     = errors.New("devcluster: already stopped")
+	ErrClosed      = errors.New("devcluster: closed")
+)
+
+// Info describes the cluster as cluster.json does. A child that is not
+// running has pid 0, so nobody signals a pid that may be reused.
 func (c *Cluster) Info() Info {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	info := Info{Etcd: c.EtcdEndpoints(), Prefix: c.opts.Prefix, PID: os.Getpid()}
+	info := Info{Etcd: c.EtcdEndpoints(), Prefix: c.opts.Prefix, PID: os.Getpid(), PeerTokenFile: c.tokenFile}
+	if c.control != nil {
+		info.Control = c.control.addr
+	}
 	for _, name := range c.order {
 		ch := c.children[name]
 		pid := 0
-		if ch.cmd != nil {
-			pid = ch.cmd.Process.Pid
+		if ch.proc != nil && ch.proc.running() {
+			pid = ch.proc.cmd.Process.Pid
 		}
 		switch name {
 		case Controller:
@@ -468,104 +605,149 @@ func (c *Cluster) Info() Info {
 	return info
 }
 
-func (c *Cluster) writeInfo() error { return writeInfo(c.opts.Dir, c.Info()) }
-
-func (c *Cluster) get(name string) (*child, error) {
+// writeInfo rewrites cluster.json, unless the cluster is closed: Close
+// removes the file under infoMu after setting closed, so no write lands
+// after the removal.
+func (c *Cluster) writeInfo() error {
+	c.infoMu.Lock()
+	defer c.infoMu.Unlock()
 	c.mu.Lock()
-	defer c.mu.Unlock()
+	closed := c.closed
+	c.mu.Unlock()
+	if closed {
+		return ErrClosed
+	}
+	return writeInfo(c.opts.Dir, c.Info())
+}
+
+// child returns the named child; the caller holds c.mu.
+func (c *Cluster) child(name string) (*child, error) {
 	ch, ok := c.children[name]
 	if !ok {
-		return nil, fmt.Errorf("devcluster: no process %q", name)
+		return nil, fmt.Errorf("%w %q; the nodes are %s", ErrUnknownNode, name, strings.Join(c.order, ", "))
 	}
 	return ch, nil
 }
 
-// current returns the named child's process and exit channel as of now (a
-// restart replaces both).
-func (c *Cluster) current(name string) (*exec.Cmd, chan struct{}, error) {
+// current returns the named child's last process (a restart replaces it).
+func (c *Cluster) current(name string) (*proc, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	ch, ok := c.children[name]
-	if !ok {
-		return nil, nil, fmt.Errorf("devcluster: no process %q", name)
+	ch, err := c.child(name)
+	if err != nil {
+		return nil, err
 	}
-	if ch.cmd == nil {
-		return nil, nil, fmt.Errorf("devcluster: %s not started", name)
+	if ch.proc == nil {
+		return nil, fmt.Errorf("devcluster: %s not started", name)
 	}
-	return ch.cmd, ch.done, nil
+	return ch.proc, nil
 }
 
 // PID returns the process id of the named process (0 if never started).
 func (c *Cluster) PID(name string) int {
-	cmd, _, err := c.current(name)
+	p, err := c.current(name)
 	if err != nil {
 		return 0
 	}
-	return cmd.Process.Pid
+	return p.cmd.Process.Pid
 }
 
 // Running reports whether the named process has not exited.
 func (c *Cluster) Running(name string) bool {
-	_, done, err := c.current(name)
-	if err != nil {
-		return false
-	}
-	select {
-	case <-done:
-		return false
-	default:
-		return true
-	}
+	p, err := c.current(name)
+	return err == nil && p.running()
 }
 
 // Kill sends sig to the named process (SIGKILL, SIGSTOP, SIGTERM, SIGCONT…).
-// The exit that follows is reported as unexpected, like any fault.
+// The exit that follows is reported as unexpected, like any fault, and on a
+// supervised cluster the child is restarted.
 func (c *Cluster) Kill(name string, sig syscall.Signal) error {
-	cmd, _, err := c.current(name)
+	p, err := c.current(name)
 	if err != nil {
 		return err
 	}
-	return cmd.Process.Signal(sig)
+	return p.cmd.Process.Signal(sig)
 }
 
 // Wait blocks until the named process has exited or ctx ends.
 func (c *Cluster) Wait(ctx context.Context, name string) error {
-	_, done, err := c.current(name)
+	p, err := c.current(name)
 	if err != nil {
 		return err
 	}
 	select {
-	case <-done:
+	case <-p.done:
 		return nil
 	case <-ctx.Done():
 		return ctx.Err()
 	}
 }
 
-// Restart starts the named process again after it exited (kill it first),
-// waits until it is ready and rewrites cluster.json.
-func (c *Cluster) Restart(ctx context.Context, name string) error {
-	ch, err := c.get(name)
-	if err != nil {
-		return err
-	}
-	if c.Running(name) {
-		return fmt.Errorf("devcluster: %s is still running (pid %d); kill it first", name, c.PID(name))
-	}
+// Stop stops the named child (SIGTERM, then SIGKILL after StopTimeout) and
+// keeps it down, supervised or not, until Restart: what `strandctl dev
+// stop` does. SIGTERM lets a broker shut down cleanly, revoking its lease,
+// so its streams fail over at once rather than after the lease TTL. A child
+// that is down already (killed on an unsupervised cluster, or waiting out a
+// restart back-off) is only kept down.
+func (c *Cluster) Stop(name string) error {
 	c.mu.Lock()
 	if c.closed {
 		c.mu.Unlock()
-		return errors.New("devcluster: closed")
+		return ErrClosed
 	}
-	err = c.spawn(ch)
-	done := ch.done
+	ch, err := c.child(name)
+	if err != nil {
+		c.mu.Unlock()
+		return err
+	}
+	if ch.held {
+		c.mu.Unlock()
+		return fmt.Errorf("%w: %s (start it with dev start %s)", ErrStopped, name, name)
+	}
+	ch.held = true
+	p := ch.proc
+	running := p != nil && p.running()
+	if running {
+		p.stop = true
+	}
+	c.mu.Unlock()
+	if running {
+		c.stopAll([]namedProc{{name, p}})
+	}
+	return c.writeInfo()
+}
+
+// Restart starts the named child again after it exited or was stopped
+// (kill it first), waits until it is ready and rewrites cluster.json: what
+// `strandctl dev start` does. Its flags, environment and data dir are those
+// it had.
+func (c *Cluster) Restart(ctx context.Context, name string) error {
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return ErrClosed
+	}
+	ch, err := c.child(name)
+	if err != nil {
+		c.mu.Unlock()
+		return err
+	}
+	if ch.proc != nil && ch.proc.running() {
+		pid := ch.proc.cmd.Process.Pid
+		c.mu.Unlock()
+		return fmt.Errorf("%w: %s (pid %d)", ErrRunning, name, pid)
+	}
+	// A supervised restart still waiting out its back-off sees a new
+	// process and gives up.
+	ch.held = false
+	p, err := c.spawn(ch)
 	c.mu.Unlock()
 	if err != nil {
 		return err
 	}
 	ctx, cancel := context.WithTimeout(ctx, c.opts.ReadyTimeout)
 	defer cancel()
-	if err := c.waitReady(ctx, ch, done); err != nil {
+	if err := c.waitReady(ctx, ch, p); err != nil {
 		return err
 	}
 	return c.writeInfo()
@@ -581,21 +763,33 @@ func (c *Cluster) Close() error {
 		return nil
 	}
 	c.closed = true
-	var leaders, brokers []*child
+	close(c.quit)
+	c.mu.Unlock()
+	// No restart starts a process after this: each checks closed under
+	// c.mu before it spawns, and those that did are among the children
+	// collected below.
+	c.restarts.Wait()
+	if c.control != nil {
+		c.control.close()
+	}
+	var leaders, brokers []namedProc
+	c.mu.Lock()
 	for _, name := range c.order {
-		ch := c.children[name]
-		if ch.cmd == nil {
+		p := c.children[name].proc
+		if p == nil {
 			continue
 		}
-		ch.stop = true
+		p.stop = true
 		if name == Controller || name == Recoverer {
-			leaders = append(leaders, ch)
+			leaders = append(leaders, namedProc{name, p})
 		} else {
-			brokers = append(brokers, ch)
+			brokers = append(brokers, namedProc{name, p})
 		}
 	}
 	c.mu.Unlock()
+	c.infoMu.Lock()
 	_ = os.Remove(filepath.Join(c.opts.Dir, InfoFile))
+	c.infoMu.Unlock()
 	var errs []error
 	errs = append(errs, c.stopAll(leaders)...)
 	errs = append(errs, c.stopAll(brokers)...)
@@ -609,31 +803,34 @@ func (c *Cluster) Close() error {
 	return errors.Join(errs...)
 }
 
-// stopAll sends SIGTERM to every child at once (and SIGCONT, in case one is
-// stopped), waits up to StopTimeout, then SIGKILLs the rest.
-func (c *Cluster) stopAll(children []*child) []error {
-	for _, ch := range children {
-		_ = ch.cmd.Process.Signal(syscall.SIGTERM)
-		_ = ch.cmd.Process.Signal(syscall.SIGCONT)
+type namedProc struct {
+	name string
+	p    *proc
+}
+
+// stopAll sends SIGTERM to every process at once (and SIGCONT, in case one
+// is stopped), waits up to StopTimeout, then SIGKILLs the rest.
+func (c *Cluster) stopAll(procs []namedProc) []error {
+	for _, np := range procs {
+		_ = np.p.cmd.Process.Signal(syscall.SIGTERM)
+		_ = np.p.cmd.Process.Signal(syscall.SIGCONT)
 	}
 	deadline := time.NewTimer(c.opts.StopTimeout)
 	defer deadline.Stop()
 	var errs []error
-	for _, ch := range children {
+	for _, np := range procs {
 		select {
-		case <-ch.done:
+		case <-np.p.done:
 		case <-deadline.C:
 			// Timer fired once: kill this and every later one still up.
-			for _, rest := range children {
-				select {
-				case <-rest.done:
-				default:
-					_ = rest.cmd.Process.Kill()
+			for _, rest := range procs {
+				if rest.p.running() {
+					_ = rest.p.cmd.Process.Kill()
 					errs = append(errs, fmt.Errorf("devcluster: %s did not stop within %v; killed", rest.name, c.opts.StopTimeout))
 				}
 			}
-			for _, rest := range children {
-				<-rest.done
+			for _, rest := range procs {
+				<-rest.p.done
 			}
 			return errs
 		}

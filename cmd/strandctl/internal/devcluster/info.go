@@ -1,6 +1,8 @@
 package devcluster
 
 import (
+	"bytes"
+	crand "crypto/rand"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -9,8 +11,11 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strings"
+	"syscall"
 
 	"github.com/strandhq/strand/client"
+	"github.com/strandhq/strand/internal/rpcserver"
 )
 
 // InfoFile is the name of the file, in the data dir, that records a running
@@ -31,6 +36,12 @@ type Info struct {
 	ControllerPID int          `json:"controller_pid"`
 	RecovererPID  int          `json:"recoverer_pid"`
 	PID           int          `json:"pid"`
+	// Control is the loopback address of the control endpoint that
+	// `strandctl dev stop|start NODE` use (control.go).
+	Control string `json:"control,omitempty"`
+	// PeerTokenFile holds the cluster's peer token (mode 0600), for a
+	// child started by hand: STRAND_PEER_TOKEN=$(cat FILE).
+	PeerTokenFile string `json:"peer_token_file,omitempty"`
 }
 
 // BrokerInfo is one broker of a dev cluster.
@@ -63,6 +74,56 @@ func (i Info) Broker(node string) (BrokerInfo, bool) {
 // the client's error for the same case, so either reader's answer matches.
 var ErrNoCluster = client.ErrNoDevCluster
 
+// ErrNotRunning is what ReadRunning's error for a cluster.json whose
+// strandctl dev process is gone matches: one killed with -9 (or with its
+// machine) leaves the file behind, and every command would otherwise wait
+// out its timeout on addresses nobody listens on.
+var ErrNotRunning = errors.New("devcluster: dev cluster not running")
+
+// notRunningError says which dir and process, and what to do.
+type notRunningError struct {
+	dir string
+	pid int
+}
+
+func (e notRunningError) Error() string {
+	return fmt.Sprintf("dev cluster in %s is not running (pid %d gone): start it with make run, or pass --controller/--broker", e.dir, e.pid)
+}
+
+func (e notRunningError) Is(target error) bool { return target == ErrNotRunning }
+
+// ReadRunning reads DIR/cluster.json (ErrNoCluster when there is none) and
+// checks that the strandctl dev process that wrote it is alive
+// (ErrNotRunning when it is gone).
+func ReadRunning(dir string) (Info, error) {
+	info, err := ReadInfo(dir)
+	if err != nil {
+		return Info{}, err
+	}
+	if info.PID > 0 && !alive(info.PID) {
+		return Info{}, notRunningError{dir: dir, pid: info.PID}
+	}
+	return info, nil
+}
+
+// alive reports whether a process with this pid exists (EPERM: it does, as
+// another user's) and is not a zombie: a dev process killed a moment ago
+// is one until its parent reaps it, and is as gone as a reaped one.
+func alive(pid int) bool {
+	if err := syscall.Kill(pid, 0); err != nil && !errors.Is(err, syscall.EPERM) {
+		return false
+	}
+	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return true // no procfs: the signal's answer is all there is
+	}
+	// pid (comm) state ...: comm may hold spaces and parentheses.
+	if i := bytes.LastIndexByte(stat, ')'); i >= 0 && i+2 < len(stat) {
+		return stat[i+2] != 'Z'
+	}
+	return true
+}
+
 // ReadInfo reads DIR/cluster.json.
 func ReadInfo(dir string) (Info, error) {
 	raw, err := os.ReadFile(filepath.Join(dir, InfoFile))
@@ -79,19 +140,24 @@ func ReadInfo(dir string) (Info, error) {
 	return info, nil
 }
 
-// writeInfo replaces DIR/cluster.json atomically (temp file and rename), so
-// a reader never sees half a file.
+// writeInfo replaces DIR/cluster.json atomically.
 func writeInfo(dir string, info Info) error {
 	raw, err := json.MarshalIndent(info, "", "  ")
 	if err != nil {
 		return err
 	}
-	tmp, err := os.CreateTemp(dir, InfoFile+".tmp*")
+	return writeFile(dir, InfoFile, append(raw, '\n'))
+}
+
+// writeFile replaces DIR/NAME atomically (temp file and rename), so a reader
+// never sees half a file, with mode 0600 (os.CreateTemp's).
+func writeFile(dir, name string, data []byte) error {
+	tmp, err := os.CreateTemp(dir, name+".tmp*")
 	if err != nil {
 		return err
 	}
-	defer os.Remove(tmp.Name())
-	if _, err := tmp.Write(append(raw, '\n')); err != nil {
+	defer func() { _ = os.Remove(tmp.Name()) }()
+	if _, err := tmp.Write(data); err != nil {
 		_ = tmp.Close()
 		return err
 	}
@@ -102,7 +168,50 @@ func writeInfo(dir string, info Info) error {
 	if err := tmp.Close(); err != nil {
 		return err
 	}
-	return os.Rename(tmp.Name(), filepath.Join(dir, InfoFile))
+	return os.Rename(tmp.Name(), filepath.Join(dir, name))
+}
+
+// PeerTokenFile is the file, in the data dir, that holds the dev cluster's
+// peer token (docs/CONTRACTS.md, "strandctl dev").
+const PeerTokenFile = "peer-token"
+
+// loadPeerToken returns the token the children share (Follow and Seal are
+// for peers only) and the file that holds it: the caller's STRAND_PEER_TOKEN
+// when set, else the one DIR/peer-token kept from an earlier start, else a
+// fresh one. The file always ends up holding the token in use, mode 0600,
+// so a broker started by hand can join and the next start reuses it.
+func loadPeerToken(dir string) (token, path string, err error) {
+	path = filepath.Join(dir, PeerTokenFile)
+	token = rpcserver.PeerToken()
+	if token == "" {
+		raw, err := os.ReadFile(path)
+		if err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return "", "", fmt.Errorf("devcluster: %w", err)
+		}
+		token = strings.TrimSpace(string(raw))
+	}
+	if err := rpcserver.ValidatePeerTokens(token, nil); err != nil {
+		return "", "", fmt.Errorf("devcluster: peer token (%s or %s): %w", rpcserver.PeerTokenEnv, path, err)
+	}
+	if token == "" {
+		token = crand.Text()
+	}
+	if err := writeFile(dir, PeerTokenFile, []byte(token+"\n")); err != nil {
+		return "", "", fmt.Errorf("devcluster: %w", err)
+	}
+	return token, path, nil
+}
+
+// ReadPeerToken reads the token file cluster.json names.
+func ReadPeerToken(info Info) (string, error) {
+	if info.PeerTokenFile == "" {
+		return "", nil
+	}
+	raw, err := os.ReadFile(info.PeerTokenFile)
+	if err != nil {
+		return "", fmt.Errorf("devcluster: %w", err)
+	}
+	return strings.TrimSpace(string(raw)), nil
 }
 
 // FreePortBase picks a random port base P whose ports (etcd P and P+1,

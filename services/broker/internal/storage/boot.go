@@ -154,7 +154,7 @@ func syncDir(dir string) error {
 	if err != nil {
 		return fmt.Errorf("storage: syncing %s: %w", dir, err)
 	}
-	defer d.Close()
+	defer func() { _ = d.Close() }()
 	if err := d.Sync(); err != nil {
 		return fmt.Errorf("storage: syncing %s: %w", dir, err)
 	}

@@ -2,6 +2,7 @@ package storage
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -269,7 +270,7 @@ func (db *DB) write(batch []*op) error {
 			} else {
 				err = txn.Set(k.key, k.val)
 			}
-			if err != badger.ErrTxnTooBig {
+			if !errors.Is(err, badger.ErrTxnTooBig) {
 				return err
 			}
 			if err := flush(); err != nil {

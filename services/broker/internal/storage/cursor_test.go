@@ -91,14 +91,18 @@ func TestCursorStateFromSnapshotAndEvents(t *testing.T) {
 	if err := s.Sync(ctx); err != nil {
 		t.Fatal(err)
 	}
-	db.Close()
+	if err := db.Close(); err != nil {
+		t.Fatal(err)
+	}
 
 	db = openDB(t, dir)
 	s = openStream(t, db, "c")
 	if err := db.deleteRange(ctx, s.eventPrefix, 0, 3); err != nil {
 		t.Fatal(err)
 	}
-	db.Close()
+	if err := db.Close(); err != nil {
+		t.Fatal(err)
+	}
 
 	db = openDB(t, dir)
 	defer db.Close()

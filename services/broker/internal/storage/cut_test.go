@@ -171,7 +171,9 @@ func TestCutLowersSnapshotBoundaryAndReplays(t *testing.T) {
 		}
 	}
 	check("live")
-	db.Close()
+	if err := db.Close(); err != nil {
+		t.Fatal(err)
+	}
 	db = openDB(t, dir)
 	defer db.Close()
 	old = openStream(t, db, "old")
@@ -206,7 +208,10 @@ func TestCutCrashBetweenLogCutsIsIdempotent(t *testing.T) {
 	if records := old.storedOffsets(t); len(records) != 6 || records[5] != 5 {
 		t.Fatalf("records %v stored mid-cut, want 0..5", records)
 	}
-	db.Close() // everything written so far is synced: a crash here leaves the same files
+	// everything written so far is synced: a crash here leaves the same files
+	if err := db.Close(); err != nil {
+		t.Fatal(err)
+	}
 
 	db = openDB(t, dir)
 	defer db.Close()

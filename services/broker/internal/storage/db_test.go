@@ -65,7 +65,9 @@ func TestDropDeletesEverything(t *testing.T) {
 	if _, ok := s.Cursor("c"); ok {
 		t.Fatal("recreated stream has the old cursor")
 	}
-	db.Close()
+	if err := db.Close(); err != nil {
+		t.Fatal(err)
+	}
 	if err := db.Drop("gone"); !errors.Is(err, ErrClosed) {
 		t.Fatalf("drop on a closed db: %v", err)
 	}

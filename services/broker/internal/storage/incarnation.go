@@ -2,6 +2,7 @@ package storage
 
 import (
 	"context"
+	"errors"
 	"fmt"
 )
 
@@ -20,7 +21,7 @@ func (s *Stream) SetIncarnation(incarnation string) error {
 		}
 		return fmt.Errorf("%w: copy of %q belongs to incarnation %q, not %q", ErrIncarnation, s.name, m.Incarnation, incarnation)
 	})
-	if err == errNoChange {
+	if errors.Is(err, errNoChange) {
 		return nil
 	}
 	return err

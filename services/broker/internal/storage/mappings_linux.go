@@ -117,7 +117,7 @@ func (a *mapAdvisor) scan(now time.Time) {
 	if err != nil {
 		return
 	}
-	defer f.Close()
+	defer func() { _ = f.Close() }()
 	var (
 		active     mapping
 		activeName string

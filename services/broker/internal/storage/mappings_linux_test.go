@@ -34,7 +34,7 @@ func valueLogDB(t *testing.T, fileBytes int64, batches int) (string, *DB, *Strea
 	s := ownerStream(t, db, "s", 1)
 	for i := range batches {
 		if _, err := s.Append(context.Background(), 1, sizedRecs(fmt.Sprint("a", i), 64, 4096)); err != nil {
-			db.Close()
+			_ = db.Close()
 			t.Fatal(err)
 		}
 	}

@@ -2,6 +2,7 @@ package storage
 
 import (
 	"encoding/binary"
+	"errors"
 	"fmt"
 )
 
@@ -267,10 +268,10 @@ func (e *SequenceError) Error() string {
 
 // Detail explains the error in terms of the request, for the RPC edge.
 func (e *SequenceError) Detail() string {
-	switch e.Err {
-	case ErrSequenceGap:
+	switch {
+	case errors.Is(e.Err, ErrSequenceGap):
 		return fmt.Sprintf("sequence %d of producer %q skips ahead; the next sequence is %d", e.Sequence, e.ProducerID, e.Expected)
-	case ErrBelowWindow:
+	case errors.Is(e.Err, ErrBelowWindow):
 		return fmt.Sprintf("sequence %d of producer %q is older than the dedupe window, which starts at %d", e.Sequence, e.ProducerID, e.First)
 	}
 	return fmt.Sprintf("sequence %d of producer %q repeats an earlier record after records new to this publish; the next sequence is %d", e.Sequence, e.ProducerID, e.Expected)
@@ -348,8 +349,8 @@ func (b *batchSeqs) get(id string) (uint64, bool) {
 }
 
 func (b *batchSeqs) set(id string, seq uint64) {
-	switch {
-	case b.id == "" || b.id == id:
+	switch b.id {
+	case "", id:
 		b.id, b.last = id, seq
 	default:
 		if b.more == nil {

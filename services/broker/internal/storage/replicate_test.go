@@ -154,7 +154,9 @@ func TestResetTo(t *testing.T) {
 	if err := f.AppendReplicated(ctx, out[7:], nil); err != nil {
 		t.Fatal(err)
 	}
-	db.Close()
+	if err := db.Close(); err != nil {
+		t.Fatal(err)
+	}
 	db = openDB(t, dir)
 	defer db.Close()
 	f = openStream(t, db, "f")

@@ -2,6 +2,7 @@ package storage
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -89,7 +90,7 @@ func (s *Stream) ApplyRetention(r Retention, now time.Time) (uint64, error) {
 			m.Bytes -= min(m.Bytes, dropped)
 			return nil
 		})
-		if err != nil && err != errNoChange {
+		if err != nil && !errors.Is(err, errNoChange) {
 			return head, err
 		}
 		if err := s.purge(ctx); err != nil {

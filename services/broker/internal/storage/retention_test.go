@@ -61,7 +61,9 @@ func TestRetentionByRecordsClampsCursors(t *testing.T) {
 	if ev, err := s.CommitCursor(ctx, 1, "new", 2); err != nil || ev.Position != 8 {
 		t.Fatalf("commit below head = %+v, %v", ev, err)
 	}
-	db.Close()
+	if err := db.Close(); err != nil {
+		t.Fatal(err)
+	}
 
 	db = openDB(t, dir)
 	defer db.Close()

@@ -2,6 +2,7 @@ package storage
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 )
@@ -49,7 +50,7 @@ func (s *Stream) AdvanceEpoch(epoch uint64) error {
 		}
 		return nil
 	})
-	if err == errNoChange {
+	if errors.Is(err, errNoChange) {
 		return nil
 	}
 	if err == nil {
@@ -120,7 +121,7 @@ func (s *Stream) ClearUnsure() error {
 		m.UnsureEpoch = 0
 		return nil
 	})
-	if err == errNoChange {
+	if errors.Is(err, errNoChange) {
 		return nil
 	}
 	return err

@@ -92,7 +92,9 @@ func TestSealAdvanceTable(t *testing.T) {
 		s = openStream(t, db, "seal")
 		check("after restart", s.State())
 	}
-	db.Close()
+	if err := db.Close(); err != nil {
+		t.Fatal(err)
+	}
 }
 
 func TestSealReportsTailsAndFencesReplication(t *testing.T) {

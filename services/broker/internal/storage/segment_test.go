@@ -64,7 +64,9 @@ func TestSegmentsStraddlingHeadAndCut(t *testing.T) {
 	if st := s.State(); st.RecordTail != 9 || st.Chain != out[8].Chain {
 		t.Fatalf("after the cut %+v", st)
 	}
-	db.Close()
+	if err := db.Close(); err != nil {
+		t.Fatal(err)
+	}
 
 	db = openDB(t, dir)
 	defer db.Close()

@@ -47,12 +47,12 @@ func TestFailedValueLogGCStopsTheDB(t *testing.T) {
 	// write is the first refused; the marker is empty.
 	withFileSizeLimit(t, 1, func() { gcErr = db.rewriteValueLogFile() })
 	if gcErr == nil {
-		db.Close()
+		_ = db.Close()
 		t.Fatal("the value log GC rewrote a file although its writes were refused")
 	}
 	t.Logf("value log GC: %v", gcErr)
 	if db.usable() == nil || reported == nil {
-		db.Close()
+		_ = db.Close()
 		t.Fatalf("the value log GC failed (%v) and the DB goes on (OnFail got %v)", gcErr, reported)
 	}
 	if _, err := s.Append(t.Context(), 1, sizedRecs("after", 1, 16)); err == nil {

@@ -43,7 +43,7 @@ func garbageDB(t *testing.T) (string, *DB, *Stream, uint64, []Record) {
 	// Keep the last batch and a half: the files before them are garbage
 	// but for the segment that straddles the head.
 	if h, err := s.ApplyRetention(Retention{MaxRecords: 96}, time.Now()); err != nil || h != tail-96 {
-		db.Close()
+		_ = db.Close()
 		t.Fatalf("retention: head %d, %v", h, err)
 	}
 	want := mustRead(t, s, tail-96, 96)
@@ -114,7 +114,7 @@ func TestValueLogGCKeepsTheOldFileUntilTheRewriteIsDurable(t *testing.T) {
 		}
 	}
 	if err := db.rewriteValueLogFile(); err != nil {
-		db.Close()
+		_ = db.Close()
 		t.Fatalf("value log GC: %v (files %v)", err, before)
 	}
 	if !hooked {

@@ -153,7 +153,7 @@ func scanValueLogFile(path string, now uint64, want map[string]struct{}, found f
 	if err != nil {
 		return err
 	}
-	defer f.Close()
+	defer func() { _ = f.Close() }()
 	fi, err := f.Stat()
 	if err != nil {
 		return fmt.Errorf("storage: value log file %s: %w", path, err)
