@@ -218,7 +218,7 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 		if err != nil {
 			return nil, fmt.Errorf("bench: etcd client: %w", err)
 		}
-		defer cli.Close()
+		defer func() { _ = cli.Close() }()
 		r.etcd = cli
 	}
 	c, err := client.New(client.Config{Controller: o.Controller, Brokers: o.BrokerAddrs, Idempotent: client.Bool(!o.NoProducerIDs), Lanes: o.Lanes, Linger: o.Linger})

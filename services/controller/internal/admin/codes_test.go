@@ -1,6 +1,7 @@
 package admin
 
 import (
+	"errors"
 	"testing"
 
 	"connectrpc.com/connect"
@@ -50,7 +51,7 @@ func TestCodesCoverEverySentinel(t *testing.T) {
 	s := &Service{log: zerolog.Nop()}
 	sentinels.CheckTable(t, edgeSentinels, func(sentinel error) (connect.Code, bool) {
 		for _, c := range codes {
-			if c.err == sentinel {
+			if errors.Is(c.err, sentinel) {
 				return c.code, true
 			}
 		}
