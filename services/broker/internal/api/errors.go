@@ -57,6 +57,8 @@ func toConnect(err error) error {
 		// A record above what one storage entry holds (reached when
 		// --max-record-bytes is set above it): too large, as DESIGN says.
 		return connect.NewError(connect.CodeResourceExhausted, fmt.Errorf("records: %s", err.Error()))
+	case errors.Is(err, replica.ErrInvalidFollow):
+		return connect.NewError(connect.CodeInvalidArgument, errors.New(err.Error()))
 	case errors.Is(err, storage.ErrInvalidArgument):
 		// Input storage refuses that the handler's checks let through
 		// (its message names what and the bound).

@@ -30,13 +30,16 @@ func (s *ReplicationService) Follow(ctx context.Context, stream *connect.BidiStr
 	if err != nil {
 		return err
 	}
-	if err := validStream(first.GetStream()); err != nil {
-		return err
-	}
+	// The call's identity: every stream's follow on it is checked against
+	// the assignment as this node's (replica.ServeFollow); the peer token
+	// was checked before the handler ran.
 	if err := cluster.ValidateNodeName(first.GetNode()); err != nil {
 		return rpcerr.InvalidArgument("node", "invalid node id %q", first.GetNode())
 	}
-	return toConnect(s.m.ServeFollow(ctx, first, stream))
+	return toConnect(s.m.ServeFollow(ctx, first, stream, replica.FollowEdge{
+		CheckStream: func(name string) error { return validStreamField("starts.stream", name) },
+		Wire: toConnect,
+	}))
 }
 
 func (s *ReplicationService) Seal(ctx context.Context, req *connect.Request[strandv1.SealRequest]) (*connect.Response[strandv1.SealResponse], error) {

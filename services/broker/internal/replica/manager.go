@@ -60,6 +60,11 @@ type Manager struct {
 	// over eagerly instead of a heartbeat interval later.
 	urgent chan struct{}
 
+	// followMu guards sessions: this broker's Follow calls, one per owner
+	// broker it follows streams on (followSession).
+	followMu sync.Mutex
+	sessions map[string]*followSession
+
 	mu          sync.RWMutex
 	copies      map[string]*Copy
 	assignments map[string]cluster.Assignment
@@ -90,6 +95,7 @@ func NewManager(cfg Config) (*Manager, error) {
 		seals:       make(chan struct{}, cfg.MaxConcurrentSeals),
 		urgent:      make(chan struct{}, 1),
 		copies:      make(map[string]*Copy),
+		sessions:    make(map[string]*followSession),
 		assignments: make(map[string]cluster.Assignment),
 		brokers:     make(map[string]cluster.BrokerInfo),
 	}
