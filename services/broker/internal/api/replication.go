@@ -38,7 +38,7 @@ func (s *ReplicationService) Follow(ctx context.Context, stream *connect.BidiStr
 	}
 	return toConnect(s.m.ServeFollow(ctx, first, stream, replica.FollowEdge{
 		CheckStream: func(name string) error { return validStreamField("starts.stream", name) },
-		Wire: toConnect,
+		Wire:        toConnect,
 	}))
 }
 

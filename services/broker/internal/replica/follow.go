@@ -54,6 +54,7 @@ type FollowEdge struct {
 // alone with a FollowEnd. The call ends when the follower closes it, on a
 // message that is not valid for the call as a whole, or when a send fails.
 func (m *Manager) ServeFollow(ctx context.Context, first *strandv1.FollowRequest, fs FollowStream, edge FollowEdge) error {
+	defer m.cfg.Metrics.FollowCall()()
 	ctx, cancel := context.WithCancel(ctx)
 	srv := &followServer{m: m, node: first.GetNode(), edge: edge, ctx: ctx,
 		follows: make(map[uint64]*servedFollow), wake: make(chan struct{}, 1)}
@@ -179,6 +180,7 @@ func (s *followServer) start(st *strandv1.FollowStart) {
 	go func() {
 		defer s.wg.Done()
 		defer cancel()
+		defer s.m.cfg.Metrics.Follow()()
 		err := s.m.serveFollow(ctx, s, f, st)
 		s.mu.Lock()
 		if s.follows[f.id] == f {
