@@ -59,9 +59,15 @@ func (m *Manager) ServeFollow(ctx context.Context, first *strandv1.FollowRequest
 	srv := &followServer{m: m, node: first.GetNode(), edge: edge, ctx: ctx,
 		follows: make(map[uint64]*servedFollow), wake: make(chan struct{}, 1)}
 	// Every follow ends before the call does: none outlives the call's
-	// flow control or sends on a finished call.
-	defer srv.wg.Wait()
-	defer cancel()
+	// flow control or sends on a finished call, and none starts once the
+	// wait for them began (the receiver may still be reading a start).
+	defer func() {
+		cancel()
+		srv.mu.Lock()
+		srv.closed = true
+		srv.mu.Unlock()
+		srv.wg.Wait()
+	}()
 	if err := srv.apply(first); err != nil {
 		return err
 	}
@@ -99,7 +105,9 @@ type followServer struct {
 	ctx  context.Context
 	wg   sync.WaitGroup
 
-	mu      sync.Mutex
+	mu sync.Mutex
+	// closed is set once the call ends: no follow starts after.
+	closed  bool
 	follows map[uint64]*servedFollow
 	// ready holds what waits to be sent, in the order it came: each follow
 	// has at most one batch in it (put waits until the batch is taken), so
@@ -167,8 +175,14 @@ func (s *followServer) start(st *strandv1.FollowStart) {
 	ctx, cancel := context.WithCancel(s.ctx)
 	f := &servedFollow{id: st.GetId(), cancel: cancel, taken: make(chan struct{}, 1)}
 	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		cancel()
+		return
+	}
 	old := s.follows[f.id]
 	s.follows[f.id] = f
+	s.wg.Add(1)
 	s.mu.Unlock()
 	if old != nil {
 		// An id is never reused by a follower; one that does replaces
@@ -176,7 +190,6 @@ func (s *followServer) start(st *strandv1.FollowStart) {
 		old.stopped.Store(true)
 		old.cancel()
 	}
-	s.wg.Add(1)
 	go func() {
 		defer s.wg.Done()
 		defer cancel()
