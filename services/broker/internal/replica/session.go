@@ -172,7 +172,10 @@ func (s *followSession) call() error {
 }
 
 // sendLoop sends starts, stops and acks as follows make them; the first
-// message goes at once and names this broker.
+// message goes at once and names this broker. The follows only queue
+// frames and never send themselves: a send can wait on the owner (HTTP/2
+// flow control), and a stream's role change, which stops its follow, must
+// never wait on a call the other streams share.
 func (s *followSession) sendLoop(send func(*strandv1.FollowRequest) error) error {
 	first := true
 	for {
