@@ -2,6 +2,7 @@ package replica
 
 import (
 	"context"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -55,10 +56,18 @@ func TestBusyFollowDoesNotStarveTheOthers(t *testing.T) {
 		}
 	}
 	quietSent := make(chan error, 1)
-	go func() { quietSent <- srv.put(ctx, quiet, &strandv1.FollowBatch{Id: quiet.id}) }()
+	var taken atomic.Bool
+	go func() {
+		err := srv.put(ctx, quiet, &strandv1.FollowBatch{Id: quiet.id})
+		taken.Store(true)
+		quietSent <- err
+	}()
 	clustertest.Until(t, 10*time.Second, "the quiet batch queued", func() bool {
 		srv.mu.Lock()
 		defer srv.mu.Unlock()
+		if taken.Load() {
+			return true // taken already: it is in the response in hand
+		}
 		for _, fr := range srv.ready {
 			if fr.f == quiet {
 				return true
