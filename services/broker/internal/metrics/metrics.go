@@ -156,7 +156,7 @@ func (b *Broker) PublishConfirmTimedOut() {
 }
 
 // FollowAcked returns what records a batch acknowledged by follower, sent
-// at sent. The follower's series is looked up once, for a follow stream,
+// at sent. The follower's series is looked up once, for a stream's follow,
 // not once per batch.
 func (b *Broker) FollowAcked(follower string) func(sent time.Time) {
 	if b == nil {

@@ -27,8 +27,9 @@ type Config struct {
 	Logger  zerolog.Logger
 	// ConfirmTimeout bounds how long Publish waits for W copies.
 	ConfirmTimeout time.Duration
-	// MaxInflightBytes bounds record bytes sent to one follower and not yet
-	// acknowledged.
+	// MaxInflightBytes bounds record bytes sent to one follower on one
+	// stream and not yet acknowledged (each stream's follow has its own
+	// flow control on the shared Follow call).
 	MaxInflightBytes int
 	// MaxConcurrentSeals bounds seals served at once.
 	MaxConcurrentSeals int
