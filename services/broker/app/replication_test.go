@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"connectrpc.com/connect"
+	"google.golang.org/protobuf/encoding/protowire"
 
 	strandv1 "github.com/strandhq/strand/api/strand/v1"
 	"github.com/strandhq/strand/internal/cluster"
@@ -291,6 +292,19 @@ func TestFollowBadInput(t *testing.T) {
 		if connect.CodeOf(err) != connect.CodeInvalidArgument || !strings.Contains(err.Error(), c.field) {
 			t.Errorf("%s: %v, want InvalidArgument naming %s", name, err, c.field)
 		}
+	}
+	// A follower of the release before, one call per stream naming it in
+	// field 1, is told so instead of waiting on a call that sends nothing.
+	old := &strandv1.FollowRequest{Node: "b2"}
+	old.ProtoReflect().SetUnknown(protowire.AppendString(protowire.AppendTag(nil, 1, protowire.BytesType), "f"))
+	call := h.replication("b1").Follow(ctx)
+	if err := call.Send(old); err != nil && !errors.Is(err, io.EOF) {
+		t.Fatal(err)
+	}
+	_, err = call.Receive()
+	_ = call.CloseRequest()
+	if connect.CodeOf(err) != connect.CodeFailedPrecondition || !strings.Contains(err.Error(), "stream") {
+		t.Errorf("a per-stream follow: %v, want FailedPrecondition naming stream", err)
 	}
 	// Nothing changed on the owner.
 	recs, err := h.readAll("b1", "f")
