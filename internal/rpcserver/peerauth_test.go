@@ -31,7 +31,7 @@ func (r *replication) Follow(_ context.Context, s *connect.BidiStream[strandv1.F
 	if _, err := s.Receive(); err != nil {
 		return err
 	}
-	return s.Send(&strandv1.FollowResponse{Epoch: 7})
+	return s.Send(&strandv1.FollowResponse{Ends: []*strandv1.FollowEnd{{Id: 7}}})
 }
 
 func serveReplication(t *testing.T, token string, accepted ...string) (*replication, string) {
@@ -57,9 +57,9 @@ func callBoth(addr, token string, opts ...connect.ClientOption) (sealErr, follow
 	defer func() { _ = s.CloseRequest() }()
 	// A refused stream may fail the send already; the receive carries the
 	// code either way.
-	_ = s.Send(&strandv1.FollowRequest{Stream: "s"})
+	_ = s.Send(&strandv1.FollowRequest{Node: "b1"})
 	res, err := s.Receive()
-	if err == nil && res.GetEpoch() != 7 {
+	if err == nil && (len(res.GetEnds()) != 1 || res.GetEnds()[0].GetId() != 7) {
 		err = errors.New("follow answered the wrong message")
 	}
 	return sealErr, err

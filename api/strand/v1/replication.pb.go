@@ -21,16 +21,16 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+// FollowRequest is one message of a follower on a Follow call. The owner
+// applies its stops, then its starts, then its acks.
 type FollowRequest struct {
-	state  protoimpl.MessageState `protogen:"open.v1"`
-	Stream string                 `protobuf:"bytes,1,opt,name=stream,proto3" json:"stream,omitempty"`
-	Node   string                 `protobuf:"bytes,2,opt,name=node,proto3" json:"node,omitempty"`
-	Epoch  uint64                 `protobuf:"varint,3,opt,name=epoch,proto3" json:"epoch,omitempty"`
-	// record_tail and cursor_event_tail are the follower's durable tails.
-	RecordTail      uint64 `protobuf:"varint,4,opt,name=record_tail,json=recordTail,proto3" json:"record_tail,omitempty"`
-	CursorEventTail uint64 `protobuf:"varint,5,opt,name=cursor_event_tail,json=cursorEventTail,proto3" json:"cursor_event_tail,omitempty"`
-	// chain is the follower's chain value at record_tail (0 when empty).
-	Chain         uint64 `protobuf:"varint,6,opt,name=chain,proto3" json:"chain,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// node is the follower's node id, on every message of the call; a
+	// message naming another node ends the call.
+	Node          string         `protobuf:"bytes,2,opt,name=node,proto3" json:"node,omitempty"`
+	Starts        []*FollowStart `protobuf:"bytes,7,rep,name=starts,proto3" json:"starts,omitempty"`
+	Acks          []*FollowAck   `protobuf:"bytes,8,rep,name=acks,proto3" json:"acks,omitempty"`
+	Stops         []*FollowStop  `protobuf:"bytes,9,rep,name=stops,proto3" json:"stops,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -65,13 +65,6 @@ func (*FollowRequest) Descriptor() ([]byte, []int) {
 	return file_strand_v1_replication_proto_rawDescGZIP(), []int{0}
 }
 
-func (x *FollowRequest) GetStream() string {
-	if x != nil {
-		return x.Stream
-	}
-	return ""
-}
-
 func (x *FollowRequest) GetNode() string {
 	if x != nil {
 		return x.Node
@@ -79,35 +72,281 @@ func (x *FollowRequest) GetNode() string {
 	return ""
 }
 
-func (x *FollowRequest) GetEpoch() uint64 {
+func (x *FollowRequest) GetStarts() []*FollowStart {
+	if x != nil {
+		return x.Starts
+	}
+	return nil
+}
+
+func (x *FollowRequest) GetAcks() []*FollowAck {
+	if x != nil {
+		return x.Acks
+	}
+	return nil
+}
+
+func (x *FollowRequest) GetStops() []*FollowStop {
+	if x != nil {
+		return x.Stops
+	}
+	return nil
+}
+
+// FollowStart starts following one stream within the call.
+type FollowStart struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// id names this follow of the stream within the call (at least 1, never
+	// reused in a call): every ack, stop, batch and end of it carries it, so
+	// a batch of an earlier follow of the same stream is never taken for one
+	// of this follow.
+	Id     uint64 `protobuf:"varint,1,opt,name=id,proto3" json:"id,omitempty"`
+	Stream string `protobuf:"bytes,2,opt,name=stream,proto3" json:"stream,omitempty"`
+	Epoch  uint64 `protobuf:"varint,3,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	// record_tail and cursor_event_tail are the follower's durable tails.
+	RecordTail      uint64 `protobuf:"varint,4,opt,name=record_tail,json=recordTail,proto3" json:"record_tail,omitempty"`
+	CursorEventTail uint64 `protobuf:"varint,5,opt,name=cursor_event_tail,json=cursorEventTail,proto3" json:"cursor_event_tail,omitempty"`
+	// chain is the follower's chain value at record_tail (0 when empty).
+	Chain         uint64 `protobuf:"varint,6,opt,name=chain,proto3" json:"chain,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *FollowStart) Reset() {
+	*x = FollowStart{}
+	mi := &file_strand_v1_replication_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *FollowStart) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*FollowStart) ProtoMessage() {}
+
+func (x *FollowStart) ProtoReflect() protoreflect.Message {
+	mi := &file_strand_v1_replication_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use FollowStart.ProtoReflect.Descriptor instead.
+func (*FollowStart) Descriptor() ([]byte, []int) {
+	return file_strand_v1_replication_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *FollowStart) GetId() uint64 {
+	if x != nil {
+		return x.Id
+	}
+	return 0
+}
+
+func (x *FollowStart) GetStream() string {
+	if x != nil {
+		return x.Stream
+	}
+	return ""
+}
+
+func (x *FollowStart) GetEpoch() uint64 {
 	if x != nil {
 		return x.Epoch
 	}
 	return 0
 }
 
-func (x *FollowRequest) GetRecordTail() uint64 {
+func (x *FollowStart) GetRecordTail() uint64 {
 	if x != nil {
 		return x.RecordTail
 	}
 	return 0
 }
 
-func (x *FollowRequest) GetCursorEventTail() uint64 {
+func (x *FollowStart) GetCursorEventTail() uint64 {
 	if x != nil {
 		return x.CursorEventTail
 	}
 	return 0
 }
 
-func (x *FollowRequest) GetChain() uint64 {
+func (x *FollowStart) GetChain() uint64 {
 	if x != nil {
 		return x.Chain
 	}
 	return 0
 }
 
+// FollowAck reports a follow's durable tails after a batch.
+type FollowAck struct {
+	state           protoimpl.MessageState `protogen:"open.v1"`
+	Id              uint64                 `protobuf:"varint,1,opt,name=id,proto3" json:"id,omitempty"`
+	RecordTail      uint64                 `protobuf:"varint,2,opt,name=record_tail,json=recordTail,proto3" json:"record_tail,omitempty"`
+	CursorEventTail uint64                 `protobuf:"varint,3,opt,name=cursor_event_tail,json=cursorEventTail,proto3" json:"cursor_event_tail,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
+}
+
+func (x *FollowAck) Reset() {
+	*x = FollowAck{}
+	mi := &file_strand_v1_replication_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *FollowAck) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*FollowAck) ProtoMessage() {}
+
+func (x *FollowAck) ProtoReflect() protoreflect.Message {
+	mi := &file_strand_v1_replication_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use FollowAck.ProtoReflect.Descriptor instead.
+func (*FollowAck) Descriptor() ([]byte, []int) {
+	return file_strand_v1_replication_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *FollowAck) GetId() uint64 {
+	if x != nil {
+		return x.Id
+	}
+	return 0
+}
+
+func (x *FollowAck) GetRecordTail() uint64 {
+	if x != nil {
+		return x.RecordTail
+	}
+	return 0
+}
+
+func (x *FollowAck) GetCursorEventTail() uint64 {
+	if x != nil {
+		return x.CursorEventTail
+	}
+	return 0
+}
+
+// FollowStop ends a follow the follower no longer needs (its role ended,
+// or it refused a batch).
+type FollowStop struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Id            uint64                 `protobuf:"varint,1,opt,name=id,proto3" json:"id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *FollowStop) Reset() {
+	*x = FollowStop{}
+	mi := &file_strand_v1_replication_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *FollowStop) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*FollowStop) ProtoMessage() {}
+
+func (x *FollowStop) ProtoReflect() protoreflect.Message {
+	mi := &file_strand_v1_replication_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use FollowStop.ProtoReflect.Descriptor instead.
+func (*FollowStop) Descriptor() ([]byte, []int) {
+	return file_strand_v1_replication_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *FollowStop) GetId() uint64 {
+	if x != nil {
+		return x.Id
+	}
+	return 0
+}
+
+// FollowResponse is one message of an owner on a Follow call: batches of
+// any number of the call's follows, and follows the owner ended.
 type FollowResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Batches       []*FollowBatch         `protobuf:"bytes,8,rep,name=batches,proto3" json:"batches,omitempty"`
+	Ends          []*FollowEnd           `protobuf:"bytes,9,rep,name=ends,proto3" json:"ends,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *FollowResponse) Reset() {
+	*x = FollowResponse{}
+	mi := &file_strand_v1_replication_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *FollowResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*FollowResponse) ProtoMessage() {}
+
+func (x *FollowResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_strand_v1_replication_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use FollowResponse.ProtoReflect.Descriptor instead.
+func (*FollowResponse) Descriptor() ([]byte, []int) {
+	return file_strand_v1_replication_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *FollowResponse) GetBatches() []*FollowBatch {
+	if x != nil {
+		return x.Batches
+	}
+	return nil
+}
+
+func (x *FollowResponse) GetEnds() []*FollowEnd {
+	if x != nil {
+		return x.Ends
+	}
+	return nil
+}
+
+// FollowBatch is what the owner ships on one follow.
+type FollowBatch struct {
 	state            protoimpl.MessageState `protogen:"open.v1"`
 	Epoch            uint64                 `protobuf:"varint,1,opt,name=epoch,proto3" json:"epoch,omitempty"`
 	CursorEvents     []*CursorEvent         `protobuf:"bytes,3,rep,name=cursor_events,json=cursorEvents,proto3" json:"cursor_events,omitempty"`
@@ -125,25 +364,27 @@ type FollowResponse struct {
 	// the message carries no records. The follower checks each record's chain
 	// before it stores anything.
 	RecordSegment []byte `protobuf:"bytes,7,opt,name=record_segment,json=recordSegment,proto3" json:"record_segment,omitempty"`
+	// id is the follow (FollowStart.id) the batch belongs to.
+	Id            uint64 `protobuf:"varint,8,opt,name=id,proto3" json:"id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
-func (x *FollowResponse) Reset() {
-	*x = FollowResponse{}
-	mi := &file_strand_v1_replication_proto_msgTypes[1]
+func (x *FollowBatch) Reset() {
+	*x = FollowBatch{}
+	mi := &file_strand_v1_replication_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
 
-func (x *FollowResponse) String() string {
+func (x *FollowBatch) String() string {
 	return protoimpl.X.MessageStringOf(x)
 }
 
-func (*FollowResponse) ProtoMessage() {}
+func (*FollowBatch) ProtoMessage() {}
 
-func (x *FollowResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_strand_v1_replication_proto_msgTypes[1]
+func (x *FollowBatch) ProtoReflect() protoreflect.Message {
+	mi := &file_strand_v1_replication_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -154,51 +395,122 @@ func (x *FollowResponse) ProtoReflect() protoreflect.Message {
 	return mi.MessageOf(x)
 }
 
-// Deprecated: Use FollowResponse.ProtoReflect.Descriptor instead.
-func (*FollowResponse) Descriptor() ([]byte, []int) {
-	return file_strand_v1_replication_proto_rawDescGZIP(), []int{1}
+// Deprecated: Use FollowBatch.ProtoReflect.Descriptor instead.
+func (*FollowBatch) Descriptor() ([]byte, []int) {
+	return file_strand_v1_replication_proto_rawDescGZIP(), []int{5}
 }
 
-func (x *FollowResponse) GetEpoch() uint64 {
+func (x *FollowBatch) GetEpoch() uint64 {
 	if x != nil {
 		return x.Epoch
 	}
 	return 0
 }
 
-func (x *FollowResponse) GetCursorEvents() []*CursorEvent {
+func (x *FollowBatch) GetCursorEvents() []*CursorEvent {
 	if x != nil {
 		return x.CursorEvents
 	}
 	return nil
 }
 
-func (x *FollowResponse) GetConfirmWatermark() uint64 {
+func (x *FollowBatch) GetConfirmWatermark() uint64 {
 	if x != nil {
 		return x.ConfirmWatermark
 	}
 	return 0
 }
 
-func (x *FollowResponse) GetHead() uint64 {
+func (x *FollowBatch) GetHead() uint64 {
 	if x != nil {
 		return x.Head
 	}
 	return 0
 }
 
-func (x *FollowResponse) GetChainAtHead() uint64 {
+func (x *FollowBatch) GetChainAtHead() uint64 {
 	if x != nil {
 		return x.ChainAtHead
 	}
 	return 0
 }
 
-func (x *FollowResponse) GetRecordSegment() []byte {
+func (x *FollowBatch) GetRecordSegment() []byte {
 	if x != nil {
 		return x.RecordSegment
 	}
 	return nil
+}
+
+func (x *FollowBatch) GetId() uint64 {
+	if x != nil {
+		return x.Id
+	}
+	return 0
+}
+
+// FollowEnd says the owner ended one follow, with the error a per-stream
+// call would have ended with; the call and its other follows go on.
+type FollowEnd struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Id    uint64                 `protobuf:"varint,1,opt,name=id,proto3" json:"id,omitempty"`
+	// code is the Connect error code (the gRPC numbering: 9 failed
+	// precondition, 11 out of range, 14 unavailable, 15 data loss, ...).
+	Code          uint32 `protobuf:"varint,2,opt,name=code,proto3" json:"code,omitempty"`
+	Message       string `protobuf:"bytes,3,opt,name=message,proto3" json:"message,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *FollowEnd) Reset() {
+	*x = FollowEnd{}
+	mi := &file_strand_v1_replication_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *FollowEnd) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*FollowEnd) ProtoMessage() {}
+
+func (x *FollowEnd) ProtoReflect() protoreflect.Message {
+	mi := &file_strand_v1_replication_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use FollowEnd.ProtoReflect.Descriptor instead.
+func (*FollowEnd) Descriptor() ([]byte, []int) {
+	return file_strand_v1_replication_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *FollowEnd) GetId() uint64 {
+	if x != nil {
+		return x.Id
+	}
+	return 0
+}
+
+func (x *FollowEnd) GetCode() uint32 {
+	if x != nil {
+		return x.Code
+	}
+	return 0
+}
+
+func (x *FollowEnd) GetMessage() string {
+	if x != nil {
+		return x.Message
+	}
+	return ""
 }
 
 type CursorEvent struct {
@@ -213,7 +525,7 @@ type CursorEvent struct {
 
 func (x *CursorEvent) Reset() {
 	*x = CursorEvent{}
-	mi := &file_strand_v1_replication_proto_msgTypes[2]
+	mi := &file_strand_v1_replication_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -225,7 +537,7 @@ func (x *CursorEvent) String() string {
 func (*CursorEvent) ProtoMessage() {}
 
 func (x *CursorEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_strand_v1_replication_proto_msgTypes[2]
+	mi := &file_strand_v1_replication_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -238,7 +550,7 @@ func (x *CursorEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CursorEvent.ProtoReflect.Descriptor instead.
 func (*CursorEvent) Descriptor() ([]byte, []int) {
-	return file_strand_v1_replication_proto_rawDescGZIP(), []int{2}
+	return file_strand_v1_replication_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *CursorEvent) GetOffset() uint64 {
@@ -285,7 +597,7 @@ type SealRequest struct {
 
 func (x *SealRequest) Reset() {
 	*x = SealRequest{}
-	mi := &file_strand_v1_replication_proto_msgTypes[3]
+	mi := &file_strand_v1_replication_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -297,7 +609,7 @@ func (x *SealRequest) String() string {
 func (*SealRequest) ProtoMessage() {}
 
 func (x *SealRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_strand_v1_replication_proto_msgTypes[3]
+	mi := &file_strand_v1_replication_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -310,7 +622,7 @@ func (x *SealRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SealRequest.ProtoReflect.Descriptor instead.
 func (*SealRequest) Descriptor() ([]byte, []int) {
-	return file_strand_v1_replication_proto_rawDescGZIP(), []int{3}
+	return file_strand_v1_replication_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *SealRequest) GetStream() string {
@@ -352,7 +664,7 @@ type LogEpoch struct {
 
 func (x *LogEpoch) Reset() {
 	*x = LogEpoch{}
-	mi := &file_strand_v1_replication_proto_msgTypes[4]
+	mi := &file_strand_v1_replication_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -364,7 +676,7 @@ func (x *LogEpoch) String() string {
 func (*LogEpoch) ProtoMessage() {}
 
 func (x *LogEpoch) ProtoReflect() protoreflect.Message {
-	mi := &file_strand_v1_replication_proto_msgTypes[4]
+	mi := &file_strand_v1_replication_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -377,7 +689,7 @@ func (x *LogEpoch) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LogEpoch.ProtoReflect.Descriptor instead.
 func (*LogEpoch) Descriptor() ([]byte, []int) {
-	return file_strand_v1_replication_proto_rawDescGZIP(), []int{4}
+	return file_strand_v1_replication_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *LogEpoch) GetEpoch() uint64 {
@@ -417,7 +729,7 @@ type SealResponse struct {
 
 func (x *SealResponse) Reset() {
 	*x = SealResponse{}
-	mi := &file_strand_v1_replication_proto_msgTypes[5]
+	mi := &file_strand_v1_replication_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -429,7 +741,7 @@ func (x *SealResponse) String() string {
 func (*SealResponse) ProtoMessage() {}
 
 func (x *SealResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_strand_v1_replication_proto_msgTypes[5]
+	mi := &file_strand_v1_replication_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -442,7 +754,7 @@ func (x *SealResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SealResponse.ProtoReflect.Descriptor instead.
 func (*SealResponse) Descriptor() ([]byte, []int) {
-	return file_strand_v1_replication_proto_rawDescGZIP(), []int{5}
+	return file_strand_v1_replication_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *SealResponse) GetNode() string {
@@ -491,22 +803,43 @@ var File_strand_v1_replication_proto protoreflect.FileDescriptor
 
 const file_strand_v1_replication_proto_rawDesc = "" +
 	"\n" +
-	"\x1bstrand/v1/replication.proto\x12\tstrand.v1\"\xb4\x01\n" +
-	"\rFollowRequest\x12\x16\n" +
-	"\x06stream\x18\x01 \x01(\tR\x06stream\x12\x12\n" +
-	"\x04node\x18\x02 \x01(\tR\x04node\x12\x14\n" +
+	"\x1bstrand/v1/replication.proto\x12\tstrand.v1\"\xfe\x01\n" +
+	"\rFollowRequest\x12\x12\n" +
+	"\x04node\x18\x02 \x01(\tR\x04node\x12.\n" +
+	"\x06starts\x18\a \x03(\v2\x16.strand.v1.FollowStartR\x06starts\x12(\n" +
+	"\x04acks\x18\b \x03(\v2\x14.strand.v1.FollowAckR\x04acks\x12+\n" +
+	"\x05stops\x18\t \x03(\v2\x15.strand.v1.FollowStopR\x05stopsJ\x04\b\x01\x10\x02J\x04\b\x03\x10\x04J\x04\b\x04\x10\x05J\x04\b\x05\x10\x06J\x04\b\x06\x10\aR\x06streamR\x05epochR\vrecord_tailR\x11cursor_event_tailR\x05chain\"\xae\x01\n" +
+	"\vFollowStart\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\x04R\x02id\x12\x16\n" +
+	"\x06stream\x18\x02 \x01(\tR\x06stream\x12\x14\n" +
 	"\x05epoch\x18\x03 \x01(\x04R\x05epoch\x12\x1f\n" +
 	"\vrecord_tail\x18\x04 \x01(\x04R\n" +
 	"recordTail\x12*\n" +
 	"\x11cursor_event_tail\x18\x05 \x01(\x04R\x0fcursorEventTail\x12\x14\n" +
-	"\x05chain\x18\x06 \x01(\x04R\x05chain\"\xfe\x01\n" +
-	"\x0eFollowResponse\x12\x14\n" +
+	"\x05chain\x18\x06 \x01(\x04R\x05chain\"h\n" +
+	"\tFollowAck\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\x04R\x02id\x12\x1f\n" +
+	"\vrecord_tail\x18\x02 \x01(\x04R\n" +
+	"recordTail\x12*\n" +
+	"\x11cursor_event_tail\x18\x03 \x01(\x04R\x0fcursorEventTail\"\x1c\n" +
+	"\n" +
+	"FollowStop\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\x04R\x02id\"\xed\x01\n" +
+	"\x0eFollowResponse\x120\n" +
+	"\abatches\x18\b \x03(\v2\x16.strand.v1.FollowBatchR\abatches\x12(\n" +
+	"\x04ends\x18\t \x03(\v2\x14.strand.v1.FollowEndR\x04endsJ\x04\b\x01\x10\x02J\x04\b\x02\x10\x03J\x04\b\x03\x10\x04J\x04\b\x04\x10\x05J\x04\b\x05\x10\x06J\x04\b\x06\x10\aJ\x04\b\a\x10\bR\x05epochR\arecordsR\rcursor_eventsR\x11confirm_watermarkR\x04headR\rchain_at_headR\x0erecord_segment\"\x8b\x02\n" +
+	"\vFollowBatch\x12\x14\n" +
 	"\x05epoch\x18\x01 \x01(\x04R\x05epoch\x12;\n" +
 	"\rcursor_events\x18\x03 \x03(\v2\x16.strand.v1.CursorEventR\fcursorEvents\x12+\n" +
 	"\x11confirm_watermark\x18\x04 \x01(\x04R\x10confirmWatermark\x12\x12\n" +
 	"\x04head\x18\x05 \x01(\x04R\x04head\x12\"\n" +
 	"\rchain_at_head\x18\x06 \x01(\x04R\vchainAtHead\x12%\n" +
-	"\x0erecord_segment\x18\a \x01(\fR\rrecordSegmentJ\x04\b\x02\x10\x03R\arecords\"o\n" +
+	"\x0erecord_segment\x18\a \x01(\fR\rrecordSegment\x12\x0e\n" +
+	"\x02id\x18\b \x01(\x04R\x02idJ\x04\b\x02\x10\x03R\arecords\"I\n" +
+	"\tFollowEnd\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\x04R\x02id\x12\x12\n" +
+	"\x04code\x18\x02 \x01(\rR\x04code\x12\x18\n" +
+	"\amessage\x18\x03 \x01(\tR\amessage\"o\n" +
 	"\vCursorEvent\x12\x16\n" +
 	"\x06offset\x18\x01 \x01(\x04R\x06offset\x12\x14\n" +
 	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\x12\x16\n" +
@@ -548,27 +881,37 @@ func file_strand_v1_replication_proto_rawDescGZIP() []byte {
 	return file_strand_v1_replication_proto_rawDescData
 }
 
-var file_strand_v1_replication_proto_msgTypes = make([]protoimpl.MessageInfo, 6)
+var file_strand_v1_replication_proto_msgTypes = make([]protoimpl.MessageInfo, 11)
 var file_strand_v1_replication_proto_goTypes = []any{
 	(*FollowRequest)(nil),  // 0: strand.v1.FollowRequest
-	(*FollowResponse)(nil), // 1: strand.v1.FollowResponse
-	(*CursorEvent)(nil),    // 2: strand.v1.CursorEvent
-	(*SealRequest)(nil),    // 3: strand.v1.SealRequest
-	(*LogEpoch)(nil),       // 4: strand.v1.LogEpoch
-	(*SealResponse)(nil),   // 5: strand.v1.SealResponse
+	(*FollowStart)(nil),    // 1: strand.v1.FollowStart
+	(*FollowAck)(nil),      // 2: strand.v1.FollowAck
+	(*FollowStop)(nil),     // 3: strand.v1.FollowStop
+	(*FollowResponse)(nil), // 4: strand.v1.FollowResponse
+	(*FollowBatch)(nil),    // 5: strand.v1.FollowBatch
+	(*FollowEnd)(nil),      // 6: strand.v1.FollowEnd
+	(*CursorEvent)(nil),    // 7: strand.v1.CursorEvent
+	(*SealRequest)(nil),    // 8: strand.v1.SealRequest
+	(*LogEpoch)(nil),       // 9: strand.v1.LogEpoch
+	(*SealResponse)(nil),   // 10: strand.v1.SealResponse
 }
 var file_strand_v1_replication_proto_depIdxs = []int32{
-	2, // 0: strand.v1.FollowResponse.cursor_events:type_name -> strand.v1.CursorEvent
-	4, // 1: strand.v1.SealResponse.log_epochs:type_name -> strand.v1.LogEpoch
-	0, // 2: strand.v1.ReplicationService.Follow:input_type -> strand.v1.FollowRequest
-	3, // 3: strand.v1.ReplicationService.Seal:input_type -> strand.v1.SealRequest
-	1, // 4: strand.v1.ReplicationService.Follow:output_type -> strand.v1.FollowResponse
-	5, // 5: strand.v1.ReplicationService.Seal:output_type -> strand.v1.SealResponse
-	4, // [4:6] is the sub-list for method output_type
-	2, // [2:4] is the sub-list for method input_type
-	2, // [2:2] is the sub-list for extension type_name
-	2, // [2:2] is the sub-list for extension extendee
-	0, // [0:2] is the sub-list for field type_name
+	1,  // 0: strand.v1.FollowRequest.starts:type_name -> strand.v1.FollowStart
+	2,  // 1: strand.v1.FollowRequest.acks:type_name -> strand.v1.FollowAck
+	3,  // 2: strand.v1.FollowRequest.stops:type_name -> strand.v1.FollowStop
+	5,  // 3: strand.v1.FollowResponse.batches:type_name -> strand.v1.FollowBatch
+	6,  // 4: strand.v1.FollowResponse.ends:type_name -> strand.v1.FollowEnd
+	7,  // 5: strand.v1.FollowBatch.cursor_events:type_name -> strand.v1.CursorEvent
+	9,  // 6: strand.v1.SealResponse.log_epochs:type_name -> strand.v1.LogEpoch
+	0,  // 7: strand.v1.ReplicationService.Follow:input_type -> strand.v1.FollowRequest
+	8,  // 8: strand.v1.ReplicationService.Seal:input_type -> strand.v1.SealRequest
+	4,  // 9: strand.v1.ReplicationService.Follow:output_type -> strand.v1.FollowResponse
+	10, // 10: strand.v1.ReplicationService.Seal:output_type -> strand.v1.SealResponse
+	9,  // [9:11] is the sub-list for method output_type
+	7,  // [7:9] is the sub-list for method input_type
+	7,  // [7:7] is the sub-list for extension type_name
+	7,  // [7:7] is the sub-list for extension extendee
+	0,  // [0:7] is the sub-list for field type_name
 }
 
 func init() { file_strand_v1_replication_proto_init() }
@@ -582,7 +925,7 @@ func file_strand_v1_replication_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_strand_v1_replication_proto_rawDesc), len(file_strand_v1_replication_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   6,
+			NumMessages:   11,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -159,7 +159,7 @@ func TestSmallRequestReadLimits(t *testing.T) {
 		_, err = peers.Seal(ctx, connect.NewRequest(clustertest.WithUnknownField(&strandv1.SealRequest{Stream: "s", FenceEpoch: 0, TransitionId: "t"}, big)))
 		wantCode(t, name+": Seal", err, connect.CodeResourceExhausted, "larger than")
 		follow := peers.Follow(ctx)
-		_ = follow.Send(clustertest.WithUnknownField(&strandv1.FollowRequest{Stream: "s", Node: "b9", Epoch: 1}, big))
+		_ = follow.Send(clustertest.WithUnknownField(&strandv1.FollowRequest{Node: "b9", Starts: []*strandv1.FollowStart{{Id: 1, Stream: "s", Epoch: 1}}}, big))
 		_, err = follow.Receive()
 		_ = follow.CloseRequest()
 		_ = follow.CloseResponse()

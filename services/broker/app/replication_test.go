@@ -6,15 +6,18 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"strings"
 	"testing"
 	"time"
 
 	"connectrpc.com/connect"
+	"google.golang.org/protobuf/encoding/protowire"
 
 	strandv1 "github.com/strandhq/strand/api/strand/v1"
 	"github.com/strandhq/strand/internal/cluster"
 	"github.com/strandhq/strand/internal/clustertest"
 	"github.com/strandhq/strand/internal/rpcerr"
+	"github.com/strandhq/strand/services/broker/internal/storage"
 )
 
 func threeCopies(stream string, policy cluster.Policy) cluster.Assignment {
@@ -185,41 +188,137 @@ func TestFastPathFollowerCatchesUpFromEmpty(t *testing.T) {
 	})
 }
 
+// Bad follows on one call: each start the owner refuses ends that stream's
+// follow alone, with the code a call of its own would have ended with,
+// while a good follow on the same call goes on receiving. What is wrong
+// for the call as a whole ends the call.
 func TestFollowBadInput(t *testing.T) {
 	h := newHarness(t, "b1", "b2", "b3", "b4")
 	h.assign(threeCopies("f", cluster.Policy{Name: cluster.MajorityDurable}))
 	h.publish("b1", "f", "x", "y")
-	follow := func(req *strandv1.FollowRequest) error {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		s := h.replication("b1").Follow(ctx)
-		if err := s.Send(req); err != nil && !errors.Is(err, io.EOF) {
-			return err
-		}
-		_, err := s.Receive()
-		return err
-	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
 	cases := []struct {
-		name string
-		req  *strandv1.FollowRequest
-		code connect.Code
+		name  string
+		start *strandv1.FollowStart
+		code  connect.Code
 	}{
-		{"unknown stream", &strandv1.FollowRequest{Stream: "nope", Node: "b2", Epoch: 1}, connect.CodeNotFound},
-		{"node not in the assignment", &strandv1.FollowRequest{Stream: "f", Node: "b4", Epoch: 1}, connect.CodePermissionDenied},
-		{"stale epoch", &strandv1.FollowRequest{Stream: "f", Node: "b2", Epoch: 0}, connect.CodeFailedPrecondition},
-		{"newer epoch", &strandv1.FollowRequest{Stream: "f", Node: "b2", Epoch: 2}, connect.CodeFailedPrecondition},
-		{"past the owner's tail", &strandv1.FollowRequest{Stream: "f", Node: "b2", Epoch: 1, RecordTail: 99}, connect.CodeOutOfRange},
-		{"prefix disagrees", &strandv1.FollowRequest{Stream: "f", Node: "b2", Epoch: 1, RecordTail: 1, Chain: 12345}, connect.CodeDataLoss},
-		{"bad stream name", &strandv1.FollowRequest{Stream: "Bad/Name", Node: "b2", Epoch: 1}, connect.CodeInvalidArgument},
+		{"unknown stream", &strandv1.FollowStart{Stream: "nope", Epoch: 1}, connect.CodeNotFound},
+		{"stale epoch", &strandv1.FollowStart{Stream: "f", Epoch: 0}, connect.CodeFailedPrecondition},
+		{"newer epoch", &strandv1.FollowStart{Stream: "f", Epoch: 2}, connect.CodeFailedPrecondition},
+		{"past the owner's tail", &strandv1.FollowStart{Stream: "f", Epoch: 1, RecordTail: 99}, connect.CodeOutOfRange},
+		{"prefix disagrees", &strandv1.FollowStart{Stream: "f", Epoch: 1, RecordTail: 1, Chain: 12345}, connect.CodeDataLoss},
+		{"bad stream name", &strandv1.FollowStart{Stream: "Bad/Name", Epoch: 1}, connect.CodeInvalidArgument},
 	}
-	for _, c := range cases {
-		if err := follow(c.req); connect.CodeOf(err) != c.code {
-			t.Errorf("%s: %v, want %v", c.name, err, c.code)
+	// The good follow, id 100, starts from empty; b2 is a follower.
+	req := &strandv1.FollowRequest{Node: "b2", Starts: []*strandv1.FollowStart{{Id: 100, Stream: "f", Epoch: 1}}}
+	for i, c := range cases {
+		c.start.Id = uint64(i + 1)
+		req.Starts = append(req.Starts, c.start)
+	}
+	s := h.replication("b1").Follow(ctx)
+	defer func() { _ = s.CloseRequest() }()
+	if err := s.Send(req); err != nil {
+		t.Fatal(err)
+	}
+	ends := map[uint64]*strandv1.FollowEnd{}
+	var good uint64 // records received on the good follow
+	for len(ends) < len(cases) || good < 2 {
+		resp, err := s.Receive()
+		if err != nil {
+			t.Fatalf("the call ended with %d of %d ends and %d records on the good follow: %v", len(ends), len(cases), good, err)
 		}
+		for _, e := range resp.GetEnds() {
+			ends[e.GetId()] = e
+		}
+		for _, b := range resp.GetBatches() {
+			good += countRecords(t, b)
+		}
+	}
+	if _, ok := ends[100]; ok {
+		t.Fatal("the good follow was ended with the bad ones")
+	}
+	for i, c := range cases {
+		if got := connect.Code(ends[uint64(i+1)].GetCode()); got != c.code {
+			t.Errorf("%s: ended with %v (%q), want %v", c.name, got, ends[uint64(i+1)].GetMessage(), c.code)
+		}
+	}
+	// The good follow goes on after the ends: records published now, one
+	// at a time, arrive on the same call.
+	for i := range 10 {
+		h.publish("b1", "f", fmt.Sprint("z", i))
+		for good < uint64(3+i) {
+			resp, err := s.Receive()
+			if err != nil {
+				t.Fatalf("the call ended after the bad follows: %v", err)
+			}
+			for _, b := range resp.GetBatches() {
+				if b.GetId() != 100 {
+					t.Fatalf("a batch for follow %d, which was ended", b.GetId())
+				}
+				good += countRecords(t, b)
+			}
+		}
+	}
+
+	// A node the assignment does not name: each of its follows is refused.
+	s4 := h.replication("b1").Follow(ctx)
+	defer func() { _ = s4.CloseRequest() }()
+	if err := s4.Send(&strandv1.FollowRequest{Node: "b4", Starts: []*strandv1.FollowStart{{Id: 1, Stream: "f", Epoch: 1}}}); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := s4.Receive()
+	if err != nil || len(resp.GetEnds()) != 1 || connect.Code(resp.GetEnds()[0].GetCode()) != connect.CodePermissionDenied {
+		t.Fatalf("a follow of a node not in the assignment: %v, %v; want one end with PermissionDenied", resp, err)
+	}
+
+	// What is wrong for the whole call ends it, naming the field.
+	for name, c := range map[string]struct {
+		msgs  []*strandv1.FollowRequest
+		field string
+	}{
+		"invalid node":       {[]*strandv1.FollowRequest{{Node: "B 2"}}, "node"},
+		"a start without id": {[]*strandv1.FollowRequest{{Node: "b2", Starts: []*strandv1.FollowStart{{Stream: "f", Epoch: 1}}}}, "starts[0].id"},
+		"another node later": {[]*strandv1.FollowRequest{{Node: "b2"}, {Node: "b3"}}, "node"},
+	} {
+		call := h.replication("b1").Follow(ctx)
+		for _, m := range c.msgs {
+			if err := call.Send(m); err != nil && !errors.Is(err, io.EOF) {
+				t.Fatal(err)
+			}
+		}
+		_, err := call.Receive()
+		_ = call.CloseRequest()
+		if connect.CodeOf(err) != connect.CodeInvalidArgument || !strings.Contains(err.Error(), c.field) {
+			t.Errorf("%s: %v, want InvalidArgument naming %s", name, err, c.field)
+		}
+	}
+	// A follower of the release before, one call per stream naming it in
+	// field 1, is told so instead of waiting on a call that sends nothing.
+	old := &strandv1.FollowRequest{Node: "b2"}
+	old.ProtoReflect().SetUnknown(protowire.AppendString(protowire.AppendTag(nil, 1, protowire.BytesType), "f"))
+	call := h.replication("b1").Follow(ctx)
+	if err := call.Send(old); err != nil && !errors.Is(err, io.EOF) {
+		t.Fatal(err)
+	}
+	_, err = call.Receive()
+	_ = call.CloseRequest()
+	if connect.CodeOf(err) != connect.CodeFailedPrecondition || !strings.Contains(err.Error(), "stream") {
+		t.Errorf("a per-stream follow: %v, want FailedPrecondition naming stream", err)
 	}
 	// Nothing changed on the owner.
 	recs, err := h.readAll("b1", "f")
-	if err != nil || len(recs) != 2 {
-		t.Fatalf("owner has %d records after bad follows (%v), want 2", len(recs), err)
+	if err != nil || len(recs) != 12 {
+		t.Fatalf("owner has %d records after bad follows (%v), want 12", len(recs), err)
 	}
+}
+
+// countRecords decodes a batch's record segment and counts its records.
+func countRecords(t *testing.T, b *strandv1.FollowBatch) uint64 {
+	t.Helper()
+	recs, err := storage.DecodeSegment(b.GetRecordSegment())
+	if err != nil {
+		t.Fatalf("batch of follow %d: %v", b.GetId(), err)
+	}
+	return uint64(len(recs))
 }

@@ -89,7 +89,7 @@ func TestReplicationServiceNeedsThePeerToken(t *testing.T) {
 			t.Fatalf("seal with token %q: %v, want Unauthenticated", token, err)
 		}
 		s := h.replicationAs("b1", token).Follow(ctx)
-		_ = s.Send(&strandv1.FollowRequest{Stream: "guarded", Node: "b2", Epoch: 1})
+		_ = s.Send(&strandv1.FollowRequest{Node: "b2", Starts: []*strandv1.FollowStart{{Id: 1, Stream: "guarded", Epoch: 1}}})
 		if _, err := s.Receive(); connect.CodeOf(err) != connect.CodeUnauthenticated {
 			t.Fatalf("follow with token %q: %v, want Unauthenticated", token, err)
 		}

@@ -42,10 +42,14 @@ const (
 
 // ReplicationServiceClient is a client for the strand.v1.ReplicationService service.
 type ReplicationServiceClient interface {
-	// Follow is opened by a follower against the owner. The follower's first
-	// message says where its copy ends; every later message reports its
-	// durable tails after a batch. The owner sends records and cursor events
-	// at its own offsets, with the confirm watermark.
+	// Follow is opened by a follower against an owner broker and carries
+	// every stream the follower follows on that owner: one call per pair of
+	// brokers, not per stream. The follower starts and stops each stream's
+	// follow within the call (FollowStart, FollowStop) and reports each
+	// stream's durable tails after a batch (FollowAck); the owner sends each
+	// stream's records and cursor events at its own offsets, with the confirm
+	// watermark (FollowBatch), and ends a stream's follow with its error
+	// (FollowEnd) without ending the call or the other streams' follows.
 	Follow(context.Context) *connect.BidiStreamForClient[v1.FollowRequest, v1.FollowResponse]
 	// Seal fences a copy at the fence epoch and reports its tails.
 	Seal(context.Context, *connect.Request[v1.SealRequest]) (*connect.Response[v1.SealResponse], error)
@@ -95,10 +99,14 @@ func (c *replicationServiceClient) Seal(ctx context.Context, req *connect.Reques
 
 // ReplicationServiceHandler is an implementation of the strand.v1.ReplicationService service.
 type ReplicationServiceHandler interface {
-	// Follow is opened by a follower against the owner. The follower's first
-	// message says where its copy ends; every later message reports its
-	// durable tails after a batch. The owner sends records and cursor events
-	// at its own offsets, with the confirm watermark.
+	// Follow is opened by a follower against an owner broker and carries
+	// every stream the follower follows on that owner: one call per pair of
+	// brokers, not per stream. The follower starts and stops each stream's
+	// follow within the call (FollowStart, FollowStop) and reports each
+	// stream's durable tails after a batch (FollowAck); the owner sends each
+	// stream's records and cursor events at its own offsets, with the confirm
+	// watermark (FollowBatch), and ends a stream's follow with its error
+	// (FollowEnd) without ending the call or the other streams' follows.
 	Follow(context.Context, *connect.BidiStream[v1.FollowRequest, v1.FollowResponse]) error
 	// Seal fences a copy at the fence epoch and reports its tails.
 	Seal(context.Context, *connect.Request[v1.SealRequest]) (*connect.Response[v1.SealResponse], error)

@@ -45,6 +45,9 @@ var codes = []struct {
 	// A seal to a broker with no copy: the stream may exist elsewhere, so
 	// not NotFound.
 	{err: replica.ErrNoCopy, code: connect.CodeFailedPrecondition},
+	// A Follow call's message that does not hold together (its message
+	// names the field): the peer's bug, not this copy's state.
+	{err: replica.ErrInvalidFollow, code: connect.CodeInvalidArgument},
 	{err: storage.ErrIncarnation, code: connect.CodeFailedPrecondition},
 	{err: storage.ErrFenced, code: connect.CodeFailedPrecondition},
 	{err: storage.ErrSealed, code: connect.CodeUnavailable},

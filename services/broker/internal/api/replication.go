@@ -2,9 +2,11 @@ package api
 
 import (
 	"context"
+	"errors"
 
 	"connectrpc.com/connect"
 	"github.com/rs/zerolog"
+	"google.golang.org/protobuf/encoding/protowire"
 
 	strandv1 "github.com/strandhq/strand/api/strand/v1"
 	"github.com/strandhq/strand/api/strand/v1/strandv1connect"
@@ -30,13 +32,21 @@ func (s *ReplicationService) Follow(ctx context.Context, stream *connect.BidiStr
 	if err != nil {
 		return err
 	}
-	if err := validStream(first.GetStream()); err != nil {
-		return err
+	if perStreamFollow(first) {
+		// A follower of the release before: it would wait on this call for
+		// batches that never come, its streams' follows stalled unseen.
+		return connect.NewError(connect.CodeFailedPrecondition, errors.New("stream: a Follow call per stream is not served here: this broker takes one call per owner broker, carrying every stream (FollowStart); upgrade the follower"))
 	}
+	// The call's identity: every stream's follow on it is checked against
+	// the assignment as this node's (replica.ServeFollow); the peer token
+	// was checked before the handler ran.
 	if err := cluster.ValidateNodeName(first.GetNode()); err != nil {
 		return rpcerr.InvalidArgument("node", "invalid node id %q", first.GetNode())
 	}
-	return toConnect(s.m.ServeFollow(ctx, first, stream))
+	return toConnect(s.m.ServeFollow(ctx, first, stream, replica.FollowEdge{
+		CheckStream: func(name string) error { return validStreamField("starts.stream", name) },
+		Wire:        toConnect,
+	}))
 }
 
 func (s *ReplicationService) Seal(ctx context.Context, req *connect.Request[strandv1.SealRequest]) (*connect.Response[strandv1.SealResponse], error) {
@@ -63,4 +73,22 @@ func (s *ReplicationService) Seal(ctx context.Context, req *connect.Request[stra
 		Chain:           st.Chain,
 	}
 	return connect.NewResponse(resp), nil
+}
+
+// perStreamFollow reports whether m is the first message of a call that
+// follows one stream, as brokers of the release before open: it names the
+// stream in field 1, reserved since.
+func perStreamFollow(m *strandv1.FollowRequest) bool {
+	b := m.ProtoReflect().GetUnknown()
+	for len(b) > 0 {
+		num, _, n := protowire.ConsumeField(b)
+		if n < 0 {
+			return false
+		}
+		if num == 1 {
+			return true
+		}
+		b = b[n:]
+	}
+	return false
 }

@@ -35,9 +35,12 @@ func NewStreamService(m *replica.Manager, limits Limits, log zerolog.Logger) *St
 		gate: newPublishGate(limits.MaxPublishBytesInFlight, limits.publishRequestMaxBytes())}
 }
 
-func validStream(name string) error {
+func validStream(name string) error { return validStreamField("stream", name) }
+
+// validStreamField is validStream for a stream name in field.
+func validStreamField(field, name string) error {
 	if err := cluster.ValidateStreamName(name); err != nil {
-		return rpcerr.InvalidArgument("stream", "must match [a-z0-9][a-z0-9._-]{0,127}, got %q", name)
+		return rpcerr.InvalidArgument(field, "must match [a-z0-9][a-z0-9._-]{0,127}, got %q", name)
 	}
 	return nil
 }

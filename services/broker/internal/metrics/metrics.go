@@ -13,6 +13,11 @@
 //	strand_broker_follow_ack_seconds         owner: a batch sent to a follower to its
 //	                                         acknowledgement, by follower
 //	strand_broker_follow_apply_seconds       follower: a batch received to durable here
+//	strand_broker_follow_calls_total         owner: Follow calls served (one per follower
+//	                                         broker while its call holds; each carries
+//	                                         every stream the two brokers share)
+//	strand_broker_follow_calls               owner: Follow calls being served
+//	strand_broker_follows                    owner: stream follows on those calls
 //	strand_broker_publishes_waiting          publishes waiting for room among the
 //	                                         publish bytes in flight (--max-publish-inflight-bytes)
 //	strand_broker_publish_inflight_bytes     request bytes of the publishes being handled
@@ -48,6 +53,9 @@ type Broker struct {
 	confirmTimeout prometheus.Counter
 	followAck      *prometheus.HistogramVec
 	followApply    prometheus.Histogram
+	followCalls    prometheus.Counter
+	followCallsNow prometheus.Gauge
+	followsNow     prometheus.Gauge
 }
 
 // buckets run from 100 µs to about 6.5 s, doubling: a fsync on a fast
@@ -77,8 +85,15 @@ func New() *Broker {
 			Help: "Owner: time from sending a batch of records to a follower to the follower acknowledging it durable.",
 		}, []string{"follower"}),
 		followApply: hist("follow_apply_seconds", "Follower: time from receiving a batch of records from the owner to holding it durably."),
+		followCalls: prometheus.NewCounter(prometheus.CounterOpts{Namespace: "strand", Subsystem: "broker", Name: "follow_calls_total",
+			Help: "Owner: Follow calls served; a follower broker holds one call here for every stream the two share."}),
+		followCallsNow: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: "strand", Subsystem: "broker", Name: "follow_calls",
+			Help: "Owner: Follow calls being served."}),
+		followsNow: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: "strand", Subsystem: "broker", Name: "follows",
+			Help: "Owner: stream follows being served on the Follow calls."}),
 	}
 	b.registry.MustRegister(b.commitWrite, b.commitSync, b.publishDurable, b.publishConfirm, b.confirmTimeout, b.followAck, b.followApply,
+		b.followCalls, b.followCallsNow, b.followsNow,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return b
 }
@@ -165,7 +180,7 @@ func (b *Broker) PublishConfirmTimedOut() {
 }
 
 // FollowAcked returns what records a batch acknowledged by follower, sent
-// at sent. The follower's series is looked up once, for a follow stream,
+// at sent. The follower's series is looked up once, for a stream's follow,
 // not once per batch.
 func (b *Broker) FollowAcked(follower string) func(sent time.Time) {
 	if b == nil {
@@ -181,4 +196,24 @@ func (b *Broker) FollowApplied(received time.Time) {
 	if b != nil {
 		b.followApply.Observe(time.Since(received).Seconds())
 	}
+}
+
+// FollowCall counts a Follow call served from now; the returned func ends
+// it.
+func (b *Broker) FollowCall() func() {
+	if b == nil {
+		return func() {}
+	}
+	b.followCalls.Inc()
+	b.followCallsNow.Inc()
+	return b.followCallsNow.Dec
+}
+
+// Follow counts a stream follow served from now; the returned func ends it.
+func (b *Broker) Follow() func() {
+	if b == nil {
+		return func() {}
+	}
+	b.followsNow.Inc()
+	return b.followsNow.Dec
 }

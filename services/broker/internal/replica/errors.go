@@ -25,6 +25,10 @@ var (
 	ErrNotMember = errors.New("replica: not a member of the assignment")
 	// ErrEpochMismatch: a follow request at an epoch other than the owner's.
 	ErrEpochMismatch = errors.New("replica: epoch mismatch")
+	// ErrInvalidFollow: a Follow call's message that is not valid for the
+	// call as a whole (another node, a start without an id); it ends the
+	// call.
+	ErrInvalidFollow = errors.New("replica: invalid follow request")
 	// ErrPastTail: a follower claims more than the owner holds.
 	ErrPastTail = errors.New("replica: past the owner's tail")
 	// ErrChainMismatch: the follower's prefix disagrees with the owner's.

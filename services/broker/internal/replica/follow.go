@@ -2,9 +2,14 @@ package replica
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"io"
 	"sync"
+	"sync/atomic"
 	"time"
+
+	"connectrpc.com/connect"
 
 	strandv1 "github.com/strandhq/strand/api/strand/v1"
 	"github.com/strandhq/strand/services/broker/internal/storage"
@@ -14,6 +19,14 @@ const (
 	followBatchRecords = 512
 	followBatchBytes   = 1 << 20
 	followBatchEvents  = 512
+	// followInflightBatches bounds the batches of one follow sent and not
+	// yet acknowledged, whatever their size. The follower queues what
+	// arrives for each stream without blocking the shared call (doc.go),
+	// so the owner's flow control is what bounds that queue.
+	followInflightBatches = 64
+	// followResponseBytes is about what one response carries: batches of
+	// several follows are sent together up to it, one at least.
+	followResponseBytes = 1 << 20
 )
 
 // FollowStream is the owner's side of one Follow call.
@@ -22,11 +35,296 @@ type FollowStream interface {
 	Send(*strandv1.FollowResponse) error
 }
 
-// ServeFollow serves one follower on the owner: it checks the follower's
-// position against the owner's log, then sends records and cursor events at
-// the owner's offsets, each with its epoch, and the confirm watermark. The
-// follower's acknowledgements on the same stream advance the watermark.
-func (m *Manager) ServeFollow(ctx context.Context, first *strandv1.FollowRequest, fs FollowStream) error {
+// FollowEdge is what the API edge lends ServeFollow: its check of a stream
+// name and its table from errors to Connect codes, which a follow's end
+// carries (FollowEnd).
+type FollowEdge struct {
+	// CheckStream refuses a start naming an invalid stream; nil takes any.
+	CheckStream func(stream string) error
+	// Wire maps a follow's error to the Connect error a per-stream call
+	// would have ended with; nil sends every error as Unknown.
+	Wire func(error) error
+}
+
+// ServeFollow serves one Follow call on the owner: every stream the
+// follower named node follows on this broker, each started, acknowledged
+// and stopped by its own frames (doc.go, "One Follow call per pair of
+// brokers"). first is the call's first message, already read. Each follow
+// runs as it did on a call of its own (serveFollow); its error ends it
+// alone with a FollowEnd. The call ends when the follower closes it, on a
+// message that is not valid for the call as a whole, or when a send fails.
+func (m *Manager) ServeFollow(ctx context.Context, first *strandv1.FollowRequest, fs FollowStream, edge FollowEdge) error {
+	defer m.cfg.Metrics.FollowCall()()
+	ctx, cancel := context.WithCancel(ctx)
+	srv := &followServer{m: m, node: first.GetNode(), edge: edge, ctx: ctx,
+		follows: make(map[uint64]*servedFollow), wake: make(chan struct{}, 1)}
+	// Every follow ends before the call does: none outlives the call's
+	// flow control or sends on a finished call, and none starts once the
+	// wait for them began (the receiver may still be reading a start).
+	defer func() {
+		cancel()
+		srv.mu.Lock()
+		srv.closed = true
+		srv.mu.Unlock()
+		srv.wg.Wait()
+	}()
+	if err := srv.apply(first); err != nil {
+		return err
+	}
+	recvErr := make(chan error, 1)
+	go func() {
+		for {
+			req, err := fs.Receive()
+			if err == nil {
+				err = srv.apply(req)
+			}
+			if err != nil {
+				recvErr <- err
+				cancel()
+				return
+			}
+		}
+	}()
+	sendErr := srv.sendLoop(fs)
+	select {
+	case err := <-recvErr:
+		if errors.Is(err, io.EOF) {
+			return nil // the follower closed the call
+		}
+		return err
+	default:
+	}
+	return sendErr
+}
+
+// followServer is the owner's side of one Follow call.
+type followServer struct {
+	m    *Manager
+	node string
+	edge FollowEdge
+	ctx  context.Context
+	wg   sync.WaitGroup
+
+	mu sync.Mutex
+	// closed is set once the call ends: no follow starts after.
+	closed  bool
+	follows map[uint64]*servedFollow
+	// ready holds what waits to be sent, in the order it came: each follow
+	// has at most one batch in it (put waits until the batch is taken), so
+	// a busy stream sends one batch per round and cannot starve the
+	// others.
+	ready []readyFrame
+	wake  chan struct{}
+}
+
+// servedFollow is one stream's follow within a call.
+type servedFollow struct {
+	id      uint64
+	cancel  context.CancelFunc
+	stopped atomic.Bool
+	// taken is signalled when the sender took the follow's queued batch.
+	taken chan struct{}
+
+	mu      sync.Mutex
+	fc      *flowControl
+	tracker *confirmTracker
+}
+
+type readyFrame struct {
+	batch *strandv1.FollowBatch
+	end   *strandv1.FollowEnd
+	f     *servedFollow
+	size  int
+}
+
+// apply takes one message of the follower: stops, then starts, then acks
+// (a stop queued before a start of the same stream arrives first or in
+// the same message).
+func (s *followServer) apply(req *strandv1.FollowRequest) error {
+	if n := req.GetNode(); n != s.node {
+		return fmt.Errorf("%w: node: %q on a call opened by %q", ErrInvalidFollow, n, s.node)
+	}
+	for _, st := range req.GetStops() {
+		s.mu.Lock()
+		f := s.follows[st.GetId()]
+		delete(s.follows, st.GetId())
+		s.mu.Unlock()
+		if f != nil {
+			f.stopped.Store(true)
+			f.cancel()
+		}
+	}
+	for i, st := range req.GetStarts() {
+		if st.GetId() == 0 {
+			return fmt.Errorf("%w: starts[%d].id: must be at least 1", ErrInvalidFollow, i)
+		}
+		s.start(st)
+	}
+	for _, a := range req.GetAcks() {
+		s.mu.Lock()
+		f := s.follows[a.GetId()]
+		s.mu.Unlock()
+		if f != nil {
+			f.ack(s.node, a.GetRecordTail(), a.GetCursorEventTail())
+		}
+	}
+	return nil
+}
+
+func (s *followServer) start(st *strandv1.FollowStart) {
+	ctx, cancel := context.WithCancel(s.ctx)
+	f := &servedFollow{id: st.GetId(), cancel: cancel, taken: make(chan struct{}, 1)}
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		cancel()
+		return
+	}
+	old := s.follows[f.id]
+	s.follows[f.id] = f
+	s.wg.Add(1)
+	s.mu.Unlock()
+	if old != nil {
+		// An id is never reused by a follower; one that does replaces
+		// its follow rather than running two under one id.
+		old.stopped.Store(true)
+		old.cancel()
+	}
+	go func() {
+		defer s.wg.Done()
+		defer cancel()
+		defer s.m.cfg.Metrics.Follow()()
+		err := s.m.serveFollow(ctx, s, f, st)
+		s.mu.Lock()
+		if s.follows[f.id] == f {
+			delete(s.follows, f.id)
+		}
+		s.mu.Unlock()
+		if f.stopped.Load() || s.ctx.Err() != nil {
+			return // the follower stopped it, or the call is over
+		}
+		s.queue(readyFrame{end: s.endFrame(f.id, err)})
+	}()
+}
+
+// endFrame is the FollowEnd of a follow that failed with err: the code and
+// message its own call would have ended with.
+func (s *followServer) endFrame(id uint64, err error) *strandv1.FollowEnd {
+	if s.edge.Wire != nil {
+		err = s.edge.Wire(err)
+	}
+	code, msg := connect.CodeUnknown, err.Error()
+	var cerr *connect.Error
+	if errors.As(err, &cerr) {
+		code, msg = cerr.Code(), cerr.Message()
+	}
+	return &strandv1.FollowEnd{Id: id, Code: uint32(code), Message: msg}
+}
+
+func (s *followServer) queue(fr readyFrame) {
+	s.mu.Lock()
+	s.ready = append(s.ready, fr)
+	s.mu.Unlock()
+	select {
+	case s.wake <- struct{}{}:
+	default:
+	}
+}
+
+// put queues a follow's batch and waits until the sender took it.
+func (s *followServer) put(ctx context.Context, f *servedFollow, b *strandv1.FollowBatch) error {
+	s.queue(readyFrame{batch: b, f: f, size: len(b.GetRecordSegment()) + 32*len(b.GetCursorEvents())})
+	select {
+	case <-f.taken:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// sendLoop sends what the follows queue until the call ends.
+func (s *followServer) sendLoop(fs FollowStream) error {
+	for {
+		select {
+		case <-s.ctx.Done():
+			return s.ctx.Err()
+		case <-s.wake:
+		}
+		for {
+			resp := s.take()
+			if resp == nil {
+				break
+			}
+			if err := fs.Send(resp); err != nil {
+				return err
+			}
+		}
+	}
+}
+
+// take builds the next response from the ready frames, in their order, up
+// to followResponseBytes; nil when nothing is ready. A follow whose batch is
+// taken may read its next one while this response is sent.
+func (s *followServer) take() *strandv1.FollowResponse {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if len(s.ready) == 0 {
+		return nil
+	}
+	resp := &strandv1.FollowResponse{}
+	size, n := 0, 0
+	for n < len(s.ready) && (n == 0 || size+s.ready[n].size <= followResponseBytes) {
+		fr := s.ready[n]
+		s.ready[n] = readyFrame{}
+		n++
+		if fr.end != nil {
+			resp.Ends = append(resp.Ends, fr.end)
+			continue
+		}
+		resp.Batches = append(resp.Batches, fr.batch)
+		size += fr.size
+		select {
+		case fr.f.taken <- struct{}{}:
+		default:
+		}
+	}
+	s.ready = append(s.ready[:0], s.ready[n:]...)
+	return resp
+}
+
+func (f *servedFollow) setFlow(fc *flowControl, tracker *confirmTracker) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.fc, f.tracker = fc, tracker
+}
+
+// ack takes a follower's durable tails for this follow.
+func (f *servedFollow) ack(node string, recordTail, eventTail uint64) {
+	f.mu.Lock()
+	fc, tracker := f.fc, f.tracker
+	f.mu.Unlock()
+	if fc == nil {
+		return // not started yet: nothing was sent that it could hold
+	}
+	// Count only what was sent on this follow: a follower cannot claim
+	// records it was never given.
+	sentRec, sentEv := fc.sentTails()
+	tail := min(recordTail, sentRec)
+	fc.ack(tail, min(eventTail, sentEv))
+	tracker.followerDurable(node, tail)
+}
+
+// serveFollow serves one stream's follow within a call: it checks the
+// follower's position against the owner's log, then sends records and
+// cursor events at the owner's offsets, each with its epoch, and the
+// confirm watermark. The follower's acknowledgements (servedFollow.ack)
+// advance the watermark. It returns the error that ends the follow.
+func (m *Manager) serveFollow(ctx context.Context, srv *followServer, f *servedFollow, first *strandv1.FollowStart) error {
+	if srv.edge.CheckStream != nil {
+		if err := srv.edge.CheckStream(first.GetStream()); err != nil {
+			return err
+		}
+	}
 	c := m.copy(first.GetStream())
 	if c == nil {
 		return m.notHere(first.GetStream())
@@ -35,7 +333,7 @@ func (m *Manager) ServeFollow(ctx context.Context, first *strandv1.FollowRequest
 	if !ok {
 		return m.notHere(first.GetStream())
 	}
-	node := first.GetNode()
+	node := srv.node
 	if !isFollowerOf(a, node) {
 		return fmt.Errorf("%w: node %q is not a follower of %q at epoch %d", ErrNotMember, node, c.name, a.Epoch)
 	}
@@ -84,33 +382,12 @@ func (m *Manager) ServeFollow(ctx context.Context, first *strandv1.FollowRequest
 
 	fc := &flowControl{max: m.cfg.MaxInflightBytes, acked: make(chan struct{}, 1),
 		onAck: m.cfg.Metrics.FollowAcked(node)}
-	recvErr := make(chan error, 1)
-	go func() {
-		for {
-			req, err := fs.Receive()
-			if err != nil {
-				recvErr <- err
-				cancel()
-				return
-			}
-			// Count only what was sent on this stream: a follower cannot
-			// claim records it was never given.
-			tail := min(req.GetRecordTail(), fc.sentTail())
-			fc.ack(tail)
-			tracker.followerDurable(node, tail)
-		}
-	}()
-
-	fc.setSent(pos, 0, time.Time{})
+	fc.setSent(pos, cpos, 0, time.Time{}, false)
+	f.setFlow(fc, tracker)
 	var lastWM uint64
 	first0 := true
 	for {
 		if ctx.Err() != nil {
-			select {
-			case err := <-recvErr:
-				return err
-			default:
-			}
 			if roleCtx.Err() != nil {
 				return fmt.Errorf("%w: owner role ended", ErrUnavailable)
 			}
@@ -123,8 +400,9 @@ func (m *Manager) ServeFollow(ctx context.Context, first *strandv1.FollowRequest
 		tailCh := c.st.WaitTail(t.Record)
 		writtenCh := c.st.WaitWritten(t.Written)
 		cursorCh := c.cursorChanged()
+		room := fc.room()
 		var recs []storage.Record
-		if pos < t.Written && fc.room() {
+		if pos < t.Written && room {
 			var err error
 			recs, err = c.st.ReadWritten(pos, followBatchRecords, followBatchBytes)
 			if err != nil {
@@ -132,7 +410,7 @@ func (m *Manager) ServeFollow(ctx context.Context, first *strandv1.FollowRequest
 			}
 		}
 		var evs []storage.CursorEvent
-		if cpos < t.CursorEvent {
+		if cpos < t.CursorEvent && room {
 			var err error
 			evs, err = c.st.ReadCursorEvents(cpos, followBatchEvents)
 			if err != nil {
@@ -140,16 +418,16 @@ func (m *Manager) ServeFollow(ctx context.Context, first *strandv1.FollowRequest
 			}
 		}
 		if len(recs) > 0 || len(evs) > 0 || wm != lastWM || first0 {
-			resp := &strandv1.FollowResponse{Epoch: a.Epoch, ConfirmWatermark: wm, Head: head, ChainAtHead: chainAtHead}
+			b := &strandv1.FollowBatch{Id: f.id, Epoch: a.Epoch, ConfirmWatermark: wm, Head: head, ChainAtHead: chainAtHead}
 			// One segment in the storage encoding rather than a message
 			// per record: both sides' work per record is then a copy.
-			resp.RecordSegment = storage.EncodeSegment(recs)
+			b.RecordSegment = storage.EncodeSegment(recs)
 			size := 0
 			for _, r := range recs {
 				size += len(r.Payload)
 			}
 			for _, e := range evs {
-				resp.CursorEvents = append(resp.CursorEvents, eventToProto(e))
+				b.CursorEvents = append(b.CursorEvents, eventToProto(e))
 			}
 			if n := len(recs); n > 0 {
 				pos = recs[n-1].Offset + 1
@@ -157,9 +435,9 @@ func (m *Manager) ServeFollow(ctx context.Context, first *strandv1.FollowRequest
 			if n := len(evs); n > 0 {
 				cpos = evs[n-1].Offset + 1
 			}
-			fc.setSent(pos, size, time.Now())
-			if err := fs.Send(resp); err != nil {
-				return err
+			fc.setSent(pos, cpos, size, time.Now(), len(recs) > 0 || len(evs) > 0)
+			if err := srv.put(ctx, f, b); err != nil {
+				continue // the loop's head says why the follow ends
 			}
 			lastWM, first0, head, chainAtHead = wm, false, 0, 0
 			continue
@@ -175,53 +453,57 @@ func (m *Manager) ServeFollow(ctx context.Context, first *strandv1.FollowRequest
 	}
 }
 
-// flowControl bounds record bytes sent to a follower and not acknowledged.
+// flowControl bounds what one follow has sent and the follower has not
+// acknowledged: record bytes (max) and batches (followInflightBatches).
 type flowControl struct {
 	mu       sync.Mutex
 	max      int
 	inflight []sentBatch
 	bytes    int
 	tail     uint64
+	evTail   uint64
 	acked    chan struct{}
-	// onAck, when set, is called with the send time of each batch the
-	// follower acknowledges (metrics: follow_ack_seconds).
+	// onAck, when set, is called with the send time of each batch of
+	// records the follower acknowledges (metrics: follow_ack_seconds).
 	onAck func(sent time.Time)
 }
 
 type sentBatch struct {
-	end   uint64
-	bytes int
-	sent  time.Time
+	end, evEnd uint64
+	bytes      int
+	records    bool
+	sent       time.Time
 }
 
-// setSent records the records sent up to tail: a batch of bytes payload
-// bytes, sent at sent, when bytes > 0.
-func (f *flowControl) setSent(tail uint64, bytes int, sent time.Time) {
+// setSent records what was sent up to the tails tail and evTail: a batch
+// of bytes payload bytes, sent at sent, when batch is set.
+func (f *flowControl) setSent(tail, evTail uint64, bytes int, sent time.Time, batch bool) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	f.tail = tail
-	if bytes > 0 {
-		f.inflight = append(f.inflight, sentBatch{end: tail, bytes: bytes, sent: sent})
+	records := tail > f.tail
+	f.tail, f.evTail = tail, evTail
+	if batch {
+		f.inflight = append(f.inflight, sentBatch{end: tail, evEnd: evTail, bytes: bytes, records: records, sent: sent})
 		f.bytes += bytes
 	}
 }
 
-func (f *flowControl) sentTail() uint64 {
+func (f *flowControl) sentTails() (uint64, uint64) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	return f.tail
+	return f.tail, f.evTail
 }
 
 func (f *flowControl) room() bool {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	return f.bytes < f.max
+	return f.bytes < f.max && len(f.inflight) < followInflightBatches
 }
 
-func (f *flowControl) ack(tail uint64) {
+func (f *flowControl) ack(tail, evTail uint64) {
 	f.mu.Lock()
-	for len(f.inflight) > 0 && f.inflight[0].end <= tail {
-		if f.onAck != nil {
+	for len(f.inflight) > 0 && f.inflight[0].end <= tail && f.inflight[0].evEnd <= evTail {
+		if f.onAck != nil && f.inflight[0].records {
 			f.onAck(f.inflight[0].sent)
 		}
 		f.bytes -= f.inflight[0].bytes

@@ -80,66 +80,44 @@ func ownerSuspected(err error) bool {
 }
 
 func (c *Copy) followOnce(ctx context.Context, owner string, epoch uint64) error {
-	addr := c.m.BrokerAddr(owner)
-	if addr == "" {
-		return connect.NewError(connect.CodeUnavailable, fmt.Errorf("owner %q is not registered", owner))
-	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	stream := c.m.cfg.Dial(addr).Follow(ctx)
-	// A cancelled context does not wake a Receive blocked on the owner once
-	// response headers arrived: net/http only watches the context again after
-	// the request body ends. Closing the request side on cancellation does
-	// that, so a seal or role change never waits on a stopped owner.
-	var sendMu sync.Mutex
-	closed := false
-	closeRequest := func() {
-		sendMu.Lock()
-		defer sendMu.Unlock()
-		if !closed {
-			closed = true
-			_ = stream.CloseRequest()
-		}
-	}
-	send := func(req *strandv1.FollowRequest) error {
-		sendMu.Lock()
-		defer sendMu.Unlock()
-		if closed {
-			return ctx.Err()
-		}
-		return stream.Send(req)
-	}
-	stop := context.AfterFunc(ctx, closeRequest)
-	defer stop()
-	defer closeRequest()
-	// Batches an earlier call queued may still be syncing (its acker stops
-	// waiting when the call ends, the writes go on). Starting from the
-	// durable tails before they land would send the owner a tail below
+	// Batches an earlier follow queued may still be syncing (its acker
+	// stops waiting when the follow ends, the writes go on). Starting from
+	// the durable tails before they land would send the owner a tail below
 	// what storage has taken, and its first batch would not line up.
 	if err := c.st.Sync(ctx); err != nil {
 		return localErr(err)
 	}
-	s := c.st.State()
-	if err := send(&strandv1.FollowRequest{
-		Stream: c.name, Node: c.m.cfg.Node, Epoch: epoch,
-		RecordTail: s.RecordTail, CursorEventTail: s.CursorEventTail, Chain: s.Chain,
-	}); err != nil {
+	sess, err := c.m.followSession(owner)
+	if err != nil {
 		return err
 	}
-	// The receiver queues each batch and goes back for the next while the
+	defer c.m.releaseFollowSession(sess)
+	s := c.st.State()
+	sub := sess.start(&strandv1.FollowStart{
+		Stream: c.name, Epoch: epoch,
+		RecordTail: s.RecordTail, CursorEventTail: s.CursorEventTail, Chain: s.Chain,
+	})
+	// Only this stream's follow ends here; the call and the other streams'
+	// follows on it go on.
+	defer sess.stop(sub)
+	// This goroutine takes each batch and goes back for the next while the
 	// acker waits for queued batches to become durable, in order, and
 	// acknowledges the durable tails: batches that arrive during one fsync
 	// share the next one (storage.EnqueueReplicated), and the owner's next
 	// batch travels while this one syncs. The owner's flow control bounds
-	// what is queued here.
+	// what is queued here (followInflightBatches).
 	type receivedBatch struct {
 		storage.Pending
 		at   time.Time // when the batch arrived (follow_apply_seconds)
 		recs bool      // whether it held records
 	}
-	pending := make(chan receivedBatch, 64)
+	pending := make(chan receivedBatch, followInflightBatches)
 	ackErr := make(chan error, 1)
 	ackerDone := make(chan struct{})
+	// The acker ends before the follow is stopped and the call released:
+	// nothing is acknowledged on a follow the owner no longer serves.
 	defer func() {
 		cancel()
 		<-ackerDone
@@ -183,19 +161,12 @@ func (c *Copy) followOnce(ctx context.Context, owner string, epoch uint64) error
 				continue
 			}
 			ackedRec, ackedEv = t.Record, t.CursorEvent
-			if err := send(&strandv1.FollowRequest{
-				Stream: c.name, Node: c.m.cfg.Node, Epoch: epoch,
-				RecordTail: t.Record, CursorEventTail: t.CursorEvent, Chain: t.Chain,
-			}); err != nil {
-				ackErr <- err
-				cancel()
-				return
-			}
+			sess.ack(sub, t.Record, t.CursorEvent)
 		}
 	}()
 	queued := false
 	for {
-		resp, err := stream.Receive()
+		resp, err := sess.next(ctx, sub)
 		arrived := time.Now()
 		if err != nil {
 			select {

@@ -27,8 +27,9 @@ type Config struct {
 	Logger  zerolog.Logger
 	// ConfirmTimeout bounds how long Publish waits for W copies.
 	ConfirmTimeout time.Duration
-	// MaxInflightBytes bounds record bytes sent to one follower and not yet
-	// acknowledged.
+	// MaxInflightBytes bounds record bytes sent to one follower on one
+	// stream and not yet acknowledged (each stream's follow has its own
+	// flow control on the shared Follow call).
 	MaxInflightBytes int
 	// MaxConcurrentSeals bounds seals served at once.
 	MaxConcurrentSeals int
@@ -64,6 +65,11 @@ type Manager struct {
 	// assignment since coordination last asked (TakeTakenIn).
 	takenInMu sync.Mutex
 	takenIn   map[string]struct{}
+
+	// followMu guards sessions: this broker's Follow calls, one per owner
+	// broker it follows streams on (followSession).
+	followMu sync.Mutex
+	sessions map[string]*followSession
 
 	mu          sync.RWMutex
 	copies      map[string]*Copy
@@ -103,6 +109,7 @@ func NewManager(cfg Config) (*Manager, error) {
 		urgent:      make(chan struct{}, 1),
 		takenIn:     make(map[string]struct{}),
 		copies:      make(map[string]*Copy),
+		sessions:    make(map[string]*followSession),
 		assignments: make(map[string]cluster.Assignment),
 		brokers:     make(map[string]cluster.BrokerInfo),
 	}

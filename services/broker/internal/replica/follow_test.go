@@ -1,0 +1,96 @@
+package replica
+
+import (
+	"context"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	strandv1 "github.com/strandhq/strand/api/strand/v1"
+	"github.com/strandhq/strand/internal/clustertest"
+)
+
+// sentResponses is the owner's side of a Follow call that records what is
+// sent and receives nothing.
+type sentResponses chan *strandv1.FollowResponse
+
+func (s sentResponses) Receive() (*strandv1.FollowRequest, error) { select {} }
+
+func (s sentResponses) Send(r *strandv1.FollowResponse) error {
+	s <- r
+	return nil
+}
+
+// A follow that always has a batch ready does not starve another on the
+// same call: each follow has one batch waiting at most, and a follow whose
+// batch was taken queues its next behind the others. Here every busy batch
+// fills a response, so a quiet follow's batch goes out within two
+// responses of being queued, however long the busy one keeps sending.
+func TestBusyFollowDoesNotStarveTheOthers(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	srv := &followServer{ctx: ctx, follows: map[uint64]*servedFollow{}, wake: make(chan struct{}, 1)}
+	busy := &servedFollow{id: 1, taken: make(chan struct{}, 1)}
+	quiet := &servedFollow{id: 2, taken: make(chan struct{}, 1)}
+	full := make([]byte, followResponseBytes)
+	go func() {
+		for ctx.Err() == nil {
+			_ = srv.put(ctx, busy, &strandv1.FollowBatch{Id: busy.id, RecordSegment: full})
+		}
+	}()
+	sent := make(sentResponses)
+	go func() { _ = srv.sendLoop(sent) }()
+	next := func() *strandv1.FollowResponse {
+		t.Helper()
+		select {
+		case r := <-sent:
+			return r
+		case <-time.After(10 * time.Second):
+			t.Fatal("no response sent")
+			return nil
+		}
+	}
+	for range 5 {
+		if r := next(); len(r.GetBatches()) != 1 || r.GetBatches()[0].GetId() != busy.id {
+			t.Fatalf("a response of the busy follow alone holds %v", r.GetBatches())
+		}
+	}
+	quietSent := make(chan error, 1)
+	var taken atomic.Bool
+	go func() {
+		err := srv.put(ctx, quiet, &strandv1.FollowBatch{Id: quiet.id})
+		taken.Store(true)
+		quietSent <- err
+	}()
+	clustertest.Until(t, 10*time.Second, "the quiet batch queued", func() bool {
+		srv.mu.Lock()
+		defer srv.mu.Unlock()
+		if taken.Load() {
+			return true // taken already: it is in the response in hand
+		}
+		for _, fr := range srv.ready {
+			if fr.f == quiet {
+				return true
+			}
+		}
+		return false
+	})
+	// The sender may hold a response of the busy follow, and the busy
+	// follow's next batch may be queued before the quiet one: two at most.
+	for i := 0; ; i++ {
+		r := next()
+		got := false
+		for _, b := range r.GetBatches() {
+			got = got || b.GetId() == quiet.id
+		}
+		if got {
+			break
+		}
+		if i >= 2 {
+			t.Fatalf("the quiet follow's batch waited %d responses of the busy one", i+1)
+		}
+	}
+	if err := <-quietSent; err != nil {
+		t.Fatal(err)
+	}
+}
