@@ -99,6 +99,12 @@ var tourSteps = map[string]tourStep{
 		// as strings, and zero values left out (offset 0).
 		check: contains(`{"records":[{"epoch":"1","payload":"Zmlyc3Q="`, `{"offset":"1","epoch":"1","payload":"c2Vjb25k"`, `"nextOffset":"2"}`)},
 	`curl -s http://127.0.0.1:2390/metrics | grep '^strand_broker_commit_sync_seconds_count'`: {check: lines(`^strand_broker_commit_sync_seconds_count [1-9]`)},
+	"go tool grpcurl -plaintext 127.0.0.1:2390 list":                                          {check: contains("strand.v1.ReplicationService\n", "strand.v1.StreamService\n")},
+	"bin/strandctl dev stop broker-1":                                                         {check: contains("broker-1")},
+	// Whether or not broker-1 owned the stream, the publish confirms: the
+	// client rides through the failover its stop made.
+	"bin/strandctl publish orders after-stop": {check: lines(`^published at offset 1003$`)},
+	"bin/strandctl dev start broker-1":        {check: contains("broker-1")},
 }
 
 func contains(want ...string) func(string, string) error {
