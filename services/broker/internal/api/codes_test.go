@@ -21,6 +21,7 @@ var edgeSentinels = map[string]map[string]error{
 	"../replica": {
 		"ErrUnknownStream":    replica.ErrUnknownStream,
 		"ErrNoCopy":           replica.ErrNoCopy,
+		"ErrInvalidFollow":    replica.ErrInvalidFollow,
 		"ErrUnavailable":      replica.ErrUnavailable,
 		"ErrConfirmTimeout":   replica.ErrConfirmTimeout,
 		"ErrNotMember":        replica.ErrNotMember,
