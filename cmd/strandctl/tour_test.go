@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
@@ -96,8 +97,32 @@ var tourSteps = map[string]tourStep{
 	"go tool etcdctl get --prefix /strand/assignments/": {check: lines(`^/strand/assignments/orders$`, `^\{"stream":"orders","epoch":1,"owner":"broker-\d"`)},
 	`curl -s -H 'Content-Type: application/json' -d '{"stream":"orders","fromOffset":"0","maxRecords":2}' http://127.0.0.1:2390/strand.v1.StreamService/Read`: {
 		// protojson: payloads in base64 ("first", "second"), 64-bit numbers
-		// as strings, and zero values left out (offset 0).
-		check: contains(`{"records":[{"epoch":"1","payload":"Zmlyc3Q="`, `{"offset":"1","epoch":"1","payload":"c2Vjb25k"`, `"nextOffset":"2"}`)},
+		// as strings, and zero values left out (offset 0). Its spacing is
+		// randomised on purpose, so the answer is decoded, not compared.
+		check: func(out, _ string) error {
+			var resp struct {
+				Records []struct {
+					Offset  *string `json:"offset"`
+					Epoch   string  `json:"epoch"`
+					Payload string  `json:"payload"`
+				} `json:"records"`
+				NextOffset string `json:"nextOffset"`
+			}
+			if err := json.Unmarshal([]byte(out), &resp); err != nil {
+				return fmt.Errorf("not JSON: %v", err)
+			}
+			if len(resp.Records) != 2 || resp.NextOffset != "2" {
+				return fmt.Errorf("%d records, next offset %q; want 2 records, next offset 2", len(resp.Records), resp.NextOffset)
+			}
+			r0, r1 := resp.Records[0], resp.Records[1]
+			if r0.Offset != nil || r0.Epoch != "1" || r0.Payload != "Zmlyc3Q=" {
+				return fmt.Errorf("first record %+v, want offset left out (0), epoch 1, payload first", r0)
+			}
+			if r1.Offset == nil || *r1.Offset != "1" || r1.Epoch != "1" || r1.Payload != "c2Vjb25k" {
+				return fmt.Errorf("second record %+v, want offset 1, epoch 1, payload second", r1)
+			}
+			return nil
+		}},
 	`curl -s http://127.0.0.1:2390/metrics | grep '^strand_broker_commit_sync_seconds_count'`: {check: lines(`^strand_broker_commit_sync_seconds_count [1-9]`)},
 	"go tool grpcurl -plaintext 127.0.0.1:2390 list":                                          {check: contains("strand.v1.ReplicationService\n", "strand.v1.StreamService\n")},
 	"bin/strandctl dev stop broker-1":                                                         {check: contains("broker-1")},
