@@ -6,9 +6,11 @@
 // temp dirs, real Connect over loopback HTTP/2, no mocks.
 //
 // A broker can be stopped (its app's ordered Close, which revokes its lease:
-// a clean shutdown, so eager failover) and started again with the same data
-// dir and address. Faults a process cannot survive in-process (SIGKILL,
-// SIGSTOP) are tested with real processes in cmd/strandctl.
+// a clean shutdown, so eager failover), killed (its app's Kill: connections
+// drop at once and the lease is left to expire, as after a SIGKILL) and
+// started again with the same data dir and address. Faults a process cannot
+// play in-process (a real SIGKILL, SIGSTOP) are tested with real processes
+// in cmd/strandctl.
 //
 // Every service logs into its own Log; when a test fails, the tails of all
 // of them are written to the test log.
@@ -73,7 +75,7 @@ type Options struct {
 
 // Cluster is a running in-process cluster.
 type Cluster struct {
-	t      *testing.T
+	t      testing.TB
 	Etcd   *etcdtest.Server
 	Cli    *clientv3.Client
 	Schema cluster.Schema
@@ -97,7 +99,7 @@ type Cluster struct {
 // Start runs etcd and the services opts asks for and stops them all at the
 // end of the test. Brokers start first, so a controller's first look at the
 // cluster sees them live.
-func Start(t *testing.T, opts Options) *Cluster {
+func Start(t testing.TB, opts Options) *Cluster {
 	t.Helper()
 	if opts.DefaultPolicy == (cluster.Policy{}) {
 		opts.DefaultPolicy = cluster.DefaultPolicy
@@ -267,6 +269,24 @@ func (c *Cluster) StopBroker(node string) time.Duration {
 		c.t.Fatalf("onebox: close broker %s: %v", node, err)
 	}
 	return time.Since(start)
+}
+
+// KillBroker stops node as a crash does (its app's Kill): its connections
+// drop at once and its lease is not revoked, so the controller learns of
+// the loss from its followers' suspicion or the lease's expiry, as after a
+// SIGKILL. The data dir and address are kept for a later StartBroker.
+func (c *Cluster) KillBroker(node string) {
+	c.t.Helper()
+	c.mu.Lock()
+	a, ok := c.brokers[node]
+	delete(c.brokers, node)
+	c.mu.Unlock()
+	if !ok {
+		c.t.Fatalf("onebox: broker %s is not running", node)
+	}
+	if err := a.Kill(); err != nil {
+		c.t.Fatalf("onebox: kill broker %s: %v", node, err)
+	}
 }
 
 // StopBrokerAsync starts the ordered shutdown of node and returns at once;
