@@ -5,6 +5,7 @@ import (
 	"flag"
 	"fmt"
 	"math/rand/v2"
+	"os"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -21,6 +22,8 @@ import (
 )
 
 // massStreams is how many streams BenchmarkMassFailover fails over.
+const debugMass = false
+
 var massStreams = flag.Int("mass-streams", 1000, "streams of BenchmarkMassFailover")
 
 // Bounds of the mass failover scenario: every wait ends by its deadline and
@@ -39,11 +42,13 @@ const (
 )
 
 // massResult is what one mass failover measured, for the affected streams
-// (those the killed broker owned): from the kill to the new assignment's
-// commit seen in etcd, and to the first publish it confirms.
+// (those the killed broker owned): from the kill to the pending recovery
+// recorded and the new assignment committed, both as seen by an etcd watch,
+// and to the first publish a stream confirms again.
 type massResult struct {
 	killed    string
 	affected  int
+	recorded  []time.Duration
 	committed []time.Duration
 	serving   []time.Duration
 }
@@ -56,8 +61,8 @@ type massResult struct {
 // the stream's owner afterwards.
 func TestMassFailover(t *testing.T) {
 	r := massFailover(t, 500)
-	t.Logf("killed %s owning %d of 500 streams: all committed within %s (median %s), all serving within %s (median %s)",
-		r.killed, r.affected, slices.Max(r.committed), median(r.committed), slices.Max(r.serving), median(r.serving))
+	t.Logf("killed %s owning %d of 500 streams: recoveries recorded within %s (median %s), committed within %s (median %s), all serving within %s (median %s)",
+		r.killed, r.affected, slices.Max(r.recorded), median(r.recorded), slices.Max(r.committed), median(r.committed), slices.Max(r.serving), median(r.serving))
 }
 
 // BenchmarkMassFailover measures one mass failover of -mass-streams streams
@@ -68,6 +73,8 @@ func BenchmarkMassFailover(b *testing.B) {
 	for range b.N {
 		r := massFailover(b, *massStreams)
 		b.ReportMetric(float64(r.affected), "affected")
+		b.ReportMetric(ms(slices.Max(r.recorded)), "record-max-ms")
+		b.ReportMetric(ms(median(r.recorded)), "record-median-ms")
 		b.ReportMetric(ms(slices.Max(r.committed)), "commit-max-ms")
 		b.ReportMetric(ms(median(r.committed)), "commit-median-ms")
 		b.ReportMetric(ms(slices.Max(r.serving)), "serve-max-ms")
@@ -155,6 +162,7 @@ func massFailover(tb testing.TB, n int) massResult {
 		tb.Fatalf("read etcd revision: %v", err)
 	}
 	wch := c.Cli.Watch(wctx, c.Schema.AssignmentsDir(), clientv3.WithPrefix(), clientv3.WithRev(head.Header.Revision+1))
+	rch := c.Cli.Watch(wctx, c.Schema.RecoveriesDir(), clientv3.WithPrefix(), clientv3.WithRev(head.Header.Revision+1))
 
 	if b != nil {
 		b.StartTimer()
@@ -162,8 +170,26 @@ func massFailover(tb testing.TB, n int) massResult {
 	killedAt := time.Now()
 	c.KillBroker(killed)
 
-	committed := map[string]time.Duration{}
+	committed, recorded := map[string]time.Duration{}, map[string]time.Duration{}
 	var cmu sync.Mutex
+	recordsDone := make(chan struct{})
+	go func() {
+		defer close(recordsDone)
+		for resp := range rch {
+			now := time.Since(killedAt)
+			for _, ev := range resp.Events {
+				stream, err := cluster.NameIn(c.Schema.RecoveriesDir(), string(ev.Kv.Key))
+				if ev.Type != clientv3.EventTypePut || err != nil {
+					continue
+				}
+				cmu.Lock()
+				if _, ok := recorded[stream]; !ok {
+					recorded[stream] = now
+				}
+				cmu.Unlock()
+			}
+		}
+	}()
 	commitsDone := make(chan struct{})
 	go func() {
 		defer close(commitsDone)
@@ -235,6 +261,7 @@ func massFailover(tb testing.TB, n int) massResult {
 	})
 	wcancel()
 	<-commitsDone
+	<-recordsDone
 	if err := <-during; err != nil {
 		tb.Fatalf("publisher across the kill: %v", err)
 	}
@@ -244,9 +271,14 @@ func massFailover(tb testing.TB, n int) massResult {
 	after := assignments(tb, c)
 	checkLedgers(tb, c, streams, after, ledgers)
 
+	if debugMass {
+		_ = os.WriteFile("/tmp/mass-ctl.log", []byte(fmt.Sprintf("killed at %s\n%s", killedAt.Format(time.RFC3339Nano), c.Log("controller-1").String())), 0o644)
+		_ = os.WriteFile("/tmp/mass-rec.log", []byte(c.Log("recoverer-1").String()), 0o644)
+	}
 	r := massResult{killed: killed, affected: len(affected), serving: serving}
 	for _, s := range affected {
 		r.committed = append(r.committed, committed[s])
+		r.recorded = append(r.recorded, recorded[s])
 	}
 	return r
 }

@@ -279,48 +279,69 @@ func (l *loop) proposeRecovery(s *state.Snapshot, stream string, lost []string, 
 	return pendingWrite{write: transition.RecoveryWrite{AsgModRev: s.Assignments[stream].ModRev, Rec: rec}, msg: msg}, true
 }
 
+// batchesInFlight bounds the recovery batches written at once. etcd
+// commits proposals that arrive together in one raft entry with one WAL
+// sync, so a few batches in flight record a lost owner's streams in about
+// the time of one; more would only queue in etcd behind the heartbeats and
+// the other writers.
+const batchesInFlight = 4
+
 // recordRecoveries writes the proposed recoveries in batches that fit one
 // transaction each (transition.Batches), each stream guarded as it would be
-// alone: its assignment's mod revision and no recovery pending. A batch is
-// all or nothing, so one whose write fails is written again one stream at
-// a time: a stream that moved since the read loses only its own write, and
-// waits for the next read, while the others of its batch are recorded.
+// alone: its assignment's mod revision and no recovery pending. The batches
+// hold disjoint streams, so they are written concurrently (batchesInFlight)
+// and in any order.
 func (l *loop) recordRecoveries(ctx context.Context, writes []pendingWrite) {
 	sizes := make([]transition.TxnSize, len(writes))
 	for i, w := range writes {
 		sizes[i] = l.commit.RecoverySize(w.write)
 	}
+	sem := make(chan struct{}, batchesInFlight)
+	var wg sync.WaitGroup
 	start := 0
 	for _, end := range transition.Batches(sizes, transition.DefaultTxnLimit) {
 		batch := writes[start:end]
 		start = end
-		ws := make([]transition.RecoveryWrite, len(batch))
-		for i, w := range batch {
-			ws[i] = w.write
-		}
-		err := l.commit.WriteRecoveries(ctx, ws)
-		if err == nil {
-			for _, w := range batch {
-				l.logRecorded(w)
-			}
-			continue
-		}
-		if len(batch) == 1 || errors.Is(err, leader.ErrNotLeader) || ctx.Err() != nil {
-			// Nothing one stream at a time could change: the term is over,
-			// or the batch was one stream's write.
-			for _, w := range batch {
-				l.logWriteError(err, w.write.Rec.Stream, "liveness: recovery not recorded; re-reading")
-			}
-			continue
-		}
-		l.cfg.Log.Debug().Err(err).Int("streams", len(batch)).Msg("liveness: batch of recoveries not recorded; writing them one by one")
+		sem <- struct{}{}
+		wg.Go(func() {
+			defer func() { <-sem }()
+			l.recordBatch(ctx, batch)
+		})
+	}
+	wg.Wait()
+}
+
+// recordBatch writes one batch in one transaction. A transaction is all or
+// nothing, so a batch whose write fails is written again one stream at a
+// time: a stream that moved since the read loses only its own write, and
+// waits for the next read, while the others of its batch are recorded.
+func (l *loop) recordBatch(ctx context.Context, batch []pendingWrite) {
+	ws := make([]transition.RecoveryWrite, len(batch))
+	for i, w := range batch {
+		ws[i] = w.write
+	}
+	err := l.commit.WriteRecoveries(ctx, ws)
+	if err == nil {
 		for _, w := range batch {
-			if err := l.commit.WriteRecovery(ctx, w.write.AsgModRev, w.write.Rec); err != nil {
-				l.logWriteError(err, w.write.Rec.Stream, "liveness: recovery not recorded; re-reading")
-				continue
-			}
 			l.logRecorded(w)
 		}
+		return
+	}
+	if len(batch) == 1 || errors.Is(err, leader.ErrNotLeader) || ctx.Err() != nil {
+		// Nothing one stream at a time could change: the term is over, or
+		// the batch was one stream's write.
+		for _, w := range batch {
+			l.logWriteError(err, w.write.Rec.Stream, "liveness: recovery not recorded; re-reading")
+		}
+		return
+	}
+	l.cfg.Log.Debug().Err(err).Int("streams", len(batch)).Msg("liveness: batch of recoveries not recorded; writing them one by one")
+	for _, w := range batch {
+		if err := l.commit.WriteRecovery(ctx, w.write.AsgModRev, w.write.Rec); err != nil {
+			l.logWriteError(err, w.write.Rec.Stream, "liveness: recovery not recorded; re-reading")
+			continue
+		}
+		l.logRecorded(w)
 	}
 }
 
