@@ -16,15 +16,20 @@ func (a *App) Kill() error {
 		if a.server != nil {
 			_ = a.server.Close()
 		}
+		// The coordinator is not waited for before the copies stop: its
+		// way out tries a revoke on the closed client, which only ends
+		// with its timeout, and a dead process keeps no copy running.
 		if a.coordCancel != nil {
 			a.coordCancel()
-			<-a.coordDone
 		}
 		if a.manager != nil {
 			a.manager.Close()
 		}
 		if a.db != nil {
 			a.closeErr = a.db.Close()
+		}
+		if a.coordCancel != nil {
+			<-a.coordDone
 		}
 		a.log.Info().Msg("broker killed")
 	})
