@@ -5,7 +5,6 @@ import (
 	"flag"
 	"fmt"
 	"math/rand/v2"
-	"os"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -23,8 +22,6 @@ import (
 )
 
 // massStreams is how many streams BenchmarkMassFailover fails over.
-const debugMass = false
-
 var massStreams = flag.Int("mass-streams", 1000, "streams of BenchmarkMassFailover")
 
 // Bounds of the mass failover scenario: every wait ends by its deadline and
@@ -294,13 +291,6 @@ func massFailover(tb testing.TB, n int) massResult {
 	checkLedgers(tb, c, streams, after, ledgers)
 	tb.Logf("every stream checked against its ledger in %s", time.Since(phase).Round(time.Millisecond))
 
-	if debugMass {
-		_ = os.WriteFile("/tmp/mass-ctl.log", []byte(fmt.Sprintf("killed at %s\n%s", killedAt.Format(time.RFC3339Nano), c.Log("controller-1").String())), 0o644)
-		_ = os.WriteFile("/tmp/mass-rec.log", []byte(c.Log("recoverer-1").String()), 0o644)
-		for _, n := range []string{"b1", "b2", "b3"} {
-			_ = os.WriteFile("/tmp/mass-"+n+".log", []byte(c.Log(n).String()), 0o644)
-		}
-	}
 	r := massResult{killed: killed, affected: len(affected), serving: serving}
 	for _, s := range affected {
 		r.committed = append(r.committed, committed[s])
