@@ -113,8 +113,10 @@ func (l *loop) reconcile(ctx context.Context, s *state.Snapshot) {
 	lost := l.lostOwners(ctx, s)
 	// The recoveries are written together after the walk: when a broker
 	// owning many streams is lost, they are recorded in a few batched
-	// transactions instead of one transaction each.
+	// transactions instead of one transaction each, and before the fast
+	// path changes of other streams, which do not stop a stream serving.
 	var recoveries []pendingWrite
+	var others []string
 	for _, stream := range slices.Sorted(maps.Keys(s.Assignments)) {
 		if _, pending := s.Recoveries[stream]; pending {
 			continue
@@ -136,9 +138,12 @@ func (l *loop) reconcile(ctx context.Context, s *state.Snapshot) {
 			}
 			continue
 		}
-		l.replenish(ctx, s, stream)
+		others = append(others, stream)
 	}
 	l.recordRecoveries(ctx, recoveries)
+	for _, stream := range others {
+		l.replenish(ctx, s, stream)
+	}
 }
 
 // SealedPast returns the members of a whose heartbeat reports their copy
