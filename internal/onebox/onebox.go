@@ -274,9 +274,9 @@ func (c *Cluster) StopBroker(node string) time.Duration {
 // KillBroker stops node as a crash does (its app's Kill): its connections
 // drop at once and its lease is not revoked, so the controller learns of
 // the loss from its followers' suspicion or the lease's expiry, as after a
-// SIGKILL. It returns at once, the crash under way, and the channel
-// delivers Kill's result once the broker's parts have stopped; the data dir
-// and address are kept for a later StartBroker.
+// SIGKILL. It returns once the broker is cut off, and the channel delivers
+// Kill's result once the broker's parts have stopped; the data dir and
+// address are kept for a later StartBroker.
 func (c *Cluster) KillBroker(node string) <-chan error {
 	c.t.Helper()
 	c.mu.Lock()
@@ -286,9 +286,7 @@ func (c *Cluster) KillBroker(node string) <-chan error {
 	if !ok {
 		c.t.Fatalf("onebox: broker %s is not running", node)
 	}
-	done := make(chan error, 1)
-	go func() { done <- a.Kill() }()
-	return done
+	return a.Kill()
 }
 
 // StopBrokerAsync starts the ordered shutdown of node and returns at once;
