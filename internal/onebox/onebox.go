@@ -6,9 +6,11 @@
 // temp dirs, real Connect over loopback HTTP/2, no mocks.
 //
 // A broker can be stopped (its app's ordered Close, which revokes its lease:
-// a clean shutdown, so eager failover) and started again with the same data
-// dir and address. Faults a process cannot survive in-process (SIGKILL,
-// SIGSTOP) are tested with real processes in cmd/strandctl.
+// a clean shutdown, so eager failover), killed (its app's Kill: connections
+// drop at once and the lease is left to expire, as after a SIGKILL) and
+// started again with the same data dir and address. Faults a process cannot
+// play in-process (a real SIGKILL, SIGSTOP) are tested with real processes
+// in cmd/strandctl.
 //
 // Every service logs into its own Log; when a test fails, the tails of all
 // of them are written to the test log.
@@ -267,6 +269,24 @@ func (c *Cluster) StopBroker(node string) time.Duration {
 		c.t.Fatalf("onebox: close broker %s: %v", node, err)
 	}
 	return time.Since(start)
+}
+
+// KillBroker stops node as a crash does (its app's Kill): its connections
+// drop at once and its lease is not revoked, so the controller learns of
+// the loss from its followers' suspicion or the lease's expiry, as after a
+// SIGKILL. It returns once the broker is cut off, and the channel delivers
+// Kill's result once the broker's parts have stopped; the data dir and
+// address are kept for a later StartBroker.
+func (c *Cluster) KillBroker(node string) <-chan error {
+	c.t.Helper()
+	c.mu.Lock()
+	a, ok := c.brokers[node]
+	delete(c.brokers, node)
+	c.mu.Unlock()
+	if !ok {
+		c.t.Fatalf("onebox: broker %s is not running", node)
+	}
+	return a.Kill()
 }
 
 // StopBrokerAsync starts the ordered shutdown of node and returns at once;

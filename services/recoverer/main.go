@@ -29,6 +29,7 @@ func main() {
 	flag.StringVar(&etcd, "etcd", app.DefaultEtcd, "etcd client endpoints, comma separated")
 	flag.StringVar(&cfg.Prefix, "prefix", cluster.DefaultPrefix, "etcd key prefix of the coordination state")
 	flag.DurationVar(&cfg.SealTimeout, "seal-timeout", app.DefaultSealTimeout, "how long a round of seals waits for copies to answer")
+	flag.IntVar(&cfg.MaxInFlight, "max-in-flight", app.DefaultMaxInFlight, "pending recoveries sealed and committed at once")
 	flag.StringVar(&cfg.LogLevel, "log-level", "info", "log level: debug, info, warn or error")
 	flag.Parse()
 	for e := range strings.SplitSeq(etcd, ",") {

@@ -29,6 +29,7 @@ const (
 	DefaultListen      = "127.0.0.1:7103"
 	DefaultEtcd        = "http://127.0.0.1:2379"
 	DefaultSealTimeout = worker.DefaultSealTimeout
+	DefaultMaxInFlight = worker.DefaultMaxInFlight
 )
 
 // Config configures the recoverer. Zero fields take the defaults.
@@ -50,6 +51,9 @@ type Config struct {
 	// PeerToken is the cluster's peer token (rpcserver.PeerTokenEnv), sent
 	// with every Seal; brokers with a token refuse a Seal without it.
 	PeerToken string
+	// MaxInFlight bounds the recoveries worked on at once (default
+	// worker.DefaultMaxInFlight).
+	MaxInFlight int
 
 	// Tuning for tests and benches; zero means the worker's default.
 	QuorumGrace time.Duration
@@ -133,6 +137,7 @@ func Start(ctx context.Context, cfg Config) (*App, error) {
 		BackoffMin:  cfg.BackoffMin,
 		BackoffMax:  cfg.BackoffMax,
 		PeerToken:   cfg.PeerToken,
+		MaxInFlight: cfg.MaxInFlight,
 		Logger:      log,
 	})
 	if err != nil {

@@ -14,6 +14,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"connectrpc.com/grpchealth"
@@ -122,12 +123,20 @@ type loop struct {
 func (l *loop) reconcile(ctx context.Context, s *state.Snapshot) bool {
 	l.load, l.wrote = transition.LoadOf(s), false
 	lost := l.lostOwners(ctx, s)
+	// The recoveries are written together after the walk: when a broker
+	// owning many streams is lost, they are recorded in a few batched
+	// transactions instead of one transaction each, and before the fast
+	// path changes of other streams, which do not stop a stream serving.
+	var recoveries []pendingWrite
+	var others []string
 	for _, stream := range slices.Sorted(maps.Keys(s.Assignments)) {
 		if _, pending := s.Recoveries[stream]; pending {
 			continue
 		}
 		if reason, ok := lost[stream]; ok {
-			l.recordRecovery(ctx, s, stream, []string{s.Assignments[stream].Value.Owner}, reason, "owner lost; pending recovery recorded")
+			if w, ok := l.proposeRecovery(s, stream, []string{s.Assignments[stream].Value.Owner}, reason, "owner lost; pending recovery recorded"); ok {
+				recoveries = append(recoveries, w)
+			}
 			continue
 		}
 		a := s.Assignments[stream].Value
@@ -136,9 +145,15 @@ func (l *loop) reconcile(ctx context.Context, s *state.Snapshot) bool {
 				strings.Join(by, ", "), fence, a.Epoch)
 			// The owner is not lost: as for an operator's failover, a live
 			// owner is not replaced, since its copy answers the seal.
-			l.recordRecovery(ctx, s, stream, nil, reason, "copies sealed past their assignment with no recovery pending; pending recovery recorded")
+			if w, ok := l.proposeRecovery(s, stream, nil, reason, "copies sealed past their assignment with no recovery pending; pending recovery recorded"); ok {
+				recoveries = append(recoveries, w)
+			}
 			continue
 		}
+		others = append(others, stream)
+	}
+	l.recordRecoveries(ctx, recoveries)
+	for _, stream := range others {
 		l.replenish(ctx, s, stream)
 	}
 	return l.wrote
@@ -254,35 +269,120 @@ func (l *loop) probe(ctx context.Context, s *state.Snapshot, owners []string) ma
 	return failed
 }
 
-// recordRecovery records a pending recovery for a replicated stream whose
-// owner is lost or whose copies are sealed past its assignment, logging
-// msg; a single-copy stream waits under attention. lost names members known
-// lost beyond those whose broker key is gone (transition.ProposeRecovery).
-// The fence epoch is the next epoch, or the highest one a member is sealed
-// at already: a copy refuses a seal below its epoch, and a new transition
-// at the seal's own fence epoch takes it over.
-func (l *loop) recordRecovery(ctx context.Context, s *state.Snapshot, stream string, lost []string, reason, msg string) {
+// pendingWrite is a pending recovery proposed for one stream and not yet
+// written, with what its log line says.
+type pendingWrite struct {
+	write transition.RecoveryWrite
+	msg   string
+}
+
+// proposeRecovery proposes a pending recovery for a replicated stream whose
+// owner is lost or whose copies are sealed past its assignment, for
+// recordRecoveries to write and log with msg; a single-copy stream waits
+// under attention. lost names members known lost beyond those whose broker
+// key is gone (transition.ProposeRecovery). The fence epoch is the next
+// epoch, or the highest one a member is sealed at already: a copy refuses a
+// seal below its epoch, and a new transition at the seal's own fence epoch
+// takes it over.
+func (l *loop) proposeRecovery(s *state.Snapshot, stream string, lost []string, reason, msg string) (pendingWrite, bool) {
 	a := s.Assignments[stream].Value
 	if a.Copies() == 1 {
-		return
+		return pendingWrite{}, false
 	}
 	rec, err := transition.ProposeRecoveryWith(s, l.load, stream, lost, reason)
 	if err != nil {
 		l.cfg.Log.Warn().Err(err).Str(logging.Stream, stream).Msg("liveness: cannot propose a recovery; retrying at the next change")
-		return
+		return pendingWrite{}, false
 	}
 	if fence, _ := SealedPast(s, a); fence > rec.FenceEpoch {
 		rec.FenceEpoch = fence
 	}
 	rec = transition.Stamp(rec, l.cfg.Now())
-	if err := l.commit.WriteRecovery(ctx, s.Assignments[stream].ModRev, rec); err != nil {
-		l.logWriteError(err, stream, "liveness: recovery not recorded; trying again at the next pass")
-		return
+	return pendingWrite{write: transition.RecoveryWrite{AsgModRev: s.Assignments[stream].ModRev, Rec: rec}, msg: msg}, true
+}
+
+// batchesInFlight bounds the recovery batches written at once. etcd
+// commits proposals that arrive together in one raft entry with one WAL
+// sync, so a few batches in flight record a lost owner's streams in about
+// the time of one; more would only queue in etcd behind the heartbeats and
+// the other writers.
+const batchesInFlight = 4
+
+// recordRecoveries writes the proposed recoveries in batches that fit one
+// transaction each (transition.Batches), each stream guarded as it would be
+// alone: its assignment's mod revision and no recovery pending. The batches
+// hold disjoint streams, so they are written concurrently (batchesInFlight)
+// and in any order.
+func (l *loop) recordRecoveries(ctx context.Context, writes []pendingWrite) {
+	sizes := make([]transition.TxnSize, len(writes))
+	for i, w := range writes {
+		sizes[i] = l.commit.RecoverySize(w.write)
 	}
-	l.wrote = true
-	l.cfg.Log.Info().Str(logging.Stream, stream).Uint64(logging.Epoch, rec.FromEpoch).Uint64(logging.FenceEpoch, rec.FenceEpoch).
+	sem := make(chan struct{}, batchesInFlight)
+	var wg sync.WaitGroup
+	var wrote atomic.Bool
+	start := 0
+	for _, end := range transition.Batches(sizes, transition.DefaultTxnLimit) {
+		batch := writes[start:end]
+		start = end
+		sem <- struct{}{}
+		wg.Go(func() {
+			defer func() { <-sem }()
+			if l.recordBatch(ctx, batch) {
+				wrote.Store(true)
+			}
+		})
+	}
+	wg.Wait()
+	if wrote.Load() {
+		// The pass wrote: the next one waits for the view to hold it.
+		l.wrote = true
+	}
+}
+
+// recordBatch writes one batch in one transaction. A transaction is all or
+// nothing, so a batch whose write fails is written again one stream at a
+// time: a stream that moved since the read loses only its own write, and
+// waits for the next read, while the others of its batch are recorded.
+//
+// It reports whether it recorded any recovery.
+func (l *loop) recordBatch(ctx context.Context, batch []pendingWrite) (wrote bool) {
+	ws := make([]transition.RecoveryWrite, len(batch))
+	for i, w := range batch {
+		ws[i] = w.write
+	}
+	err := l.commit.WriteRecoveries(ctx, ws)
+	if err == nil {
+		for _, w := range batch {
+			l.logRecorded(w)
+		}
+		return true
+	}
+	if len(batch) == 1 || errors.Is(err, leader.ErrNotLeader) || ctx.Err() != nil {
+		// Nothing one stream at a time could change: the term is over, or
+		// the batch was one stream's write.
+		for _, w := range batch {
+			l.logWriteError(err, w.write.Rec.Stream, "liveness: recovery not recorded; re-reading")
+		}
+		return false
+	}
+	l.cfg.Log.Debug().Err(err).Int("streams", len(batch)).Msg("liveness: batch of recoveries not recorded; writing them one by one")
+	for _, w := range batch {
+		if err := l.commit.WriteRecovery(ctx, w.write.AsgModRev, w.write.Rec); err != nil {
+			l.logWriteError(err, w.write.Rec.Stream, "liveness: recovery not recorded; re-reading")
+			continue
+		}
+		l.logRecorded(w)
+		wrote = true
+	}
+	return wrote
+}
+
+func (l *loop) logRecorded(w pendingWrite) {
+	rec := w.write.Rec
+	l.cfg.Log.Info().Str(logging.Stream, rec.Stream).Uint64(logging.Epoch, rec.FromEpoch).Uint64(logging.FenceEpoch, rec.FenceEpoch).
 		Str(logging.Transition, rec.TransitionID).Str(logging.Owner, rec.OldOwner).Str("proposed_owner", rec.ProposedOwner).
-		Strs("added_members", rec.AddedMembers).Str(logging.Reason, reason).Msg(msg)
+		Strs("added_members", rec.AddedMembers).Str(logging.Reason, rec.Reason).Msg(w.msg)
 }
 
 // replenish adds followers to a stream with fewer copies than its spec asks

@@ -26,14 +26,8 @@ type Committer struct {
 // that records or clears a recovery drops them, so they only ever describe
 // the recovery pending beside them.
 func (c Committer) WriteRecovery(ctx context.Context, asgModRev int64, rec cluster.Recovery, extra ...clientv3.Op) error {
-	ops := append([]clientv3.Op{
-		clientv3.OpPut(c.Schema.RecoveryKey(rec.Stream), cluster.Encode(rec)),
-		clientv3.OpDelete(c.Schema.RefusalsKey(rec.Stream)),
-	}, extra...)
-	resp, err := c.Term.Txn(ctx, []clientv3.Cmp{
-		clientv3.Compare(clientv3.ModRevision(c.Schema.AssignmentKey(rec.Stream)), "=", asgModRev),
-		clientv3.Compare(clientv3.CreateRevision(c.Schema.RecoveryKey(rec.Stream)), "=", 0),
-	}, ops, nil)
+	cmps, ops, _ := c.recoveryTxn(RecoveryWrite{AsgModRev: asgModRev, Rec: rec}, extra...)
+	resp, err := c.Term.Txn(ctx, cmps, ops, nil)
 	if err != nil {
 		return err
 	}

@@ -25,6 +25,9 @@ type term struct {
 	// depose ends the term when a commit finds the leader key gone.
 	depose context.CancelCauseFunc
 
+	// slots holds one token per attempt in flight (Config.MaxInFlight).
+	slots chan struct{}
+
 	mu    sync.Mutex
 	tasks map[string]*task
 	wg    sync.WaitGroup
@@ -37,7 +40,7 @@ type term struct {
 // task, since a copy that was missing may now answer its seal.
 func (w *Worker) lead(ctx context.Context, leader Leader) error {
 	ctx, depose := context.WithCancelCause(ctx)
-	t := &term{w: w, leader: leader, ctx: ctx, depose: depose, tasks: map[string]*task{}}
+	t := &term{w: w, leader: leader, ctx: ctx, depose: depose, tasks: map[string]*task{}, slots: make(chan struct{}, w.cfg.MaxInFlight)}
 	// Every task and watch stops before the term ends: nothing of a term
 	// runs on into the next one.
 	defer t.wg.Wait()

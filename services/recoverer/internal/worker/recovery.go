@@ -37,7 +37,15 @@ func (t *term) run(k *task) {
 	var st taskState
 	rereads := 0
 	for {
+		// A slot bounds the attempts in flight; it is given back before
+		// any wait, so a recovery that cannot commit yet holds none.
+		select {
+		case t.slots <- struct{}{}:
+		case <-t.ctx.Done():
+			return
+		}
 		next := t.attempt(k, &st, bo)
+		<-t.slots
 		if t.ctx.Err() != nil {
 			return
 		}

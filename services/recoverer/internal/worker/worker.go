@@ -36,6 +36,14 @@ const (
 	DefaultSessionTTL  = 3 * time.Second
 	DefaultBackoffMin  = 100 * time.Millisecond
 	DefaultBackoffMax  = 2 * time.Second
+	// DefaultMaxInFlight: a round seals every copy of the old assignment
+	// (three for a three-copy stream) and a broker serves 64 seals at once
+	// (its replica.Config.MaxConcurrentSeals), so 128 streams in flight keep
+	// the seal slots of the two or three brokers holding a lost owner's
+	// copies full while the next rounds read and commit, and bound what a
+	// mass failover asks of the recoverer at once: goroutines in a round,
+	// Seal streams on its connections, reads and commits in etcd.
+	DefaultMaxInFlight = 128
 )
 
 // Config configures a Worker.
@@ -60,6 +68,10 @@ type Config struct {
 	// attempts of a recovery that cannot commit yet.
 	BackoffMin time.Duration
 	BackoffMax time.Duration
+	// MaxInFlight bounds the recoveries worked on at once: a stream's
+	// attempt (read, seal round, commit) waits for a slot; a recovery
+	// waiting between attempts holds none.
+	MaxInFlight int
 	// HTTPClient reaches the brokers' ReplicationService (h2c).
 	HTTPClient connect.HTTPClient
 	// PeerToken goes with every Seal (rpcserver.PeerTokenEnv): brokers
@@ -85,6 +97,9 @@ func (c *Config) fill() {
 	}
 	if c.BackoffMax < c.BackoffMin {
 		c.BackoffMax = max(DefaultBackoffMax, c.BackoffMin)
+	}
+	if c.MaxInFlight <= 0 {
+		c.MaxInFlight = DefaultMaxInFlight
 	}
 	if c.HTTPClient == nil {
 		c.HTTPClient = rpcserver.HTTPClient()
