@@ -55,6 +55,14 @@ type Left struct {
 // NewMemory returns an empty memory.
 func NewMemory() *Memory { return &Memory{streams: map[string]*memo{}} }
 
+// Reset forgets everything: a controller that leads again did not watch
+// the cluster meanwhile.
+func (m *Memory) Reset() {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	clear(m.streams)
+}
+
 // Summary is what one Observe counted.
 type Summary struct {
 	Streams           int
