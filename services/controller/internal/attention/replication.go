@@ -64,15 +64,16 @@ type Replication struct {
 }
 
 // Under reports whether the stream has fewer live, in-sync copies than E:
-// it is under-replicated.
-func (r Replication) Under() bool { return r.InSync < r.Copies }
+// it is under-replicated. A single-copy stream (E = 1) has no replicas to
+// lack; its owner down is single_copy_owner_down.
+func (r Replication) Under() bool { return r.Copies > 1 && r.InSync < r.Copies }
 
 // JudgeReplication judges the copies of stream in s; ok is false when the
 // stream has no assignment. mem, which may be nil, names the copies a change
 // of assignment left out and says since when copies are out of sync.
 //
 // A member is in sync when its broker is registered, it published tails at
-// the assignment's epoch, and, for a follower, its record tail reaches the
+// the assignment's epoch (or sealed past it), and, for a follower, its record tail reaches the
 // owner's published confirm watermark or is within InSyncSlack of the
 // owner's record tail: it then holds (nearly) every confirmed record. A
 // follower whose owner published nothing is taken as in sync: its lag
@@ -103,7 +104,11 @@ func JudgeReplication(s *state.Snapshot, stream string, mem *Memory) (Replicatio
 		switch {
 		case !c.Live:
 			c.State = Down
-		case !c.Published || c.Tails.Epoch != a.Epoch:
+		case !c.Published || (c.Tails.Epoch != a.Epoch && c.Tails.SealEpoch <= a.Epoch):
+			// A copy sealed past the assignment, for a pending recovery or
+			// one withdrawn, is not behind: it holds its records and waits
+			// for the recovery that takes the seal over, and attention
+			// reports the wait itself.
 			c.State = Lagging
 		case node == a.Owner || !ownerOK || c.Tails.RecordTail >= owner.ConfirmWatermark || c.Lag <= InSyncSlack:
 			c.State = InSync

@@ -92,6 +92,17 @@ func TestJudgeReplication(t *testing.T) {
 			under: true,
 		},
 		{
+			name: "copies sealed past the assignment for a recovery hold their records: in sync",
+			snap: state.Build().Live("b1", "b2", "b3").Tails("b1", "s", tails(100)).Tails("b2", "s", tails(100)).Tails("b3", "s", tails(100)).
+				Stream(asg("b1", "b2", "b3")).Recovery(rec("b1", "b2", "b3")).Snapshot(),
+			want: "b1:in_sync:0 b2:in_sync:0 b3:in_sync:0 3/3",
+		},
+		{
+			name: "a single copy down is single_copy_owner_down, not under-replicated",
+			snap: state.Build().Live("b2").Stream(asg("b1")).Snapshot(),
+			want: "b1:down:? 0/1",
+		},
+		{
 			name: "a smaller E than the assignment's copies (shrinking): not under-replicated",
 			snap: withCopies(healthy("b1", "b2", "b3").Stream(asg("b1", "b2", "b3")).Snapshot(), 2),
 			want: "b1:in_sync:0 b2:in_sync:0 b3:in_sync:5 3/2",
