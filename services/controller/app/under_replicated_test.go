@@ -126,6 +126,18 @@ func TestDeadFollowerUnderReplicated(t *testing.T) {
 	if _, ok := metric(t, app.Addr(), "strand_controller_pending_recoveries"); !ok {
 		t.Fatal("no pending recoveries gauge")
 	}
+	// A controller that does not lead counts nothing, so a sum over the
+	// controllers counts the stream once.
+	standby := h.controller(Config{Name: "standby"})
+	if v, ok := metric(t, standby.Addr(), "strand_controller_under_replicated_streams"); !ok || v != 0 || standby.Leading() {
+		t.Fatalf("standby reads %v (%v) under-replicated streams, leading %v", v, ok, standby.Leading())
+	}
+	if v, _ := metric(t, standby.Addr(), "strand_controller_leader"); v != 0 {
+		t.Fatalf("standby's leader gauge reads %v", v)
+	}
+	if v, _ := metric(t, app.Addr(), "strand_controller_leader"); v != 1 {
+		t.Fatalf("leader's leader gauge reads %v", v)
+	}
 
 	// Back, and caught up: the stream is whole again.
 	h.broker(dead)
