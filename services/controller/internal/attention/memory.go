@@ -27,13 +27,20 @@ const maxLeft = 8
 type Memory struct {
 	mu      sync.RWMutex
 	streams map[string]*memo
+	// last is the snapshot last observed and sum what it counted: the
+	// view hands out the same snapshot while nothing changed, and a pass
+	// on a resync tick then costs nothing here.
+	last *state.Snapshot
+	sum  Summary
 }
 
 // memo is what Memory keeps of one stream (one incarnation of its name).
 type memo struct {
 	incarnation string
-	owner       string
-	members     []string
+	// owner and followers are the membership last observed ("" before
+	// the first).
+	owner     string
+	followers []string
 	// since is when each member was first seen out of sync.
 	since map[string]time.Time
 	// left lists members a change of assignment left out, oldest first.
@@ -61,6 +68,7 @@ func (m *Memory) Reset() {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	clear(m.streams)
+	m.last = nil
 }
 
 // Summary is what one Observe counted.
@@ -82,6 +90,10 @@ func (m *Memory) Observe(s *state.Snapshot, now time.Time) Summary {
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	if s == m.last {
+		return m.sum
+	}
+	defer func() { m.last, m.sum = s, sum }()
 	for name := range m.streams {
 		if _, ok := s.Assignments[name]; !ok {
 			delete(m.streams, name)
@@ -91,40 +103,70 @@ func (m *Memory) Observe(s *state.Snapshot, now time.Time) Summary {
 		a := av.Value
 		mo := m.streams[name]
 		if mo == nil || mo.incarnation != a.Incarnation {
-			mo = &memo{incarnation: a.Incarnation, since: map[string]time.Time{}}
+			mo = &memo{incarnation: a.Incarnation}
 			m.streams[name] = mo
 		}
-		for _, node := range mo.members {
-			if a.Includes(node) {
+		if mo.owner != a.Owner || !slices.Equal(mo.followers, a.Followers) {
+			mo.changed(a, now)
+		}
+		// Judged member by member, as JudgeReplication does, without
+		// building its lists: this runs over every copy at every pass.
+		owner, ownerOK := s.Tails(a.Owner, name)
+		inSync := 0
+		for i := range a.Copies() {
+			node := a.Owner
+			if i > 0 {
+				node = a.Followers[i-1]
+			}
+			if judgeMember(s, a, node, owner, ownerOK).State == InSync {
+				inSync++
+				delete(mo.since, node)
 				continue
 			}
-			l := Left{Node: node, Role: roleIn(mo.owner, node), Epoch: a.Epoch, Since: mo.since[node]}
-			if l.Since.IsZero() {
-				l.Since = now
-			}
-			mo.left = append(slices.DeleteFunc(mo.left, func(x Left) bool { return x.Node == node }), l)
-			delete(mo.since, node)
-		}
-		mo.left = slices.DeleteFunc(mo.left, func(x Left) bool { return a.Includes(x.Node) })
-		if len(mo.left) > maxLeft {
-			mo.left = slices.Delete(mo.left, 0, len(mo.left)-maxLeft)
-		}
-		mo.owner, mo.members = a.Owner, a.Members()
-		// Judged without the memory (its reads would take the lock held
-		// here): only the states are needed.
-		r, _ := JudgeReplication(s, name, nil)
-		for _, c := range r.Members {
-			if c.State == InSync {
-				delete(mo.since, c.Node)
-			} else if _, ok := mo.since[c.Node]; !ok {
-				mo.since[c.Node] = now
+			if _, ok := mo.since[node]; !ok {
+				if mo.since == nil {
+					mo.since = map[string]time.Time{}
+				}
+				mo.since[node] = now
 			}
 		}
-		if r.Under() {
+		copies := a.Copies()
+		if spec, ok := s.Streams[name]; ok {
+			copies = spec.Value.Copies
+		}
+		if (Replication{Copies: copies, InSync: inSync}).Under() {
 			sum.UnderReplicated++
 		}
 	}
 	return sum
+}
+
+// changed takes in a new membership of the stream: members gone from it
+// are remembered as left out (replacing an earlier record of the same
+// node), members back in it are no longer.
+func (mo *memo) changed(a cluster.Assignment, now time.Time) {
+	gone := func(node string) {
+		if a.Includes(node) {
+			return
+		}
+		l := Left{Node: node, Role: roleIn(mo.owner, node), Epoch: a.Epoch, Since: mo.since[node]}
+		if l.Since.IsZero() {
+			l.Since = now
+		}
+		mo.left = append(slices.DeleteFunc(mo.left, func(x Left) bool { return x.Node == node }), l)
+		delete(mo.since, node)
+	}
+	if mo.owner != "" {
+		gone(mo.owner)
+		for _, f := range mo.followers {
+			gone(f)
+		}
+	}
+	mo.left = slices.DeleteFunc(mo.left, func(x Left) bool { return a.Includes(x.Node) })
+	if len(mo.left) > maxLeft {
+		mo.left = slices.Delete(mo.left, 0, len(mo.left)-maxLeft)
+	}
+	mo.owner, mo.followers = a.Owner, slices.Clone(a.Followers)
 }
 
 func roleIn(owner, node string) string {

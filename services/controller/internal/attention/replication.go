@@ -89,32 +89,9 @@ func JudgeReplication(s *state.Snapshot, stream string, mem *Memory) (Replicatio
 		r.Copies = spec.Value.Copies
 	}
 	owner, ownerOK := s.Tails(a.Owner, stream)
+	r.Members = make([]Copy, 0, a.Copies())
 	for _, node := range a.Members() {
-		c := Copy{Node: node, Role: cluster.RoleFollower, Live: s.Live(node)}
-		if node == a.Owner {
-			c.Role = cluster.RoleOwner
-		}
-		c.Tails, c.Published = s.Tails(node, stream)
-		if c.Published && ownerOK {
-			c.LagKnown = true
-			if owner.RecordTail > c.Tails.RecordTail {
-				c.Lag = owner.RecordTail - c.Tails.RecordTail
-			}
-		}
-		switch {
-		case !c.Live:
-			c.State = Down
-		case !c.Published || (c.Tails.Epoch != a.Epoch && c.Tails.SealEpoch <= a.Epoch):
-			// A copy sealed past the assignment, for a pending recovery or
-			// one withdrawn, is not behind: it holds its records and waits
-			// for the recovery that takes the seal over, and attention
-			// reports the wait itself.
-			c.State = Lagging
-		case node == a.Owner || !ownerOK || c.Tails.RecordTail >= owner.ConfirmWatermark || c.Lag <= InSyncSlack:
-			c.State = InSync
-		default:
-			c.State = Lagging
-		}
+		c := judgeMember(s, a, node, owner, ownerOK)
 		if c.State == InSync {
 			r.InSync++
 		} else {
@@ -143,6 +120,37 @@ func JudgeReplication(s *state.Snapshot, stream string, mem *Memory) (Replicatio
 		}
 	}
 	return r, true
+}
+
+// judgeMember judges one member of a, given the owner's tails (ownerOK
+// when it published them): the one place the in-sync rule is written.
+func judgeMember(s *state.Snapshot, a cluster.Assignment, node string, owner cluster.CopyTails, ownerOK bool) Copy {
+	c := Copy{Node: node, Role: cluster.RoleFollower, Live: s.Live(node)}
+	if node == a.Owner {
+		c.Role = cluster.RoleOwner
+	}
+	c.Tails, c.Published = s.Tails(node, a.Stream)
+	if c.Published && ownerOK {
+		c.LagKnown = true
+		if owner.RecordTail > c.Tails.RecordTail {
+			c.Lag = owner.RecordTail - c.Tails.RecordTail
+		}
+	}
+	switch {
+	case !c.Live:
+		c.State = Down
+	case !c.Published || (c.Tails.Epoch != a.Epoch && c.Tails.SealEpoch <= a.Epoch):
+		// A copy sealed past the assignment, for a pending recovery or
+		// one withdrawn, is not behind: it holds its records and waits
+		// for the recovery that takes the seal over, and attention
+		// reports the wait itself.
+		c.State = Lagging
+	case node == a.Owner || !ownerOK || c.Tails.RecordTail >= owner.ConfirmWatermark || c.Lag <= InSyncSlack:
+		c.State = InSync
+	default:
+		c.State = Lagging
+	}
+	return c
 }
 
 // judgeUnderReplicated returns the under_replicated entry of a stream with
