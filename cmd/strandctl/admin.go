@@ -159,7 +159,7 @@ func adminCommands() []*command {
 }
 
 func printAttention(w io.Writer, entries []*strandv1.AttentionEntry, withStream bool) {
-	header := []string{"KIND", "NODE", "MISSING", "START", "REASON"}
+	header := []string{"KIND", "NODE", "MISSING", "START", "SINCE", "REASON", "ACTION"}
 	if withStream {
 		header = append([]string{"STREAM"}, header...)
 	}
@@ -169,7 +169,7 @@ func printAttention(w io.Writer, entries []*strandv1.AttentionEntry, withStream 
 		if a.GetStartNode() != "" || a.GetStartRecordTail() != 0 {
 			start = fmt.Sprintf("%d@%s", a.GetStartRecordTail(), dash(a.GetStartNode()))
 		}
-		row := []any{a.GetKind(), dash(a.GetNode()), dash(strings.Join(a.GetMissing(), ",")), start, dash(a.GetReason())}
+		row := []any{a.GetKind(), dash(a.GetNode()), dash(strings.Join(a.GetMissing(), ",")), start, sinceString(a.GetSince()), dash(a.GetReason()), dash(a.GetAction())}
 		if withStream {
 			row = append([]any{dash(a.GetStream())}, row...)
 		}

@@ -7,10 +7,12 @@ import (
 	"strconv"
 	"strings"
 	"text/tabwriter"
+	"time"
 	"unicode/utf8"
 
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/timestamppb"
 )
 
 // jsonOpts prints every field under its proto name, so scripts see
@@ -92,6 +94,15 @@ func dash(s string) string {
 		return "-"
 	}
 	return s
+}
+
+// sinceString renders a time an entry or a copy has been so, "-" when not
+// known.
+func sinceString(ts *timestamppb.Timestamp) string {
+	if ts == nil {
+		return "-"
+	}
+	return ts.AsTime().UTC().Format(time.RFC3339)
 }
 
 func orDash(n uint64) string {

@@ -271,10 +271,16 @@ func printStream(e *env, s *strandv1.GetStreamResponse) {
 		a.GetEpoch(), dash(a.GetOwner()), dash(strings.Join(a.GetFollowers(), ",")), policyString(a.GetPolicy()))
 	if len(s.GetCopies()) > 0 {
 		fmt.Fprintln(w)
-		t := newTable(w, "COPY", "ROLE", "LIVE", "EPOCH", "RECORD_TAIL", "CURSOR_EVENT_TAIL", "CONFIRM_WATERMARK", "SEAL", "LAG", "IN_SYNC")
+		t := newTable(w, "COPY", "ROLE", "LIVE", "EPOCH", "RECORD_TAIL", "CURSOR_EVENT_TAIL", "CONFIRM_WATERMARK", "SEAL", "LAG", "IN_SYNC", "STATE", "SINCE")
 		for _, c := range s.GetCopies() {
-			t.row(c.GetNode(), dash(c.GetRole()), yesNo(c.GetLive()), c.GetEpoch(), c.GetRecordTail(), c.GetCursorEventTail(),
-				c.GetConfirmWatermark(), orDash(c.GetSealEpoch()), c.GetLag(), yesNo(c.GetInSync()))
+			// A copy whose lag cannot be measured (its broker is down, or
+			// it is not placed) shows "?", never 0.
+			lag := "?"
+			if c.Lag != nil {
+				lag = strconv.FormatUint(c.GetLag(), 10)
+			}
+			t.row(dash(c.GetNode()), dash(c.GetRole()), yesNo(c.GetLive()), c.GetEpoch(), c.GetRecordTail(), c.GetCursorEventTail(),
+				c.GetConfirmWatermark(), orDash(c.GetSealEpoch()), lag, yesNo(c.GetInSync()), dash(c.GetState()), sinceString(c.GetSince()))
 		}
 		t.flush()
 	}

@@ -248,10 +248,24 @@ type CopyStatus struct {
 	CursorEventTail  uint64                 `protobuf:"varint,5,opt,name=cursor_event_tail,json=cursorEventTail,proto3" json:"cursor_event_tail,omitempty"`
 	ConfirmWatermark uint64                 `protobuf:"varint,6,opt,name=confirm_watermark,json=confirmWatermark,proto3" json:"confirm_watermark,omitempty"`
 	SealEpoch        uint64                 `protobuf:"varint,7,opt,name=seal_epoch,json=sealEpoch,proto3" json:"seal_epoch,omitempty"`
-	// lag is how many records this copy is behind the owner's record tail.
-	Lag           uint64 `protobuf:"varint,8,opt,name=lag,proto3" json:"lag,omitempty"`
-	InSync        bool   `protobuf:"varint,9,opt,name=in_sync,json=inSync,proto3" json:"in_sync,omitempty"`
-	Live          bool   `protobuf:"varint,10,opt,name=live,proto3" json:"live,omitempty"`
+	// lag is how many records this copy is behind the owner's record tail,
+	// both as last published; absent when unknown (the copy or the owner has
+	// published no tails: a broker that is down, a copy not placed).
+	Lag *uint64 `protobuf:"varint,8,opt,name=lag,proto3,oneof" json:"lag,omitempty"`
+	// in_sync: the copy counts toward the stream's copies E (state in_sync).
+	InSync bool `protobuf:"varint,9,opt,name=in_sync,json=inSync,proto3" json:"in_sync,omitempty"`
+	Live   bool `protobuf:"varint,10,opt,name=live,proto3" json:"live,omitempty"`
+	// state is one of: in_sync (live, at the assignment's epoch, its record
+	// tail at the owner's confirm watermark or close behind it), lagging
+	// (live but behind, or not at the assignment's epoch yet), down (its
+	// broker is not registered), missing (counted in the spec's copies but
+	// not in the assignment: a member a change of assignment left out, such
+	// as an owner a failover dropped; node is empty when the controller does
+	// not know which). See docs/operating.md, "Under-replicated streams".
+	State string `protobuf:"bytes,11,opt,name=state,proto3" json:"state,omitempty"`
+	// since is when the controller first saw the copy out of sync, absent
+	// when in sync or not known (a controller that took over since).
+	Since         *timestamppb.Timestamp `protobuf:"bytes,12,opt,name=since,proto3" json:"since,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -336,8 +350,8 @@ func (x *CopyStatus) GetSealEpoch() uint64 {
 }
 
 func (x *CopyStatus) GetLag() uint64 {
-	if x != nil {
-		return x.Lag
+	if x != nil && x.Lag != nil {
+		return *x.Lag
 	}
 	return 0
 }
@@ -354,6 +368,20 @@ func (x *CopyStatus) GetLive() bool {
 		return x.Live
 	}
 	return false
+}
+
+func (x *CopyStatus) GetState() string {
+	if x != nil {
+		return x.State
+	}
+	return ""
+}
+
+func (x *CopyStatus) GetSince() *timestamppb.Timestamp {
+	if x != nil {
+		return x.Since
+	}
+	return nil
 }
 
 type Recovery struct {
@@ -537,15 +565,21 @@ type AttentionEntry struct {
 	Stream string                 `protobuf:"bytes,1,opt,name=stream,proto3" json:"stream,omitempty"`
 	// kind is one of: recovery_waiting_copies, recovery_waiting_prefix,
 	// recovery_seal_refused, single_copy_owner_down, single_copy_sealed,
-	// broker_down, failover_suspect, chain_mismatch.
+	// broker_down, failover_suspect, chain_mismatch, under_replicated.
 	Kind            string   `protobuf:"bytes,2,opt,name=kind,proto3" json:"kind,omitempty"`
 	Reason          string   `protobuf:"bytes,3,opt,name=reason,proto3" json:"reason,omitempty"`
 	Missing         []string `protobuf:"bytes,4,rep,name=missing,proto3" json:"missing,omitempty"`
 	StartRecordTail uint64   `protobuf:"varint,5,opt,name=start_record_tail,json=startRecordTail,proto3" json:"start_record_tail,omitempty"`
 	StartNode       string   `protobuf:"bytes,6,opt,name=start_node,json=startNode,proto3" json:"start_node,omitempty"`
 	Node            string   `protobuf:"bytes,7,opt,name=node,proto3" json:"node,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// since is when the controller first saw what the entry reports, absent
+	// when not known (under_replicated).
+	Since *timestamppb.Timestamp `protobuf:"bytes,8,opt,name=since,proto3" json:"since,omitempty"`
+	// action is what the controller will do about it, and when, in words;
+	// "nothing: ..." when it waits on an operator or a broker (under_replicated).
+	Action        string `protobuf:"bytes,9,opt,name=action,proto3" json:"action,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *AttentionEntry) Reset() {
@@ -623,6 +657,20 @@ func (x *AttentionEntry) GetStartNode() string {
 func (x *AttentionEntry) GetNode() string {
 	if x != nil {
 		return x.Node
+	}
+	return ""
+}
+
+func (x *AttentionEntry) GetSince() *timestamppb.Timestamp {
+	if x != nil {
+		return x.Since
+	}
+	return nil
+}
+
+func (x *AttentionEntry) GetAction() string {
+	if x != nil {
+		return x.Action
 	}
 	return ""
 }
@@ -1770,7 +1818,7 @@ const file_strand_v1_admin_proto_rawDesc = "" +
 	"\x05owner\x18\x03 \x01(\tR\x05owner\x12\x1c\n" +
 	"\tfollowers\x18\x04 \x03(\tR\tfollowers\x120\n" +
 	"\x06policy\x18\x05 \x01(\v2\x18.strand.v1.ConfirmPolicyR\x06policy\x12 \n" +
-	"\vincarnation\x18\x06 \x01(\tR\vincarnation\"\xa2\x02\n" +
+	"\vincarnation\x18\x06 \x01(\tR\vincarnation\"\xf7\x02\n" +
 	"\n" +
 	"CopyStatus\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x12\n" +
@@ -1781,11 +1829,14 @@ const file_strand_v1_admin_proto_rawDesc = "" +
 	"\x11cursor_event_tail\x18\x05 \x01(\x04R\x0fcursorEventTail\x12+\n" +
 	"\x11confirm_watermark\x18\x06 \x01(\x04R\x10confirmWatermark\x12\x1d\n" +
 	"\n" +
-	"seal_epoch\x18\a \x01(\x04R\tsealEpoch\x12\x10\n" +
-	"\x03lag\x18\b \x01(\x04R\x03lag\x12\x17\n" +
+	"seal_epoch\x18\a \x01(\x04R\tsealEpoch\x12\x15\n" +
+	"\x03lag\x18\b \x01(\x04H\x00R\x03lag\x88\x01\x01\x12\x17\n" +
 	"\ain_sync\x18\t \x01(\bR\x06inSync\x12\x12\n" +
 	"\x04live\x18\n" +
-	" \x01(\bR\x04live\"\xad\x02\n" +
+	" \x01(\bR\x04live\x12\x14\n" +
+	"\x05state\x18\v \x01(\tR\x05state\x120\n" +
+	"\x05since\x18\f \x01(\v2\x1a.google.protobuf.TimestampR\x05sinceB\x06\n" +
+	"\x04_lag\"\xad\x02\n" +
 	"\bRecovery\x12\x16\n" +
 	"\x06stream\x18\x01 \x01(\tR\x06stream\x12\x1d\n" +
 	"\n" +
@@ -1803,7 +1854,7 @@ const file_strand_v1_admin_proto_rawDesc = "" +
 	"\vrecord_tail\x18\x02 \x01(\x04R\n" +
 	"recordTail\x12*\n" +
 	"\x11cursor_event_tail\x18\x03 \x01(\x04R\x0fcursorEventTail\x12\x12\n" +
-	"\x04node\x18\x04 \x01(\tR\x04node\"\xcd\x01\n" +
+	"\x04node\x18\x04 \x01(\tR\x04node\"\x97\x02\n" +
 	"\x0eAttentionEntry\x12\x16\n" +
 	"\x06stream\x18\x01 \x01(\tR\x06stream\x12\x12\n" +
 	"\x04kind\x18\x02 \x01(\tR\x04kind\x12\x16\n" +
@@ -1812,7 +1863,9 @@ const file_strand_v1_admin_proto_rawDesc = "" +
 	"\x11start_record_tail\x18\x05 \x01(\x04R\x0fstartRecordTail\x12\x1d\n" +
 	"\n" +
 	"start_node\x18\x06 \x01(\tR\tstartNode\x12\x12\n" +
-	"\x04node\x18\a \x01(\tR\x04node\"\x85\x01\n" +
+	"\x04node\x18\a \x01(\tR\x04node\x120\n" +
+	"\x05since\x18\b \x01(\v2\x1a.google.protobuf.TimestampR\x05since\x12\x16\n" +
+	"\x06action\x18\t \x01(\tR\x06action\"\x85\x01\n" +
 	"\x06Broker\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x18\n" +
 	"\aaddress\x18\x02 \x01(\tR\aaddress\x129\n" +
@@ -1950,50 +2003,52 @@ var file_strand_v1_admin_proto_depIdxs = []int32{
 	29, // 1: strand.v1.StreamSpec.policy:type_name -> strand.v1.ConfirmPolicy
 	0,  // 2: strand.v1.StreamSpec.retention:type_name -> strand.v1.Retention
 	29, // 3: strand.v1.Assignment.policy:type_name -> strand.v1.ConfirmPolicy
-	30, // 4: strand.v1.Broker.start_time:type_name -> google.protobuf.Timestamp
-	29, // 5: strand.v1.CreateStreamRequest.policy:type_name -> strand.v1.ConfirmPolicy
-	0,  // 6: strand.v1.CreateStreamRequest.retention:type_name -> strand.v1.Retention
-	1,  // 7: strand.v1.CreateStreamResponse.spec:type_name -> strand.v1.StreamSpec
-	2,  // 8: strand.v1.CreateStreamResponse.assignment:type_name -> strand.v1.Assignment
-	1,  // 9: strand.v1.GetStreamResponse.spec:type_name -> strand.v1.StreamSpec
-	2,  // 10: strand.v1.GetStreamResponse.assignment:type_name -> strand.v1.Assignment
-	3,  // 11: strand.v1.GetStreamResponse.copies:type_name -> strand.v1.CopyStatus
-	4,  // 12: strand.v1.GetStreamResponse.pending_recovery:type_name -> strand.v1.Recovery
-	5,  // 13: strand.v1.GetStreamResponse.history:type_name -> strand.v1.HistoryStart
-	6,  // 14: strand.v1.GetStreamResponse.attention:type_name -> strand.v1.AttentionEntry
-	13, // 15: strand.v1.ListStreamsResponse.streams:type_name -> strand.v1.GetStreamResponse
-	29, // 16: strand.v1.UpdateStreamRequest.policy:type_name -> strand.v1.ConfirmPolicy
-	2,  // 17: strand.v1.UpdateStreamResponse.assignment:type_name -> strand.v1.Assignment
-	7,  // 18: strand.v1.ListBrokersResponse.brokers:type_name -> strand.v1.Broker
-	6,  // 19: strand.v1.ListAttentionResponse.entries:type_name -> strand.v1.AttentionEntry
-	2,  // 20: strand.v1.AcceptOwnerLossResponse.assignment:type_name -> strand.v1.Assignment
-	5,  // 21: strand.v1.AcceptOwnerLossResponse.start:type_name -> strand.v1.HistoryStart
-	4,  // 22: strand.v1.FailoverResponse.recovery:type_name -> strand.v1.Recovery
-	8,  // 23: strand.v1.AdminService.CreateStream:input_type -> strand.v1.CreateStreamRequest
-	10, // 24: strand.v1.AdminService.DeleteStream:input_type -> strand.v1.DeleteStreamRequest
-	12, // 25: strand.v1.AdminService.GetStream:input_type -> strand.v1.GetStreamRequest
-	14, // 26: strand.v1.AdminService.ListStreams:input_type -> strand.v1.ListStreamsRequest
-	16, // 27: strand.v1.AdminService.UpdateStream:input_type -> strand.v1.UpdateStreamRequest
-	18, // 28: strand.v1.AdminService.ListBrokers:input_type -> strand.v1.ListBrokersRequest
-	20, // 29: strand.v1.AdminService.ListAttention:input_type -> strand.v1.ListAttentionRequest
-	22, // 30: strand.v1.AdminService.AcceptOwnerLoss:input_type -> strand.v1.AcceptOwnerLossRequest
-	24, // 31: strand.v1.AdminService.WithdrawRecovery:input_type -> strand.v1.WithdrawRecoveryRequest
-	26, // 32: strand.v1.AdminService.Failover:input_type -> strand.v1.FailoverRequest
-	9,  // 33: strand.v1.AdminService.CreateStream:output_type -> strand.v1.CreateStreamResponse
-	11, // 34: strand.v1.AdminService.DeleteStream:output_type -> strand.v1.DeleteStreamResponse
-	13, // 35: strand.v1.AdminService.GetStream:output_type -> strand.v1.GetStreamResponse
-	15, // 36: strand.v1.AdminService.ListStreams:output_type -> strand.v1.ListStreamsResponse
-	17, // 37: strand.v1.AdminService.UpdateStream:output_type -> strand.v1.UpdateStreamResponse
-	19, // 38: strand.v1.AdminService.ListBrokers:output_type -> strand.v1.ListBrokersResponse
-	21, // 39: strand.v1.AdminService.ListAttention:output_type -> strand.v1.ListAttentionResponse
-	23, // 40: strand.v1.AdminService.AcceptOwnerLoss:output_type -> strand.v1.AcceptOwnerLossResponse
-	25, // 41: strand.v1.AdminService.WithdrawRecovery:output_type -> strand.v1.WithdrawRecoveryResponse
-	27, // 42: strand.v1.AdminService.Failover:output_type -> strand.v1.FailoverResponse
-	33, // [33:43] is the sub-list for method output_type
-	23, // [23:33] is the sub-list for method input_type
-	23, // [23:23] is the sub-list for extension type_name
-	23, // [23:23] is the sub-list for extension extendee
-	0,  // [0:23] is the sub-list for field type_name
+	30, // 4: strand.v1.CopyStatus.since:type_name -> google.protobuf.Timestamp
+	30, // 5: strand.v1.AttentionEntry.since:type_name -> google.protobuf.Timestamp
+	30, // 6: strand.v1.Broker.start_time:type_name -> google.protobuf.Timestamp
+	29, // 7: strand.v1.CreateStreamRequest.policy:type_name -> strand.v1.ConfirmPolicy
+	0,  // 8: strand.v1.CreateStreamRequest.retention:type_name -> strand.v1.Retention
+	1,  // 9: strand.v1.CreateStreamResponse.spec:type_name -> strand.v1.StreamSpec
+	2,  // 10: strand.v1.CreateStreamResponse.assignment:type_name -> strand.v1.Assignment
+	1,  // 11: strand.v1.GetStreamResponse.spec:type_name -> strand.v1.StreamSpec
+	2,  // 12: strand.v1.GetStreamResponse.assignment:type_name -> strand.v1.Assignment
+	3,  // 13: strand.v1.GetStreamResponse.copies:type_name -> strand.v1.CopyStatus
+	4,  // 14: strand.v1.GetStreamResponse.pending_recovery:type_name -> strand.v1.Recovery
+	5,  // 15: strand.v1.GetStreamResponse.history:type_name -> strand.v1.HistoryStart
+	6,  // 16: strand.v1.GetStreamResponse.attention:type_name -> strand.v1.AttentionEntry
+	13, // 17: strand.v1.ListStreamsResponse.streams:type_name -> strand.v1.GetStreamResponse
+	29, // 18: strand.v1.UpdateStreamRequest.policy:type_name -> strand.v1.ConfirmPolicy
+	2,  // 19: strand.v1.UpdateStreamResponse.assignment:type_name -> strand.v1.Assignment
+	7,  // 20: strand.v1.ListBrokersResponse.brokers:type_name -> strand.v1.Broker
+	6,  // 21: strand.v1.ListAttentionResponse.entries:type_name -> strand.v1.AttentionEntry
+	2,  // 22: strand.v1.AcceptOwnerLossResponse.assignment:type_name -> strand.v1.Assignment
+	5,  // 23: strand.v1.AcceptOwnerLossResponse.start:type_name -> strand.v1.HistoryStart
+	4,  // 24: strand.v1.FailoverResponse.recovery:type_name -> strand.v1.Recovery
+	8,  // 25: strand.v1.AdminService.CreateStream:input_type -> strand.v1.CreateStreamRequest
+	10, // 26: strand.v1.AdminService.DeleteStream:input_type -> strand.v1.DeleteStreamRequest
+	12, // 27: strand.v1.AdminService.GetStream:input_type -> strand.v1.GetStreamRequest
+	14, // 28: strand.v1.AdminService.ListStreams:input_type -> strand.v1.ListStreamsRequest
+	16, // 29: strand.v1.AdminService.UpdateStream:input_type -> strand.v1.UpdateStreamRequest
+	18, // 30: strand.v1.AdminService.ListBrokers:input_type -> strand.v1.ListBrokersRequest
+	20, // 31: strand.v1.AdminService.ListAttention:input_type -> strand.v1.ListAttentionRequest
+	22, // 32: strand.v1.AdminService.AcceptOwnerLoss:input_type -> strand.v1.AcceptOwnerLossRequest
+	24, // 33: strand.v1.AdminService.WithdrawRecovery:input_type -> strand.v1.WithdrawRecoveryRequest
+	26, // 34: strand.v1.AdminService.Failover:input_type -> strand.v1.FailoverRequest
+	9,  // 35: strand.v1.AdminService.CreateStream:output_type -> strand.v1.CreateStreamResponse
+	11, // 36: strand.v1.AdminService.DeleteStream:output_type -> strand.v1.DeleteStreamResponse
+	13, // 37: strand.v1.AdminService.GetStream:output_type -> strand.v1.GetStreamResponse
+	15, // 38: strand.v1.AdminService.ListStreams:output_type -> strand.v1.ListStreamsResponse
+	17, // 39: strand.v1.AdminService.UpdateStream:output_type -> strand.v1.UpdateStreamResponse
+	19, // 40: strand.v1.AdminService.ListBrokers:output_type -> strand.v1.ListBrokersResponse
+	21, // 41: strand.v1.AdminService.ListAttention:output_type -> strand.v1.ListAttentionResponse
+	23, // 42: strand.v1.AdminService.AcceptOwnerLoss:output_type -> strand.v1.AcceptOwnerLossResponse
+	25, // 43: strand.v1.AdminService.WithdrawRecovery:output_type -> strand.v1.WithdrawRecoveryResponse
+	27, // 44: strand.v1.AdminService.Failover:output_type -> strand.v1.FailoverResponse
+	35, // [35:45] is the sub-list for method output_type
+	25, // [25:35] is the sub-list for method input_type
+	25, // [25:25] is the sub-list for extension type_name
+	25, // [25:25] is the sub-list for extension extendee
+	0,  // [0:25] is the sub-list for field type_name
 }
 
 func init() { file_strand_v1_admin_proto_init() }
@@ -2002,6 +2057,7 @@ func file_strand_v1_admin_proto_init() {
 		return
 	}
 	file_strand_v1_stream_proto_init()
+	file_strand_v1_admin_proto_msgTypes[3].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{

@@ -26,8 +26,10 @@ import (
 	"github.com/strandhq/strand/internal/logging"
 	"github.com/strandhq/strand/internal/rpcserver"
 	"github.com/strandhq/strand/services/controller/internal/admin"
+	"github.com/strandhq/strand/services/controller/internal/attention"
 	"github.com/strandhq/strand/services/controller/internal/leader"
 	"github.com/strandhq/strand/services/controller/internal/liveness"
+	"github.com/strandhq/strand/services/controller/internal/metrics"
 	"github.com/strandhq/strand/services/controller/internal/state"
 )
 
@@ -97,6 +99,10 @@ type App struct {
 	checker *grpchealth.StaticChecker
 	srv     *rpcserver.Server
 	addr    string
+	// mem is what the liveness loop remembers between snapshots, read by
+	// the admin service; met is the controller's metrics.
+	mem *attention.Memory
+	met *metrics.Controller
 
 	ready     chan struct{}
 	readyOnce sync.Once
@@ -146,8 +152,11 @@ func Start(ctx context.Context, cfg Config) (*App, error) {
 		errc:     make(chan error, 1),
 		campaign: make(chan struct{}),
 		viewDone: make(chan struct{}),
+		mem:      attention.NewMemory(),
+		met:      metrics.New(),
 	}
-	svc := admin.New(admin.Config{View: a.view, Schema: schema, Gate: a.gate, DefaultPolicy: cfg.DefaultPolicy, Log: log})
+	a.met.Follow()
+	svc := admin.New(admin.Config{View: a.view, Schema: schema, Gate: a.gate, DefaultPolicy: cfg.DefaultPolicy, Log: log, Memory: a.mem})
 	mux, checker := rpcserver.Mux(strandv1connect.AdminServiceName)
 	checker.SetStatus(strandv1connect.AdminServiceName, grpchealth.StatusNotServing)
 	a.checker = checker
@@ -158,6 +167,7 @@ func Start(ctx context.Context, cfg Config) (*App, error) {
 	// etcd while etcd is away would otherwise hold its handler as long.
 	mux.Handle(strandv1connect.NewAdminServiceHandler(svc, rpcserver.ReadLimit(adminRequestMaxBytes),
 		connect.WithInterceptors(rpcserver.DefaultTimeout(adminCallTimeout))))
+	mux.Handle(metrics.Path, a.met.Handler())
 	a.srv = rpcserver.Serve(ln, mux)
 
 	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
@@ -270,10 +280,14 @@ func (a *App) lead(ctx context.Context) error {
 	a.checker.SetStatus(strandv1connect.AdminServiceName, grpchealth.StatusServing)
 	a.log.Info().Str(logging.Addr, a.cfg.Advertise).Msg("controller leads")
 
+	// What an earlier term remembered is stale: this controller did not
+	// watch the cluster in between.
+	a.mem.Reset()
 	var wg sync.WaitGroup
 	wg.Go(func() {
 		_ = liveness.Run(cctx, liveness.Config{
 			View: a.view, Schema: a.schema, Log: a.log, ProbeGrace: a.cfg.OwnerProbeGrace, Probe: a.cfg.Probe,
+			Pass: a.observe,
 		}, term)
 	})
 	// The term also ends if the election key goes away by other means.
@@ -314,8 +328,17 @@ func (a *App) lead(ctx context.Context) error {
 	a.checker.SetStatus(strandv1connect.AdminServiceName, grpchealth.StatusNotServing)
 	cancel()
 	wg.Wait()
+	a.met.Follow()
 	a.log.Info().Msg("controller stopped leading")
 	return err
+}
+
+// observe takes one liveness pass's snapshot into the memory and the
+// metrics.
+func (a *App) observe(s *state.Snapshot) {
+	sum := a.mem.Observe(s, time.Now())
+	a.met.Observe(metrics.Pass{Streams: sum.Streams, UnderReplicated: sum.UnderReplicated,
+		PendingRecoveries: sum.PendingRecoveries, LiveBrokers: len(s.Brokers)})
 }
 
 // campaignRetries bounds the campaigns one session makes again after its

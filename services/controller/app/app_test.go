@@ -207,8 +207,10 @@ func TestCreateGetListDelete(t *testing.T) {
 		t.Fatalf("members %v, want b1 b2 b3 each once", members)
 	}
 
-	h.heartbeat(asg.Owner, map[string]cluster.CopyTails{"orders": {Epoch: 1, Role: cluster.RoleOwner, RecordTail: 10, ConfirmWatermark: 8}})
-	h.heartbeat(asg.Followers[0], map[string]cluster.CopyTails{"orders": {Epoch: 1, Role: cluster.RoleFollower, RecordTail: 8}})
+	// The second follower is below the owner's confirm watermark by more
+	// than the slack of published tails (attention.InSyncSlack).
+	h.heartbeat(asg.Owner, map[string]cluster.CopyTails{"orders": {Epoch: 1, Role: cluster.RoleOwner, RecordTail: 2010, ConfirmWatermark: 2008}})
+	h.heartbeat(asg.Followers[0], map[string]cluster.CopyTails{"orders": {Epoch: 1, Role: cluster.RoleFollower, RecordTail: 2008}})
 	h.heartbeat(asg.Followers[1], map[string]cluster.CopyTails{"orders": {Epoch: 1, Role: cluster.RoleFollower, RecordTail: 5}})
 	got, err := c.GetStream(ctx, connect.NewRequest(&strandv1.GetStreamRequest{Name: "orders"}))
 	if err != nil {
@@ -224,8 +226,8 @@ func TestCreateGetListDelete(t *testing.T) {
 	if f := byNode[asg.Followers[0]]; f.GetLag() != 2 || !f.GetInSync() {
 		t.Errorf("caught-up follower status %v, want lag 2 in sync", f)
 	}
-	if f := byNode[asg.Followers[1]]; f.GetLag() != 5 || f.GetInSync() {
-		t.Errorf("lagging follower status %v, want lag 5 not in sync", f)
+	if f := byNode[asg.Followers[1]]; f.GetLag() != 2005 || f.GetInSync() || f.GetState() != "lagging" {
+		t.Errorf("lagging follower status %v, want lag 2005 not in sync", f)
 	}
 	incarnation := got.Msg.GetAssignment().GetIncarnation()
 	if incarnation == "" || incarnation != asg.Incarnation || incarnation != created.GetAssignment().GetIncarnation() {

@@ -41,6 +41,10 @@ type Config struct {
 	Gate          *leader.Gate
 	DefaultPolicy cluster.Policy
 	Log           zerolog.Logger
+	// Memory is what the liveness loop remembers between snapshots (who a
+	// change of assignment left out, since when copies are out of sync);
+	// nil remembers nothing.
+	Memory *attention.Memory
 	// Now defaults to time.Now.
 	Now func() time.Time
 }
@@ -52,6 +56,7 @@ type Service struct {
 	gate   *leader.Gate
 	policy cluster.Policy
 	log    zerolog.Logger
+	mem    *attention.Memory
 	now    func() time.Time
 }
 
@@ -62,7 +67,7 @@ func New(cfg Config) *Service {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
-	return &Service{view: cfg.View, schema: cfg.Schema, gate: cfg.Gate, policy: cfg.DefaultPolicy, log: cfg.Log, now: cfg.Now}
+	return &Service{view: cfg.View, schema: cfg.Schema, gate: cfg.Gate, policy: cfg.DefaultPolicy, log: cfg.Log, mem: cfg.Memory, now: cfg.Now}
 }
 
 // lead returns the current term and a snapshot, or the Unavailable a
@@ -261,7 +266,7 @@ func (s *Service) GetStream(ctx context.Context, req *connect.Request[strandv1.G
 	if err != nil {
 		return nil, err
 	}
-	out, ok := streamStatus(snap, name, attention.JudgeStream(snap, name))
+	out, ok := streamStatus(snap, name, s.mem, attention.JudgeStream(snap, name, s.mem))
 	if !ok {
 		return nil, s.toConnect(fmt.Errorf("%w: %q", transition.ErrNoStream, name))
 	}
@@ -308,7 +313,7 @@ func (s *Service) ListStreams(ctx context.Context, req *connect.Request[strandv1
 	end := min(start+size, len(names))
 	out := &strandv1.ListStreamsResponse{}
 	for _, name := range names[start:end] {
-		if st, ok := streamStatus(snap, name, attention.JudgeStream(snap, name)); ok {
+		if st, ok := streamStatus(snap, name, s.mem, attention.JudgeStream(snap, name, s.mem)); ok {
 			out.Streams = append(out.Streams, st)
 		}
 	}
@@ -371,7 +376,7 @@ func (s *Service) ListAttention(ctx context.Context, _ *connect.Request[strandv1
 		return nil, err
 	}
 	out := &strandv1.ListAttentionResponse{}
-	for _, e := range attention.Judge(snap) {
+	for _, e := range attention.Judge(snap, s.mem) {
 		out.Entries = append(out.Entries, attentionToProto(e))
 	}
 	return connect.NewResponse(out), nil

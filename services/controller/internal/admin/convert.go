@@ -78,7 +78,7 @@ func startToProto(h cluster.HistoryStart) *strandv1.HistoryStart {
 }
 
 func attentionToProto(e attention.Entry) *strandv1.AttentionEntry {
-	return &strandv1.AttentionEntry{
+	out := &strandv1.AttentionEntry{
 		Stream:          e.Stream,
 		Kind:            e.Kind,
 		Reason:          e.Reason,
@@ -86,7 +86,12 @@ func attentionToProto(e attention.Entry) *strandv1.AttentionEntry {
 		StartRecordTail: e.StartRecordTail,
 		StartNode:       e.StartNode,
 		Node:            e.Node,
+		Action:          e.Action,
 	}
+	if !e.Since.IsZero() {
+		out.Since = timestamppb.New(e.Since)
+	}
+	return out
 }
 
 func brokerToProto(b cluster.BrokerInfo, live bool) *strandv1.Broker {

@@ -3,6 +3,9 @@ package admin
 import (
 	"slices"
 
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
 	strandv1 "github.com/strandhq/strand/api/strand/v1"
 	"github.com/strandhq/strand/internal/cluster"
 	"github.com/strandhq/strand/services/controller/internal/attention"
@@ -13,7 +16,7 @@ import (
 // snapshot: spec, assignment, per-copy status, pending recovery, history
 // starts and attention entries. ok is false when the stream has neither a
 // spec nor an assignment.
-func streamStatus(s *state.Snapshot, stream string, entries []attention.Entry) (*strandv1.GetStreamResponse, bool) {
+func streamStatus(s *state.Snapshot, stream string, mem *attention.Memory, entries []attention.Entry) (*strandv1.GetStreamResponse, bool) {
 	spec, hasSpec := s.Streams[stream]
 	av, hasAsg := s.Assignments[stream]
 	if !hasSpec && !hasAsg {
@@ -25,7 +28,7 @@ func streamStatus(s *state.Snapshot, stream string, entries []attention.Entry) (
 	}
 	if hasAsg {
 		out.Assignment = assignmentToProto(av.Value)
-		out.Copies = copyStatuses(s, av.Value)
+		out.Copies = copyStatuses(s, av.Value, mem)
 	}
 	if r, ok := s.Recoveries[stream]; ok {
 		out.PendingRecovery = recoveryToProto(r.Value)
@@ -41,53 +44,70 @@ func streamStatus(s *state.Snapshot, stream string, entries []attention.Entry) (
 	return out, true
 }
 
-// copyStatuses reports every member of a, then any other broker whose
-// heartbeat still names the stream (a copy left out of the assignment, such
-// as a sealed old owner).
-//
-// Lag is how far a copy's published record tail is behind the owner's. A copy
-// is in sync when it is live, published tails at the assignment's epoch, and
-// its record tail reaches the owner's confirm watermark: it then holds every
-// confirmed record and counts toward W for them. The owner is in sync when
-// live at the assignment's epoch. Lag 0 alone would call a follower out of
-// sync during every publish burst, so it is not the test.
-func copyStatuses(s *state.Snapshot, a cluster.Assignment) []*strandv1.CopyStatus {
-	nodes := a.Members()
+// copyStatuses reports every member of a, down ones included, then the
+// copies the spec counts that the assignment lacks (a member a failover
+// left out, named when the controller remembers it), then any other broker
+// whose heartbeat still names the stream (a copy left out of the
+// assignment, such as a sealed old owner). Whether a copy is in sync, and
+// its lag, are attention.JudgeReplication's: one judgement for GetStream,
+// attention and the controller's metrics.
+func copyStatuses(s *state.Snapshot, a cluster.Assignment, mem *attention.Memory) []*strandv1.CopyStatus {
+	r, _ := attention.JudgeReplication(s, a.Stream, mem)
+	var out []*strandv1.CopyStatus
+	shown := map[string]bool{}
+	for _, c := range append(slices.Clone(r.Members), r.Missing...) {
+		out = append(out, copyToProto(c))
+		if c.Node != "" {
+			shown[c.Node] = true
+		}
+	}
 	var others []string
 	for node, hb := range s.Heartbeats {
-		if _, ok := hb.Streams[a.Stream]; ok && !a.Includes(node) {
+		if _, ok := hb.Streams[a.Stream]; ok && !shown[node] {
 			others = append(others, node)
 		}
 	}
 	slices.Sort(others)
-	nodes = append(nodes, others...)
-
 	owner, ownerOK := s.Tails(a.Owner, a.Stream)
-	var out []*strandv1.CopyStatus
-	for _, node := range nodes {
-		t, ok := s.Tails(node, a.Stream)
-		cs := &strandv1.CopyStatus{Node: node, Live: s.Live(node)}
-		switch {
-		case ok:
-			cs.Role = t.Role
-		case node == a.Owner:
-			cs.Role = cluster.RoleOwner
-		case a.Includes(node):
-			cs.Role = cluster.RoleFollower
+	for _, node := range others {
+		t, _ := s.Tails(node, a.Stream)
+		cs := &strandv1.CopyStatus{Node: node, Live: s.Live(node), Role: t.Role}
+		setTails(cs, t)
+		if ownerOK {
+			cs.Lag = proto.Uint64(lagBehind(owner, t))
 		}
-		if ok {
-			cs.Epoch = t.Epoch
-			cs.RecordTail = t.RecordTail
-			cs.CursorEventTail = t.CursorEventTail
-			cs.ConfirmWatermark = t.ConfirmWatermark
-			cs.SealEpoch = t.SealEpoch
-		}
-		if ok && ownerOK && owner.RecordTail > t.RecordTail {
-			cs.Lag = owner.RecordTail - t.RecordTail
-		}
-		atEpoch := cs.Live && ok && a.Includes(node) && t.Epoch == a.Epoch
-		cs.InSync = atEpoch && (node == a.Owner || (ownerOK && t.RecordTail >= owner.ConfirmWatermark))
 		out = append(out, cs)
 	}
 	return out
+}
+
+func copyToProto(c attention.Copy) *strandv1.CopyStatus {
+	cs := &strandv1.CopyStatus{Node: c.Node, Role: c.Role, Live: c.Live, State: c.State, InSync: c.State == attention.InSync}
+	if c.Published {
+		// What the copy published names its role best (a sealed copy).
+		cs.Role = c.Tails.Role
+		setTails(cs, c.Tails)
+	}
+	if c.LagKnown {
+		cs.Lag = proto.Uint64(c.Lag)
+	}
+	if !c.Since.IsZero() {
+		cs.Since = timestamppb.New(c.Since)
+	}
+	return cs
+}
+
+func setTails(cs *strandv1.CopyStatus, t cluster.CopyTails) {
+	cs.Epoch = t.Epoch
+	cs.RecordTail = t.RecordTail
+	cs.CursorEventTail = t.CursorEventTail
+	cs.ConfirmWatermark = t.ConfirmWatermark
+	cs.SealEpoch = t.SealEpoch
+}
+
+func lagBehind(owner, t cluster.CopyTails) uint64 {
+	if owner.RecordTail > t.RecordTail {
+		return owner.RecordTail - t.RecordTail
+	}
+	return 0
 }

@@ -2,8 +2,9 @@
 // may want to see: pending recoveries that cannot finish yet, and the live
 // copies whose refused seals keep them waiting, single-copy streams whose
 // owner is down or whose copy is sealed with no recovery pending, brokers
-// down that hold copies, eager-failover suspects and chain mismatches. It is
-// a pure function of a snapshot.
+// down that hold copies, eager-failover suspects, chain mismatches and
+// under-replicated streams. It is a pure function of a snapshot and of what
+// the controller remembers between snapshots (Memory).
 package attention
 
 import (
@@ -28,6 +29,7 @@ const (
 	BrokerDown            = "broker_down"
 	FailoverSuspect       = "failover_suspect"
 	ChainMismatch         = "chain_mismatch"
+	UnderReplicated       = "under_replicated"
 )
 
 // Entry is one thing waiting.
@@ -39,14 +41,19 @@ type Entry struct {
 	StartRecordTail uint64
 	StartNode       string
 	Node            string
+	// Since is when the controller first saw it, zero when not known.
+	Since time.Time
+	// Action is what the controller will do about it, and when.
+	Action string
 }
 
 // Judge lists every attention entry of the snapshot, ordered by stream, kind
-// and node.
-func Judge(s *state.Snapshot) []Entry {
+// and node. mem, which may be nil, is what the controller remembers between
+// snapshots (Memory).
+func Judge(s *state.Snapshot, mem *Memory) []Entry {
 	var out []Entry
 	for name := range s.Assignments {
-		out = append(out, judgeStream(s, name)...)
+		out = append(out, judgeStream(s, name, mem)...)
 	}
 	sortEntries(out)
 	return out
@@ -54,8 +61,8 @@ func Judge(s *state.Snapshot) []Entry {
 
 // JudgeStream lists the attention entries of one stream, ordered by kind
 // and node: what Judge lists for it, at the cost of that stream alone.
-func JudgeStream(s *state.Snapshot, name string) []Entry {
-	out := judgeStream(s, name)
+func JudgeStream(s *state.Snapshot, name string, mem *Memory) []Entry {
+	out := judgeStream(s, name, mem)
 	sortEntries(out)
 	return out
 }
@@ -68,7 +75,7 @@ func sortEntries(out []Entry) {
 
 // judgeStream lists the entries of one stream, unordered; a stream with no
 // assignment has none.
-func judgeStream(s *state.Snapshot, name string) []Entry {
+func judgeStream(s *state.Snapshot, name string, mem *Memory) []Entry {
 	av, ok := s.Assignments[name]
 	if !ok {
 		return nil
@@ -110,6 +117,9 @@ func judgeStream(s *state.Snapshot, name string) []Entry {
 			Stream: name, Kind: BrokerDown, Node: m,
 			Reason: fmt.Sprintf("broker %s holding the %s copy at epoch %d is down", m, role, a.Epoch),
 		})
+	}
+	if e, under := judgeUnderReplicated(s, a, mem); under {
+		out = append(out, e)
 	}
 	suspects := map[string][]string{}
 	for node, hb := range s.Heartbeats {

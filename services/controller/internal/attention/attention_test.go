@@ -178,7 +178,10 @@ func TestJudge(t *testing.T) {
 		},
 	}
 	for _, c := range cases {
-		if got := brief(Judge(c.snap)); !slices.Equal(got, c.want) {
+		// Most snapshots here publish no tails, so their copies read as
+		// lagging; under_replicated has its own table.
+		got := brief(slices.DeleteFunc(Judge(c.snap, nil), func(e Entry) bool { return e.Kind == UnderReplicated }))
+		if !slices.Equal(got, c.want) {
 			t.Errorf("%s:\n got %v\nwant %v", c.name, got, c.want)
 		}
 	}
@@ -210,7 +213,7 @@ func TestSealRefusedReason(t *testing.T) {
 	}
 	for _, c := range cases {
 		var got []Entry
-		for _, e := range Judge(base.Refusals(c.refusals).Snapshot()) {
+		for _, e := range Judge(base.Refusals(c.refusals).Snapshot(), nil) {
 			if e.Kind == RecoverySealRefused {
 				got = append(got, e)
 			}

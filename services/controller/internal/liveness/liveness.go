@@ -62,6 +62,10 @@ type Config struct {
 	// failed probe or a conflicting write is retried (default 1s).
 	Resync time.Duration
 	Now    func() time.Time
+	// Pass, when set, is called with the snapshot of every pass before the
+	// pass acts on it: what the controller remembers between snapshots
+	// and its metrics are kept from it, at the pace of the loop.
+	Pass func(*state.Snapshot)
 }
 
 // Run runs the loop while term leads; it returns when ctx ends.
@@ -85,6 +89,9 @@ func Run(ctx context.Context, cfg Config, term *leader.Term) error {
 		// makes compares the mod revisions it read, and one that lost the
 		// race is made again from a newer snapshot at a later pass.
 		snap, changed := cfg.View.Current()
+		if snap != nil && cfg.Pass != nil {
+			cfg.Pass(snap)
+		}
 		if snap != nil && l.reconcile(ctx, snap) {
 			// Wait for the view to hold the pass's own writes, and pass
 			// again at once over what changed meanwhile: a pass on a view

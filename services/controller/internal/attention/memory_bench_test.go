@@ -1,0 +1,48 @@
+package attention
+
+import (
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/strandhq/strand/internal/cluster"
+	"github.com/strandhq/strand/services/controller/internal/state"
+)
+
+// BenchmarkObserve is the cost a liveness pass adds to keep the memory and
+// count under-replicated streams: 10,000 streams of three copies on ten
+// brokers, one of them down.
+func BenchmarkObserve(b *testing.B) {
+	nodes := make([]string, 10)
+	for i := range nodes {
+		nodes[i] = fmt.Sprintf("b%d", i)
+	}
+	bld := state.Build().Live(nodes[1:]...)
+	for i := range 10_000 {
+		a := cluster.Assignment{Stream: fmt.Sprintf("s%05d", i), Epoch: 1, Owner: nodes[i%10], Followers: []string{nodes[(i+1)%10], nodes[(i+2)%10]}}
+		for j, m := range a.Members() {
+			role := cluster.RoleFollower
+			if j == 0 {
+				role = cluster.RoleOwner
+			}
+			bld.Tails(m, a.Stream, cluster.CopyTails{Epoch: 1, Role: role, RecordTail: 100, ConfirmWatermark: 100})
+		}
+		bld.Stream(a)
+	}
+	s := bld.Snapshot()
+	delete(s.Heartbeats, nodes[0])
+	// Two snapshots taken in turn, as after every change: the same one
+	// again is not judged again.
+	other := *s
+	snaps := [2]*state.Snapshot{s, &other}
+	m := NewMemory()
+	now := time.Now()
+	b.ReportAllocs()
+	i := 0
+	for b.Loop() {
+		i++
+		if sum := m.Observe(snaps[i%2], now); sum.UnderReplicated != 3000 {
+			b.Fatalf("%d under-replicated, want 3000", sum.UnderReplicated)
+		}
+	}
+}
