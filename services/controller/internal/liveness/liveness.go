@@ -124,11 +124,16 @@ type loop struct {
 	load placement.Load
 	// wrote is set when the pass committed a write.
 	wrote bool
+	// placeProbed holds what this pass's probes of brokers placement
+	// picked found (true: failed), so each broker is probed once a pass
+	// however many streams it is picked for: after a mass failover
+	// hundreds of streams want a copy placed at once.
+	placeProbed map[string]bool
 }
 
 // reconcile passes over s and reports whether it wrote anything.
 func (l *loop) reconcile(ctx context.Context, s *state.Snapshot) bool {
-	l.load, l.wrote = transition.LoadOf(s), false
+	l.load, l.wrote, l.placeProbed = transition.LoadOf(s), false, map[string]bool{}
 	lost := l.lostOwners(ctx, s)
 	// The recoveries are written together after the walk: when a broker
 	// owning many streams is lost, they are recorded in a few batched
@@ -276,6 +281,32 @@ func (l *loop) probe(ctx context.Context, s *state.Snapshot, owners []string) ma
 	return failed
 }
 
+// probePicks probes the brokers placement picked that this pass has not
+// probed yet and returns those that failed, this pass's earlier probes
+// included.
+func (l *loop) probePicks(ctx context.Context, s *state.Snapshot, nodes []string) map[string]bool {
+	if l.placeProbed == nil {
+		l.placeProbed = map[string]bool{}
+	}
+	var todo []string
+	for _, n := range nodes {
+		if _, done := l.placeProbed[n]; !done {
+			todo = append(todo, n)
+		}
+	}
+	newly := l.probe(ctx, s, todo)
+	for _, n := range todo {
+		l.placeProbed[n] = newly[n]
+	}
+	failed := map[string]bool{}
+	for _, n := range nodes {
+		if l.placeProbed[n] {
+			failed[n] = true
+		}
+	}
+	return failed
+}
+
 // pendingWrite is a pending recovery proposed for one stream and not yet
 // written, with what its log line says.
 type pendingWrite struct {
@@ -417,7 +448,7 @@ func (l *loop) replenish(ctx context.Context, s *state.Snapshot, stream string) 
 				fresh = append(fresh, n)
 			}
 		}
-		failed := l.probe(ctx, s, fresh)
+		failed := l.probePicks(ctx, s, fresh)
 		if len(failed) == 0 {
 			break
 		}
