@@ -43,6 +43,13 @@ type Config struct {
 	Log           zerolog.Logger
 	// Now defaults to time.Now.
 	Now func() time.Time
+	// MaxCalls bounds the admin calls served at once, MaxQueued those
+	// waiting for their turn, and QueueWait how long one waits; a call
+	// beyond them is refused with ErrBusy (Unavailable). Zero means
+	// DefaultMaxCalls, DefaultMaxQueued, DefaultQueueWait.
+	MaxCalls  int
+	MaxQueued int
+	QueueWait time.Duration
 }
 
 // Service implements strandv1connect.AdminServiceHandler.
@@ -53,6 +60,8 @@ type Service struct {
 	policy cluster.Policy
 	log    zerolog.Logger
 	now    func() time.Time
+	// admission bounds the calls served at once (admit).
+	admission *admission
 }
 
 var _ strandv1connect.AdminServiceHandler = (*Service)(nil)
@@ -62,7 +71,17 @@ func New(cfg Config) *Service {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
-	return &Service{view: cfg.View, schema: cfg.Schema, gate: cfg.Gate, policy: cfg.DefaultPolicy, log: cfg.Log, now: cfg.Now}
+	if cfg.MaxCalls <= 0 {
+		cfg.MaxCalls = DefaultMaxCalls
+	}
+	if cfg.MaxQueued <= 0 {
+		cfg.MaxQueued = DefaultMaxQueued
+	}
+	if cfg.QueueWait <= 0 {
+		cfg.QueueWait = DefaultQueueWait
+	}
+	return &Service{view: cfg.View, schema: cfg.Schema, gate: cfg.Gate, policy: cfg.DefaultPolicy, log: cfg.Log, now: cfg.Now,
+		admission: newAdmission(cfg.MaxCalls, cfg.MaxQueued, cfg.QueueWait)}
 }
 
 // lead returns the current term and a snapshot, or the Unavailable a
@@ -150,6 +169,12 @@ func (s *Service) CreateStream(ctx context.Context, req *connect.Request[strandv
 	retention := retentionFromProto(m.GetRetention())
 
 	name := m.GetName()
+	// Admitted once: the attempts below are the call's, not new calls.
+	release, err := s.admit(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer release()
 	for attempt := 0; ; attempt++ {
 		term, snap, err := s.lead(ctx)
 		if err != nil {
@@ -214,6 +239,11 @@ func (s *Service) DeleteStream(ctx context.Context, req *connect.Request[strandv
 	if err := validateName("name", name); err != nil {
 		return nil, err
 	}
+	release, err := s.admit(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer release()
 	term, snap, err := s.lead(ctx)
 	if err != nil {
 		return nil, err
@@ -257,6 +287,11 @@ func (s *Service) GetStream(ctx context.Context, req *connect.Request[strandv1.G
 	if err := validateName("name", name); err != nil {
 		return nil, err
 	}
+	release, err := s.admit(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer release()
 	_, snap, err := s.lead(ctx)
 	if err != nil {
 		return nil, err
@@ -292,6 +327,11 @@ func (s *Service) ListStreams(ctx context.Context, req *connect.Request[strandv1
 	if err != nil {
 		return nil, err
 	}
+	release, err := s.admit(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer release()
 	_, snap, err := s.lead(ctx)
 	if err != nil {
 		return nil, err
@@ -342,6 +382,11 @@ func decodePageToken(token string) (string, error) {
 // ListBrokers reports registered brokers (live) and brokers that hold copies
 // but are not registered (not live), ordered by node id.
 func (s *Service) ListBrokers(ctx context.Context, _ *connect.Request[strandv1.ListBrokersRequest]) (*connect.Response[strandv1.ListBrokersResponse], error) {
+	release, err := s.admit(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer release()
 	_, snap, err := s.lead(ctx)
 	if err != nil {
 		return nil, err
@@ -366,6 +411,11 @@ func (s *Service) ListBrokers(ctx context.Context, _ *connect.Request[strandv1.L
 
 // ListAttention reports everything waiting, ordered by stream and kind.
 func (s *Service) ListAttention(ctx context.Context, _ *connect.Request[strandv1.ListAttentionRequest]) (*connect.Response[strandv1.ListAttentionResponse], error) {
+	release, err := s.admit(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer release()
 	_, snap, err := s.lead(ctx)
 	if err != nil {
 		return nil, err
