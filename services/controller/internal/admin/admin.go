@@ -62,6 +62,8 @@ type Service struct {
 	now    func() time.Time
 	// admission bounds the calls served at once (admit).
 	admission *admission
+	// loads is the placement load of the newest snapshot placed on.
+	loads loads
 }
 
 var _ strandv1connect.AdminServiceHandler = (*Service)(nil)
@@ -189,7 +191,7 @@ func (s *Service) CreateStream(ctx context.Context, req *connect.Request[strandv
 		if copies > len(live) {
 			return nil, rpcerr.FieldPrecondition("copies", rpcerr.PreconditionPlacement, "%d copies need %d live brokers, %d are live", copies, copies, len(live))
 		}
-		owner, followers, err := placement.Place(transition.LoadOf(snap), copies)
+		owner, followers, err := placement.Place(s.loads.of(snap), copies)
 		if err != nil {
 			return nil, rpcerr.FieldPrecondition("copies", rpcerr.PreconditionPlacement, "%v", err)
 		}

@@ -33,6 +33,7 @@ type floodServer struct {
 	schema cluster.Schema
 	addr   string
 	admin  strandv1connect.AdminServiceClient
+	view   *state.View
 	live   []string
 }
 
@@ -75,7 +76,7 @@ func startFlood(t testing.TB, cfg Config, brokers ...string) *floodServer {
 	path, h := strandv1connect.NewAdminServiceHandler(New(cfg), connect.WithInterceptors(rpcserver.DefaultTimeout(30*time.Second)))
 	srv := clustertest.Serve(t, path, h)
 	return &floodServer{
-		cli: cli, schema: schema, addr: srv.Addr(), live: slices.Sorted(slices.Values(brokers)),
+		cli: cli, schema: schema, addr: srv.Addr(), view: view, live: slices.Sorted(slices.Values(brokers)),
 		admin: strandv1connect.NewAdminServiceClient(rpcserver.HTTPClient(), rpcserver.BaseURL(srv.Addr())),
 	}
 }

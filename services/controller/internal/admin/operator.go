@@ -64,7 +64,7 @@ func (s *Service) UpdateStream(ctx context.Context, req *connect.Request[strandv
 	next.Policy = spec.Policy
 	var added []string
 	if grow := spec.Copies - a.Copies(); grow > 0 {
-		added, err = placement.Pick(transition.LoadOf(snap), grow, a.Members())
+		added, err = placement.Pick(s.loads.of(snap), grow, a.Members())
 		if err != nil {
 			return nil, rpcerr.FieldPrecondition("copies", rpcerr.PreconditionPlacement, "%v", err)
 		}
