@@ -54,7 +54,6 @@ type Config struct {
 
 // Service implements strandv1connect.AdminServiceHandler.
 type Service struct {
-	view   *state.View
 	schema cluster.Schema
 	gate   *leader.Gate
 	policy cluster.Policy
@@ -64,6 +63,8 @@ type Service struct {
 	admission *admission
 	// loads is the placement load of the newest snapshot placed on.
 	loads loads
+	// fresh shares the reads of a fresh snapshot between calls.
+	fresh *fresh
 }
 
 var _ strandv1connect.AdminServiceHandler = (*Service)(nil)
@@ -82,8 +83,8 @@ func New(cfg Config) *Service {
 	if cfg.QueueWait <= 0 {
 		cfg.QueueWait = DefaultQueueWait
 	}
-	return &Service{view: cfg.View, schema: cfg.Schema, gate: cfg.Gate, policy: cfg.DefaultPolicy, log: cfg.Log, now: cfg.Now,
-		admission: newAdmission(cfg.MaxCalls, cfg.MaxQueued, cfg.QueueWait)}
+	return &Service{schema: cfg.Schema, gate: cfg.Gate, policy: cfg.DefaultPolicy, log: cfg.Log, now: cfg.Now,
+		admission: newAdmission(cfg.MaxCalls, cfg.MaxQueued, cfg.QueueWait), fresh: &fresh{view: cfg.View}}
 }
 
 // lead returns the current term and a snapshot, or the Unavailable a
@@ -91,7 +92,8 @@ func New(cfg Config) *Service {
 //
 // The snapshot is the view's, brought up to etcd's current revision: a
 // call sees every write finished before it (a stream created or deleted by
-// the call before), without reading the whole prefix. A write still
+// the call before), without reading the whole prefix; calls at once share
+// one such read (fresh). A write still
 // compares the mod revisions it read, and one that lost a race to a write
 // made since is made again from a newer snapshot.
 func (s *Service) lead(ctx context.Context) (*leader.Term, *state.Snapshot, error) {
@@ -106,7 +108,7 @@ func (s *Service) lead(ctx context.Context) (*leader.Term, *state.Snapshot, erro
 		}
 		return nil, nil, rpcerr.NotLeader(addr)
 	}
-	snap, err := s.view.Fresh(ctx)
+	snap, err := s.fresh.get(ctx)
 	if err != nil {
 		return nil, nil, s.toConnect(err)
 	}

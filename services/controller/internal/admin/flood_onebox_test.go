@@ -73,3 +73,36 @@ func TestCreateFloodOpensEveryCopy(t *testing.T) {
 		return nil
 	})
 }
+
+// BenchmarkCreateFloodCluster creates streams of 3 copies on a whole
+// in-process cluster (3 brokers, the controller with its liveness loop),
+// 64 calls in flight through the Go client, and reports the rate:
+//
+//	go test -run '^$' -bench CreateFloodCluster -benchtime 1x ./services/controller/internal/admin/
+func BenchmarkCreateFloodCluster(b *testing.B) {
+	const n, workers = 3000, 64
+	for i := range b.N {
+		b.StopTimer()
+		c := onebox.Start(b, onebox.Options{Brokers: []string{"b1", "b2", "b3"}, Controllers: 1})
+		adm := c.Admin()
+		b.StartTimer()
+		start := time.Now()
+		names := make(chan string)
+		var wg sync.WaitGroup
+		for range workers {
+			wg.Go(func() {
+				for name := range names {
+					if _, err := adm.CreateStream(c.Ctx(), connect.NewRequest(&strandv1.CreateStreamRequest{Name: name, Copies: 3})); err != nil {
+						b.Errorf("create %s: %v", name, err)
+					}
+				}
+			})
+		}
+		for j := range n {
+			names <- fmt.Sprintf("bench-%d-%05d", i, j)
+		}
+		close(names)
+		wg.Wait()
+		b.ReportMetric(float64(n)/time.Since(start).Seconds(), "streams/s")
+	}
+}
