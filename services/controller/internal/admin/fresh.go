@@ -2,6 +2,7 @@ package admin
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"time"
@@ -53,6 +54,13 @@ func (f *fresh) get(ctx context.Context) (*state.Snapshot, error) {
 	f.mu.Unlock()
 	select {
 	case <-r.done:
+		if r.err != nil && ctx.Err() == nil && errors.Is(r.err, context.DeadlineExceeded) {
+			// The shared read ran out of its own time, not the caller's:
+			// etcd did not answer, which the caller is told as
+			// Unavailable (toConnect's answer to what no row maps), not
+			// as its deadline passing; so the cause is not wrapped.
+			return nil, fmt.Errorf("admin: no fresh snapshot within %v: %v", freshWait, r.err)
+		}
 		return r.snap, r.err
 	case <-ctx.Done():
 		return nil, fmt.Errorf("admin: waiting for a fresh snapshot: %w", ctx.Err())
