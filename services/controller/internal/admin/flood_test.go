@@ -330,9 +330,15 @@ func BenchmarkCreateFlood(b *testing.B) {
 		}
 		b.ReportMetric(float64(n)/el.Seconds(), "streams/s")
 		b.ReportMetric(el.Seconds(), "s/10000-streams")
-		if asgs := f.stored(b); len(asgs) != n {
+		asgs := f.stored(b)
+		if len(asgs) != n {
 			b.Fatalf("%d streams stored, want %d", len(asgs), n)
 		}
+		copies, owned := map[string]int{}, map[string]int{}
+		for _, a := range asgs {
+			tally(copies, owned, a, 1)
+		}
+		b.Logf("copies per broker %v, owned %v", copies, owned)
 		b.StartTimer()
 	}
 }
