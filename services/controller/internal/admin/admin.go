@@ -47,17 +47,29 @@ type Config struct {
 	Memory *attention.Memory
 	// Now defaults to time.Now.
 	Now func() time.Time
+	// MaxCalls bounds the admin calls served at once, MaxQueued those
+	// waiting for their turn, and QueueWait how long one waits; a call
+	// beyond them is refused with ErrBusy (Unavailable). Zero means
+	// DefaultMaxCalls, DefaultMaxQueued, DefaultQueueWait.
+	MaxCalls  int
+	MaxQueued int
+	QueueWait time.Duration
 }
 
 // Service implements strandv1connect.AdminServiceHandler.
 type Service struct {
-	view   *state.View
 	schema cluster.Schema
 	gate   *leader.Gate
 	policy cluster.Policy
 	log    zerolog.Logger
 	mem    *attention.Memory
 	now    func() time.Time
+	// admission bounds the calls served at once (admit).
+	admission *admission
+	// loads is the placement load of the newest snapshot placed on.
+	loads loads
+	// fresh shares the reads of a fresh snapshot between calls.
+	fresh *fresh
 }
 
 var _ strandv1connect.AdminServiceHandler = (*Service)(nil)
@@ -67,7 +79,17 @@ func New(cfg Config) *Service {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
-	return &Service{view: cfg.View, schema: cfg.Schema, gate: cfg.Gate, policy: cfg.DefaultPolicy, log: cfg.Log, mem: cfg.Memory, now: cfg.Now}
+	if cfg.MaxCalls <= 0 {
+		cfg.MaxCalls = DefaultMaxCalls
+	}
+	if cfg.MaxQueued <= 0 {
+		cfg.MaxQueued = DefaultMaxQueued
+	}
+	if cfg.QueueWait <= 0 {
+		cfg.QueueWait = DefaultQueueWait
+	}
+	return &Service{schema: cfg.Schema, gate: cfg.Gate, policy: cfg.DefaultPolicy, log: cfg.Log, mem: cfg.Memory, now: cfg.Now,
+		admission: newAdmission(cfg.MaxCalls, cfg.MaxQueued, cfg.QueueWait), fresh: &fresh{view: cfg.View}}
 }
 
 // lead returns the current term and a snapshot, or the Unavailable a
@@ -75,7 +97,8 @@ func New(cfg Config) *Service {
 //
 // The snapshot is the view's, brought up to etcd's current revision: a
 // call sees every write finished before it (a stream created or deleted by
-// the call before), without reading the whole prefix. A write still
+// the call before), without reading the whole prefix; calls at once share
+// one such read (fresh). A write still
 // compares the mod revisions it read, and one that lost a race to a write
 // made since is made again from a newer snapshot.
 func (s *Service) lead(ctx context.Context) (*leader.Term, *state.Snapshot, error) {
@@ -90,7 +113,7 @@ func (s *Service) lead(ctx context.Context) (*leader.Term, *state.Snapshot, erro
 		}
 		return nil, nil, rpcerr.NotLeader(addr)
 	}
-	snap, err := s.view.Fresh(ctx)
+	snap, err := s.fresh.get(ctx)
 	if err != nil {
 		return nil, nil, s.toConnect(err)
 	}
@@ -155,6 +178,12 @@ func (s *Service) CreateStream(ctx context.Context, req *connect.Request[strandv
 	retention := retentionFromProto(m.GetRetention())
 
 	name := m.GetName()
+	// Admitted once: the attempts below are the call's, not new calls.
+	release, err := s.admit(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer release()
 	for attempt := 0; ; attempt++ {
 		term, snap, err := s.lead(ctx)
 		if err != nil {
@@ -169,7 +198,7 @@ func (s *Service) CreateStream(ctx context.Context, req *connect.Request[strandv
 		if copies > len(live) {
 			return nil, rpcerr.FieldPrecondition("copies", rpcerr.PreconditionPlacement, "%d copies need %d live brokers, %d are live", copies, copies, len(live))
 		}
-		owner, followers, err := placement.Place(transition.LoadOf(snap), copies)
+		owner, followers, err := placement.Place(s.loads.of(snap), copies)
 		if err != nil {
 			return nil, rpcerr.FieldPrecondition("copies", rpcerr.PreconditionPlacement, "%v", err)
 		}
@@ -219,6 +248,11 @@ func (s *Service) DeleteStream(ctx context.Context, req *connect.Request[strandv
 	if err := validateName("name", name); err != nil {
 		return nil, err
 	}
+	release, err := s.admit(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer release()
 	term, snap, err := s.lead(ctx)
 	if err != nil {
 		return nil, err
@@ -262,6 +296,11 @@ func (s *Service) GetStream(ctx context.Context, req *connect.Request[strandv1.G
 	if err := validateName("name", name); err != nil {
 		return nil, err
 	}
+	release, err := s.admit(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer release()
 	_, snap, err := s.lead(ctx)
 	if err != nil {
 		return nil, err
@@ -297,6 +336,11 @@ func (s *Service) ListStreams(ctx context.Context, req *connect.Request[strandv1
 	if err != nil {
 		return nil, err
 	}
+	release, err := s.admit(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer release()
 	_, snap, err := s.lead(ctx)
 	if err != nil {
 		return nil, err
@@ -347,6 +391,11 @@ func decodePageToken(token string) (string, error) {
 // ListBrokers reports registered brokers (live) and brokers that hold copies
 // but are not registered (not live), ordered by node id.
 func (s *Service) ListBrokers(ctx context.Context, _ *connect.Request[strandv1.ListBrokersRequest]) (*connect.Response[strandv1.ListBrokersResponse], error) {
+	release, err := s.admit(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer release()
 	_, snap, err := s.lead(ctx)
 	if err != nil {
 		return nil, err
@@ -371,6 +420,11 @@ func (s *Service) ListBrokers(ctx context.Context, _ *connect.Request[strandv1.L
 
 // ListAttention reports everything waiting, ordered by stream and kind.
 func (s *Service) ListAttention(ctx context.Context, _ *connect.Request[strandv1.ListAttentionRequest]) (*connect.Response[strandv1.ListAttentionResponse], error) {
+	release, err := s.admit(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer release()
 	_, snap, err := s.lead(ctx)
 	if err != nil {
 		return nil, err

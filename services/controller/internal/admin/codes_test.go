@@ -20,6 +20,7 @@ import (
 // listed here and given a row in codes (the packages without sentinels,
 // state and attention, are checked to stay so).
 var edgeSentinels = map[string]map[string]error{
+	".":         {"ErrBusy": ErrBusy},
 	"../leader": {"ErrNotLeader": leader.ErrNotLeader},
 	"../transition": {
 		"ErrNoStream":       transition.ErrNoStream,

@@ -27,6 +27,9 @@ var codes = []struct {
 	// A write that lost its term; the client asks again, and the
 	// controller it reaches then names the new leader.
 	{leader.ErrNotLeader, connect.CodeUnavailable},
+	// A call the controller had no room for was not begun: the client
+	// retries it with backoff (admit answers it with a RetryInfo).
+	{ErrBusy, connect.CodeUnavailable},
 	{transition.ErrNoStream, connect.CodeNotFound},
 	{transition.ErrNoRecovery, connect.CodeNotFound},
 	{transition.ErrPending, connect.CodeFailedPrecondition},

@@ -33,6 +33,11 @@ func (s *Service) UpdateStream(ctx context.Context, req *connect.Request[strandv
 	if err != nil {
 		return nil, err
 	}
+	release, err := s.admit(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer release()
 	term, snap, err := s.lead(ctx)
 	if err != nil {
 		return nil, err
@@ -59,7 +64,7 @@ func (s *Service) UpdateStream(ctx context.Context, req *connect.Request[strandv
 	next.Policy = spec.Policy
 	var added []string
 	if grow := spec.Copies - a.Copies(); grow > 0 {
-		added, err = placement.Pick(transition.LoadOf(snap), grow, a.Members())
+		added, err = placement.Pick(s.loads.of(snap), grow, a.Members())
 		if err != nil {
 			return nil, rpcerr.FieldPrecondition("copies", rpcerr.PreconditionPlacement, "%v", err)
 		}
@@ -126,6 +131,11 @@ func (s *Service) AcceptOwnerLoss(ctx context.Context, req *connect.Request[stra
 	if err := validateOperator(m.GetStream(), m.GetNode(), m.GetWho(), m.GetWhy()); err != nil {
 		return nil, err
 	}
+	release, err := s.admit(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer release()
 	term, snap, err := s.lead(ctx)
 	if err != nil {
 		return nil, err
@@ -167,6 +177,11 @@ func (s *Service) WithdrawRecovery(ctx context.Context, req *connect.Request[str
 	if err := validateOperator(m.GetStream(), "", m.GetWho(), m.GetWhy()); err != nil {
 		return nil, err
 	}
+	release, err := s.admit(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer release()
 	term, snap, err := s.lead(ctx)
 	if err != nil {
 		return nil, err
@@ -190,6 +205,11 @@ func (s *Service) Failover(ctx context.Context, req *connect.Request[strandv1.Fa
 	if err := validateOperator(m.GetStream(), "", m.GetWho(), m.GetWhy()); err != nil {
 		return nil, err
 	}
+	release, err := s.admit(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer release()
 	term, snap, err := s.lead(ctx)
 	if err != nil {
 		return nil, err
