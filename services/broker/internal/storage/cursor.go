@@ -185,7 +185,7 @@ const (
 	snapshotEveryBytes = 256 << 10
 )
 
-// snapshotDue reports whether the rule above asks for a snapshot.
+// snapshotDueLocked reports whether the rule above asks for a snapshot.
 func (s *Stream) snapshotDueLocked() bool {
 	n := s.m.CursorEventTail - s.snapBoundary
 	if n == 0 || s.evBytes < s.snapBytes {

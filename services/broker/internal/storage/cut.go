@@ -23,6 +23,10 @@ import (
 //     a snapshot that covered events past the cut keeps its state (its
 //     boundary is lowered), one below the cut absorbs the events up to it;
 //     either way the new owner's events from the cut on replay over it.
+//     A cut below the cursor events the copy retains (compaction deleted
+//     them) instead restarts the cursor event log empty at 0, with no
+//     cursors, so the copy takes the new owner's state when it next
+//     follows (docs/protocol.md, "Copies with a longer tail").
 //   - Every cursor above the new record tail is clamped down to it, and the
 //     clamp is written into the snapshot, so a returning reader resumes at
 //     the cut (receiving records again), never past records it has not seen.
