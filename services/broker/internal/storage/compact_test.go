@@ -179,12 +179,16 @@ var errStopCompaction = errors.New("stop inside the compaction")
 func TestCompactionStopMidDeleteFinishesOnOpen(t *testing.T) {
 	dir := t.TempDir()
 	db := openDB(t, dir)
+	// Set before any write, so the compaction loop sees it: every run
+	// stops after its first batch. The commits' own snapshot (at
+	// snapshotEvery), Snapshot's and the background runs take at most
+	// three batches, fewer than n holds.
+	db.afterCompactBatch = func() error { return errStopCompaction }
 	s := ownerStream(t, db, "s", 1)
-	const n = 4*compactBatch + 100 // more batches than two runs (Snapshot's, the background's) take
+	const n = 4*compactBatch + 100
 	mustAppend(t, s, 1, recs("a", n/5+10))
 	commitEvents(t, s, 1, n)
 	want := cursorState(s)
-	db.afterCompactBatch = func() error { return errStopCompaction }
 	if err := s.Snapshot(); !errors.Is(err, errStopCompaction) && err != nil {
 		t.Fatal(err)
 	}
