@@ -150,18 +150,22 @@ const compactBatch = 1024
 // durable snapshot boundary), a batch per transaction together with the
 // purge mark, until none is left. It is idempotent and resumes after a stop
 // (loadStream calls it). A pending cut is left to finish first: it rewrites
-// the snapshot, and compacts after.
+// the snapshot, and compacts after; a sealed copy is left as it is.
 func (s *Stream) compactCursorEvents(ctx context.Context) error {
 	s.admin.Lock()
 	defer s.admin.Unlock()
 	for !s.db.holdCompaction.Load() {
 		s.mu.Lock()
 		closed, cutting, from := s.closed, s.m.Cut != nil, s.m.CursorEventsPurged
+		sealed := s.m.SealEpoch != 0
 		s.mu.Unlock()
 		if closed {
 			return s.closedErr()
 		}
-		if cutting {
+		if cutting || sealed {
+			// A sealed copy has reported the tails its next cut leaves
+			// (CursorEventTailAfterCut), which depend on the purge mark:
+			// it stays until the seal is released (AdvanceEpoch compacts).
 			return nil
 		}
 		s.dmu.Lock()

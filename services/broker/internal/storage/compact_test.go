@@ -335,3 +335,47 @@ func TestInstallCursorSnapshot(t *testing.T) {
 	check("after reopen")
 	checkCompacted(t, f, 10)
 }
+
+// A sealed copy keeps its purge mark until the seal is released, so the
+// cursor event tail it reports for its next cut stays what that cut leaves.
+func TestSealedCopyHoldsCompaction(t *testing.T) {
+	db := openDB(t, t.TempDir())
+	defer db.Close()
+	s := ownerStream(t, db, "s", 1)
+	mustAppend(t, s, 1, recs("a", 20))
+	commitEvents(t, s, 1, 10)
+	db.holdCompaction.Store(true)
+	if err := s.Snapshot(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Seal(2, "tr"); err != nil {
+		t.Fatal(err)
+	}
+	if got := s.CursorEventTailAfterCut(5); got != 5 {
+		t.Fatalf("tail after a cut to 5 = %d, want 5 (nothing compacted yet)", got)
+	}
+	db.holdCompaction.Store(false)
+	if err := s.compactCursorEvents(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if got := s.CursorEventTailAfterCut(5); got != 5 || len(s.storedEventOffsets(t)) != 10 {
+		t.Fatalf("sealed copy compacted: tail after a cut to 5 = %d, %d events stored", got, len(s.storedEventOffsets(t)))
+	}
+	if err := s.Cut(20, 5); err != nil {
+		t.Fatal(err)
+	}
+	if st := s.State(); st.CursorEventTail != 5 {
+		t.Fatalf("cut left cursor event tail %d, want the reported 5", st.CursorEventTail)
+	}
+	if err := s.AdvanceEpoch(2); err != nil {
+		t.Fatal(err)
+	}
+	// Released: the cut's snapshot at 5 is compacted behind.
+	if err := s.compactCursorEvents(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	checkCompacted(t, s, 5)
+	if got := s.CursorEventTailAfterCut(3); got != 0 {
+		t.Fatalf("tail after a cut to 3 below the compacted events = %d, want 0", got)
+	}
+}

@@ -80,9 +80,7 @@ func (s *Stream) Cut(recordTail, cursorEventTail uint64) error {
 	// the copy takes the new owner's (its snapshot, or every event, on its
 	// next follow). Compaction runs under admin, so purged is current.
 	reset := newET < purged
-	if reset {
-		newET = 0
-	}
+	newET = cursorEventTailAfterCut(newET, purged)
 	intent := &cutIntent{RecordTail: newRT, CursorEventTail: newET, Chain: chain, Bytes: bytes - min(bytes, cutBytes), ResetCursors: reset}
 	err = s.commitMeta(ctx, func(m *meta) error {
 		if m.RecordTail != rt || m.CursorEventTail != et || m.Head != head || m.Cut != nil {
@@ -95,6 +93,27 @@ func (s *Stream) Cut(recordTail, cursorEventTail uint64) error {
 		return err
 	}
 	return s.finishCut(ctx)
+}
+
+// cursorEventTailAfterCut is the cursor event tail a cut to et leaves on a
+// copy whose cursor events below purged are compacted: et, or 0 when et is
+// below them (the cursor event log restarts empty; see Cut).
+func cursorEventTailAfterCut(et, purged uint64) uint64 {
+	if et < purged {
+		return 0
+	}
+	return et
+}
+
+// CursorEventTailAfterCut returns the cursor event tail a Cut to
+// cursorEventTail would leave on this copy. A sealed copy reports it in its
+// seal answer, so the start recorded for it is what it holds after the cut
+// its next role change makes; compaction is held while a copy is sealed
+// (compact.go), so the answer stays true until that cut.
+func (s *Stream) CursorEventTailAfterCut(cursorEventTail uint64) uint64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return cursorEventTailAfterCut(min(cursorEventTail, s.m.CursorEventTail), s.m.CursorEventsPurged)
 }
 
 // cutPoint returns the chain at newRT and the encoded bytes of [newRT, rt).

@@ -166,7 +166,9 @@
 //     (cutIntent.ResetCursors) rather than keep a snapshot that folded
 //     events past the cut; the copy takes the new owner's state on its
 //     next follow. A cut at or above it never reads a deleted event: it
-//     reads only from the snapshot's boundary up.
+//     reads only from the snapshot's boundary up. A sealed copy compacts
+//     nothing until its seal is released, so the tail it reported for its
+//     next cut (CursorEventTailAfterCut) stays what that cut leaves.
 //
 // # Idempotent publish
 //
