@@ -78,10 +78,12 @@ func subscribeFrom(t *testing.T, c *Cluster, node string, req *strandv1.Subscrib
 // down, so none was confirmed) and cursor commits past them, folded into a
 // cursor snapshot. It was not sealed. It comes back after a failover: the
 // controller adds it back as a follower, and before following it is cut to
-// the new owner's start, cursors clamped to the cut and the snapshot
-// boundary lowered so the new owner's cursor events replay. Afterwards its
-// offsets, bytes and chain values equal the owner's, and readers resuming
-// from its cursors receive records again, never skip one.
+// the new owner's start. Its snapshot was durable, so the cursor events
+// below it were compacted away and the cut goes below what it retains: its
+// cursor log restarts empty and it takes the new owner's cursors on its
+// next follow. Afterwards its offsets, bytes, chain values and cursors
+// equal the owner's, and readers resuming from its cursors receive records
+// again, never skip one.
 func TestReturningOldOwnerIsCutAndTakesNewEntries(t *testing.T) {
 	t.Parallel()
 	c := three(t)
@@ -184,13 +186,14 @@ func TestReturningOldOwnerIsCutAndTakesNewEntries(t *testing.T) {
 	})
 	verify(t, c, old, stream, l)
 
-	// Cursors: the snapshot kept its cursors, at most at the cut, so a
-	// reader resuming from one receives the new owner's records from the
-	// cut on, none skipped; the new owner's commit replayed over the
-	// lowered snapshot boundary.
+	// Cursors: the old owner's state was not kept (it folded commits of
+	// the abandoned history and the events below it were compacted), so
+	// c3, committed only there, is gone as on the new owner: a reader
+	// resuming from it starts at the head and receives records again,
+	// none skipped. The new owner's commit holds.
 	got := subscribeFrom(t, c, old, &strandv1.SubscribeRequest{Stream: stream, Start: strandv1.StartPosition_START_POSITION_CURSOR, Cursor: "c3"}, 15)
-	if err := SameRecords(a1.Owner, owner[20:], old+" from cursor c3", got); err != nil {
-		t.Errorf("resuming from a cursor above the cut: %v", err)
+	if err := SameRecords(a1.Owner, owner[:15], old+" from cursor c3", got); err != nil {
+		t.Errorf("resuming from a cursor the cut dropped: %v", err)
 	}
 	got = subscribeFrom(t, c, old, &strandv1.SubscribeRequest{Stream: stream, Start: strandv1.StartPosition_START_POSITION_CURSOR, Cursor: "reader"}, 10)
 	if got[0].GetOffset() != 25 {

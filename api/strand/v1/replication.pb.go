@@ -365,9 +365,14 @@ type FollowBatch struct {
 	// before it stores anything.
 	RecordSegment []byte `protobuf:"bytes,7,opt,name=record_segment,json=recordSegment,proto3" json:"record_segment,omitempty"`
 	// id is the follow (FollowStart.id) the batch belongs to.
-	Id            uint64 `protobuf:"varint,8,opt,name=id,proto3" json:"id,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Id uint64 `protobuf:"varint,8,opt,name=id,proto3" json:"id,omitempty"`
+	// cursor_snapshot is set when the follower's cursor event tail is below
+	// the cursor events the owner retains (it compacted the ones below its
+	// snapshot): the follower installs it, durably, before the batch's
+	// cursor events, which then start at its boundary.
+	CursorSnapshot *CursorSnapshot `protobuf:"bytes,9,opt,name=cursor_snapshot,json=cursorSnapshot,proto3" json:"cursor_snapshot,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *FollowBatch) Reset() {
@@ -449,6 +454,77 @@ func (x *FollowBatch) GetId() uint64 {
 	return 0
 }
 
+func (x *FollowBatch) GetCursorSnapshot() *CursorSnapshot {
+	if x != nil {
+		return x.CursorSnapshot
+	}
+	return nil
+}
+
+// CursorSnapshot is an owner's cursor state folded over every cursor event
+// below boundary.
+type CursorSnapshot struct {
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	Boundary uint64                 `protobuf:"varint,1,opt,name=boundary,proto3" json:"boundary,omitempty"`
+	// epoch is the epoch of the event at boundary - 1 (0 when boundary is 0).
+	Epoch uint64 `protobuf:"varint,2,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	// cursors maps each cursor name to its position.
+	Cursors       map[string]uint64 `protobuf:"bytes,3,rep,name=cursors,proto3" json:"cursors,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CursorSnapshot) Reset() {
+	*x = CursorSnapshot{}
+	mi := &file_strand_v1_replication_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CursorSnapshot) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CursorSnapshot) ProtoMessage() {}
+
+func (x *CursorSnapshot) ProtoReflect() protoreflect.Message {
+	mi := &file_strand_v1_replication_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CursorSnapshot.ProtoReflect.Descriptor instead.
+func (*CursorSnapshot) Descriptor() ([]byte, []int) {
+	return file_strand_v1_replication_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *CursorSnapshot) GetBoundary() uint64 {
+	if x != nil {
+		return x.Boundary
+	}
+	return 0
+}
+
+func (x *CursorSnapshot) GetEpoch() uint64 {
+	if x != nil {
+		return x.Epoch
+	}
+	return 0
+}
+
+func (x *CursorSnapshot) GetCursors() map[string]uint64 {
+	if x != nil {
+		return x.Cursors
+	}
+	return nil
+}
+
 // FollowEnd says the owner ended one follow, with the error a per-stream
 // call would have ended with; the call and its other follows go on.
 type FollowEnd struct {
@@ -464,7 +540,7 @@ type FollowEnd struct {
 
 func (x *FollowEnd) Reset() {
 	*x = FollowEnd{}
-	mi := &file_strand_v1_replication_proto_msgTypes[6]
+	mi := &file_strand_v1_replication_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -476,7 +552,7 @@ func (x *FollowEnd) String() string {
 func (*FollowEnd) ProtoMessage() {}
 
 func (x *FollowEnd) ProtoReflect() protoreflect.Message {
-	mi := &file_strand_v1_replication_proto_msgTypes[6]
+	mi := &file_strand_v1_replication_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -489,7 +565,7 @@ func (x *FollowEnd) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FollowEnd.ProtoReflect.Descriptor instead.
 func (*FollowEnd) Descriptor() ([]byte, []int) {
-	return file_strand_v1_replication_proto_rawDescGZIP(), []int{6}
+	return file_strand_v1_replication_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *FollowEnd) GetId() uint64 {
@@ -525,7 +601,7 @@ type CursorEvent struct {
 
 func (x *CursorEvent) Reset() {
 	*x = CursorEvent{}
-	mi := &file_strand_v1_replication_proto_msgTypes[7]
+	mi := &file_strand_v1_replication_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -537,7 +613,7 @@ func (x *CursorEvent) String() string {
 func (*CursorEvent) ProtoMessage() {}
 
 func (x *CursorEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_strand_v1_replication_proto_msgTypes[7]
+	mi := &file_strand_v1_replication_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -550,7 +626,7 @@ func (x *CursorEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CursorEvent.ProtoReflect.Descriptor instead.
 func (*CursorEvent) Descriptor() ([]byte, []int) {
-	return file_strand_v1_replication_proto_rawDescGZIP(), []int{7}
+	return file_strand_v1_replication_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *CursorEvent) GetOffset() uint64 {
@@ -597,7 +673,7 @@ type SealRequest struct {
 
 func (x *SealRequest) Reset() {
 	*x = SealRequest{}
-	mi := &file_strand_v1_replication_proto_msgTypes[8]
+	mi := &file_strand_v1_replication_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -609,7 +685,7 @@ func (x *SealRequest) String() string {
 func (*SealRequest) ProtoMessage() {}
 
 func (x *SealRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_strand_v1_replication_proto_msgTypes[8]
+	mi := &file_strand_v1_replication_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -622,7 +698,7 @@ func (x *SealRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SealRequest.ProtoReflect.Descriptor instead.
 func (*SealRequest) Descriptor() ([]byte, []int) {
-	return file_strand_v1_replication_proto_rawDescGZIP(), []int{8}
+	return file_strand_v1_replication_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *SealRequest) GetStream() string {
@@ -664,7 +740,7 @@ type LogEpoch struct {
 
 func (x *LogEpoch) Reset() {
 	*x = LogEpoch{}
-	mi := &file_strand_v1_replication_proto_msgTypes[9]
+	mi := &file_strand_v1_replication_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -676,7 +752,7 @@ func (x *LogEpoch) String() string {
 func (*LogEpoch) ProtoMessage() {}
 
 func (x *LogEpoch) ProtoReflect() protoreflect.Message {
-	mi := &file_strand_v1_replication_proto_msgTypes[9]
+	mi := &file_strand_v1_replication_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -689,7 +765,7 @@ func (x *LogEpoch) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LogEpoch.ProtoReflect.Descriptor instead.
 func (*LogEpoch) Descriptor() ([]byte, []int) {
-	return file_strand_v1_replication_proto_rawDescGZIP(), []int{9}
+	return file_strand_v1_replication_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *LogEpoch) GetEpoch() uint64 {
@@ -729,7 +805,7 @@ type SealResponse struct {
 
 func (x *SealResponse) Reset() {
 	*x = SealResponse{}
-	mi := &file_strand_v1_replication_proto_msgTypes[10]
+	mi := &file_strand_v1_replication_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -741,7 +817,7 @@ func (x *SealResponse) String() string {
 func (*SealResponse) ProtoMessage() {}
 
 func (x *SealResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_strand_v1_replication_proto_msgTypes[10]
+	mi := &file_strand_v1_replication_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -754,7 +830,7 @@ func (x *SealResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SealResponse.ProtoReflect.Descriptor instead.
 func (*SealResponse) Descriptor() ([]byte, []int) {
-	return file_strand_v1_replication_proto_rawDescGZIP(), []int{10}
+	return file_strand_v1_replication_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *SealResponse) GetNode() string {
@@ -827,7 +903,7 @@ const file_strand_v1_replication_proto_rawDesc = "" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\"\xed\x01\n" +
 	"\x0eFollowResponse\x120\n" +
 	"\abatches\x18\b \x03(\v2\x16.strand.v1.FollowBatchR\abatches\x12(\n" +
-	"\x04ends\x18\t \x03(\v2\x14.strand.v1.FollowEndR\x04endsJ\x04\b\x01\x10\x02J\x04\b\x02\x10\x03J\x04\b\x03\x10\x04J\x04\b\x04\x10\x05J\x04\b\x05\x10\x06J\x04\b\x06\x10\aJ\x04\b\a\x10\bR\x05epochR\arecordsR\rcursor_eventsR\x11confirm_watermarkR\x04headR\rchain_at_headR\x0erecord_segment\"\x8b\x02\n" +
+	"\x04ends\x18\t \x03(\v2\x14.strand.v1.FollowEndR\x04endsJ\x04\b\x01\x10\x02J\x04\b\x02\x10\x03J\x04\b\x03\x10\x04J\x04\b\x04\x10\x05J\x04\b\x05\x10\x06J\x04\b\x06\x10\aJ\x04\b\a\x10\bR\x05epochR\arecordsR\rcursor_eventsR\x11confirm_watermarkR\x04headR\rchain_at_headR\x0erecord_segment\"\xcf\x02\n" +
 	"\vFollowBatch\x12\x14\n" +
 	"\x05epoch\x18\x01 \x01(\x04R\x05epoch\x12;\n" +
 	"\rcursor_events\x18\x03 \x03(\v2\x16.strand.v1.CursorEventR\fcursorEvents\x12+\n" +
@@ -835,7 +911,15 @@ const file_strand_v1_replication_proto_rawDesc = "" +
 	"\x04head\x18\x05 \x01(\x04R\x04head\x12\"\n" +
 	"\rchain_at_head\x18\x06 \x01(\x04R\vchainAtHead\x12%\n" +
 	"\x0erecord_segment\x18\a \x01(\fR\rrecordSegment\x12\x0e\n" +
-	"\x02id\x18\b \x01(\x04R\x02idJ\x04\b\x02\x10\x03R\arecords\"I\n" +
+	"\x02id\x18\b \x01(\x04R\x02id\x12B\n" +
+	"\x0fcursor_snapshot\x18\t \x01(\v2\x19.strand.v1.CursorSnapshotR\x0ecursorSnapshotJ\x04\b\x02\x10\x03R\arecords\"\xc0\x01\n" +
+	"\x0eCursorSnapshot\x12\x1a\n" +
+	"\bboundary\x18\x01 \x01(\x04R\bboundary\x12\x14\n" +
+	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\x12@\n" +
+	"\acursors\x18\x03 \x03(\v2&.strand.v1.CursorSnapshot.CursorsEntryR\acursors\x1a:\n" +
+	"\fCursorsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\x04R\x05value:\x028\x01\"I\n" +
 	"\tFollowEnd\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x12\x12\n" +
 	"\x04code\x18\x02 \x01(\rR\x04code\x12\x18\n" +
@@ -881,7 +965,7 @@ func file_strand_v1_replication_proto_rawDescGZIP() []byte {
 	return file_strand_v1_replication_proto_rawDescData
 }
 
-var file_strand_v1_replication_proto_msgTypes = make([]protoimpl.MessageInfo, 11)
+var file_strand_v1_replication_proto_msgTypes = make([]protoimpl.MessageInfo, 13)
 var file_strand_v1_replication_proto_goTypes = []any{
 	(*FollowRequest)(nil),  // 0: strand.v1.FollowRequest
 	(*FollowStart)(nil),    // 1: strand.v1.FollowStart
@@ -889,29 +973,33 @@ var file_strand_v1_replication_proto_goTypes = []any{
 	(*FollowStop)(nil),     // 3: strand.v1.FollowStop
 	(*FollowResponse)(nil), // 4: strand.v1.FollowResponse
 	(*FollowBatch)(nil),    // 5: strand.v1.FollowBatch
-	(*FollowEnd)(nil),      // 6: strand.v1.FollowEnd
-	(*CursorEvent)(nil),    // 7: strand.v1.CursorEvent
-	(*SealRequest)(nil),    // 8: strand.v1.SealRequest
-	(*LogEpoch)(nil),       // 9: strand.v1.LogEpoch
-	(*SealResponse)(nil),   // 10: strand.v1.SealResponse
+	(*CursorSnapshot)(nil), // 6: strand.v1.CursorSnapshot
+	(*FollowEnd)(nil),      // 7: strand.v1.FollowEnd
+	(*CursorEvent)(nil),    // 8: strand.v1.CursorEvent
+	(*SealRequest)(nil),    // 9: strand.v1.SealRequest
+	(*LogEpoch)(nil),       // 10: strand.v1.LogEpoch
+	(*SealResponse)(nil),   // 11: strand.v1.SealResponse
+	nil,                    // 12: strand.v1.CursorSnapshot.CursorsEntry
 }
 var file_strand_v1_replication_proto_depIdxs = []int32{
 	1,  // 0: strand.v1.FollowRequest.starts:type_name -> strand.v1.FollowStart
 	2,  // 1: strand.v1.FollowRequest.acks:type_name -> strand.v1.FollowAck
 	3,  // 2: strand.v1.FollowRequest.stops:type_name -> strand.v1.FollowStop
 	5,  // 3: strand.v1.FollowResponse.batches:type_name -> strand.v1.FollowBatch
-	6,  // 4: strand.v1.FollowResponse.ends:type_name -> strand.v1.FollowEnd
-	7,  // 5: strand.v1.FollowBatch.cursor_events:type_name -> strand.v1.CursorEvent
-	9,  // 6: strand.v1.SealResponse.log_epochs:type_name -> strand.v1.LogEpoch
-	0,  // 7: strand.v1.ReplicationService.Follow:input_type -> strand.v1.FollowRequest
-	8,  // 8: strand.v1.ReplicationService.Seal:input_type -> strand.v1.SealRequest
-	4,  // 9: strand.v1.ReplicationService.Follow:output_type -> strand.v1.FollowResponse
-	10, // 10: strand.v1.ReplicationService.Seal:output_type -> strand.v1.SealResponse
-	9,  // [9:11] is the sub-list for method output_type
-	7,  // [7:9] is the sub-list for method input_type
-	7,  // [7:7] is the sub-list for extension type_name
-	7,  // [7:7] is the sub-list for extension extendee
-	0,  // [0:7] is the sub-list for field type_name
+	7,  // 4: strand.v1.FollowResponse.ends:type_name -> strand.v1.FollowEnd
+	8,  // 5: strand.v1.FollowBatch.cursor_events:type_name -> strand.v1.CursorEvent
+	6,  // 6: strand.v1.FollowBatch.cursor_snapshot:type_name -> strand.v1.CursorSnapshot
+	12, // 7: strand.v1.CursorSnapshot.cursors:type_name -> strand.v1.CursorSnapshot.CursorsEntry
+	10, // 8: strand.v1.SealResponse.log_epochs:type_name -> strand.v1.LogEpoch
+	0,  // 9: strand.v1.ReplicationService.Follow:input_type -> strand.v1.FollowRequest
+	9,  // 10: strand.v1.ReplicationService.Seal:input_type -> strand.v1.SealRequest
+	4,  // 11: strand.v1.ReplicationService.Follow:output_type -> strand.v1.FollowResponse
+	11, // 12: strand.v1.ReplicationService.Seal:output_type -> strand.v1.SealResponse
+	11, // [11:13] is the sub-list for method output_type
+	9,  // [9:11] is the sub-list for method input_type
+	9,  // [9:9] is the sub-list for extension type_name
+	9,  // [9:9] is the sub-list for extension extendee
+	0,  // [0:9] is the sub-list for field type_name
 }
 
 func init() { file_strand_v1_replication_proto_init() }
@@ -925,7 +1013,7 @@ func file_strand_v1_replication_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_strand_v1_replication_proto_rawDesc), len(file_strand_v1_replication_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   11,
+			NumMessages:   13,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

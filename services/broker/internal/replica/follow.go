@@ -233,7 +233,7 @@ func (s *followServer) queue(fr readyFrame) {
 
 // put queues a follow's batch and waits until the sender took it.
 func (s *followServer) put(ctx context.Context, f *servedFollow, b *strandv1.FollowBatch) error {
-	s.queue(readyFrame{batch: b, f: f, size: len(b.GetRecordSegment()) + 32*len(b.GetCursorEvents())})
+	s.queue(readyFrame{batch: b, f: f, size: len(b.GetRecordSegment()) + 32*len(b.GetCursorEvents()) + 32*len(b.GetCursorSnapshot().GetCursors())})
 	select {
 	case <-f.taken:
 		return nil
@@ -409,16 +409,29 @@ func (m *Manager) serveFollow(ctx context.Context, srv *followServer, f *servedF
 				return err
 			}
 		}
+		// A follower below the cursor events kept here (compacted below
+		// the owner's durable cursor snapshot) gets the snapshot, then the
+		// events from its boundary: the state it builds is the owner's.
+		var snap *strandv1.CursorSnapshot
+		if room && cpos < c.st.CursorEventHead() {
+			cs := c.st.CursorSnapshot()
+			snap = &strandv1.CursorSnapshot{Boundary: cs.Boundary, Epoch: cs.Epoch, Cursors: cs.Cursors}
+			cpos = cs.Boundary
+		}
 		var evs []storage.CursorEvent
 		if cpos < t.CursorEvent && room {
 			var err error
 			evs, err = c.st.ReadCursorEvents(cpos, followBatchEvents)
-			if err != nil {
+			if errors.Is(err, storage.ErrOutOfRange) && snap == nil {
+				// Compaction passed cpos while we read: the next round
+				// sends the snapshot instead.
+				evs = nil
+			} else if err != nil {
 				return err
 			}
 		}
-		if len(recs) > 0 || len(evs) > 0 || wm != lastWM || first0 {
-			b := &strandv1.FollowBatch{Id: f.id, Epoch: a.Epoch, ConfirmWatermark: wm, Head: head, ChainAtHead: chainAtHead}
+		if len(recs) > 0 || len(evs) > 0 || snap != nil || wm != lastWM || first0 {
+			b := &strandv1.FollowBatch{Id: f.id, Epoch: a.Epoch, ConfirmWatermark: wm, Head: head, ChainAtHead: chainAtHead, CursorSnapshot: snap}
 			// One segment in the storage encoding rather than a message
 			// per record: both sides' work per record is then a copy.
 			b.RecordSegment = storage.EncodeSegment(recs)
@@ -435,7 +448,7 @@ func (m *Manager) serveFollow(ctx context.Context, srv *followServer, f *servedF
 			if n := len(evs); n > 0 {
 				cpos = evs[n-1].Offset + 1
 			}
-			fc.setSent(pos, cpos, size, time.Now(), len(recs) > 0 || len(evs) > 0)
+			fc.setSent(pos, cpos, size, time.Now(), len(recs) > 0 || len(evs) > 0 || snap != nil)
 			if err := srv.put(ctx, f, b); err != nil {
 				continue // the loop's head says why the follow ends
 			}

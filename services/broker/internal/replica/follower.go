@@ -194,6 +194,20 @@ func (c *Copy) followOnce(ctx context.Context, owner string, epoch uint64) error
 		if err != nil {
 			return fmt.Errorf("owner sent an unreadable record segment: %w", err)
 		}
+		if cs := resp.GetCursorSnapshot(); cs != nil {
+			// Below the owner's retained cursor events: its snapshot
+			// stands for them. Durable before any later event is
+			// applied over it (storage waits for it).
+			err := c.st.InstallCursorSnapshot(ctx, storage.CursorSnapshot{Boundary: cs.GetBoundary(), Epoch: cs.GetEpoch(), Cursors: cs.GetCursors()})
+			if err != nil {
+				return localErr(err)
+			}
+			select {
+			case pending <- receivedBatch{at: arrived}: // acknowledged like a batch
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		}
 		evs := make([]storage.CursorEvent, 0, len(resp.GetCursorEvents()))
 		for _, e := range resp.GetCursorEvents() {
 			evs = append(evs, eventFromProto(e))

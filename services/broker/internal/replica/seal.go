@@ -109,7 +109,9 @@ func (c *Copy) effectiveTails(ctx context.Context, s storage.State, fenceEpoch u
 		return s, nil
 	}
 	s.RecordTail = max(min(s.RecordTail, cut.RecordTail), s.Head)
-	s.CursorEventTail = min(s.CursorEventTail, cut.CursorEventTail)
+	// Below its compacted cursor events the cut restarts the cursor log
+	// empty (storage, Cut): report what the copy will hold.
+	s.CursorEventTail = c.st.CursorEventTailAfterCut(min(s.CursorEventTail, cut.CursorEventTail))
 	if chain, err := c.st.ChainAt(s.RecordTail); err == nil {
 		s.Chain = chain
 	}

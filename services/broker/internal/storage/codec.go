@@ -285,7 +285,11 @@ type meta struct {
 	RecordTail      uint64 `json:"record_tail"`
 	Chain           uint64 `json:"chain"`
 	CursorEventTail uint64 `json:"cursor_event_tail"`
-	Bytes           uint64 `json:"bytes"`
+	// CursorEventsPurged: cursor event keys below it are deleted. It is at
+	// most the boundary of the durable cursor snapshot; the events between
+	// are being compacted away (compact.go).
+	CursorEventsPurged uint64 `json:"cursor_events_purged,omitempty"`
+	Bytes              uint64 `json:"bytes"`
 	// ConfirmWatermark is written lazily: on restart it may be lower than
 	// the value last set, never higher than the record tail.
 	ConfirmWatermark uint64 `json:"confirm_watermark"`
@@ -311,6 +315,11 @@ type cutIntent struct {
 	// Chain and Bytes after the cut, computed before anything is deleted.
 	Chain uint64 `json:"chain"`
 	Bytes uint64 `json:"bytes"`
+	// ResetCursors: the cut went below the copy's retained cursor events,
+	// so the cursor event log restarts empty at offset 0 (CursorEventTail
+	// is then 0) and the copy takes the new owner's cursor state when it
+	// next follows (cut.go).
+	ResetCursors bool `json:"reset_cursors,omitempty"`
 }
 
 func encodeMeta(m *meta) []byte {

@@ -53,6 +53,10 @@ type op struct {
 	written func()
 	// apply runs on the committer after the op is durable, in queue order.
 	apply func()
+	// snap, when set, is the cursor snapshot the op writes: once durable it
+	// is the copy's durable snapshot and the events below its boundary may
+	// go (compact.go).
+	snap *snapshot
 	// done receives the outcome; nil when nobody waits.
 	done chan error
 	size int
@@ -214,6 +218,9 @@ func (db *DB) commit(batch []*op) {
 	for _, o := range batch {
 		if err == nil && o.apply != nil {
 			o.apply()
+		}
+		if err == nil && o.snap != nil {
+			o.s.snapshotDurable(o.snap)
 		}
 		if err != nil && o.s != nil {
 			// Waiters on durable state (a duplicate publish waiting for its

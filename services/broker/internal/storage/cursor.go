@@ -64,10 +64,12 @@ func (s *Stream) CommitCursor(ctx context.Context, epoch uint64, cursor string, 
 	ev := CursorEvent{Offset: s.m.CursorEventTail, Epoch: epoch, Cursor: cursor, Position: position}
 	noteEpoch(&s.m, epoch, s.m.RecordTail, ev.Offset)
 	o := &op{s: s}
-	o.add(offsetKey(s.eventPrefix, ev.Offset), encodeEvent(nil, &ev))
+	enc := encodeEvent(nil, &ev)
+	o.add(offsetKey(s.eventPrefix, ev.Offset), enc)
 	s.m.CursorEventTail++
 	s.cursors[cursor] = position
-	prevBoundary := s.snapBoundary
+	prevSnap := s.snapState()
+	s.evBytes += len(enc)
 	s.maybeSnapshotLocked(o)
 	o.meta, o.version = s.snapshotMeta()
 	evTail := s.m.CursorEventTail
@@ -78,7 +80,7 @@ func (s *Stream) CommitCursor(ctx context.Context, epoch uint64, cursor string, 
 		} else {
 			delete(s.cursors, cursor)
 		}
-		s.snapBoundary = prevBoundary
+		s.restoreSnapState(prevSnap)
 		return CursorEvent{}, err
 	}
 	return ev, nil
@@ -104,10 +106,14 @@ func (s *Stream) Cursor(name string) (uint64, bool) {
 // (max of 0 or less: no bound). from must be at most the cursor event tail.
 func (s *Stream) ReadCursorEvents(from uint64, max int) ([]CursorEvent, error) {
 	s.dmu.Lock()
-	tail := s.dEvTail
+	head, tail := s.dEvHead, s.dEvTail
 	s.dmu.Unlock()
 	if from > tail {
 		return nil, fmt.Errorf("%w: cursor events from %d past tail %d", ErrOutOfRange, from, tail)
+	}
+	if from < head {
+		// Compacted: the cursor snapshot (CursorSnapshot) stands for them.
+		return nil, fmt.Errorf("%w: cursor events from %d below the retained %d", ErrOutOfRange, from, head)
 	}
 	end := tail
 	if max > 0 && uint64(max) < end-from {
@@ -119,6 +125,13 @@ func (s *Stream) ReadCursorEvents(from uint64, max int) ([]CursorEvent, error) {
 		return true
 	})
 	if err != nil {
+		s.dmu.Lock()
+		head = s.dEvHead
+		s.dmu.Unlock()
+		if from < head {
+			// Compaction passed from while we read.
+			return nil, fmt.Errorf("%w: cursor events from %d below the retained %d", ErrOutOfRange, from, head)
+		}
 		return nil, fmt.Errorf("storage: stream %q: reading cursor events: %w", s.name, err)
 	}
 	return out, nil
@@ -126,15 +139,15 @@ func (s *Stream) ReadCursorEvents(from uint64, max int) ([]CursorEvent, error) {
 
 // Snapshot persists the cursor state at boundary = the cursor event tail,
 // and the producer table at the record tail (checkpoint.go), and returns
-// once both are durable. Events below the boundary are no longer needed to
-// rebuild the state (they are kept; nothing compacts them yet).
+// once both are durable and the cursor events below the boundary are
+// compacted away (compact.go).
 func (s *Stream) Snapshot() error {
 	s.mu.Lock()
 	if s.closed {
 		s.mu.Unlock()
 		return s.closedErr()
 	}
-	prev, prevSnap, prevProd := s.m, s.snapBoundary, s.prodBoundary
+	prev, prevSnap, prevProd := s.m, s.snapState(), s.prodBoundary
 	o := &op{s: s, done: make(chan error, 1)}
 	s.addSnapshotLocked(o)
 	var dropped, taken []producerGen
@@ -144,26 +157,71 @@ func (s *Stream) Snapshot() error {
 		o.apply = func() { s.retireProducerGens(dropped) }
 	}
 	if err := s.enqueueLocked(context.Background(), o, prev); err != nil {
-		s.snapBoundary, s.prodBoundary = prevSnap, prevProd
+		s.restoreSnapState(prevSnap)
+		s.prodBoundary = prevProd
 		s.retireProducerGens(taken)
 		s.mu.Unlock()
 		return err
 	}
 	s.mu.Unlock()
-	return wait(context.Background(), o)
+	if err := wait(context.Background(), o); err != nil {
+		return err
+	}
+	return s.compactCursorEvents(context.Background())
 }
 
-// maybeSnapshotLocked folds the cursor state into a snapshot when many
-// events follow the last boundary, bounding the replay on open.
+// When a cursor snapshot is taken. A commit (or a replicated batch) folds
+// the cursor state into a new snapshot once the events after the last
+// boundary number snapshotEvery or hold snapshotEveryBytes encoded bytes,
+// so what each copy retains of its cursor event log, replays on open and
+// ships to a follower that is behind is bounded by both. But never before
+// those events hold as many bytes as the last snapshot: a stream with many
+// cursors then snapshots less often, and writing snapshots costs at most as
+// many bytes as the events they replace (the cursor log's writes at most
+// double). This is the one place the rule lives; owner and followers apply
+// it each to their own log.
+const (
+	snapshotEvery      = 4096
+	snapshotEveryBytes = 256 << 10
+)
+
+// snapshotDueLocked reports whether the rule above asks for a snapshot.
+func (s *Stream) snapshotDueLocked() bool {
+	n := s.m.CursorEventTail - s.snapBoundary
+	if n == 0 || s.evBytes < s.snapBytes {
+		return false
+	}
+	return n >= snapshotEvery || s.evBytes >= snapshotEveryBytes
+}
+
+// maybeSnapshotLocked folds the cursor state into a snapshot when the rule
+// above says so.
 func (s *Stream) maybeSnapshotLocked(o *op) {
-	if s.m.CursorEventTail-s.snapBoundary >= snapshotEvery {
+	if s.snapshotDueLocked() {
 		s.addSnapshotLocked(o)
 	}
 }
 
 // addSnapshotLocked adds the snapshot of the assigned cursor state to o.
 func (s *Stream) addSnapshotLocked(o *op) {
-	snap := snapshot{Boundary: s.m.CursorEventTail, Cursors: maps.Clone(s.cursors)}
-	o.add(s.snapKey, encodeSnapshot(&snap))
-	s.snapBoundary = snap.Boundary
+	snap := &snapshot{Boundary: s.m.CursorEventTail, Cursors: maps.Clone(s.cursors)}
+	enc := encodeSnapshot(snap)
+	o.add(s.snapKey, enc)
+	o.snap = snap
+	s.snapBoundary, s.snapBytes, s.evBytes = snap.Boundary, len(enc), 0
+}
+
+// snapState is what a snapshot changes in the assigned view, for rolling
+// back an op that could not be queued.
+type snapState struct {
+	boundary         uint64
+	snapBytes, bytes int
+}
+
+func (s *Stream) snapState() snapState {
+	return snapState{boundary: s.snapBoundary, snapBytes: s.snapBytes, bytes: s.evBytes}
+}
+
+func (s *Stream) restoreSnapState(st snapState) {
+	s.snapBoundary, s.snapBytes, s.evBytes = st.boundary, st.snapBytes, st.bytes
 }

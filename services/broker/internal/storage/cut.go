@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 
 	"github.com/dgraph-io/badger/v4"
 )
@@ -22,6 +23,10 @@ import (
 //     a snapshot that covered events past the cut keeps its state (its
 //     boundary is lowered), one below the cut absorbs the events up to it;
 //     either way the new owner's events from the cut on replay over it.
+//     A cut below the cursor events the copy retains (compaction deleted
+//     them) instead restarts the cursor event log empty at 0, with no
+//     cursors, so the copy takes the new owner's state when it next
+//     follows (docs/protocol.md, "Copies with a longer tail").
 //   - Every cursor above the new record tail is clamped down to it, and the
 //     clamp is written into the snapshot, so a returning reader resumes at
 //     the cut (receiving records again), never past records it has not seen.
@@ -48,6 +53,7 @@ func (s *Stream) Cut(recordTail, cursorEventTail uint64) error {
 	}
 	pending := s.m.Cut
 	head, rt, et, bytes := s.m.Head, s.m.RecordTail, s.m.CursorEventTail, s.m.Bytes
+	purged := s.m.CursorEventsPurged
 	s.mu.Unlock()
 	if pending != nil {
 		// An earlier call stopped part way (a test failpoint or a write
@@ -67,7 +73,15 @@ func (s *Stream) Cut(recordTail, cursorEventTail uint64) error {
 	if err != nil {
 		return err
 	}
-	intent := &cutIntent{RecordTail: newRT, CursorEventTail: newET, Chain: chain, Bytes: bytes - min(bytes, cutBytes)}
+	// Below the retained cursor events the cursor state at the cut is not
+	// known here: compaction deleted events of the shared history, and the
+	// snapshot standing for them also folded events past the cut. Rather
+	// than keep that state, the cursor event log restarts empty at 0 and
+	// the copy takes the new owner's (its snapshot, or every event, on its
+	// next follow). Compaction runs under admin, so purged is current.
+	reset := newET < purged
+	newET = cursorEventTailAfterCut(newET, purged)
+	intent := &cutIntent{RecordTail: newRT, CursorEventTail: newET, Chain: chain, Bytes: bytes - min(bytes, cutBytes), ResetCursors: reset}
 	err = s.commitMeta(ctx, func(m *meta) error {
 		if m.RecordTail != rt || m.CursorEventTail != et || m.Head != head || m.Cut != nil {
 			return fmt.Errorf("%w: stream %q changed while preparing a cut", ErrFenced, s.name)
@@ -79,6 +93,27 @@ func (s *Stream) Cut(recordTail, cursorEventTail uint64) error {
 		return err
 	}
 	return s.finishCut(ctx)
+}
+
+// cursorEventTailAfterCut is the cursor event tail a cut to et leaves on a
+// copy whose cursor events below purged are compacted: et, or 0 when et is
+// below them (the cursor event log restarts empty; see Cut).
+func cursorEventTailAfterCut(et, purged uint64) uint64 {
+	if et < purged {
+		return 0
+	}
+	return et
+}
+
+// CursorEventTailAfterCut returns the cursor event tail a Cut to
+// cursorEventTail would leave on this copy. A sealed copy reports it in its
+// seal answer, so the start recorded for it is what it holds after the cut
+// its next role change makes; compaction is held while a copy is sealed
+// (compact.go), so the answer stays true until that cut.
+func (s *Stream) CursorEventTailAfterCut(cursorEventTail uint64) uint64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return cursorEventTailAfterCut(min(cursorEventTail, s.m.CursorEventTail), s.m.CursorEventsPurged)
 }
 
 // cutPoint returns the chain at newRT and the encoded bytes of [newRT, rt).
@@ -127,10 +162,17 @@ func (s *Stream) finishCut(ctx context.Context) error {
 
 	// The cursor state at the cut: the stored snapshot (as the last
 	// transaction before the intent left it) plus the events below the cut
-	// after its boundary, clamped to the new record tail.
+	// after its boundary, clamped to the new record tail. That never needs
+	// a compacted event: compaction deletes only below a durable
+	// snapshot's boundary, and the events read here are at or above the
+	// boundary. A cut below the retained events starts empty instead
+	// (ResetCursors, see Cut).
 	snap, err := s.readSnapshot()
 	if err != nil {
 		return err
+	}
+	if c.ResetCursors {
+		snap = snapshot{}
 	}
 	cursors := make(map[string]uint64, len(snap.Cursors))
 	for k, v := range snap.Cursors {
@@ -164,15 +206,18 @@ func (s *Stream) finishCut(ctx context.Context) error {
 	return s.commitOp(ctx, func(m *meta) error {
 		m.RecordTail, m.Chain = c.RecordTail, c.Chain
 		m.CursorEventTail = c.CursorEventTail
+		m.CursorEventsPurged = min(m.CursorEventsPurged, c.CursorEventTail)
 		m.Bytes = c.Bytes
 		m.LogEpochs = cutLogEpochs(m.LogEpochs, c.RecordTail, c.CursorEventTail)
 		m.SealedLogEpochs = cutLogEpochs(m.SealedLogEpochs, c.RecordTail, c.CursorEventTail)
 		m.Cut = nil
 		return nil
 	}, func(o *op) {
-		o.add(s.snapKey, encodeSnapshot(&newSnap))
+		enc := encodeSnapshot(&newSnap)
+		o.add(s.snapKey, enc)
+		o.snap = &snapshot{Boundary: newSnap.Boundary, Cursors: maps.Clone(cursors)}
 		s.cursors = cursors
-		s.snapBoundary = newSnap.Boundary
+		s.snapBoundary, s.snapBytes, s.evBytes = newSnap.Boundary, len(enc), 0
 		// Checkpoints past the cut cover cut-away records: retired.
 		dropped, _ := s.addProducerCheckpointLocked(o, producers, c.RecordTail, func(g producerGen) bool {
 			return g.Boundary <= c.RecordTail

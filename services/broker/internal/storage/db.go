@@ -141,6 +141,19 @@ type DB struct {
 	wmDirty []*Stream
 	wmDone  chan struct{}
 
+	// afterCompactBatch, when set (tests only), runs after each batch of
+	// cursor events compaction deleted; an error stops the compaction
+	// there, as a crash would.
+	afterCompactBatch func() error
+	// holdCompaction, when set (tests only), keeps every cursor event: a
+	// snapshot not yet compacted, as a stop right after it leaves it.
+	holdCompaction atomic.Bool
+	// compactQ holds the streams whose durable snapshot may let events go;
+	// compactWake wakes compactLoop, closed compactDone once it returned.
+	compactMu   sync.Mutex
+	compactQ    map[*Stream]struct{}
+	compactWake chan struct{}
+	compactDone chan struct{}
 	// afterRecordCut, when set (tests only), runs between the record log cut
 	// and the cursor event log cut; an error aborts the cut there, leaving
 	// the intent for the next open to complete.
@@ -247,6 +260,9 @@ func Open(opts Options) (*DB, error) {
 		stopped:                 make(chan struct{}),
 		gcDone:                  make(chan struct{}),
 		wmDone:                  make(chan struct{}),
+		compactQ:                make(map[*Stream]struct{}),
+		compactWake:             make(chan struct{}, 1),
+		compactDone:             make(chan struct{}),
 		streams:                 make(map[string]*Stream),
 	}
 	db.checkAll = lost && rec.CheckAll
@@ -259,6 +275,7 @@ func Open(opts Options) (*DB, error) {
 	fail := func(err error) (*DB, error) {
 		close(db.gcDone)
 		close(db.wmDone)
+		close(db.compactDone)
 		_ = db.Close()
 		return nil, err
 	}
@@ -282,6 +299,7 @@ func Open(opts Options) (*DB, error) {
 	// delete a file the recovery reads, nor its marker.
 	go db.every(valueLogGCInterval, db.gcDone, db.valueLogGC)
 	go db.every(watermarkPersistInterval, db.wmDone, func() { db.flushWatermarks(false) })
+	go db.compactLoop()
 	return db, nil
 }
 
@@ -321,6 +339,7 @@ func (db *DB) Close() error {
 	<-db.stopped
 	<-db.gcDone
 	<-db.wmDone
+	<-db.compactDone
 	if db.pin != nil {
 		db.pin.Discard()
 	}

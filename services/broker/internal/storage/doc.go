@@ -12,7 +12,8 @@
 // order and a range of offsets is a key range.
 //
 //	m | len | name            meta: epochs, seal, head, tails, chain, bytes,
-//	                          confirm watermark, cut intent (JSON)
+//	                          confirm watermark, cut intent, cursor event
+//	                          purge mark (JSON)
 //	r | len | name | last     record segment (segment.go): the records of
 //	                          one appended batch, keyed by the offset of
 //	                          the last one, each in its codec.go encoding
@@ -31,7 +32,9 @@
 // # Logs, tails and the chain
 //
 // Records sit at dense offsets [head, record tail); cursor events at dense
-// offsets [0, cursor event tail). Tails are exclusive. Each record carries
+// offsets [cursor events purged, cursor event tail), where the purge mark
+// is at most the cursor snapshot's boundary (see "Cursor compaction").
+// Tails are exclusive. Each record carries
 // Chain = Chain(chain of the previous record, record), see Chain for exactly
 // what it covers; the chain of an empty log is 0, and the chain below the
 // head is kept in meta so ChainAt works at the head after retention or
@@ -50,7 +53,8 @@
 // one fsync.
 //
 //   - Append, AppendReplicated, Seal, AdvanceEpoch, ResetTo, Cut, Snapshot,
-//     Drop and retention return only after their writes are fsynced.
+//     InstallCursorSnapshot, Drop and retention return only after their
+//     writes are fsynced.
 //   - Between a batch's Badger commit and its fsync, its records are
 //     written (Stream.WrittenTail, ReadWritten, WaitWritten): in Badger's
 //     files, so in the OS page cache, and safe from a crash
@@ -123,7 +127,8 @@
 // a cut is idempotent. Cursors above the new record tail are clamped to it
 // (and the clamp is written into the snapshot); a snapshot that covered
 // events past the cut keeps its state with the boundary lowered to the cut,
-// so the new owner's events there replay.
+// so the new owner's events there replay, unless the cut is below the
+// retained cursor events (see "Cursor compaction").
 //
 // Known limits (docs/limits.md): after an accepted owner loss the
 // recorded start is the new owner's tails as its heartbeat last published
@@ -131,6 +136,39 @@
 // and fetch shared records again; and the owner of an epoch is never cut at
 // its own start. Storage executes the cut it is given; choosing it is the
 // broker's job.
+//
+// # Cursor compaction
+//
+// The cursor state is the snapshot plus the events after its boundary, so
+// events below a durable snapshot's boundary are deleted (compact.go). A
+// snapshot is taken by the rule in cursor.go (snapshotEvery events or
+// snapshotEveryBytes encoded bytes since the last one, never before those
+// bytes reach the last snapshot's size), by Snapshot, by a cut and by
+// InstallCursorSnapshot. Each copy applies the rule to its own log and
+// compacts after its own durable snapshot; nothing of it is replicated.
+//
+//   - The snapshot goes in the transaction of the metadata that counts its
+//     events (or before it, in a split batch: the boundary read on open is
+//     capped at the tail). Nothing is deleted before it is synced, so a
+//     torn snapshot transaction, rolled back on open (torn.go), lost no
+//     event.
+//   - Then a loop off the committer deletes [purge mark, boundary) in
+//     batches of compactBatch keys, each in one transaction with the purge
+//     mark it moves; repeating a batch finds nothing. Open finishes a
+//     compaction a stop left, before the copy is used.
+//   - ReadCursorEvents serves from the cursor event head (CursorEventHead),
+//     moved past a batch before the batch is deleted, and refuses reads
+//     below it with ErrOutOfRange; CursorSnapshot stands for them. An owner
+//     ships the snapshot to a follower below its head, which installs it
+//     (InstallCursorSnapshot: snapshot, new tail and head in one
+//     transaction) before any later event.
+//   - A cut below the purge mark restarts the cursor event log empty at 0
+//     (cutIntent.ResetCursors) rather than keep a snapshot that folded
+//     events past the cut; the copy takes the new owner's state on its
+//     next follow. A cut at or above it never reads a deleted event: it
+//     reads only from the snapshot's boundary up. A sealed copy compacts
+//     nothing until its seal is released, so the tail it reported for its
+//     next cut (CursorEventTailAfterCut) stays what that cut leaves.
 //
 // # Idempotent publish
 //

@@ -3,6 +3,8 @@ package storage
 import (
 	"context"
 	"fmt"
+	"maps"
+	"slices"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -193,4 +195,16 @@ func holdNextSync(db *DB) (inSync <-chan struct{}, release chan struct{}) {
 		}
 	}
 	return reached, release
+}
+
+// cursorState is every cursor of s as Cursor reads it.
+func cursorState(s *Stream) map[string]uint64 {
+	s.mu.Lock()
+	names := slices.Collect(maps.Keys(s.cursors))
+	s.mu.Unlock()
+	out := make(map[string]uint64, len(names))
+	for _, n := range names {
+		out[n], _ = s.Cursor(n)
+	}
+	return out
 }

@@ -55,6 +55,8 @@ func (s *Stream) AdvanceEpoch(epoch uint64) error {
 	}
 	if err == nil {
 		s.wakeAll()
+		// Compaction held while sealed (compact.go) may go on.
+		s.db.queueCompaction(s)
 	}
 	return err
 }

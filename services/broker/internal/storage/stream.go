@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -83,8 +84,11 @@ type Stream struct {
 	version uint64 // of m; see op.version
 	cursors map[string]uint64
 	// snapBoundary is the boundary of the newest snapshot handed to the
-	// committer.
+	// committer, snapBytes its encoded size, evBytes the encoded bytes of
+	// the cursor events assigned after it (the snapshot rule, cursor.go).
 	snapBoundary uint64
+	snapBytes    int
+	evBytes      int
 	// producers is the producer table of the assigned view (producers.go);
 	// prodBoundary the record offset of the newest checkpoint handed to the
 	// committer, or where the table's rebuild started.
@@ -110,9 +114,15 @@ type Stream struct {
 	// wTail and wChain are the written view: records Badger has taken
 	// (they are in the OS page cache) but not necessarily fsynced yet, at
 	// or ahead of the durable view (see WrittenTail).
-	wTail     uint64
-	wChain    uint64
-	dEvTail   uint64
+	wTail   uint64
+	wChain  uint64
+	dEvTail uint64
+	// dEvHead is the lowest cursor event ReadCursorEvents serves: events
+	// below it are compacted (or being compacted) away; dSnap is the
+	// durable cursor snapshot, whose boundary is at or above dEvHead and
+	// which stands for the events below it (compact.go).
+	dEvHead   uint64
+	dSnap     *snapshot
 	watermark uint64
 	// wmDirty: the watermark was raised and the stream is queued for the
 	// next watermark flush; wmPersisted is the highest watermark written
@@ -129,10 +139,6 @@ type Stream struct {
 	cmVersion uint64
 	cmTouched bool
 }
-
-// snapshotEvery is how many cursor events may follow the snapshot boundary
-// before a commit folds them into a new snapshot, bounding replay on open.
-const snapshotEvery = 4096
 
 // Name returns the stream's name.
 func (s *Stream) Name() string { return s.name }
@@ -183,9 +189,10 @@ func (db *DB) loadStream(name string) (*Stream, error) {
 	s := db.newStream(name)
 	ctx := context.Background()
 	var (
-		m     meta
-		snap  snapshot
-		found bool
+		m        meta
+		snap     snapshot
+		snapSize int
+		found    bool
 	)
 	err := db.bdb.View(func(txn *badger.Txn) error {
 		item, err := txn.Get(s.metaKey)
@@ -210,6 +217,7 @@ func (db *DB) loadStream(name string) (*Stream, error) {
 			return err
 		}
 		return item.Value(func(v []byte) (err error) {
+			snapSize = len(v)
 			snap, err = decodeSnapshot(v)
 			return err
 		})
@@ -226,6 +234,7 @@ func (db *DB) loadStream(name string) (*Stream, error) {
 	s.wTail, s.wChain = s.dTail, s.dChain
 	s.watermark = min(m.ConfirmWatermark, m.RecordTail)
 	s.wmPersisted = s.watermark
+	s.dSnap = &snapshot{}
 	if !found {
 		s.m = meta{}
 		if err := s.commitMeta(ctx, nil); err != nil {
@@ -242,7 +251,14 @@ func (db *DB) loadStream(name string) (*Stream, error) {
 	if err := db.deleteRange(ctx, s.eventPrefix, m.CursorEventTail, maxOffset); err != nil {
 		return nil, fmt.Errorf("storage: loading stream %q: %w", name, err)
 	}
-	s.snapBoundary = snap.Boundary
+	// A snapshot is written with (or before, in a batch split by Badger's
+	// transaction bound) the metadata that counts its events, so it may
+	// claim a boundary past a tail a crash left: it then stands for the
+	// events up to the tail.
+	snap.Boundary = min(snap.Boundary, m.CursorEventTail)
+	s.snapBoundary, s.snapBytes = snap.Boundary, snapSize
+	s.dSnap = &snapshot{Boundary: snap.Boundary, Cursors: maps.Clone(snap.Cursors)}
+	s.dEvHead = min(m.CursorEventsPurged, snap.Boundary)
 	if err := s.rebuildCursors(snap); err != nil {
 		return nil, fmt.Errorf("storage: loading stream %q: %w", name, err)
 	}
@@ -270,6 +286,11 @@ func (db *DB) loadStream(name string) (*Stream, error) {
 	if err := s.loadProducers(ctx, !cutting); err != nil {
 		return nil, err
 	}
+	// A compaction a stop interrupted (between the durable snapshot and
+	// the last delete, or inside the deletes) is finished here.
+	if err := s.compactCursorEvents(ctx); err != nil {
+		return nil, err
+	}
 	return s, nil
 }
 
@@ -281,14 +302,17 @@ func (s *Stream) rebuildCursors(snap snapshot) error {
 		cursors[k] = v
 	}
 	from := min(snap.Boundary, s.m.CursorEventTail)
+	bytes := 0
 	err := s.scanEvents(from, s.m.CursorEventTail, func(ev CursorEvent) bool {
 		cursors[ev.Cursor] = ev.Position
+		bytes += len(encodeEvent(nil, &ev))
 		return true
 	})
 	if err != nil {
 		return err
 	}
 	s.cursors = cursors
+	s.evBytes = bytes
 	return nil
 }
 
@@ -668,6 +692,8 @@ func (s *Stream) EnqueueReplicated(ctx context.Context, recs []Record, evs []Cur
 	et := s.m.CursorEventTail
 	prev := s.m
 	prevCursors := make(map[string]uint64, len(evs))
+	prevSnap := s.snapState()
+	evBytes := 0
 	o := &op{s: s}
 	seg := newSegmentBuilder(s.recPrefix, s.db.maxEntryBytes, estimate)
 	for i := range recs {
@@ -681,7 +707,9 @@ func (s *Stream) EnqueueReplicated(ctx context.Context, recs []Record, evs []Cur
 	for i := range evs {
 		ev := &evs[i]
 		noteEpoch(&s.m, ev.Epoch, s.m.RecordTail, ev.Offset)
-		o.add(offsetKey(s.eventPrefix, ev.Offset), encodeEvent(nil, ev))
+		enc := encodeEvent(nil, ev)
+		o.add(offsetKey(s.eventPrefix, ev.Offset), enc)
+		evBytes += len(enc)
 		if _, ok := prevCursors[ev.Cursor]; !ok {
 			old, had := s.cursors[ev.Cursor]
 			prevCursors[ev.Cursor] = old
@@ -692,7 +720,7 @@ func (s *Stream) EnqueueReplicated(ctx context.Context, recs []Record, evs []Cur
 		s.cursors[ev.Cursor] = ev.Position
 	}
 	s.m.CursorEventTail += uint64(len(evs))
-	prevBoundary := s.snapBoundary
+	s.evBytes += evBytes
 	s.maybeSnapshotLocked(o)
 	o.meta, o.version = s.snapshotMeta()
 	o.done = make(chan error, 1)
@@ -703,7 +731,7 @@ func (s *Stream) EnqueueReplicated(ctx context.Context, recs []Record, evs []Cur
 		s.advanceDurableEvents(evTail)
 	}
 	if err := s.enqueueLocked(ctx, o, prev); err != nil {
-		s.snapBoundary = prevBoundary
+		s.restoreSnapState(prevSnap)
 		for k, v := range prevCursors {
 			if v == noCursor {
 				delete(s.cursors, k)
@@ -821,6 +849,7 @@ func (s *Stream) setDurable(tail, chain, evTail, watermark uint64) {
 	s.dmu.Lock()
 	defer s.dmu.Unlock()
 	s.dTail, s.dChain, s.dEvTail = tail, chain, evTail
+	s.dEvHead = min(s.dEvHead, evTail)
 	s.wTail, s.wChain = tail, chain
 	s.watermark = min(watermark, tail)
 	s.wmPersisted = min(s.wmPersisted, s.watermark)
