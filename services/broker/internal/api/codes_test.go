@@ -30,7 +30,6 @@ var edgeSentinels = map[string]map[string]error{
 		"ErrChainMismatch":    replica.ErrChainMismatch,
 		"ErrStaleFence":       replica.ErrStaleFence,
 		"ErrOtherIncarnation": replica.ErrOtherIncarnation,
-		"ErrInvalidFollow":    replica.ErrInvalidFollow,
 	},
 	"../storage": {
 		"ErrIncarnation":     storage.ErrIncarnation,
