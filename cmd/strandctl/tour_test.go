@@ -143,16 +143,6 @@ func contains(want ...string) func(string, string) error {
 	}
 }
 
-// containsJSON is contains for protojson output with its spaces dropped:
-// protojson puts a space after some separators or not depending on a hash
-// of the binary that prints it, so that nothing depends on its bytes, and a
-// change anywhere in the broker can flip it.
-func containsJSON(want ...string) func(string, string) error {
-	return func(out, stderr string) error {
-		return contains(want...)(strings.ReplaceAll(out, " ", ""), stderr)
-	}
-}
-
 // lines checks that stdout's lines match the patterns, one each, in order.
 func lines(patterns ...string) func(string, string) error {
 	return func(out, _ string) error {

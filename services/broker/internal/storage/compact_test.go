@@ -227,7 +227,7 @@ func TestCutBelowCompactedCursorEvents(t *testing.T) {
 		t.Run(fmt.Sprintf("owner compacted %v", ownerCompacted), func(t *testing.T) {
 			dir := t.TempDir()
 			db := openDB(t, dir)
-			old, nw := failover(t, db, true)
+			old, _ := failover(t, db, true)
 			checkCompacted(t, old, 3)
 			db.afterRecordCut = func() error { return errCrash }
 			if err := old.Cut(6, 2); !errors.Is(err, errCrash) {
@@ -238,7 +238,7 @@ func TestCutBelowCompactedCursorEvents(t *testing.T) {
 			}
 			db = openDB(t, dir)
 			defer db.Close()
-			old, nw = openStream(t, db, "old"), openStream(t, db, "new")
+			old, nw := openStream(t, db, "old"), openStream(t, db, "new")
 			st := old.State()
 			if st.RecordTail != 6 || st.CursorEventTail != 0 || len(cursorState(old)) != 0 || old.CursorEventHead() != 0 {
 				t.Fatalf("after the cut below the compacted events: %+v, cursors %v, head %d", st, cursorState(old), old.CursorEventHead())
