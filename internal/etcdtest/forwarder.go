@@ -44,12 +44,15 @@ func (s *Server) Forward(t testing.TB) *Forwarder {
 	return f
 }
 
+// Addr is the forwarder's address, host:port.
+func (f *Forwarder) Addr() string { return f.ln.Addr().String() }
+
 // Client returns a client that reaches the server through the forwarder,
 // closed at cleanup.
 func (f *Forwarder) Client(t testing.TB) *clientv3.Client {
 	t.Helper()
 	c, err := clientv3.New(clientv3.Config{
-		Endpoints: []string{"http://" + f.ln.Addr().String()}, DialTimeout: 5 * time.Second, Logger: zap.NewNop(),
+		Endpoints: []string{"http://" + f.Addr()}, DialTimeout: 5 * time.Second, Logger: zap.NewNop(),
 	})
 	if err != nil {
 		t.Fatalf("etcdtest: client: %v", err)
