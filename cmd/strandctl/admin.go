@@ -47,13 +47,13 @@ func adminCommands() []*command {
 				if e.g.json {
 					return printEach(e.stdout, res.GetBrokers())
 				}
-				t := newTable(e.stdout, "NODE", "ADDRESS", "LIVE", "STARTED")
+				t := newTable(e.stdout, "NODE", "ADDRESS", "ZONE", "LIVE", "STARTED")
 				for _, b := range res.GetBrokers() {
 					started := "-"
 					if b.GetStartTime() != nil {
 						started = b.GetStartTime().AsTime().Local().Format(time.DateTime)
 					}
-					t.row(b.GetNode(), dash(b.GetAddress()), yesNo(b.GetLive()), started)
+					t.row(b.GetNode(), dash(b.GetAddress()), dash(b.GetZone()), yesNo(b.GetLive()), started)
 				}
 				t.flush()
 				return nil

@@ -121,6 +121,7 @@ func NameIn(dir, key string) (string, error) {
 var (
 	streamName = regexp.MustCompile(`^[a-z0-9][a-z0-9._-]{0,127}$`)
 	nodeName   = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$`)
+	zoneName   = nodeName
 )
 
 // ErrInvalidName is returned for stream or node names outside the allowed form.
@@ -138,6 +139,15 @@ func ValidateStreamName(name string) error {
 func ValidateNodeName(name string) error {
 	if !nodeName.MatchString(name) {
 		return fmt.Errorf("%w: node id %q must match [A-Za-z0-9][A-Za-z0-9._-]{0,63}", ErrInvalidName, name)
+	}
+	return nil
+}
+
+// ValidateZone checks a broker's zone: empty (none), or a name of the
+// node id's form.
+func ValidateZone(zone string) error {
+	if zone != "" && !zoneName.MatchString(zone) {
+		return fmt.Errorf("%w: zone %q must be empty or match [A-Za-z0-9][A-Za-z0-9._-]{0,63}", ErrInvalidName, zone)
 	}
 	return nil
 }

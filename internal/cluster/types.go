@@ -11,6 +11,10 @@ type BrokerInfo struct {
 	Node      string    `json:"node"`
 	Address   string    `json:"address"`
 	StartTime time.Time `json:"start_time"`
+	// Zone is the failure zone the broker runs in (its --zone; "" when
+	// unset). Placement spreads a stream's copies over zones
+	// (docs/architecture.md, "Zones").
+	Zone string `json:"zone,omitempty"`
 }
 
 // Role of a copy.

@@ -26,6 +26,7 @@ func main() {
 	var etcd string
 	fs := flag.NewFlagSet("strand-broker", flag.ExitOnError)
 	fs.StringVar(&cfg.Node, "node", "", "node id (required)")
+	fs.StringVar(&cfg.Zone, "zone", "", "failure zone this broker runs in (a rack, an availability zone); placement spreads each stream's copies over zones")
 	fs.StringVar(&cfg.Listen, "listen", "127.0.0.1:7110", "address to serve on")
 	fs.StringVar(&cfg.Advertise, "advertise", "", "address peers and clients use (default: the listen address)")
 	fs.StringVar(&cfg.DataDir, "data-dir", "", "directory for the Badger store (required)")

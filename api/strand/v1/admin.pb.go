@@ -676,11 +676,13 @@ func (x *AttentionEntry) GetAction() string {
 }
 
 type Broker struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Node          string                 `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
-	Address       string                 `protobuf:"bytes,2,opt,name=address,proto3" json:"address,omitempty"`
-	StartTime     *timestamppb.Timestamp `protobuf:"bytes,3,opt,name=start_time,json=startTime,proto3" json:"start_time,omitempty"`
-	Live          bool                   `protobuf:"varint,4,opt,name=live,proto3" json:"live,omitempty"`
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	Node      string                 `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
+	Address   string                 `protobuf:"bytes,2,opt,name=address,proto3" json:"address,omitempty"`
+	StartTime *timestamppb.Timestamp `protobuf:"bytes,3,opt,name=start_time,json=startTime,proto3" json:"start_time,omitempty"`
+	Live      bool                   `protobuf:"varint,4,opt,name=live,proto3" json:"live,omitempty"`
+	// zone is the broker's --zone, empty when unset.
+	Zone          string `protobuf:"bytes,6,opt,name=zone,proto3" json:"zone,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -741,6 +743,13 @@ func (x *Broker) GetLive() bool {
 		return x.Live
 	}
 	return false
+}
+
+func (x *Broker) GetZone() string {
+	if x != nil {
+		return x.Zone
+	}
+	return ""
 }
 
 type CreateStreamRequest struct {
@@ -1865,13 +1874,14 @@ const file_strand_v1_admin_proto_rawDesc = "" +
 	"start_node\x18\x06 \x01(\tR\tstartNode\x12\x12\n" +
 	"\x04node\x18\a \x01(\tR\x04node\x120\n" +
 	"\x05since\x18\b \x01(\v2\x1a.google.protobuf.TimestampR\x05since\x12\x16\n" +
-	"\x06action\x18\t \x01(\tR\x06action\"\x85\x01\n" +
+	"\x06action\x18\t \x01(\tR\x06action\"\x99\x01\n" +
 	"\x06Broker\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x18\n" +
 	"\aaddress\x18\x02 \x01(\tR\aaddress\x129\n" +
 	"\n" +
 	"start_time\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\tstartTime\x12\x12\n" +
-	"\x04live\x18\x04 \x01(\bR\x04live\"\xa7\x01\n" +
+	"\x04live\x18\x04 \x01(\bR\x04live\x12\x12\n" +
+	"\x04zone\x18\x06 \x01(\tR\x04zone\"\xa7\x01\n" +
 	"\x13CreateStreamRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x16\n" +
 	"\x06copies\x18\x02 \x01(\rR\x06copies\x120\n" +

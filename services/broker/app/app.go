@@ -29,7 +29,11 @@ import (
 
 // Config configures a broker.
 type Config struct {
-	Node           string
+	Node string
+	// Zone is the failure zone the broker runs in (a rack, an availability
+	// zone), stored in its registration: placement spreads each stream's
+	// copies over zones (docs/operating.md, "Zones"). Empty: none.
+	Zone           string
 	Listen         string
 	Advertise      string
 	DataDir        string
@@ -78,6 +82,9 @@ type Config struct {
 func (c *Config) defaults() error {
 	if err := cluster.ValidateNodeName(c.Node); err != nil {
 		return fmt.Errorf("broker: --node: %w", err)
+	}
+	if err := cluster.ValidateZone(c.Zone); err != nil {
+		return fmt.Errorf("broker: --zone: %w", err)
 	}
 	if err := rpcserver.ValidatePeerTokens(c.PeerToken, c.PeerTokensAccepted); err != nil {
 		return fmt.Errorf("broker: %w", err)
@@ -199,7 +206,7 @@ func Start(ctx context.Context, cfg Config) (*App, error) {
 		return nil, fmt.Errorf("broker: copies: %w", err)
 	}
 	co = coord.New(coord.Config{
-		Client: a.etcd, Schema: schema, Node: cfg.Node, Address: a.cfg.Advertise,
+		Client: a.etcd, Schema: schema, Node: cfg.Node, Zone: cfg.Zone, Address: a.cfg.Advertise,
 		Heartbeat: cfg.Heartbeat, LeaseTTL: cfg.LeaseTTL, Logger: log, Manager: a.manager,
 	})
 	a.coord = co

@@ -25,6 +25,7 @@ type Config struct {
 	Client    *clientv3.Client
 	Schema    cluster.Schema
 	Node      string
+	Zone      string
 	Address   string
 	Heartbeat time.Duration
 	LeaseTTL  time.Duration
@@ -141,7 +142,7 @@ func (c *Coord) runSession(ctx context.Context, readyOnce *bool) error {
 		// register.
 		return errors.New("coord: closing")
 	}
-	info := cluster.BrokerInfo{Node: c.cfg.Node, Address: c.cfg.Address, StartTime: c.start}
+	info := cluster.BrokerInfo{Node: c.cfg.Node, Address: c.cfg.Address, StartTime: c.start, Zone: c.cfg.Zone}
 	if _, err := c.cfg.Client.Put(ctx, c.cfg.Schema.BrokerKey(c.cfg.Node), cluster.Encode(info), clientv3.WithLease(sess.Lease())); err != nil {
 		return fmt.Errorf("coord: register: %w", err)
 	}

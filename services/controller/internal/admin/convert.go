@@ -95,7 +95,7 @@ func attentionToProto(e attention.Entry) *strandv1.AttentionEntry {
 }
 
 func brokerToProto(b cluster.BrokerInfo, live bool) *strandv1.Broker {
-	out := &strandv1.Broker{Node: b.Node, Address: b.Address, Live: live}
+	out := &strandv1.Broker{Node: b.Node, Address: b.Address, Live: live, Zone: b.Zone}
 	if !b.StartTime.IsZero() {
 		out.StartTime = timestamppb.New(b.StartTime)
 	}

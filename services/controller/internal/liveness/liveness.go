@@ -521,8 +521,11 @@ func ReplenishWith(s *state.Snapshot, load placement.Load, a cluster.Assignment,
 		order = append(order, c.Node)
 	}
 	need := copies - a.Copies()
-	exclude := append(append(a.Members(), order...), silent...)
-	order = append(order, placement.PickUpTo(load, need, exclude)...)
+	// Silent brokers are left out of the live ones rather than excluded:
+	// not being members, they must not count as covering a zone either
+	// (placement.Pick spreads by the zones of the live brokers excluded).
+	exclude := append(a.Members(), order...)
+	order = append(order, placement.PickUpTo(load.Without(silent), need, exclude)...)
 
 	next = a
 	next.Followers = slices.Clone(a.Followers)

@@ -72,6 +72,17 @@ func TestReplenish(t *testing.T) {
 			a:    asg(majority, "b2", "b3"), copies: 3, down: []string{"b8"}, want: []string{"b9"},
 		},
 		{
+			name: "zones: the fresh broker is in the zone no member covers",
+			snap: state.Build().Live("b2", "b3", "b4", "b9").Zone("a", "b2", "b4").Zone("b", "b3").Zone("c", "b9").Snapshot(),
+			a:    asg(majority, "b2", "b3"), copies: 3, want: []string{"b9"},
+		},
+		{
+			name: "zones: a silent broker covers no zone (and is not placed)",
+			snap: state.Build().Live("b2", "b3", "b4", "b5", "b6").Zone("a", "b2", "b4").Zone("b", "b3").Zone("c", "b5", "b6").
+				Stream(asg(majority, "b2", "b3")).Tails("b5", "s", cluster.CopyTails{Epoch: 1, Role: cluster.RoleOwner, RecordTail: 9}).StaleHeartbeat("b5").Snapshot(),
+			a: asg(majority, "b2", "b3"), copies: 3, want: []string{"b6"},
+		},
+		{
 			name: "at its copies: nothing",
 			snap: state.Build().Live("b1", "b2", "b3").Tails("b1", "s", sealed(9)).Snapshot(),
 			a:    asg(majority, "b2", "b3"), copies: 2,

@@ -13,16 +13,26 @@ import (
 // than copies asked for.
 var ErrNotEnoughBrokers = errors.New("placement: not enough live brokers")
 
-// Load is what placement knows about the cluster: the live brokers and how
-// many copies and owned streams each holds.
+// Load is what placement knows about the cluster: the live brokers, how
+// many copies and owned streams each holds, and the zone each is in.
 type Load struct {
 	Live   []string
 	Copies map[string]int
 	Owned  map[string]int
+	// Zone is each broker's zone (its --zone). A broker missing from it,
+	// or with "", counts as one zone shared by all such brokers, so a
+	// cluster that sets no zones is placed by load alone.
+	Zone map[string]string
 }
 
-// Pick chooses n distinct live brokers not in exclude: fewest assigned copies
-// first, ties by node id, so placement is deterministic and spreads copies.
+// Pick chooses n distinct live brokers not in exclude. Copies are spread
+// over zones first (docs/architecture.md, "Zones"): each pick goes to a
+// zone holding the fewest of the stream's copies so far, counting the live
+// brokers in exclude (the stream's members, when a stream gains copies) and
+// the brokers already picked; within that, fewest assigned copies first,
+// ties by node id, so placement is deterministic and spreads load. A
+// member that is not in Live covers no zone: the copy replacing it may go
+// to its zone again.
 func Pick(l Load, n int, exclude []string) ([]string, error) {
 	var cand []string
 	for _, node := range l.Live {
@@ -39,7 +49,32 @@ func Pick(l Load, n int, exclude []string) ([]string, error) {
 		}
 		return strings.Compare(a, b)
 	})
-	return cand[:n], nil
+	if len(l.Zone) == 0 {
+		return cand[:n], nil
+	}
+	// inZone counts the stream's copies per zone: its live members first.
+	inZone := make(map[string]int)
+	for _, m := range exclude {
+		if slices.Contains(l.Live, m) {
+			inZone[l.Zone[m]]++
+		}
+	}
+	chosen := make([]string, 0, n)
+	for range n {
+		// cand is in load order, so the first candidate of a least
+		// covered zone is the least loaded of them.
+		best := -1
+		for i, node := range cand {
+			if best < 0 || inZone[l.Zone[node]] < inZone[l.Zone[cand[best]]] {
+				best = i
+			}
+		}
+		node := cand[best]
+		chosen = append(chosen, node)
+		inZone[l.Zone[node]]++
+		cand = slices.Delete(cand, best, best+1)
+	}
+	return chosen, nil
 }
 
 // PickUpTo is Pick for as many as n brokers, fewer when fewer are eligible.
@@ -50,6 +85,18 @@ func PickUpTo(l Load, n int, exclude []string) []string {
 		}
 	}
 	return nil
+}
+
+// Without returns l with nodes left out of Live: brokers that are
+// registered but are not to be picked nor to count as covering a zone (a
+// member being replaced, a broker not yet heard from). l itself is left as
+// it is, so one load serves many streams.
+func (l Load) Without(nodes []string) Load {
+	if len(nodes) == 0 {
+		return l
+	}
+	l.Live = slices.DeleteFunc(slices.Clone(l.Live), func(n string) bool { return slices.Contains(nodes, n) })
+	return l
 }
 
 // Place chooses the owner and followers of a new stream with copies copies.

@@ -20,6 +20,16 @@ func (b *Builder) Live(nodes ...string) *Builder {
 	return b
 }
 
+// Zone sets the zone of registered brokers.
+func (b *Builder) Zone(zone string, nodes ...string) *Builder {
+	for _, n := range nodes {
+		info := b.s.Brokers[n]
+		info.Zone = zone
+		b.s.Brokers[n] = info
+	}
+	return b
+}
+
 // Tails adds stream's tails to node's heartbeat.
 func (b *Builder) Tails(node, stream string, t cluster.CopyTails) *Builder {
 	hb, ok := b.s.Heartbeats[node]

@@ -328,6 +328,22 @@ func (s *Snapshot) HeardSince(node, stream string, rev int64) bool {
 	return revs[cluster.HeartbeatShard(stream)] > rev
 }
 
+// Zones returns each live broker's zone, nil when no broker has one (a
+// cluster without zones is placed by load alone).
+func (s *Snapshot) Zones() map[string]string {
+	var out map[string]string
+	for n, info := range s.Brokers {
+		if info.Zone == "" {
+			continue
+		}
+		if out == nil {
+			out = make(map[string]string, len(s.Brokers))
+		}
+		out[n] = info.Zone
+	}
+	return out
+}
+
 // LiveBrokers returns the live broker ids in order.
 func (s *Snapshot) LiveBrokers() []string {
 	out := make([]string, 0, len(s.Brokers))

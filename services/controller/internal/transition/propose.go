@@ -60,7 +60,7 @@ func Candidates(s *state.Snapshot, stream string, nodes []string) []Candidate {
 // LoadOf is what placement needs from a snapshot.
 func LoadOf(s *state.Snapshot) placement.Load {
 	copies, owned := s.CopyCounts()
-	return placement.Load{Live: s.LiveBrokers(), Copies: copies, Owned: owned}
+	return placement.Load{Live: s.LiveBrokers(), Copies: copies, Owned: owned, Zone: s.Zones()}
 }
 
 // ProposeRecovery builds the pending recovery for stream, whose current
@@ -102,7 +102,10 @@ func ProposeRecoveryWith(s *state.Snapshot, load placement.Load, stream string, 
 			gone++
 		}
 	}
-	added := placement.PickUpTo(load, gone, a.Members())
+	// A member lost by probe is still registered: left out of the live
+	// brokers, its zone is one the replacement may take again, so the
+	// stream keeps its spread over zones.
+	added := placement.PickUpTo(load.Without(lost), gone, a.Members())
 	policy := a.Policy
 	if spec, ok := s.Streams[stream]; ok {
 		policy = spec.Value.Policy

@@ -53,6 +53,20 @@ func TestProposeRecovery(t *testing.T) {
 			wantProposed: "b2", wantAdded: []string{"b9"},
 		},
 		{
+			name: "zones: the replacement of a dead owner goes to the zone no live member covers",
+			snap: state.Build().Live("b2", "b3", "b4", "b5").Zone("a", "b5").Zone("b", "b2", "b4").Zone("c", "b3").
+				Stream(asg("b1", "b2", "b3")).Snapshot(),
+			// By load and id alone b4 (zone b, covered by b2) comes first.
+			wantProposed: "b2", wantAdded: []string{"b5"},
+		},
+		{
+			name: "zones: an owner lost by probe covers no zone; its replacement goes to its zone",
+			snap: state.Build().Live("b1", "b2", "b3", "b4", "b5").Zone("a", "b1", "b5").Zone("b", "b2", "b4").Zone("c", "b3").
+				Stream(asg("b1", "b2", "b3")).Snapshot(),
+			// By load and id b4 (zone b, already covered by b2) comes first.
+			lost: []string{"b1"}, wantProposed: "b2", wantAdded: []string{"b5"},
+		},
+		{
 			name:    "single copy",
 			snap:    state.Build().Live("b2").Stream(asg("b1")).Snapshot(),
 			wantErr: ErrSingleCopy,
