@@ -18,6 +18,7 @@ import (
 	"github.com/strandhq/strand/internal/rpcserver"
 	"github.com/strandhq/strand/services/broker/app"
 	"github.com/strandhq/strand/services/broker/internal/api"
+	"github.com/strandhq/strand/services/broker/internal/replica"
 	"github.com/strandhq/strand/services/broker/internal/storage"
 )
 
@@ -43,6 +44,7 @@ func main() {
 	fs.IntVar(&cfg.DedupeProducers, "dedupe-producers", storage.DefaultMaxProducers, "idempotent publish: producers tracked per stream (least recently used evicted)")
 	fs.IntVar(&cfg.DedupeWindow, "dedupe-window", storage.DefaultProducerWindow, "idempotent publish: records per producer kept for duplicate detection")
 	fs.IntVar(&cfg.DedupeBatches, "dedupe-batches", storage.DefaultProducerBatches, "idempotent publish: batches per producer kept for duplicate detection (a producer's consecutive batches count as one)")
+	fs.DurationVar(&cfg.OrphanGrace, "orphan-grace", replica.DefaultOrphanGrace, "how long a copy no assignment includes is kept before it is deleted (a pending recovery that names this broker keeps it longer)")
 	fs.StringVar(&cfg.LogLevel, "log-level", "info", "debug, info, warn or error")
 	debugAddr := fs.String("debug-addr", "", "serve net/http/pprof here (off when empty)")
 	memLimit := fs.Int64("memory-limit-mb", 384, "soft Go heap limit in MiB (GOMEMLIMIT wins when set); keeps a broker's resident memory flat under load")

@@ -73,6 +73,10 @@ type Config struct {
 	// kernel's, storage.BootIDPath); tests point it at a file to play a
 	// reboot.
 	BootIDPath string
+	// OrphanGrace is how long a copy its stream's assignment leaves out is
+	// kept before it is deleted (0: replica.DefaultOrphanGrace;
+	// docs/operating.md, "Orphan copies").
+	OrphanGrace time.Duration
 	// StorageFault, when set, fails the store's next writes while it
 	// returns an error (storage.Options.WriteFault): fault tests of a
 	// broker whose disk fails.
@@ -199,7 +203,11 @@ func Start(ctx context.Context, cfg Config) (*App, error) {
 		Dial: func(addr string) strandv1connect.ReplicationServiceClient {
 			return strandv1connect.NewReplicationServiceClient(httpClient, rpcserver.BaseURL(addr), rpcserver.WithPeerToken(cfg.PeerToken))
 		},
-		Metrics: met,
+		Metrics:     met,
+		OrphanGrace: cfg.OrphanGrace,
+		ReadStream: func(ctx context.Context, stream string) (replica.StreamKeys, error) {
+			return co.ReadStream(ctx, stream)
+		},
 	})
 	if err != nil {
 		_ = ln.Close()

@@ -95,6 +95,37 @@ func (c *Coord) History(ctx context.Context, stream string) (cluster.HistoryStar
 	return cluster.Decode[cluster.HistoryStarts](resp.Kvs[0].Value)
 }
 
+// ReadStream reads a stream's assignment and pending recovery in one
+// read-only transaction, so both are of one revision: the orphan check
+// decides on what etcd holds, not on the watch's view alone
+// (replica.Copy.dropIfOrphan). A value that cannot be decoded is an error,
+// which keeps the copy.
+func (c *Coord) ReadStream(ctx context.Context, stream string) (replica.StreamKeys, error) {
+	resp, err := c.cfg.Client.Txn(ctx).Then(
+		clientv3.OpGet(c.cfg.Schema.AssignmentKey(stream)),
+		clientv3.OpGet(c.cfg.Schema.RecoveryKey(stream)),
+	).Commit()
+	if err != nil {
+		return replica.StreamKeys{}, err
+	}
+	var out replica.StreamKeys
+	if kvs := resp.Responses[0].GetResponseRange().GetKvs(); len(kvs) > 0 {
+		a, err := cluster.Decode[cluster.Assignment](kvs[0].Value)
+		if err != nil {
+			return replica.StreamKeys{}, err
+		}
+		out.Assignment = &a
+	}
+	if kvs := resp.Responses[1].GetResponseRange().GetKvs(); len(kvs) > 0 {
+		r, err := cluster.Decode[cluster.Recovery](kvs[0].Value)
+		if err != nil {
+			return replica.StreamKeys{}, err
+		}
+		out.Recovery = &r
+	}
+	return out, nil
+}
+
 // Run registers and serves until ctx ends. A lost session (partition, lease
 // expiry) is replaced by a new one: the broker's copies are fenced by seals,
 // not by this process's belief about its lease.

@@ -25,6 +25,14 @@
 //	strand_broker_heartbeat_ticks_total      heartbeat intervals gone through while registered
 //	strand_broker_heartbeat_txns_total       heartbeat transactions written (one etcd revision each)
 //	strand_broker_heartbeat_omitted_copies   copies left out of the heartbeat for want of room
+//	strand_broker_orphan_copies              copies their stream's assignment leaves out,
+//	                                         kept while the orphan grace runs (--orphan-grace)
+//	strand_broker_orphan_checks_held_total   orphan checks past the grace that kept the copy
+//	                                         (a pending recovery names the broker, or etcd unread)
+//	strand_broker_orphan_copies_deleted_total
+//	                                         orphan copies deleted
+//	strand_broker_orphan_bytes_reclaimed_total
+//	                                         retained bytes those copies held
 //
 // Every broker has a registry of its own, so brokers running in one process
 // (tests, strandctl dev) do not share series.
@@ -56,6 +64,8 @@ type Broker struct {
 	followCalls    prometheus.Counter
 	followCallsNow prometheus.Gauge
 	followsNow     prometheus.Gauge
+	orphanDeleted  prometheus.Counter
+	orphanBytes    prometheus.Counter
 }
 
 // buckets run from 100 µs to about 6.5 s, doubling: a fsync on a fast
@@ -91,9 +101,13 @@ func New() *Broker {
 			Help: "Owner: Follow calls being served."}),
 		followsNow: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: "strand", Subsystem: "broker", Name: "follows",
 			Help: "Owner: stream follows being served on the Follow calls."}),
+		orphanDeleted: prometheus.NewCounter(prometheus.CounterOpts{Namespace: "strand", Subsystem: "broker", Name: "orphan_copies_deleted_total",
+			Help: "Orphan copies deleted: copies of existing streams whose assignment left this broker out for the orphan grace."}),
+		orphanBytes: prometheus.NewCounter(prometheus.CounterOpts{Namespace: "strand", Subsystem: "broker", Name: "orphan_bytes_reclaimed_total",
+			Help: "Retained record bytes the deleted orphan copies held (the disk the value log GC gets back)."}),
 	}
 	b.registry.MustRegister(b.commitWrite, b.commitSync, b.publishDurable, b.publishConfirm, b.confirmTimeout, b.followAck, b.followApply,
-		b.followCalls, b.followCallsNow, b.followsNow,
+		b.followCalls, b.followCallsNow, b.followsNow, b.orphanDeleted, b.orphanBytes,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return b
 }
@@ -137,6 +151,33 @@ func (b *Broker) Heartbeats(ticks, txns, omitted func() int64) {
 			Help: "Copies left out of the broker's heartbeat shards because a shard would pass its size bound; the controller sees no status for them."},
 			func() float64 { return float64(omitted()) }),
 	)
+}
+
+// Orphans registers the series of copies left out of their stream's
+// assignment: those waiting out the orphan grace, and the checks past it
+// that kept the copy.
+func (b *Broker) Orphans(waiting, held func() int64) {
+	if b == nil {
+		return
+	}
+	b.registry.MustRegister(
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "strand", Subsystem: "broker", Name: "orphan_copies",
+			Help: "Copies whose stream's assignment leaves this broker out, kept while the orphan grace (--orphan-grace) runs."},
+			func() float64 { return float64(waiting()) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Namespace: "strand", Subsystem: "broker", Name: "orphan_checks_held_total",
+			Help: "Orphan checks past the grace that kept the copy: a pending recovery names this broker, etcd's assignment includes it after all, or etcd could not be read."},
+			func() float64 { return float64(held()) }),
+	)
+}
+
+// OrphanDeleted records an orphan copy deleted, with the retained bytes it
+// held.
+func (b *Broker) OrphanDeleted(bytes uint64) {
+	if b == nil {
+		return
+	}
+	b.orphanDeleted.Inc()
+	b.orphanBytes.Add(float64(bytes))
 }
 
 // Handler serves the registry in the Prometheus exposition format.

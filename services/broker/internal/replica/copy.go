@@ -51,6 +51,14 @@ type Copy struct {
 	// (withholdOwner).
 	unsureEpoch   uint64
 	ownerWithheld bool
+	// orphanAsked and desiredSet say why the loop was kicked: an orphan
+	// check (askOrphanCheck), a new assignment (setDesired).
+	orphanAsked, desiredSet bool
+	// dropMu orders a seal against the copy's deletion as an orphan
+	// (dropIfOrphan); dropped, set under dropMu, says the deletion
+	// happened.
+	dropMu  sync.Mutex
+	dropped bool
 }
 
 func newCopy(m *Manager, name string, st *storage.Stream) *Copy {
@@ -82,6 +90,7 @@ func (c *Copy) setDesired(a *cluster.Assignment) {
 		cp := *a
 		c.desired = &cp
 	}
+	c.desiredSet = true
 	c.mu.Unlock()
 	select {
 	case c.kick <- struct{}{}:
@@ -114,6 +123,19 @@ func (c *Copy) reconcileLoop(ctx context.Context) {
 				return
 			case <-c.kick:
 			}
+		}
+		c.mu.Lock()
+		orphan, desiredSet := c.orphanAsked, c.desiredSet
+		c.orphanAsked, c.desiredSet = false, false
+		c.mu.Unlock()
+		if orphan && c.dropIfOrphan(ctx) {
+			c.m.heartbeatNow("")
+			return
+		}
+		if orphan && !desiredSet && retry == 0 {
+			// An orphan check alone: nothing to apply, nor a heartbeat
+			// to ask for (a copy that took nothing in says nothing new).
+			continue
 		}
 		dropped, err := c.reconcile(ctx)
 		// The status may have changed (a role, an epoch, a cut, the copy

@@ -42,6 +42,12 @@ type Config struct {
 	// Metrics records where publishes and follow batches wait; nil
 	// records nothing.
 	Metrics *metrics.Broker
+	// OrphanGrace is how long a copy its stream's assignment leaves out
+	// is kept before it is deleted (orphan.go; 0: DefaultOrphanGrace).
+	OrphanGrace time.Duration
+	// ReadStream reads a stream's assignment and pending recovery from
+	// etcd, for the orphan check; nil deletes no orphan.
+	ReadStream func(ctx context.Context, stream string) (StreamKeys, error)
 }
 
 // Manager holds every copy on this broker and what the broker knows of the
@@ -82,6 +88,7 @@ type Manager struct {
 	// exist all the same, and a client must be told to retry, not that it
 	// does not exist (unknown).
 	assignmentsCurrent bool
+	orphans            orphans
 }
 
 // NewManager opens every stream storage already holds, so a restarted broker
@@ -99,6 +106,9 @@ func NewManager(cfg Config) (*Manager, error) {
 	if cfg.RetentionInterval <= 0 {
 		cfg.RetentionInterval = 2 * time.Second
 	}
+	if cfg.OrphanGrace <= 0 {
+		cfg.OrphanGrace = DefaultOrphanGrace
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	m := &Manager{
 		cfg:         cfg,
@@ -112,6 +122,7 @@ func NewManager(cfg Config) (*Manager, error) {
 		sessions:    make(map[string]*followSession),
 		assignments: make(map[string]cluster.Assignment),
 		brokers:     make(map[string]cluster.BrokerInfo),
+		orphans:     orphans{since: make(map[string]time.Time)},
 	}
 	names, err := cfg.Storage.Streams()
 	if err != nil {
@@ -135,6 +146,11 @@ func NewManager(cfg Config) (*Manager, error) {
 	}
 	m.wg.Add(1)
 	go m.retentionLoop()
+	if cfg.ReadStream != nil {
+		m.wg.Add(1)
+		go m.orphanLoop()
+	}
+	cfg.Metrics.Orphans(func() int64 { return m.orphans.waiting.Load() }, func() int64 { return m.orphans.held.Load() })
 	return m, nil
 }
 
@@ -284,6 +300,9 @@ func (m *Manager) SyncAssignments(all map[string]cluster.Assignment, unreadable 
 func (m *Manager) AssignmentsStale() {
 	m.mu.Lock()
 	m.assignmentsCurrent = false
+	// What is assigned while the view is stale is not known: an orphan's
+	// grace starts again once it mirrors etcd.
+	clear(m.orphans.since)
 	m.mu.Unlock()
 }
 

@@ -64,6 +64,13 @@ func (m *Manager) Seal(ctx context.Context, stream string, fenceEpoch uint64, tr
 			return storage.State{}, err
 		}
 	}
+	// Held until the seal is reported, so an orphan check does not
+	// delete the copy between its seal and its report (dropIfOrphan).
+	c.dropMu.Lock()
+	defer c.dropMu.Unlock()
+	if c.dropped {
+		return storage.State{}, errDropped
+	}
 	s, err := c.st.Seal(fenceEpoch, transition)
 	if err != nil {
 		if errors.Is(err, storage.ErrFenced) {
