@@ -125,3 +125,18 @@ func TestExitCodes(t *testing.T) {
 		}
 	}
 }
+
+func TestParseZones(t *testing.T) {
+	if z, err := parseZones(""); err != nil || z != nil {
+		t.Fatalf("empty: %v %v", z, err)
+	}
+	if z, err := parseZones("a,b,eu-1c"); err != nil || !slices.Equal(z, []string{"a", "b", "eu-1c"}) {
+		t.Fatalf("a,b,eu-1c: %v %v", z, err)
+	}
+	for _, bad := range []string{"a,,b", "a,", "a b", "a,/x"} {
+		var u usageError
+		if _, err := parseZones(bad); !errors.As(err, &u) || !strings.Contains(err.Error(), "--zones") {
+			t.Errorf("parseZones(%q) = %v, want a usage error naming --zones", bad, err)
+		}
+	}
+}

@@ -5,8 +5,11 @@ import (
 	"flag"
 	"fmt"
 	"path/filepath"
+	"strings"
+	"time"
 
 	"github.com/strandhq/strand/cmd/strandctl/internal/devcluster"
+	"github.com/strandhq/strand/internal/cluster"
 	"github.com/strandhq/strand/internal/etcdcfg"
 )
 
@@ -17,6 +20,8 @@ func devCommand() *command {
 		binDir   string
 		etcdOpts = etcdcfg.Defaults()
 		restart  bool
+		zones    string
+		grace    time.Duration
 	)
 	return &command{
 		name: "dev", summary: "run a local cluster: embedded etcd, controller, recoverer and brokers as processes (Ctrl-C stops)",
@@ -27,6 +32,8 @@ func devCommand() *command {
 			fs.StringVar(&etcdOpts.Mode, "etcd-auto-compaction-mode", etcdOpts.Mode, "embedded etcd's auto-compaction: periodic (retention is a duration) or revision (retention is a count of revisions); see docs/etcd.md")
 			fs.StringVar(&etcdOpts.Retention, "etcd-auto-compaction-retention", etcdOpts.Retention, "history the embedded etcd keeps: a duration such as 5m (periodic) or a count such as 10000 (revision); 0 turns compaction off")
 			fs.Int64Var(&etcdOpts.QuotaBytes, "etcd-quota-backend-bytes", etcdOpts.QuotaBytes, "embedded etcd's backend quota in bytes; past it etcd raises the NOSPACE alarm and refuses writes")
+			fs.StringVar(&zones, "zones", "", "zones for the brokers, comma separated, given round-robin (--zones a,b,c: broker-1 in a, broker-2 in b, broker-3 in c, broker-4 in a); placement spreads each stream's copies over them. Empty: no zones")
+			fs.DurationVar(&grace, "orphan-grace", 0, "the brokers' --orphan-grace: how long a copy no assignment includes is kept before it is deleted (0: the broker's default, 10m)")
 			fs.BoolVar(&restart, "restart", true, "restart a child that exits unexpectedly, after a back-off of 200ms doubling to 5s (--restart=false leaves it dead, e.g. to show a dead broker)")
 		},
 		run: func(ctx context.Context, e *env, _ *flag.FlagSet, args []string) error {
@@ -42,10 +49,21 @@ func devCommand() *command {
 			if err := etcdOpts.Validate("etcd-"); err != nil {
 				return usagef("%v", err)
 			}
+			zoneList, err := parseZones(zones)
+			if err != nil {
+				return err
+			}
+			if grace < 0 {
+				return usagef("--orphan-grace must not be negative, got %v", grace)
+			}
+			var brokerArgs []string
+			if grace > 0 {
+				brokerArgs = append(brokerArgs, "--orphan-grace", grace.String())
+			}
 			fmt.Fprintf(e.stderr, "dev: starting etcd, controller, recoverer and %d brokers in %s\n", brokers, e.g.dataDir)
 			c, err := devcluster.Start(ctx, devcluster.Options{
 				Dir: e.g.dataDir, Brokers: brokers, PortBase: portBase, BinDir: binDir, Log: e.stderr, Etcd: etcdOpts,
-				Supervise: restart, Control: true,
+				Supervise: restart, Control: true, Zones: zoneList, BrokerArgs: brokerArgs,
 			})
 			if err != nil {
 				return err
@@ -65,6 +83,23 @@ func devCommand() *command {
 			return nil
 		},
 	}
+}
+
+// parseZones reads --zones: comma separated zone names, none empty.
+func parseZones(s string) ([]string, error) {
+	if s == "" {
+		return nil, nil
+	}
+	zones := strings.Split(s, ",")
+	for _, z := range zones {
+		if z == "" {
+			return nil, usagef("--zones %q: an empty zone name", s)
+		}
+		if err := cluster.ValidateZone(z); err != nil {
+			return nil, usagef("--zones: %v", err)
+		}
+	}
+	return zones, nil
 }
 
 func printDevInfo(e *env, c *devcluster.Cluster, info devcluster.Info, brokers int) {

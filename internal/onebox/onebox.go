@@ -71,6 +71,8 @@ type Options struct {
 	// DefaultPolicy is the controllers' cluster assignment policy
 	// (majority_durable when zero).
 	DefaultPolicy cluster.Policy
+	// Zones gives brokers their --zone, by node id (none when missing).
+	Zones map[string]string
 }
 
 // Cluster is a running in-process cluster.
@@ -204,7 +206,7 @@ func (c *Cluster) StartBroker(node string) *brokerapp.App {
 	}
 	c.mu.Unlock()
 	a, err := brokerapp.Start(context.Background(), brokerapp.Config{
-		Node: node, Listen: listen, DataDir: filepath.Join(c.dir, node), Etcd: c.Etcd.Endpoints,
+		Node: node, Zone: c.opts.Zones[node], Listen: listen, DataDir: filepath.Join(c.dir, node), Etcd: c.Etcd.Endpoints,
 		Heartbeat: Heartbeat, LeaseTTL: LeaseTTL, ConfirmTimeout: ConfirmTimeout, Logger: c.logger(node),
 		BootIDPath: c.BootIDPath(), PeerToken: PeerToken,
 	})

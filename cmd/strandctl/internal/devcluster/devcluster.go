@@ -45,6 +45,15 @@ const (
 	Recoverer  = "recoverer"
 )
 
+// BrokerZone is the zone of broker i (1-based) among zones, given
+// round-robin; "" when there are none.
+func BrokerZone(zones []string, i int) string {
+	if len(zones) == 0 {
+		return ""
+	}
+	return zones[(i-1)%len(zones)]
+}
+
 // BrokerNode is the node id of broker i (1-based).
 func BrokerNode(i int) string { return "broker-" + strconv.Itoa(i) }
 
@@ -74,6 +83,9 @@ type Options struct {
 	ReadyTimeout time.Duration
 	// StopTimeout is how long a child may take to stop after SIGTERM.
 	StopTimeout time.Duration
+	// Zones are the brokers' zones, given round-robin: broker i gets
+	// Zones[(i-1) % len(Zones)] as its --zone. Empty: no zones.
+	Zones []string
 	// BrokerArgs, ControllerArgs and RecovererArgs are extra flags.
 	BrokerArgs     []string
 	ControllerArgs []string
@@ -225,8 +237,11 @@ func Start(ctx context.Context, opts Options) (*Cluster, error) {
 		append(append([]string{"--name", Recoverer, "--listen", loopback(opts.PortBase + 3)}, common...), opts.RecovererArgs...))
 	for i := 1; i <= opts.Brokers; i++ {
 		node, addr := BrokerNode(i), loopback(opts.PortBase+10+i)
-		c.add(node, addr, bins[BrokerBin],
-			append(append([]string{"--node", node, "--listen", addr, "--data-dir", filepath.Join(dir, node)}, common...), opts.BrokerArgs...))
+		args := append([]string{"--node", node, "--listen", addr, "--data-dir", filepath.Join(dir, node)}, common...)
+		if z := BrokerZone(opts.Zones, i); z != "" {
+			args = append(args, "--zone", z)
+		}
+		c.add(node, addr, bins[BrokerBin], append(args, opts.BrokerArgs...))
 	}
 	procs := make([]*proc, len(c.order))
 	for i, name := range c.order {

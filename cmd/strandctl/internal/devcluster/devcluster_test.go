@@ -134,3 +134,17 @@ func TestDevPeerTokenFile(t *testing.T) {
 		t.Fatalf("a token with a space in %s: %v, want an error naming the file", path, err)
 	}
 }
+
+func TestBrokerZoneRoundRobin(t *testing.T) {
+	zones := []string{"a", "b", "c"}
+	var got []string
+	for i := 1; i <= 5; i++ {
+		got = append(got, BrokerZone(zones, i))
+	}
+	if want := []string{"a", "b", "c", "a", "b"}; !slices.Equal(got, want) {
+		t.Fatalf("zones %v, want %v", got, want)
+	}
+	if z := BrokerZone(nil, 1); z != "" {
+		t.Fatalf("no zones: %q", z)
+	}
+}
