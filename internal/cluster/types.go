@@ -13,7 +13,7 @@ type BrokerInfo struct {
 	StartTime time.Time `json:"start_time"`
 	// Zone is the failure zone the broker runs in (its --zone; "" when
 	// unset). Placement spreads a stream's copies over zones
-	// (docs/architecture.md, "Zones").
+	// (docs/architecture.md, "Placement and zones").
 	Zone string `json:"zone,omitempty"`
 }
 

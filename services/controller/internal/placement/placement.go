@@ -26,7 +26,7 @@ type Load struct {
 }
 
 // Pick chooses n distinct live brokers not in exclude. Copies are spread
-// over zones first (docs/architecture.md, "Zones"): each pick goes to a
+// over zones first (docs/architecture.md, "Placement and zones"): each pick goes to a
 // zone holding the fewest of the stream's copies so far, counting the live
 // brokers in exclude (the stream's members, when a stream gains copies) and
 // the brokers already picked; within that, fewest assigned copies first,
