@@ -59,6 +59,9 @@ type Copy struct {
 	// happened.
 	dropMu  sync.Mutex
 	dropped bool
+	// orphanHeldFor is the transition id of the pending recovery the last
+	// orphan check kept the copy for (the copy's loop alone uses it).
+	orphanHeldFor string
 }
 
 func newCopy(m *Manager, name string, st *storage.Stream) *Copy {

@@ -275,8 +275,12 @@ func (c *Copy) dropIfOrphan(ctx context.Context) bool {
 	case orphanDelete:
 	case orphanHeld:
 		m.orphans.held.Add(1)
-		m.log.Info().Str(logging.Stream, c.name).Uint64("recovery_fence_epoch", f.recovery.FenceEpoch).
-			Msg("copy left out of the assignment kept: a pending recovery names this broker")
+		if c.orphanHeldFor != f.recovery.TransitionID {
+			// Once per recovery: the check repeats until it is over.
+			c.orphanHeldFor = f.recovery.TransitionID
+			m.log.Info().Str(logging.Stream, c.name).Uint64(logging.FenceEpoch, f.recovery.FenceEpoch).Str(logging.Transition, f.recovery.TransitionID).
+				Msg("copy left out of the assignment kept past the orphan grace: a pending recovery names this broker")
+		}
 		return false
 	case orphanIncluded:
 		// etcd's assignment includes the copy and the view has not caught
