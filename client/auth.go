@@ -38,27 +38,3 @@ func (a *adminClient) RevokePermission(ctx context.Context, req *connect.Request
 func (a *adminClient) ListPermissions(ctx context.Context, req *connect.Request[strandv1.ListPermissionsRequest]) (*connect.Response[strandv1.ListPermissionsResponse], error) {
 	return adminCall(ctx, a, "ListPermissions", req, strandv1connect.AdminServiceClient.ListPermissions)
 }
-
-// bearer sends a token on every call of a Connect client (Config.Token).
-type bearer string
-
-func (b bearer) WrapUnary(next connect.UnaryFunc) connect.UnaryFunc {
-	return func(ctx context.Context, req connect.AnyRequest) (connect.AnyResponse, error) {
-		if req.Spec().IsClient {
-			req.Header().Set("Authorization", "Bearer "+string(b))
-		}
-		return next(ctx, req)
-	}
-}
-
-func (b bearer) WrapStreamingClient(next connect.StreamingClientFunc) connect.StreamingClientFunc {
-	return func(ctx context.Context, spec connect.Spec) connect.StreamingClientConn {
-		conn := next(ctx, spec)
-		conn.RequestHeader().Set("Authorization", "Bearer "+string(b))
-		return conn
-	}
-}
-
-func (b bearer) WrapStreamingHandler(next connect.StreamingHandlerFunc) connect.StreamingHandlerFunc {
-	return next
-}
