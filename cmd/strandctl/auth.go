@@ -214,4 +214,3 @@ func bootstrapToken(ctx context.Context, e *env, endpoints, prefix, principal st
 	}
 	return &strandv1.CreateTokenResponse{Token: &strandv1.Token{Id: rec.ID, Principal: rec.Principal, Created: timestamppb.New(rec.Created)}, Secret: secret}, nil
 }
-
