@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
+	"net/http"
 	"strings"
 	"testing"
 	"time"
@@ -461,4 +463,37 @@ func retryDelay(err error) time.Duration {
 		}
 	}
 	return 0
+}
+
+// A principal the transport proved (a client certificate's subject, once
+// TLS is on) is used when a call carries no token, through the
+// auth.Options.Transport hook; here the hook names callers by their
+// loopback address. A token, when sent, wins: an unknown one is refused
+// even though the transport would name someone.
+func TestAuthTransportPrincipal(t *testing.T) {
+	t.Parallel()
+	c := Start(t, Options{Brokers: []string{"b1"}, Controllers: 1, Auth: auth.Options{Enabled: true,
+		Transport: func(_ context.Context, _ connect.Spec, peer connect.Peer, _ http.Header) (string, bool) {
+			host, _, err := net.SplitHostPort(peer.Addr)
+			return "node-loopback", err == nil && net.ParseIP(host).IsLoopback()
+		}}})
+	const stream = "telemetry"
+	c.CreateStream(stream, 1, majority)
+	anonymous := strandv1connect.NewStreamServiceClient(rpcserver.HTTPClient(), rpcserver.BaseURL(c.Addr("b1")))
+	_, err := read(c.Ctx(), anonymous, stream)
+	wantCode(t, "the transport's principal without a grant", err, connect.CodePermissionDenied)
+	if !strings.Contains(err.Error(), "node-loopback") {
+		t.Errorf("refusal %q does not name the transport's principal", err)
+	}
+	c.grant(t, "node-loopback", "read", stream)
+	Eventually(t, authWait, "the transport's principal reads once granted", func() error {
+		_, err := read(c.Ctx(), anonymous, stream)
+		return err
+	})
+	bogus, err := auth.NewSecret()
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = read(c.Ctx(), c.streamsAs(bogus), stream)
+	wantCode(t, "an unknown token with a transport principal", err, connect.CodeUnauthenticated)
 }
