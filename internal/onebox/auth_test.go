@@ -19,6 +19,7 @@ import (
 
 	strandv1 "github.com/strandhq/strand/api/strand/v1"
 	"github.com/strandhq/strand/api/strand/v1/strandv1connect"
+	"github.com/strandhq/strand/client"
 	"github.com/strandhq/strand/internal/auth"
 	"github.com/strandhq/strand/internal/rpcserver"
 )
@@ -215,6 +216,18 @@ func TestAuthReaderIsRefusedPublishAndAdmin(t *testing.T) {
 	if info.GetMetadata()["permission"] != "publish" || info.GetMetadata()["stream"] != stream {
 		t.Errorf("refusal's ErrorInfo %v: want permission publish and stream %s", info, stream)
 	}
+	// The Go client with the reader's token reads, and gives up on a
+	// publish at once: a refusal is an answer, not a move.
+	cl, err := client.New(client.Config{Brokers: c.Addrs(), Token: secret})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = cl.Close() }()
+	if res, err := cl.Read(c.Ctx(), &strandv1.ReadRequest{Stream: stream, FromEarliest: true}); err != nil || len(res.GetRecords()) != 1 {
+		t.Fatalf("client read with the reader's token: %v, %v", res, err)
+	}
+	_, err = cl.Publish(c.Ctx(), stream, []*strandv1.Record{{Payload: []byte("not allowed")}})
+	wantCode(t, "client publish with the reader's token", err, connect.CodePermissionDenied)
 	// A stream outside the prefix is not readable either.
 	_, err = read(c.Ctx(), r, "payments")
 	wantCode(t, "reader reads outside its prefix", err, connect.CodePermissionDenied)

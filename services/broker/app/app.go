@@ -223,11 +223,13 @@ func Start(ctx context.Context, cfg Config) (*App, error) {
 		MaxPublishBytesInFlight: cfg.MaxPublishBytesInFlight,
 	}, log)
 	met.PublishGate(streams.PublishesWaiting, streams.PublishBytesInFlight, streams.PublishesRefused)
-	streamOpts := []connect.HandlerOption{noGzip}
 	if cfg.Auth.Enabled {
-		streamOpts = append(streamOpts, a.startAuth(schema).Option())
+		guard := a.startAuth(schema)
+		path, h := streams.Handler(noGzip, guard.Option())
+		mux.Handle(path, guard.Precheck(h))
+	} else {
+		mux.Handle(streams.Handler(noGzip))
 	}
-	mux.Handle(streams.Handler(streamOpts...))
 	// Follow and Seal are for peers only (docs/operating.md, "Peer token"): a client that could
 	// seal would fence copies and stop their streams until a recovery.
 	if cfg.PeerToken == "" {

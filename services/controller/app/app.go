@@ -175,6 +175,7 @@ func Start(ctx context.Context, cfg Config) (*App, error) {
 	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	a.cancel = cancel
 	adminOpts := []connect.HandlerOption{rpcserver.ReadLimit(adminRequestMaxBytes)}
+	var guard *auth.Guard
 	if cfg.Auth.Enabled {
 		cache := auth.NewCache(cli, schema, log)
 		a.authDone = make(chan struct{})
@@ -182,10 +183,15 @@ func Start(ctx context.Context, cfg Config) (*App, error) {
 			defer close(a.authDone)
 			cache.Run(runCtx)
 		}()
-		adminOpts = append(adminOpts, auth.NewGuard(cache, cfg.Auth).Option())
+		guard = auth.NewGuard(cache, cfg.Auth)
+		adminOpts = append(adminOpts, guard.Option())
 	}
 	adminOpts = append(adminOpts, connect.WithInterceptors(rpcserver.DefaultTimeout(adminCallTimeout)))
-	mux.Handle(strandv1connect.NewAdminServiceHandler(svc, adminOpts...))
+	adminPath, adminHandler := strandv1connect.NewAdminServiceHandler(svc, adminOpts...)
+	if guard != nil {
+		adminHandler = guard.Precheck(adminHandler)
+	}
+	mux.Handle(adminPath, adminHandler)
 	mux.Handle(metrics.Path, a.met.Handler())
 	a.srv = rpcserver.Serve(ln, auth.WithConnState(mux))
 
