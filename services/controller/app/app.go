@@ -167,13 +167,15 @@ func Start(ctx context.Context, cfg Config) (*App, error) {
 	mux, checker := rpcserver.Mux(strandv1connect.AdminServiceName)
 	checker.SetStatus(strandv1connect.AdminServiceName, grpchealth.StatusNotServing)
 	a.checker = checker
+	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	a.cancel = cancel
 	// Operator requests are names, numbers and a stream spec: a read limit
 	// keeps a request of any size, or a gzip body that inflates to one,
 	// from being held in memory (rpcserver.ReadLimit).
 	// A call without a deadline of its own is bounded too: one waiting on
 	// etcd while etcd is away would otherwise hold its handler as long.
-	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-	a.cancel = cancel
+	// With Auth, a guard checks each call first, against a credential
+	// cache that runs until Close (docs/operating.md, "Security").
 	adminOpts := []connect.HandlerOption{rpcserver.ReadLimit(adminRequestMaxBytes)}
 	var guard *auth.Guard
 	if cfg.Auth.Enabled {
