@@ -16,6 +16,7 @@ import (
 
 	strandv1 "github.com/strandhq/strand/api/strand/v1"
 	"github.com/strandhq/strand/api/strand/v1/strandv1connect"
+	"github.com/strandhq/strand/internal/auth"
 	"github.com/strandhq/strand/internal/rpcserver"
 )
 
@@ -53,6 +54,10 @@ type Config struct {
 	HTTPClient *http.Client
 	// Options are passed to every Connect client.
 	Options []connect.ClientOption
+	// Token is a bearer token (strandctl token create) sent on every call
+	// as Authorization: Bearer TOKEN; empty sends none (docs/operating.md,
+	// "Security").
+	Token string
 
 	// Idempotent stamps a producer id and per-stream sequences on published
 	// records so retries are stored once. nil means true.
@@ -197,6 +202,9 @@ func New(cfg Config) (*Client, error) {
 	}
 	idPrefix := cfg.ProducerID
 	cfg.ProducerID = newProducerID(idPrefix)
+	if cfg.Token != "" {
+		cfg.Options = append(slices.Clone(cfg.Options), auth.WithBearer(cfg.Token))
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	c := &Client{
 		cfg:        cfg,

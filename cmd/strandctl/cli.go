@@ -34,6 +34,7 @@ type globals struct {
 	dataDir    string
 	json       bool
 	timeout    time.Duration
+	token      string
 }
 
 func (g *globals) register(fs *flag.FlagSet) {
@@ -42,6 +43,7 @@ func (g *globals) register(fs *flag.FlagSet) {
 	fs.StringVar(&g.dataDir, "data-dir", ".strand", "dev cluster data dir, where cluster.json is")
 	fs.BoolVar(&g.json, "json", false, "machine output: protojson, one JSON object per line")
 	fs.DurationVar(&g.timeout, "timeout", 30*time.Second, "deadline of a request, retries included")
+	fs.StringVar(&g.token, "token", os.Getenv("STRAND_TOKEN"), "bearer token sent on every call (env STRAND_TOKEN; strandctl token create)")
 }
 
 // command is one strandctl subcommand.
@@ -60,6 +62,7 @@ func commands() []*command {
 	cmds = append(cmds, streamCommands()...)
 	cmds = append(cmds, dataCommands()...)
 	cmds = append(cmds, adminCommands()...)
+	cmds = append(cmds, authCommands()...)
 	cmds = append(cmds, benchCommand())
 	return cmds
 }
@@ -178,7 +181,7 @@ func printUsage(w io.Writer, cmds []*command) {
 		fmt.Fprintf(w, "  %-40s %s\n", strings.TrimSpace(c.name+" "+c.args), c.summary)
 	}
 	fmt.Fprintln(w)
-	fmt.Fprintln(w, "global flags: --controller ADDR, --broker ADDR[,ADDR], --data-dir DIR (.strand), --json, --timeout D")
+	fmt.Fprintln(w, "global flags: --controller ADDR, --broker ADDR[,ADDR], --data-dir DIR (.strand), --json, --timeout D, --token T")
 	fmt.Fprintln(w, "Without --controller/--broker (or STRAND_CONTROLLER/STRAND_BROKER), commands use DIR/cluster.json written by `strandctl dev`.")
 	fmt.Fprintln(w, "`strandctl COMMAND -h` shows a command's flags.")
 }

@@ -52,6 +52,9 @@ func (e *env) client(cfg client.Config) (*client.Client, error) {
 		return nil, err
 	}
 	cfg.Controller, cfg.Brokers = controller, brokers
+	if cfg.Token == "" {
+		cfg.Token = e.g.token
+	}
 	return client.New(cfg)
 }
 

@@ -25,6 +25,8 @@ const DefaultPrefix = "/strand"
 //	<prefix>/refusals/<stream>     SealRefusals (next to a pending recovery)
 //	<prefix>/election/controller   controller election prefix
 //	<prefix>/election/recoverer    recoverer election prefix
+//	<prefix>/auth/tokens/<id>      auth.TokenRecord: a bearer token's SHA-256 and principal
+//	<prefix>/auth/grants/<principal>/<permission>/<pattern>  auth.GrantRecord
 type Schema struct {
 	prefix string
 }
@@ -100,6 +102,29 @@ func (s Schema) ParseHeartbeatKey(key string) (node string, shard int, err error
 		return "", 0, fmt.Errorf("%w: %q: shard %q outside 00..%02d", ErrNotInDir, key, num, HeartbeatShards-1)
 	}
 	return node, shard, nil
+}
+
+// Keys of client authentication and permissions (internal/auth,
+// docs/operating.md, "Security"). Nothing else under the prefix starts with
+// auth/, so brokers and controllers watch AuthDir alone for their
+// credential cache.
+func (s Schema) AuthDir() string   { return s.prefix + "/auth/" }
+func (s Schema) TokensDir() string { return s.AuthDir() + "tokens/" }
+func (s Schema) GrantsDir() string { return s.AuthDir() + "grants/" }
+
+// TokenKey is the key of the token whose id is id.
+func (s Schema) TokenKey(id string) string { return s.TokensDir() + id }
+
+// PrincipalGrantsDir is the directory of one principal's grants.
+func (s Schema) PrincipalGrantsDir(principal string) string {
+	return s.GrantsDir() + principal + "/"
+}
+
+// GrantKey is the key of one grant: one key per (principal, permission,
+// pattern), so a grant made twice is one key and a revoke deletes exactly
+// it. None of the three may contain "/" (auth validates them).
+func (s Schema) GrantKey(principal, permission, pattern string) string {
+	return s.PrincipalGrantsDir(principal) + permission + "/" + pattern
 }
 
 // Election prefixes for concurrency.Election.

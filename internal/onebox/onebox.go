@@ -35,6 +35,7 @@ import (
 	strandv1 "github.com/strandhq/strand/api/strand/v1"
 	"github.com/strandhq/strand/api/strand/v1/strandv1connect"
 	"github.com/strandhq/strand/client"
+	"github.com/strandhq/strand/internal/auth"
 	"github.com/strandhq/strand/internal/cluster"
 	"github.com/strandhq/strand/internal/clustertest"
 	"github.com/strandhq/strand/internal/etcdtest"
@@ -73,6 +74,10 @@ type Options struct {
 	DefaultPolicy cluster.Policy
 	// Zones gives brokers their --zone, by node id (none when missing).
 	Zones map[string]string
+	// Auth is the brokers' and controllers' auth.Options. Enabled, Start
+	// bootstraps an admin (AdminToken, admin on "*") that Client, Admin
+	// and Streams use.
+	Auth auth.Options
 }
 
 // Cluster is a running in-process cluster.
@@ -96,6 +101,8 @@ type Cluster struct {
 	recovererSeq int
 	clients      []*client.Client
 	admins       map[string]*client.Client
+	// AdminToken is the bootstrap admin's token with Options.Auth on.
+	AdminToken string
 }
 
 // Start runs etcd and the services opts asks for and stops them all at the
@@ -124,6 +131,14 @@ func Start(t testing.TB, opts Options) *Cluster {
 	t.Cleanup(c.closeAll)
 	t.Cleanup(cancel)
 	c.SetBootID("onebox-boot-1")
+	if opts.Auth.Enabled {
+		st := &auth.Store{KV: c.Cli, Schema: c.Schema, Txn: auth.PlainTxn(c.Cli)}
+		_, secret, err := st.Bootstrap(ctx, "onebox-admin")
+		if err != nil {
+			t.Fatalf("onebox: bootstrap admin: %v", err)
+		}
+		c.AdminToken = secret
+	}
 	for _, n := range opts.Brokers {
 		c.StartBroker(n)
 	}
@@ -208,7 +223,7 @@ func (c *Cluster) StartBroker(node string) *brokerapp.App {
 	a, err := brokerapp.Start(context.Background(), brokerapp.Config{
 		Node: node, Zone: c.opts.Zones[node], Listen: listen, DataDir: filepath.Join(c.dir, node), Etcd: c.Etcd.Endpoints,
 		Heartbeat: Heartbeat, LeaseTTL: LeaseTTL, ConfirmTimeout: ConfirmTimeout, Logger: c.logger(node),
-		BootIDPath: c.BootIDPath(), PeerToken: PeerToken,
+		BootIDPath: c.BootIDPath(), PeerToken: PeerToken, Auth: c.opts.Auth,
 	})
 	if err != nil {
 		c.t.Fatalf("onebox: start broker %s: %v", node, err)
@@ -343,6 +358,7 @@ func (c *Cluster) StartController() *controllerapp.App {
 	a, err := controllerapp.Start(context.Background(), controllerapp.Config{
 		Name: name, Listen: "127.0.0.1:0", Etcd: c.Etcd.Endpoints, DefaultPolicy: c.opts.DefaultPolicy,
 		OwnerProbeGrace: ProbeGrace, SessionTTL: int(ElectionTTL / time.Second), LogLevel: "info", LogWriter: c.Log(name),
+		Auth: c.opts.Auth,
 	})
 	if err != nil {
 		c.t.Fatalf("onebox: start %s: %v", name, err)
@@ -466,6 +482,7 @@ func (c *Cluster) Client() *client.Client {
 		AttemptTimeout: 3 * time.Second,
 		ProbeAfter:     500 * time.Millisecond,
 		BackoffMax:     200 * time.Millisecond,
+		Token:          c.AdminToken,
 	})
 	if err != nil {
 		c.t.Fatalf("onebox: client: %v", err)
@@ -495,7 +512,7 @@ func (c *Cluster) Admin() strandv1connect.AdminServiceClient {
 
 // Streams is a raw StreamService client of one broker (no redirects).
 func (c *Cluster) Streams(node string) strandv1connect.StreamServiceClient {
-	return strandv1connect.NewStreamServiceClient(rpcserver.HTTPClient(), rpcserver.BaseURL(c.Addr(node)))
+	return strandv1connect.NewStreamServiceClient(rpcserver.HTTPClient(), rpcserver.BaseURL(c.Addr(node)), auth.WithBearer(c.AdminToken))
 }
 
 // Replication is a raw ReplicationService client of one broker, with the

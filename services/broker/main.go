@@ -14,6 +14,7 @@ import (
 	"strings"
 	"syscall"
 
+	"github.com/strandhq/strand/internal/auth"
 	"github.com/strandhq/strand/internal/cluster"
 	"github.com/strandhq/strand/internal/rpcserver"
 	"github.com/strandhq/strand/services/broker/app"
@@ -45,6 +46,9 @@ func main() {
 	fs.IntVar(&cfg.DedupeWindow, "dedupe-window", storage.DefaultProducerWindow, "idempotent publish: records per producer kept for duplicate detection")
 	fs.IntVar(&cfg.DedupeBatches, "dedupe-batches", storage.DefaultProducerBatches, "idempotent publish: batches per producer kept for duplicate detection (a producer's consecutive batches count as one)")
 	fs.DurationVar(&cfg.OrphanGrace, "orphan-grace", replica.DefaultOrphanGrace, "how long a copy no assignment includes is kept before it is deleted (a pending recovery that names this broker keeps it longer)")
+	fs.BoolVar(&cfg.Auth.Enabled, "auth", false, "check client credentials and permissions on StreamService (docs/operating.md, \"Security\")")
+	fs.IntVar(&cfg.Auth.PublishBytesPerSecond, "principal-publish-bytes-per-second", auth.DefaultPublishBytesPerSecond, "with --auth: publish request bytes per second per principal (a one-second token bucket)")
+	fs.IntVar(&cfg.Auth.MaxSubscriptions, "principal-max-subscriptions", auth.DefaultMaxSubscriptions, "with --auth: concurrent subscriptions per principal on this broker")
 	fs.StringVar(&cfg.LogLevel, "log-level", "info", "debug, info, warn or error")
 	debugAddr := fs.String("debug-addr", "", "serve net/http/pprof here (off when empty)")
 	memLimit := fs.Int64("memory-limit-mb", 384, "soft Go heap limit in MiB (GOMEMLIMIT wins when set); keeps a broker's resident memory flat under load")

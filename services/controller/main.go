@@ -37,6 +37,7 @@ func run(args []string) error {
 	fs.StringVar(&cfg.Prefix, "prefix", cluster.DefaultPrefix, "etcd key prefix")
 	fs.StringVar(&policy, "default-policy", cluster.MajorityDurable, "cluster assignment policy: local_durable, majority_durable, or replica_durable:N / replica_accepted:N")
 	fs.DurationVar(&cfg.OwnerProbeGrace, "owner-probe-grace", 300*time.Millisecond, "how long the probe of a suspected owner may take")
+	fs.BoolVar(&cfg.Auth.Enabled, "auth", false, "check client credentials and permissions on AdminService (docs/operating.md, \"Security\")")
 	fs.StringVar(&cfg.LogLevel, "log-level", "info", "debug, info, warn or error")
 	if err := fs.Parse(args); err != nil {
 		return err

@@ -1808,7 +1808,7 @@ var File_strand_v1_admin_proto protoreflect.FileDescriptor
 
 const file_strand_v1_admin_proto_rawDesc = "" +
 	"\n" +
-	"\x15strand/v1/admin.proto\x12\tstrand.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x16strand/v1/stream.proto\"}\n" +
+	"\x15strand/v1/admin.proto\x12\tstrand.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x14strand/v1/auth.proto\x1a\x16strand/v1/stream.proto\"}\n" +
 	"\tRetention\x12\x1f\n" +
 	"\vmax_records\x18\x01 \x01(\x04R\n" +
 	"maxRecords\x12\x1b\n" +
@@ -1949,7 +1949,8 @@ const file_strand_v1_admin_proto_rawDesc = "" +
 	"\x03who\x18\x02 \x01(\tR\x03who\x12\x10\n" +
 	"\x03why\x18\x03 \x01(\tR\x03why\"C\n" +
 	"\x10FailoverResponse\x12/\n" +
-	"\brecovery\x18\x01 \x01(\v2\x13.strand.v1.RecoveryR\brecovery2\xc9\x06\n" +
+	"\brecovery\x18\x01 \x01(\v2\x13.strand.v1.RecoveryR\brecovery2\xcd\n" +
+	"\n" +
 	"\fAdminService\x12Q\n" +
 	"\fCreateStream\x12\x1e.strand.v1.CreateStreamRequest\x1a\x1f.strand.v1.CreateStreamResponse\"\x00\x12Q\n" +
 	"\fDeleteStream\x12\x1e.strand.v1.DeleteStreamRequest\x1a\x1f.strand.v1.DeleteStreamResponse\"\x00\x12H\n" +
@@ -1960,7 +1961,14 @@ const file_strand_v1_admin_proto_rawDesc = "" +
 	"\rListAttention\x12\x1f.strand.v1.ListAttentionRequest\x1a .strand.v1.ListAttentionResponse\"\x00\x12Z\n" +
 	"\x0fAcceptOwnerLoss\x12!.strand.v1.AcceptOwnerLossRequest\x1a\".strand.v1.AcceptOwnerLossResponse\"\x00\x12]\n" +
 	"\x10WithdrawRecovery\x12\".strand.v1.WithdrawRecoveryRequest\x1a#.strand.v1.WithdrawRecoveryResponse\"\x00\x12E\n" +
-	"\bFailover\x12\x1a.strand.v1.FailoverRequest\x1a\x1b.strand.v1.FailoverResponse\"\x00B3Z1github.com/strandhq/strand/api/strand/v1;strandv1b\x06proto3"
+	"\bFailover\x12\x1a.strand.v1.FailoverRequest\x1a\x1b.strand.v1.FailoverResponse\"\x00\x12N\n" +
+	"\vCreateToken\x12\x1d.strand.v1.CreateTokenRequest\x1a\x1e.strand.v1.CreateTokenResponse\"\x00\x12N\n" +
+	"\vRevokeToken\x12\x1d.strand.v1.RevokeTokenRequest\x1a\x1e.strand.v1.RevokeTokenResponse\"\x00\x12K\n" +
+	"\n" +
+	"ListTokens\x12\x1c.strand.v1.ListTokensRequest\x1a\x1d.strand.v1.ListTokensResponse\"\x00\x12Z\n" +
+	"\x0fGrantPermission\x12!.strand.v1.GrantPermissionRequest\x1a\".strand.v1.GrantPermissionResponse\"\x00\x12]\n" +
+	"\x10RevokePermission\x12\".strand.v1.RevokePermissionRequest\x1a#.strand.v1.RevokePermissionResponse\"\x00\x12Z\n" +
+	"\x0fListPermissions\x12!.strand.v1.ListPermissionsRequest\x1a\".strand.v1.ListPermissionsResponse\"\x00B3Z1github.com/strandhq/strand/api/strand/v1;strandv1b\x06proto3"
 
 var (
 	file_strand_v1_admin_proto_rawDescOnce sync.Once
@@ -2007,6 +2015,18 @@ var file_strand_v1_admin_proto_goTypes = []any{
 	(*durationpb.Duration)(nil),      // 28: google.protobuf.Duration
 	(*ConfirmPolicy)(nil),            // 29: strand.v1.ConfirmPolicy
 	(*timestamppb.Timestamp)(nil),    // 30: google.protobuf.Timestamp
+	(*CreateTokenRequest)(nil),       // 31: strand.v1.CreateTokenRequest
+	(*RevokeTokenRequest)(nil),       // 32: strand.v1.RevokeTokenRequest
+	(*ListTokensRequest)(nil),        // 33: strand.v1.ListTokensRequest
+	(*GrantPermissionRequest)(nil),   // 34: strand.v1.GrantPermissionRequest
+	(*RevokePermissionRequest)(nil),  // 35: strand.v1.RevokePermissionRequest
+	(*ListPermissionsRequest)(nil),   // 36: strand.v1.ListPermissionsRequest
+	(*CreateTokenResponse)(nil),      // 37: strand.v1.CreateTokenResponse
+	(*RevokeTokenResponse)(nil),      // 38: strand.v1.RevokeTokenResponse
+	(*ListTokensResponse)(nil),       // 39: strand.v1.ListTokensResponse
+	(*GrantPermissionResponse)(nil),  // 40: strand.v1.GrantPermissionResponse
+	(*RevokePermissionResponse)(nil), // 41: strand.v1.RevokePermissionResponse
+	(*ListPermissionsResponse)(nil),  // 42: strand.v1.ListPermissionsResponse
 }
 var file_strand_v1_admin_proto_depIdxs = []int32{
 	28, // 0: strand.v1.Retention.max_age:type_name -> google.protobuf.Duration
@@ -2044,18 +2064,30 @@ var file_strand_v1_admin_proto_depIdxs = []int32{
 	22, // 32: strand.v1.AdminService.AcceptOwnerLoss:input_type -> strand.v1.AcceptOwnerLossRequest
 	24, // 33: strand.v1.AdminService.WithdrawRecovery:input_type -> strand.v1.WithdrawRecoveryRequest
 	26, // 34: strand.v1.AdminService.Failover:input_type -> strand.v1.FailoverRequest
-	9,  // 35: strand.v1.AdminService.CreateStream:output_type -> strand.v1.CreateStreamResponse
-	11, // 36: strand.v1.AdminService.DeleteStream:output_type -> strand.v1.DeleteStreamResponse
-	13, // 37: strand.v1.AdminService.GetStream:output_type -> strand.v1.GetStreamResponse
-	15, // 38: strand.v1.AdminService.ListStreams:output_type -> strand.v1.ListStreamsResponse
-	17, // 39: strand.v1.AdminService.UpdateStream:output_type -> strand.v1.UpdateStreamResponse
-	19, // 40: strand.v1.AdminService.ListBrokers:output_type -> strand.v1.ListBrokersResponse
-	21, // 41: strand.v1.AdminService.ListAttention:output_type -> strand.v1.ListAttentionResponse
-	23, // 42: strand.v1.AdminService.AcceptOwnerLoss:output_type -> strand.v1.AcceptOwnerLossResponse
-	25, // 43: strand.v1.AdminService.WithdrawRecovery:output_type -> strand.v1.WithdrawRecoveryResponse
-	27, // 44: strand.v1.AdminService.Failover:output_type -> strand.v1.FailoverResponse
-	35, // [35:45] is the sub-list for method output_type
-	25, // [25:35] is the sub-list for method input_type
+	31, // 35: strand.v1.AdminService.CreateToken:input_type -> strand.v1.CreateTokenRequest
+	32, // 36: strand.v1.AdminService.RevokeToken:input_type -> strand.v1.RevokeTokenRequest
+	33, // 37: strand.v1.AdminService.ListTokens:input_type -> strand.v1.ListTokensRequest
+	34, // 38: strand.v1.AdminService.GrantPermission:input_type -> strand.v1.GrantPermissionRequest
+	35, // 39: strand.v1.AdminService.RevokePermission:input_type -> strand.v1.RevokePermissionRequest
+	36, // 40: strand.v1.AdminService.ListPermissions:input_type -> strand.v1.ListPermissionsRequest
+	9,  // 41: strand.v1.AdminService.CreateStream:output_type -> strand.v1.CreateStreamResponse
+	11, // 42: strand.v1.AdminService.DeleteStream:output_type -> strand.v1.DeleteStreamResponse
+	13, // 43: strand.v1.AdminService.GetStream:output_type -> strand.v1.GetStreamResponse
+	15, // 44: strand.v1.AdminService.ListStreams:output_type -> strand.v1.ListStreamsResponse
+	17, // 45: strand.v1.AdminService.UpdateStream:output_type -> strand.v1.UpdateStreamResponse
+	19, // 46: strand.v1.AdminService.ListBrokers:output_type -> strand.v1.ListBrokersResponse
+	21, // 47: strand.v1.AdminService.ListAttention:output_type -> strand.v1.ListAttentionResponse
+	23, // 48: strand.v1.AdminService.AcceptOwnerLoss:output_type -> strand.v1.AcceptOwnerLossResponse
+	25, // 49: strand.v1.AdminService.WithdrawRecovery:output_type -> strand.v1.WithdrawRecoveryResponse
+	27, // 50: strand.v1.AdminService.Failover:output_type -> strand.v1.FailoverResponse
+	37, // 51: strand.v1.AdminService.CreateToken:output_type -> strand.v1.CreateTokenResponse
+	38, // 52: strand.v1.AdminService.RevokeToken:output_type -> strand.v1.RevokeTokenResponse
+	39, // 53: strand.v1.AdminService.ListTokens:output_type -> strand.v1.ListTokensResponse
+	40, // 54: strand.v1.AdminService.GrantPermission:output_type -> strand.v1.GrantPermissionResponse
+	41, // 55: strand.v1.AdminService.RevokePermission:output_type -> strand.v1.RevokePermissionResponse
+	42, // 56: strand.v1.AdminService.ListPermissions:output_type -> strand.v1.ListPermissionsResponse
+	41, // [41:57] is the sub-list for method output_type
+	25, // [25:41] is the sub-list for method input_type
 	25, // [25:25] is the sub-list for extension type_name
 	25, // [25:25] is the sub-list for extension extendee
 	0,  // [0:25] is the sub-list for field type_name
@@ -2066,6 +2098,7 @@ func file_strand_v1_admin_proto_init() {
 	if File_strand_v1_admin_proto != nil {
 		return
 	}
+	file_strand_v1_auth_proto_init()
 	file_strand_v1_stream_proto_init()
 	file_strand_v1_admin_proto_msgTypes[3].OneofWrappers = []any{}
 	type x struct{}

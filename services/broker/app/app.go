@@ -17,6 +17,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/strandhq/strand/api/strand/v1/strandv1connect"
+	"github.com/strandhq/strand/internal/auth"
 	"github.com/strandhq/strand/internal/cluster"
 	"github.com/strandhq/strand/internal/logging"
 	"github.com/strandhq/strand/internal/rpcserver"
@@ -81,6 +82,10 @@ type Config struct {
 	// returns an error (storage.Options.WriteFault): fault tests of a
 	// broker whose disk fails.
 	StorageFault func() error
+	// Auth checks every StreamService call's credentials, permissions and
+	// per-principal limits (docs/operating.md, "Security"); off by default.
+	// ReplicationService stays under the peer token.
+	Auth auth.Options
 }
 
 func (c *Config) defaults() error {
@@ -130,6 +135,8 @@ type App struct {
 	errc        chan error
 	closeOnce   sync.Once
 	closeErr    error
+	// authStop ends the credential cache (nil with Auth off).
+	authStop func()
 }
 
 // Start opens storage, serves the Connect services and registers in etcd.
@@ -231,7 +238,13 @@ func Start(ctx context.Context, cfg Config) (*App, error) {
 		MaxPublishBytesInFlight: cfg.MaxPublishBytesInFlight,
 	}, log)
 	met.PublishGate(streams.PublishesWaiting, streams.PublishBytesInFlight, streams.PublishesRefused)
-	mux.Handle(streams.Handler(noGzip))
+	if cfg.Auth.Enabled {
+		guard := a.startAuth(schema)
+		path, h := streams.Handler(noGzip, guard.Option())
+		mux.Handle(path, guard.Precheck(h))
+	} else {
+		mux.Handle(streams.Handler(noGzip))
+	}
 	// Follow and Seal are for peers only (docs/operating.md, "Peer token"): a client that could
 	// seal would fence copies and stop their streams until a recovery.
 	if cfg.PeerToken == "" {
@@ -239,7 +252,7 @@ func Start(ctx context.Context, cfg Config) (*App, error) {
 	}
 	mux.Handle(api.NewReplicationService(a.manager, log).Handler(noGzip, rpcserver.RequirePeerToken(cfg.PeerToken, cfg.PeerTokensAccepted...)))
 	mux.Handle(metrics.Path, met.Handler())
-	a.server = rpcserver.Serve(ln, mux)
+	a.server = rpcserver.Serve(ln, auth.WithConnState(mux))
 
 	cctx, cancel := context.WithCancel(context.Background())
 	a.coordCancel = cancel
@@ -264,6 +277,23 @@ func Start(ctx context.Context, cfg Config) (*App, error) {
 	}()
 	ok = true
 	return a, nil
+}
+
+// startAuth runs the credential cache until Close and returns the guard
+// of StreamService.
+func (a *App) startAuth(schema cluster.Schema) *auth.Guard {
+	cache := auth.NewCache(a.etcd, schema, a.log)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		cache.Run(ctx)
+	}()
+	a.authStop = func() {
+		cancel()
+		<-done
+	}
+	return auth.NewGuard(cache, a.cfg.Auth)
 }
 
 func (a *App) fail(err error) {
@@ -308,6 +338,9 @@ func (a *App) Close() error {
 			sctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
 			_ = a.server.Shutdown(sctx)
 			cancel()
+		}
+		if a.authStop != nil {
+			a.authStop()
 		}
 		if a.manager != nil {
 			a.manager.Close()

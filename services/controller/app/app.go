@@ -22,6 +22,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/strandhq/strand/api/strand/v1/strandv1connect"
+	"github.com/strandhq/strand/internal/auth"
 	"github.com/strandhq/strand/internal/cluster"
 	"github.com/strandhq/strand/internal/logging"
 	"github.com/strandhq/strand/internal/rpcserver"
@@ -58,6 +59,9 @@ type Config struct {
 	LogWriter io.Writer
 	// Probe overrides the owner probe (tests).
 	Probe liveness.Prober
+	// Auth checks every AdminService call's credentials and permissions
+	// (docs/operating.md, "Security"); off by default.
+	Auth auth.Options
 }
 
 func (c *Config) fill() error {
@@ -112,6 +116,9 @@ type App struct {
 	viewDone  chan struct{}
 	closeOnce sync.Once
 	closeErr  error
+	// authDone is closed when the credential cache stops (nil with Auth
+	// off).
+	authDone chan struct{}
 }
 
 // adminRequestMaxBytes bounds one AdminService request, and
@@ -156,22 +163,40 @@ func Start(ctx context.Context, cfg Config) (*App, error) {
 		met:      metrics.New(),
 	}
 	a.met.Follow()
-	svc := admin.New(admin.Config{View: a.view, Schema: schema, Gate: a.gate, DefaultPolicy: cfg.DefaultPolicy, Log: log, Memory: a.mem})
+	svc := admin.New(admin.Config{View: a.view, Schema: schema, Gate: a.gate, DefaultPolicy: cfg.DefaultPolicy, Log: log, Memory: a.mem, KV: cli})
 	mux, checker := rpcserver.Mux(strandv1connect.AdminServiceName)
 	checker.SetStatus(strandv1connect.AdminServiceName, grpchealth.StatusNotServing)
 	a.checker = checker
+	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	a.cancel = cancel
 	// Operator requests are names, numbers and a stream spec: a read limit
 	// keeps a request of any size, or a gzip body that inflates to one,
 	// from being held in memory (rpcserver.ReadLimit).
 	// A call without a deadline of its own is bounded too: one waiting on
 	// etcd while etcd is away would otherwise hold its handler as long.
-	mux.Handle(strandv1connect.NewAdminServiceHandler(svc, rpcserver.ReadLimit(adminRequestMaxBytes),
-		connect.WithInterceptors(rpcserver.DefaultTimeout(adminCallTimeout))))
+	// With Auth, a guard checks each call first, against a credential
+	// cache that runs until Close (docs/operating.md, "Security").
+	adminOpts := []connect.HandlerOption{rpcserver.ReadLimit(adminRequestMaxBytes)}
+	var guard *auth.Guard
+	if cfg.Auth.Enabled {
+		cache := auth.NewCache(cli, schema, log)
+		a.authDone = make(chan struct{})
+		go func() {
+			defer close(a.authDone)
+			cache.Run(runCtx)
+		}()
+		guard = auth.NewGuard(cache, cfg.Auth)
+		adminOpts = append(adminOpts, guard.Option())
+	}
+	adminOpts = append(adminOpts, connect.WithInterceptors(rpcserver.DefaultTimeout(adminCallTimeout)))
+	adminPath, adminHandler := strandv1connect.NewAdminServiceHandler(svc, adminOpts...)
+	if guard != nil {
+		adminHandler = guard.Precheck(adminHandler)
+	}
+	mux.Handle(adminPath, adminHandler)
 	mux.Handle(metrics.Path, a.met.Handler())
-	a.srv = rpcserver.Serve(ln, mux)
+	a.srv = rpcserver.Serve(ln, auth.WithConnState(mux))
 
-	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-	a.cancel = cancel
 	go a.watchServer()
 	go func() {
 		defer close(a.viewDone)
@@ -392,6 +417,9 @@ func (a *App) Close() error {
 		a.cancel()
 		<-a.campaign
 		<-a.viewDone
+		if a.authDone != nil {
+			<-a.authDone
+		}
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
 		a.closeErr = a.srv.Shutdown(ctx)

@@ -61,6 +61,23 @@ const (
 	AdminServiceWithdrawRecoveryProcedure = "/strand.v1.AdminService/WithdrawRecovery"
 	// AdminServiceFailoverProcedure is the fully-qualified name of the AdminService's Failover RPC.
 	AdminServiceFailoverProcedure = "/strand.v1.AdminService/Failover"
+	// AdminServiceCreateTokenProcedure is the fully-qualified name of the AdminService's CreateToken
+	// RPC.
+	AdminServiceCreateTokenProcedure = "/strand.v1.AdminService/CreateToken"
+	// AdminServiceRevokeTokenProcedure is the fully-qualified name of the AdminService's RevokeToken
+	// RPC.
+	AdminServiceRevokeTokenProcedure = "/strand.v1.AdminService/RevokeToken"
+	// AdminServiceListTokensProcedure is the fully-qualified name of the AdminService's ListTokens RPC.
+	AdminServiceListTokensProcedure = "/strand.v1.AdminService/ListTokens"
+	// AdminServiceGrantPermissionProcedure is the fully-qualified name of the AdminService's
+	// GrantPermission RPC.
+	AdminServiceGrantPermissionProcedure = "/strand.v1.AdminService/GrantPermission"
+	// AdminServiceRevokePermissionProcedure is the fully-qualified name of the AdminService's
+	// RevokePermission RPC.
+	AdminServiceRevokePermissionProcedure = "/strand.v1.AdminService/RevokePermission"
+	// AdminServiceListPermissionsProcedure is the fully-qualified name of the AdminService's
+	// ListPermissions RPC.
+	AdminServiceListPermissionsProcedure = "/strand.v1.AdminService/ListPermissions"
 )
 
 // AdminServiceClient is a client for the strand.v1.AdminService service.
@@ -78,6 +95,14 @@ type AdminServiceClient interface {
 	AcceptOwnerLoss(context.Context, *connect.Request[v1.AcceptOwnerLossRequest]) (*connect.Response[v1.AcceptOwnerLossResponse], error)
 	WithdrawRecovery(context.Context, *connect.Request[v1.WithdrawRecoveryRequest]) (*connect.Response[v1.WithdrawRecoveryResponse], error)
 	Failover(context.Context, *connect.Request[v1.FailoverRequest]) (*connect.Response[v1.FailoverResponse], error)
+	// Tokens and permissions (docs/operating.md, "Security"); each needs
+	// admin on "*".
+	CreateToken(context.Context, *connect.Request[v1.CreateTokenRequest]) (*connect.Response[v1.CreateTokenResponse], error)
+	RevokeToken(context.Context, *connect.Request[v1.RevokeTokenRequest]) (*connect.Response[v1.RevokeTokenResponse], error)
+	ListTokens(context.Context, *connect.Request[v1.ListTokensRequest]) (*connect.Response[v1.ListTokensResponse], error)
+	GrantPermission(context.Context, *connect.Request[v1.GrantPermissionRequest]) (*connect.Response[v1.GrantPermissionResponse], error)
+	RevokePermission(context.Context, *connect.Request[v1.RevokePermissionRequest]) (*connect.Response[v1.RevokePermissionResponse], error)
+	ListPermissions(context.Context, *connect.Request[v1.ListPermissionsRequest]) (*connect.Response[v1.ListPermissionsResponse], error)
 }
 
 // NewAdminServiceClient constructs a client for the strand.v1.AdminService service. By default, it
@@ -151,6 +176,42 @@ func NewAdminServiceClient(httpClient connect.HTTPClient, baseURL string, opts .
 			connect.WithSchema(adminServiceMethods.ByName("Failover")),
 			connect.WithClientOptions(opts...),
 		),
+		createToken: connect.NewClient[v1.CreateTokenRequest, v1.CreateTokenResponse](
+			httpClient,
+			baseURL+AdminServiceCreateTokenProcedure,
+			connect.WithSchema(adminServiceMethods.ByName("CreateToken")),
+			connect.WithClientOptions(opts...),
+		),
+		revokeToken: connect.NewClient[v1.RevokeTokenRequest, v1.RevokeTokenResponse](
+			httpClient,
+			baseURL+AdminServiceRevokeTokenProcedure,
+			connect.WithSchema(adminServiceMethods.ByName("RevokeToken")),
+			connect.WithClientOptions(opts...),
+		),
+		listTokens: connect.NewClient[v1.ListTokensRequest, v1.ListTokensResponse](
+			httpClient,
+			baseURL+AdminServiceListTokensProcedure,
+			connect.WithSchema(adminServiceMethods.ByName("ListTokens")),
+			connect.WithClientOptions(opts...),
+		),
+		grantPermission: connect.NewClient[v1.GrantPermissionRequest, v1.GrantPermissionResponse](
+			httpClient,
+			baseURL+AdminServiceGrantPermissionProcedure,
+			connect.WithSchema(adminServiceMethods.ByName("GrantPermission")),
+			connect.WithClientOptions(opts...),
+		),
+		revokePermission: connect.NewClient[v1.RevokePermissionRequest, v1.RevokePermissionResponse](
+			httpClient,
+			baseURL+AdminServiceRevokePermissionProcedure,
+			connect.WithSchema(adminServiceMethods.ByName("RevokePermission")),
+			connect.WithClientOptions(opts...),
+		),
+		listPermissions: connect.NewClient[v1.ListPermissionsRequest, v1.ListPermissionsResponse](
+			httpClient,
+			baseURL+AdminServiceListPermissionsProcedure,
+			connect.WithSchema(adminServiceMethods.ByName("ListPermissions")),
+			connect.WithClientOptions(opts...),
+		),
 	}
 }
 
@@ -166,6 +227,12 @@ type adminServiceClient struct {
 	acceptOwnerLoss  *connect.Client[v1.AcceptOwnerLossRequest, v1.AcceptOwnerLossResponse]
 	withdrawRecovery *connect.Client[v1.WithdrawRecoveryRequest, v1.WithdrawRecoveryResponse]
 	failover         *connect.Client[v1.FailoverRequest, v1.FailoverResponse]
+	createToken      *connect.Client[v1.CreateTokenRequest, v1.CreateTokenResponse]
+	revokeToken      *connect.Client[v1.RevokeTokenRequest, v1.RevokeTokenResponse]
+	listTokens       *connect.Client[v1.ListTokensRequest, v1.ListTokensResponse]
+	grantPermission  *connect.Client[v1.GrantPermissionRequest, v1.GrantPermissionResponse]
+	revokePermission *connect.Client[v1.RevokePermissionRequest, v1.RevokePermissionResponse]
+	listPermissions  *connect.Client[v1.ListPermissionsRequest, v1.ListPermissionsResponse]
 }
 
 // CreateStream calls strand.v1.AdminService.CreateStream.
@@ -218,6 +285,36 @@ func (c *adminServiceClient) Failover(ctx context.Context, req *connect.Request[
 	return c.failover.CallUnary(ctx, req)
 }
 
+// CreateToken calls strand.v1.AdminService.CreateToken.
+func (c *adminServiceClient) CreateToken(ctx context.Context, req *connect.Request[v1.CreateTokenRequest]) (*connect.Response[v1.CreateTokenResponse], error) {
+	return c.createToken.CallUnary(ctx, req)
+}
+
+// RevokeToken calls strand.v1.AdminService.RevokeToken.
+func (c *adminServiceClient) RevokeToken(ctx context.Context, req *connect.Request[v1.RevokeTokenRequest]) (*connect.Response[v1.RevokeTokenResponse], error) {
+	return c.revokeToken.CallUnary(ctx, req)
+}
+
+// ListTokens calls strand.v1.AdminService.ListTokens.
+func (c *adminServiceClient) ListTokens(ctx context.Context, req *connect.Request[v1.ListTokensRequest]) (*connect.Response[v1.ListTokensResponse], error) {
+	return c.listTokens.CallUnary(ctx, req)
+}
+
+// GrantPermission calls strand.v1.AdminService.GrantPermission.
+func (c *adminServiceClient) GrantPermission(ctx context.Context, req *connect.Request[v1.GrantPermissionRequest]) (*connect.Response[v1.GrantPermissionResponse], error) {
+	return c.grantPermission.CallUnary(ctx, req)
+}
+
+// RevokePermission calls strand.v1.AdminService.RevokePermission.
+func (c *adminServiceClient) RevokePermission(ctx context.Context, req *connect.Request[v1.RevokePermissionRequest]) (*connect.Response[v1.RevokePermissionResponse], error) {
+	return c.revokePermission.CallUnary(ctx, req)
+}
+
+// ListPermissions calls strand.v1.AdminService.ListPermissions.
+func (c *adminServiceClient) ListPermissions(ctx context.Context, req *connect.Request[v1.ListPermissionsRequest]) (*connect.Response[v1.ListPermissionsResponse], error) {
+	return c.listPermissions.CallUnary(ctx, req)
+}
+
 // AdminServiceHandler is an implementation of the strand.v1.AdminService service.
 type AdminServiceHandler interface {
 	CreateStream(context.Context, *connect.Request[v1.CreateStreamRequest]) (*connect.Response[v1.CreateStreamResponse], error)
@@ -233,6 +330,14 @@ type AdminServiceHandler interface {
 	AcceptOwnerLoss(context.Context, *connect.Request[v1.AcceptOwnerLossRequest]) (*connect.Response[v1.AcceptOwnerLossResponse], error)
 	WithdrawRecovery(context.Context, *connect.Request[v1.WithdrawRecoveryRequest]) (*connect.Response[v1.WithdrawRecoveryResponse], error)
 	Failover(context.Context, *connect.Request[v1.FailoverRequest]) (*connect.Response[v1.FailoverResponse], error)
+	// Tokens and permissions (docs/operating.md, "Security"); each needs
+	// admin on "*".
+	CreateToken(context.Context, *connect.Request[v1.CreateTokenRequest]) (*connect.Response[v1.CreateTokenResponse], error)
+	RevokeToken(context.Context, *connect.Request[v1.RevokeTokenRequest]) (*connect.Response[v1.RevokeTokenResponse], error)
+	ListTokens(context.Context, *connect.Request[v1.ListTokensRequest]) (*connect.Response[v1.ListTokensResponse], error)
+	GrantPermission(context.Context, *connect.Request[v1.GrantPermissionRequest]) (*connect.Response[v1.GrantPermissionResponse], error)
+	RevokePermission(context.Context, *connect.Request[v1.RevokePermissionRequest]) (*connect.Response[v1.RevokePermissionResponse], error)
+	ListPermissions(context.Context, *connect.Request[v1.ListPermissionsRequest]) (*connect.Response[v1.ListPermissionsResponse], error)
 }
 
 // NewAdminServiceHandler builds an HTTP handler from the service implementation. It returns the
@@ -302,6 +407,42 @@ func NewAdminServiceHandler(svc AdminServiceHandler, opts ...connect.HandlerOpti
 		connect.WithSchema(adminServiceMethods.ByName("Failover")),
 		connect.WithHandlerOptions(opts...),
 	)
+	adminServiceCreateTokenHandler := connect.NewUnaryHandler(
+		AdminServiceCreateTokenProcedure,
+		svc.CreateToken,
+		connect.WithSchema(adminServiceMethods.ByName("CreateToken")),
+		connect.WithHandlerOptions(opts...),
+	)
+	adminServiceRevokeTokenHandler := connect.NewUnaryHandler(
+		AdminServiceRevokeTokenProcedure,
+		svc.RevokeToken,
+		connect.WithSchema(adminServiceMethods.ByName("RevokeToken")),
+		connect.WithHandlerOptions(opts...),
+	)
+	adminServiceListTokensHandler := connect.NewUnaryHandler(
+		AdminServiceListTokensProcedure,
+		svc.ListTokens,
+		connect.WithSchema(adminServiceMethods.ByName("ListTokens")),
+		connect.WithHandlerOptions(opts...),
+	)
+	adminServiceGrantPermissionHandler := connect.NewUnaryHandler(
+		AdminServiceGrantPermissionProcedure,
+		svc.GrantPermission,
+		connect.WithSchema(adminServiceMethods.ByName("GrantPermission")),
+		connect.WithHandlerOptions(opts...),
+	)
+	adminServiceRevokePermissionHandler := connect.NewUnaryHandler(
+		AdminServiceRevokePermissionProcedure,
+		svc.RevokePermission,
+		connect.WithSchema(adminServiceMethods.ByName("RevokePermission")),
+		connect.WithHandlerOptions(opts...),
+	)
+	adminServiceListPermissionsHandler := connect.NewUnaryHandler(
+		AdminServiceListPermissionsProcedure,
+		svc.ListPermissions,
+		connect.WithSchema(adminServiceMethods.ByName("ListPermissions")),
+		connect.WithHandlerOptions(opts...),
+	)
 	return "/strand.v1.AdminService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case AdminServiceCreateStreamProcedure:
@@ -324,6 +465,18 @@ func NewAdminServiceHandler(svc AdminServiceHandler, opts ...connect.HandlerOpti
 			adminServiceWithdrawRecoveryHandler.ServeHTTP(w, r)
 		case AdminServiceFailoverProcedure:
 			adminServiceFailoverHandler.ServeHTTP(w, r)
+		case AdminServiceCreateTokenProcedure:
+			adminServiceCreateTokenHandler.ServeHTTP(w, r)
+		case AdminServiceRevokeTokenProcedure:
+			adminServiceRevokeTokenHandler.ServeHTTP(w, r)
+		case AdminServiceListTokensProcedure:
+			adminServiceListTokensHandler.ServeHTTP(w, r)
+		case AdminServiceGrantPermissionProcedure:
+			adminServiceGrantPermissionHandler.ServeHTTP(w, r)
+		case AdminServiceRevokePermissionProcedure:
+			adminServiceRevokePermissionHandler.ServeHTTP(w, r)
+		case AdminServiceListPermissionsProcedure:
+			adminServiceListPermissionsHandler.ServeHTTP(w, r)
 		default:
 			http.NotFound(w, r)
 		}
@@ -371,4 +524,28 @@ func (UnimplementedAdminServiceHandler) WithdrawRecovery(context.Context, *conne
 
 func (UnimplementedAdminServiceHandler) Failover(context.Context, *connect.Request[v1.FailoverRequest]) (*connect.Response[v1.FailoverResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("strand.v1.AdminService.Failover is not implemented"))
+}
+
+func (UnimplementedAdminServiceHandler) CreateToken(context.Context, *connect.Request[v1.CreateTokenRequest]) (*connect.Response[v1.CreateTokenResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("strand.v1.AdminService.CreateToken is not implemented"))
+}
+
+func (UnimplementedAdminServiceHandler) RevokeToken(context.Context, *connect.Request[v1.RevokeTokenRequest]) (*connect.Response[v1.RevokeTokenResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("strand.v1.AdminService.RevokeToken is not implemented"))
+}
+
+func (UnimplementedAdminServiceHandler) ListTokens(context.Context, *connect.Request[v1.ListTokensRequest]) (*connect.Response[v1.ListTokensResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("strand.v1.AdminService.ListTokens is not implemented"))
+}
+
+func (UnimplementedAdminServiceHandler) GrantPermission(context.Context, *connect.Request[v1.GrantPermissionRequest]) (*connect.Response[v1.GrantPermissionResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("strand.v1.AdminService.GrantPermission is not implemented"))
+}
+
+func (UnimplementedAdminServiceHandler) RevokePermission(context.Context, *connect.Request[v1.RevokePermissionRequest]) (*connect.Response[v1.RevokePermissionResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("strand.v1.AdminService.RevokePermission is not implemented"))
+}
+
+func (UnimplementedAdminServiceHandler) ListPermissions(context.Context, *connect.Request[v1.ListPermissionsRequest]) (*connect.Response[v1.ListPermissionsResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("strand.v1.AdminService.ListPermissions is not implemented"))
 }

@@ -54,6 +54,9 @@ type Config struct {
 	MaxCalls  int
 	MaxQueued int
 	QueueWait time.Duration
+	// KV reads and writes tokens and grants (auth.go); nil answers the
+	// token and permission calls Unimplemented.
+	KV clientv3.KV
 }
 
 // Service implements strandv1connect.AdminServiceHandler.
@@ -70,6 +73,7 @@ type Service struct {
 	loads loads
 	// fresh shares the reads of a fresh snapshot between calls.
 	fresh *fresh
+	kv    clientv3.KV
 }
 
 var _ strandv1connect.AdminServiceHandler = (*Service)(nil)
@@ -89,7 +93,7 @@ func New(cfg Config) *Service {
 		cfg.QueueWait = DefaultQueueWait
 	}
 	return &Service{schema: cfg.Schema, gate: cfg.Gate, policy: cfg.DefaultPolicy, log: cfg.Log, mem: cfg.Memory, now: cfg.Now,
-		admission: newAdmission(cfg.MaxCalls, cfg.MaxQueued, cfg.QueueWait), fresh: &fresh{view: cfg.View}}
+		admission: newAdmission(cfg.MaxCalls, cfg.MaxQueued, cfg.QueueWait), fresh: &fresh{view: cfg.View}, kv: cfg.KV}
 }
 
 // lead returns the current term and a snapshot, or the Unavailable a

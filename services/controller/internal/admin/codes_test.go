@@ -7,6 +7,7 @@ import (
 	"connectrpc.com/connect"
 	"github.com/rs/zerolog"
 
+	"github.com/strandhq/strand/internal/auth"
 	"github.com/strandhq/strand/internal/cluster"
 	"github.com/strandhq/strand/internal/sentinels"
 	"github.com/strandhq/strand/services/controller/internal/leader"
@@ -38,6 +39,11 @@ var edgeSentinels = map[string]map[string]error{
 	"../placement": {"ErrNotEnoughBrokers": placement.ErrNotEnoughBrokers},
 	"../state":     {},
 	"../attention": {},
+	"../../../../internal/auth": {
+		"ErrInvalid":      auth.ErrInvalid,
+		"ErrNotCommitted": auth.ErrNotCommitted,
+		"ErrBootstrapped": auth.ErrBootstrapped,
+	},
 	"../../../../internal/cluster": {
 		"ErrNotInDir":      cluster.ErrNotInDir,
 		"ErrInvalidName":   cluster.ErrInvalidName,

@@ -7,6 +7,7 @@ import (
 
 	"connectrpc.com/connect"
 
+	"github.com/strandhq/strand/internal/auth"
 	"github.com/strandhq/strand/internal/cluster"
 	"github.com/strandhq/strand/services/controller/internal/leader"
 	"github.com/strandhq/strand/services/controller/internal/placement"
@@ -54,6 +55,11 @@ var codes = []struct {
 	// mend it.
 	{cluster.ErrCorrupt, connect.CodeInternal},
 	{cluster.ErrNotInDir, connect.CodeInternal},
+	// Credentials (auth.go): names are validated by the handlers, which
+	// name the field; a write that did not commit wrote nothing.
+	{auth.ErrInvalid, connect.CodeInvalidArgument},
+	{auth.ErrNotCommitted, connect.CodeAborted},
+	{auth.ErrBootstrapped, connect.CodeFailedPrecondition},
 	{context.DeadlineExceeded, connect.CodeDeadlineExceeded},
 	{context.Canceled, connect.CodeCanceled},
 }

@@ -1,0 +1,427 @@
+package auth
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"net/http"
+	"strings"
+	"sync"
+	"time"
+
+	"connectrpc.com/connect"
+	"golang.org/x/time/rate"
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/reflect/protoreflect"
+	"google.golang.org/protobuf/types/known/durationpb"
+)
+
+// Defaults of the broker's per-principal limits (strand-broker
+// --principal-publish-bytes-per-second, --principal-max-subscriptions).
+const (
+	DefaultPublishBytesPerSecond = 64 << 20
+	DefaultMaxSubscriptions      = 256
+)
+
+// TransportPrincipal names the principal the transport proved, if any:
+// the subject of a verified client certificate (ConnState gives the TLS
+// state of the call's connection). It is asked only when a call carries no
+// bearer token.
+type TransportPrincipal func(ctx context.Context, spec connect.Spec, peer connect.Peer, header http.Header) (principal string, ok bool)
+
+// Options turn authentication on for a service (each app's Config.Auth).
+type Options struct {
+	// Enabled checks every client call; off, nothing is checked (a cluster
+	// run --insecure, or one that predates auth).
+	Enabled bool
+	// PublishBytesPerSecond bounds each principal's publish request bytes
+	// per second, a token bucket holding one second's worth (0: default).
+	PublishBytesPerSecond int
+	// MaxSubscriptions bounds each principal's concurrent subscriptions on
+	// one broker (0: default).
+	MaxSubscriptions int
+	// Transport names a principal from the transport (nil: bearer tokens
+	// only).
+	Transport TransportPrincipal
+}
+
+// Guard is the server interceptor of every client-facing service: it
+// authenticates each call, checks it against Rules and the cache's grants,
+// and counts it against the principal's limits, all before the handler
+// runs, so a refused call changes nothing (a unary request has been
+// decoded by then; nothing of a stream is read but its first message).
+type Guard struct {
+	cache     *Cache
+	transport TransportPrincipal
+	rules     map[string]Rule
+
+	rate  rate.Limit
+	burst int
+	subs  int
+
+	mu      sync.Mutex
+	buckets map[string]*rate.Limiter
+	active  map[string]int
+}
+
+// NewGuard returns the guard of opts, judging by cache.
+func NewGuard(cache *Cache, opts Options) *Guard {
+	if opts.PublishBytesPerSecond <= 0 {
+		opts.PublishBytesPerSecond = DefaultPublishBytesPerSecond
+	}
+	if opts.MaxSubscriptions <= 0 {
+		opts.MaxSubscriptions = DefaultMaxSubscriptions
+	}
+	return &Guard{cache: cache, transport: opts.Transport, rules: Rules,
+		rate: rate.Limit(opts.PublishBytesPerSecond), burst: opts.PublishBytesPerSecond, subs: opts.MaxSubscriptions,
+		buckets: map[string]*rate.Limiter{}, active: map[string]int{}}
+}
+
+// Option is the guard as a handler option.
+func (g *Guard) Option() connect.HandlerOption { return connect.WithInterceptors(g) }
+
+var errCredentials = errors.New("missing or unknown credentials: send Authorization: Bearer TOKEN (strandctl token create) or a client certificate")
+
+// loadWait bounds how long a call waits for the credential cache to be
+// current (Cache.Wait) before it is answered Unavailable.
+const loadWait = 5 * time.Second
+
+// wait waits for the cache, or answers Unavailable.
+func (g *Guard) wait(ctx context.Context) error {
+	wctx, cancel := context.WithTimeout(ctx, loadWait)
+	defer cancel()
+	if err := g.cache.Wait(wctx); err != nil {
+		return connect.NewError(connect.CodeUnavailable, fmt.Errorf("credentials not loaded from etcd yet (%w); retry", err))
+	}
+	return nil
+}
+
+// bearer returns the principal of the Authorization header value v, or
+// Unauthenticated: a value that is not a bearer token of a known secret.
+func (g *Guard) bearer(v string) (string, error) {
+	scheme, secret, _ := strings.Cut(v, " ")
+	if strings.EqualFold(scheme, "Bearer") {
+		if p, ok := g.cache.Authenticate(strings.TrimSpace(secret)); ok {
+			return p, nil
+		}
+	}
+	return "", connect.NewError(connect.CodeUnauthenticated, errCredentials)
+}
+
+// identify returns the call's principal: its bearer token's, else the
+// transport's. A token that is sent but unknown (revoked) is refused even
+// when the transport names someone: the client meant the token.
+func (g *Guard) identify(ctx context.Context, spec connect.Spec, peer connect.Peer, h http.Header) (string, error) {
+	if err := g.wait(ctx); err != nil {
+		return "", err
+	}
+	if v := h.Get("Authorization"); v != "" {
+		return g.bearer(v)
+	}
+	if g.transport != nil {
+		if p, ok := g.transport(ctx, spec, peer, h); ok && p != "" {
+			return p, nil
+		}
+	}
+	return "", connect.NewError(connect.CodeUnauthenticated, errCredentials)
+}
+
+// Precheck refuses, before h reads a request's body, what identify would
+// refuse from the headers alone: a call with an unknown bearer token, and
+// one with none when there is no transport to name a principal. A client
+// without credentials so costs the service no read or decode of a publish
+// (nor a place among the publish bytes in flight). It answers in the
+// call's own protocol (connect.ErrorWriter); the interceptor still checks
+// every call.
+func (g *Guard) Precheck(h http.Handler) http.Handler {
+	ew := connect.NewErrorWriter()
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		v := r.Header.Get("Authorization")
+		if (v != "" || g.transport == nil) && ew.IsSupported(r) {
+			err := g.wait(r.Context())
+			if err == nil {
+				if v == "" {
+					err = connect.NewError(connect.CodeUnauthenticated, errCredentials)
+				} else {
+					_, err = g.bearer(v)
+				}
+			}
+			if err != nil {
+				_ = ew.Write(w, r, err)
+				return
+			}
+		}
+		h.ServeHTTP(w, r)
+	})
+}
+
+// Denied is the PermissionDenied of a call principal may not make: the
+// message names the permission and the stream ("*" for the cluster-wide
+// calls), and an ErrorInfo detail carries both.
+func Denied(principal string, perms []Permission, stream string) *connect.Error {
+	names := make([]string, len(perms))
+	for i, p := range perms {
+		names[i] = string(p)
+	}
+	perm := strings.Join(names, " or ")
+	err := connect.NewError(connect.CodePermissionDenied,
+		fmt.Errorf("principal %q has no %s permission on stream %q (strandctl acl grant)", principal, perm, stream))
+	if d, derr := connect.NewErrorDetail(&errdetails.ErrorInfo{Reason: "PERMISSION_DENIED", Domain: "strand.v1",
+		Metadata: map[string]string{"principal": principal, "permission": perm, "stream": stream}}); derr == nil {
+		err.AddDetail(d)
+	}
+	return err
+}
+
+// authorize checks rule for principal, msg being the request (nil for a
+// rule that reads no field).
+func (g *Guard) authorize(rule Rule, principal string, msg any) error {
+	switch rule.Scope {
+	case Authenticated:
+		return nil
+	case OnCluster:
+		for _, p := range rule.Perms {
+			if g.cache.Allowed(principal, p, All) {
+				return nil
+			}
+		}
+		return Denied(principal, rule.Perms, All)
+	case OnStream:
+		// A malformed name is the handler's to refuse, naming the field,
+		// once a grant covers it (only "*" covers an empty one).
+		name := streamOf(msg, rule.Field)
+		for _, p := range rule.Perms {
+			if g.cache.Allowed(principal, p, name) {
+				return nil
+			}
+		}
+		return Denied(principal, rule.Perms, name)
+	}
+	return connect.NewError(connect.CodeInternal, errors.New("auth: no rule scope"))
+}
+
+// streamOf reads the string field of msg.
+func streamOf(msg any, field string) string {
+	m, ok := msg.(proto.Message)
+	if !ok {
+		return ""
+	}
+	r := m.ProtoReflect()
+	fd := r.Descriptor().Fields().ByName(protoreflect.Name(field))
+	if fd == nil || fd.Kind() != protoreflect.StringKind {
+		return ""
+	}
+	return r.Get(fd).String()
+}
+
+func (g *Guard) rule(procedure string) (Rule, error) {
+	r, ok := g.rules[procedure]
+	if !ok {
+		return Rule{}, connect.NewError(connect.CodePermissionDenied, fmt.Errorf("procedure %s has no permission rule; refused", procedure))
+	}
+	return r, nil
+}
+
+// publish takes size bytes from principal's bucket, or answers
+// ResourceExhausted: with a RetryInfo saying when the bucket holds them,
+// or without one for a request larger than the bucket, which never will.
+func (g *Guard) publish(principal string, size int) error {
+	g.mu.Lock()
+	b := g.buckets[principal]
+	if b == nil {
+		b = rate.NewLimiter(g.rate, g.burst)
+		g.buckets[principal] = b
+	}
+	g.mu.Unlock()
+	now := time.Now()
+	r := b.ReserveN(now, size)
+	if !r.OK() {
+		return connect.NewError(connect.CodeResourceExhausted,
+			fmt.Errorf("principal %q: a publish of %d bytes exceeds its limit of %d bytes per second; send smaller batches", principal, size, g.burst))
+	}
+	delay := r.DelayFrom(now)
+	if delay == 0 {
+		return nil
+	}
+	r.CancelAt(now)
+	err := connect.NewError(connect.CodeResourceExhausted,
+		fmt.Errorf("principal %q: publish rate above its limit of %d bytes per second; retry in %v", principal, g.burst, delay.Round(time.Millisecond)))
+	if d, derr := connect.NewErrorDetail(&errdetails.RetryInfo{RetryDelay: durationpb.New(delay)}); derr == nil {
+		err.AddDetail(d)
+	}
+	return err
+}
+
+// subscribe takes one of principal's subscription slots; release gives it
+// back. No RetryInfo: a retry helps only once one of the principal's own
+// subscriptions ends.
+func (g *Guard) subscribe(principal string) (release func(), err error) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.active[principal] >= g.subs {
+		return nil, connect.NewError(connect.CodeResourceExhausted,
+			fmt.Errorf("principal %q already has %d subscriptions on this broker, its limit", principal, g.subs))
+	}
+	g.active[principal]++
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			g.mu.Lock()
+			defer g.mu.Unlock()
+			if g.active[principal]--; g.active[principal] <= 0 {
+				delete(g.active, principal)
+			}
+		})
+	}, nil
+}
+
+// WrapUnary checks a unary call before its handler runs.
+func (g *Guard) WrapUnary(next connect.UnaryFunc) connect.UnaryFunc {
+	return func(ctx context.Context, req connect.AnyRequest) (connect.AnyResponse, error) {
+		if req.Spec().IsClient {
+			return next(ctx, req)
+		}
+		rule, err := g.rule(req.Spec().Procedure)
+		if err != nil {
+			return nil, err
+		}
+		if rule.Scope == Peer {
+			return next(ctx, req)
+		}
+		principal, err := g.identify(ctx, req.Spec(), req.Peer(), req.Header())
+		if err != nil {
+			return nil, err
+		}
+		if err := g.authorize(rule, principal, req.Any()); err != nil {
+			return nil, err
+		}
+		if rule.Limit == PublishBytes {
+			size := 0
+			if m, ok := req.Any().(proto.Message); ok {
+				size = proto.Size(m)
+			}
+			if err := g.publish(principal, size); err != nil {
+				return nil, err
+			}
+		}
+		return next(ctx, req)
+	}
+}
+
+// WrapStreamingClient leaves client streams alone.
+func (g *Guard) WrapStreamingClient(next connect.StreamingClientFunc) connect.StreamingClientFunc {
+	return next
+}
+
+// WrapStreamingHandler authenticates a stream at once and authorises it
+// on its first message, which names the stream: the handler's first
+// Receive fails with the refusal, before the handler has the request.
+func (g *Guard) WrapStreamingHandler(next connect.StreamingHandlerFunc) connect.StreamingHandlerFunc {
+	return func(ctx context.Context, conn connect.StreamingHandlerConn) error {
+		rule, err := g.rule(conn.Spec().Procedure)
+		if err != nil {
+			return err
+		}
+		if rule.Scope == Peer {
+			return next(ctx, conn)
+		}
+		principal, err := g.identify(ctx, conn.Spec(), conn.Peer(), conn.RequestHeader())
+		if err != nil {
+			return err
+		}
+		gc := &guardedConn{StreamingHandlerConn: conn, g: g, rule: rule, principal: principal}
+		defer gc.release()
+		return next(ctx, gc)
+	}
+}
+
+// guardedConn authorises a stream at its first message.
+type guardedConn struct {
+	connect.StreamingHandlerConn
+	g         *Guard
+	rule      Rule
+	principal string
+	checked   bool
+	err       error
+	done      func()
+}
+
+func (c *guardedConn) Receive(msg any) error {
+	if c.err != nil {
+		return c.err
+	}
+	if err := c.StreamingHandlerConn.Receive(msg); err != nil {
+		return err
+	}
+	if c.checked {
+		return nil
+	}
+	c.checked = true
+	if c.err = c.g.authorize(c.rule, c.principal, msg); c.err != nil {
+		return c.err
+	}
+	if c.rule.Limit == Subscriptions {
+		c.done, c.err = c.g.subscribe(c.principal)
+	}
+	return c.err
+}
+
+func (c *guardedConn) release() {
+	if c.done != nil {
+		c.done()
+	}
+}
+
+type connStateKey struct{}
+
+// WithConnState puts each request's TLS state (nil without TLS) into its
+// context, where ConnState finds it: connect-go hands interceptors the
+// request's context but not the request, so a TransportPrincipal reads the
+// client certificate from there.
+func WithConnState(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.TLS != nil {
+			r = r.WithContext(context.WithValue(r.Context(), connStateKey{}, r.TLS))
+		}
+		h.ServeHTTP(w, r)
+	})
+}
+
+// ConnState is the TLS state WithConnState recorded, or nil.
+func ConnState(ctx context.Context) *tls.ConnectionState {
+	s, _ := ctx.Value(connStateKey{}).(*tls.ConnectionState)
+	return s
+}
+
+// WithBearer sends secret as a bearer token (Authorization: Bearer SECRET)
+// on every call of a Connect client; empty sends nothing.
+func WithBearer(secret string) connect.ClientOption {
+	return connect.WithInterceptors(bearer(secret))
+}
+
+type bearer string
+
+func (b bearer) WrapUnary(next connect.UnaryFunc) connect.UnaryFunc {
+	return func(ctx context.Context, req connect.AnyRequest) (connect.AnyResponse, error) {
+		if b != "" && req.Spec().IsClient {
+			req.Header().Set("Authorization", "Bearer "+string(b))
+		}
+		return next(ctx, req)
+	}
+}
+
+func (b bearer) WrapStreamingClient(next connect.StreamingClientFunc) connect.StreamingClientFunc {
+	return func(ctx context.Context, spec connect.Spec) connect.StreamingClientConn {
+		conn := next(ctx, spec)
+		if b != "" {
+			conn.RequestHeader().Set("Authorization", "Bearer "+string(b))
+		}
+		return conn
+	}
+}
+
+func (b bearer) WrapStreamingHandler(next connect.StreamingHandlerFunc) connect.StreamingHandlerFunc {
+	return next
+}
