@@ -3,7 +3,7 @@ package coord
 import (
 	"context"
 	"fmt"
-		"sync/atomic"
+	"sync/atomic"
 	"time"
 
 	"github.com/rs/zerolog"
