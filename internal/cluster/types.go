@@ -39,6 +39,14 @@ type CopyTails struct {
 	ChainMismatch bool `json:"chain_mismatch,omitempty"`
 }
 
+// InSyncSlack is how many records a live follower at its assignment's
+// epoch may be behind its owner's record tail, as both last published, and
+// still be in sync (the controller's attention judges by it). Brokers
+// publish moving tails by it too: a move of less than half of it waits
+// until it adds up or the copy goes quiet (docs/etcd-schema.md, "Heartbeat
+// shards"), so the judgement tolerates published tails that trail.
+const InSyncSlack = 1000
+
 // Heartbeat is stored at HeartbeatKey, bound to the broker's lease: the
 // statuses of the broker's copies whose streams fall in one shard
 // (HeartbeatShard). Readers merge a broker's shards into one Heartbeat.

@@ -372,4 +372,17 @@ func TestStageMeans(t *testing.T) {
 	if s := stageMeans("b1", before, before); s != nil {
 		t.Errorf("stages of an empty window %v, want none", s)
 	}
+	// Many streams: every broker counts for every stage (b3 still left
+	// out), the committer's stages without a role.
+	got = stageMeans("", before, after)
+	// Syncs: 10 of 2 ms on b1 and 10 of 3 ms on b2.
+	want = map[string]float64{"publish_confirm": 6, "commit_sync": 2.5, "follow_apply": 4}
+	if len(got) != len(want) {
+		t.Fatalf("stages over every broker %v, want %v", got, want)
+	}
+	for k, v := range want {
+		if math.Abs(got[k]-v) > 1e-9 {
+			t.Errorf("stage over every broker %s = %v ms, want %v", k, got[k], v)
+		}
+	}
 }

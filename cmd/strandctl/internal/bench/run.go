@@ -78,7 +78,10 @@ type Result struct {
 	// committer batch), follow_ack (a batch sent to a follower until it is
 	// acknowledged durable); on the followers follower_commit_write,
 	// follower_commit_sync and follow_apply (a batch received until
-	// durable). Runs without a kill on a cluster the bench started only.
+	// durable). With --streams above 1 every broker owns some streams and
+	// follows others: every stage is over every broker, and the committer's
+	// are commit_write and commit_sync. Runs without a kill on a cluster
+	// the bench started only.
 	StageMeanMs map[string]float64 `json:"stage_mean_ms,omitempty"`
 
 	// The failover split into phases (runs with a kill only), adding up to
@@ -451,9 +454,13 @@ func (r *runner) run(ctx context.Context) error {
 		r.res.ControllerCPUPct, r.res.RecovererCPUPct, r.res.BrokerCPUPct = u.cpu.Controller, u.cpu.Recoverer, u.cpu.Broker
 		r.res.BrokerPeakHeapMB, r.res.EtcdRevisionsPerS = u.peakAnonMB, u.revisionsPS
 	}
-	if stagesBefore != nil && o.KillAt <= 0 && len(r.names) == 1 {
+	if stagesBefore != nil && o.KillAt <= 0 {
 		if after := r.brokerHistograms(ctx); after != nil {
-			r.res.StageMeanMs = stageMeans(r.owner, stagesBefore, after)
+			owner := r.owner
+			if len(r.names) > 1 {
+				owner = "" // every broker owns some of the streams
+			}
+			r.res.StageMeanMs = stageMeans(owner, stagesBefore, after)
 		}
 	}
 	if o.KillAt > 0 {

@@ -73,7 +73,10 @@ func scrapeHistograms(ctx context.Context, hc *http.Client, addr string) (broker
 
 // stageMeans turns the histograms read before and after the window into
 // mean milliseconds per stage. Owner stages come from owner's histograms,
-// follower stages from every other broker's taken together. A stage with
+// follower stages from every other broker's taken together. With owner
+// empty (many streams: every broker owns some and follows others) every
+// stage comes from every broker, and the committer's stages, which then
+// serve both roles at once, are commit_write and commit_sync. A stage with
 // no samples in the window is left out.
 func stageMeans(owner string, before, after map[string]brokerHistograms) map[string]float64 {
 	type stage struct{ key, metric string }
@@ -108,6 +111,20 @@ func stageMeans(owner string, before, after map[string]brokerHistograms) map[str
 		if count > 0 {
 			out[key] = math.Round(sum/float64(count)*1e6) / 1e3
 		}
+	}
+	if owner == "" {
+		every := func(string) bool { return true }
+		for _, s := range append(ownerStages, followerStages...) {
+			key := s.key
+			if strings.HasSuffix(s.metric, "commit_write_seconds") || strings.HasSuffix(s.metric, "commit_sync_seconds") {
+				key = strings.TrimSuffix(s.metric, "_seconds")
+			}
+			mean(key, s.metric, every)
+		}
+		if len(out) == 0 {
+			return nil
+		}
+		return out
 	}
 	for _, s := range ownerStages {
 		mean(s.key, s.metric, func(n string) bool { return n == owner })

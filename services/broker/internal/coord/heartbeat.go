@@ -3,7 +3,6 @@ package coord
 import (
 	"context"
 	"fmt"
-	"maps"
 	"sync/atomic"
 	"time"
 
@@ -35,10 +34,23 @@ const (
 	// owner, chain mismatch: liveness, attention and recovery), or took in
 	// an assignment (state.Snapshot.HeardSince).
 	publishPrompt publishMode = iota
-	// publishTails writes every shard whose statuses differ from what the
-	// broker last wrote, tails included: once per heartbeat interval.
+	// publishTails writes, once per heartbeat interval, what publishPrompt
+	// writes and the shards where a copy's tails need publishing
+	// (tailsNeedWrite): not every move, only one an observer can tell.
 	publishTails
 )
+
+// tailStep is how far a copy's published tails may trail its own before a
+// tails pass writes them: half the controller's in-sync slack
+// (cluster.InSyncSlack). An owner's and a follower's published record
+// tails then each trail theirs by less than tailStep, so the lag the
+// controller computes from them is off by less than tailStep either way:
+// a follower that keeps up is judged in sync, one further behind than the
+// slack plus tailStep is judged lagging, and a move the judgement cannot
+// tell apart costs no write (docs/etcd-schema.md, "Heartbeat shards").
+// Without it a loaded broker rewrote every shard with a moving tail on
+// every interval, a shard holding hundreds of copies for one record each.
+const tailStep = cluster.InSyncSlack / 2
 
 // heartbeats publishes this broker's copy statuses in etcd, one key per
 // shard (cluster.HeartbeatShard), on change and never on a clock alone:
@@ -62,6 +74,10 @@ type heartbeats struct {
 	lease     clientv3.LeaseID
 	published [cluster.HeartbeatShards]map[string]cluster.CopyTails
 	written   [cluster.HeartbeatShards]bool
+	// seen is what the last tails pass read, written or not: a copy whose
+	// tails read the same again stopped moving, and its exact tails go out
+	// (tailsNeedWrite).
+	seen [cluster.HeartbeatShards]map[string]cluster.CopyTails
 	// takenIn marks shards to write at the next pass even when their
 	// statuses read the same: a copy in them took in an assignment.
 	takenIn [cluster.HeartbeatShards]bool
@@ -94,6 +110,7 @@ func (h *heartbeats) publish(ctx context.Context, lease clientv3.LeaseID, mode p
 		h.lease = lease
 		h.published = [cluster.HeartbeatShards]map[string]cluster.CopyTails{}
 		h.written = [cluster.HeartbeatShards]bool{}
+		h.seen = [cluster.HeartbeatShards]map[string]cluster.CopyTails{}
 	}
 	var cur [cluster.HeartbeatShards]map[string]cluster.CopyTails
 	for i := range cur {
@@ -109,7 +126,11 @@ func (h *heartbeats) publish(ctx context.Context, lease clientv3.LeaseID, mode p
 	}
 	var batch []put
 	for i := range cur {
-		if h.written[i] && !h.takenIn[i] && !changed(h.published[i], cur[i], mode) {
+		seen := h.seen[i]
+		if mode == publishTails {
+			h.seen[i] = cur[i]
+		}
+		if h.written[i] && !h.takenIn[i] && !changed(h.published[i], seen, cur[i], mode) {
 			continue
 		}
 		v, left := cluster.BoundHeartbeat(cluster.Heartbeat{Node: h.node, Shard: i, Time: now, Streams: cur[i]}, h.maxValue)
@@ -142,12 +163,9 @@ func (h *heartbeats) publish(ctx context.Context, lease clientv3.LeaseID, mode p
 	return txns, nil
 }
 
-// changed reports whether a shard's statuses moved from was to now in a
-// way mode writes.
-func changed(was, now map[string]cluster.CopyTails, mode publishMode) bool {
-	if mode == publishTails {
-		return !maps.Equal(was, now)
-	}
+// changed reports whether a shard's statuses moved from was (published)
+// to now in a way mode writes; seen is what the last tails pass read.
+func changed(was, seen, now map[string]cluster.CopyTails, mode publishMode) bool {
 	if len(was) != len(now) {
 		return true
 	}
@@ -157,8 +175,37 @@ func changed(was, now map[string]cluster.CopyTails, mode publishMode) bool {
 			w.Suspect != t.Suspect || w.ChainMismatch != t.ChainMismatch {
 			return true
 		}
+		if mode == publishTails && w != t {
+			if s, ok := seen[stream]; tailsNeedWrite(w, t, ok && s == t) {
+				return true
+			}
+		}
 	}
 	return false
+}
+
+// tailsNeedWrite reports whether a copy whose tails moved from was
+// (published) to now, with the same role and epoch, is to be written by a
+// tails pass; settled says they read the same at the last tails pass too.
+// Written are:
+//   - a sealed copy's: a pending recovery waits on the tails of the copies
+//     it sealed (attention: recovery_waiting_prefix), so they are exact;
+//   - a move of tailStep or more of any tail (or of the head), which the
+//     in-sync judgement could tell (cluster.InSyncSlack);
+//   - tails that stopped moving: once a copy is quiet for an interval its
+//     exact tails are out, so an idle stream's published tails are its own
+//     (what an accepted loss starts the history from, and what strandctl
+//     stream get shows), and an idle broker then writes nothing.
+//
+// A copy that keeps moving by less than tailStep an interval is written
+// once its moves add up to tailStep.
+func tailsNeedWrite(was, now cluster.CopyTails, settled bool) bool {
+	if now.Role == cluster.RoleSealed || settled {
+		return true
+	}
+	apart := func(a, b uint64) bool { return max(a, b)-min(a, b) >= tailStep }
+	return apart(was.RecordTail, now.RecordTail) || apart(was.ConfirmWatermark, now.ConfirmWatermark) ||
+		apart(was.CursorEventTail, now.CursorEventTail) || apart(was.Head, now.Head)
 }
 
 // noteOmitted warns when a shard's value leaves copies out, and when it

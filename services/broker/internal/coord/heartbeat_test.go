@@ -130,7 +130,7 @@ func TestHeartbeatWritesOnlyWhatChanged(t *testing.T) {
 			t.Fatalf("unchanged, mode %d: %d transactions, revision moved %d; want none", mode, txns, revs)
 		}
 	}
-	f.st.set("s0007", cluster.CopyTails{Epoch: 1, Role: cluster.RoleFollower, RecordTail: 500})
+	f.st.set("s0007", cluster.CopyTails{Epoch: 1, Role: cluster.RoleFollower, RecordTail: 7 + tailStep})
 	if txns, _ := f.publish(publishPrompt); txns != 0 {
 		t.Fatalf("a tails-only change written by a prompt pass (%d transactions)", txns)
 	}
@@ -145,8 +145,86 @@ func TestHeartbeatWritesOnlyWhatChanged(t *testing.T) {
 			t.Errorf("shard %s moved %v; only %s should", k, moved, key)
 		}
 	}
-	if got := f.shards()[key].hb.Streams["s0007"].RecordTail; got != 500 {
-		t.Fatalf("published record tail %d, want 500", got)
+	if got := f.shards()[key].hb.Streams["s0007"].RecordTail; got != 7+tailStep {
+		t.Fatalf("published record tail %d, want %d", got, 7+tailStep)
+	}
+}
+
+// Under load a copy's tails move on every interval; a tails pass writes a
+// move only when the in-sync judgement could tell it (tailStep, half of
+// cluster.InSyncSlack) or once the copy went quiet, while a role change is
+// written by the next pass of either mode, in one revision.
+func TestHeartbeatTailsWithinSlackWriteNothing(t *testing.T) {
+	f := newHBFixture(t, 100)
+	f.st.set("s0010", cluster.CopyTails{Epoch: 1, Role: cluster.RoleFollower, RecordTail: 10, ConfirmWatermark: 10})
+	f.publish(publishTails)
+	key := cluster.NewSchema("").HeartbeatKey("b1", cluster.HeartbeatShard("s0010"))
+	// Moving on every interval, by less than tailStep in all: nothing.
+	for i, tail := range []uint64{10 + 100, 10 + 200, 10 + tailStep - 1} {
+		f.st.set("s0010", cluster.CopyTails{Epoch: 1, Role: cluster.RoleFollower, RecordTail: tail, ConfirmWatermark: tail})
+		if txns, revs := f.publish(publishTails); txns != 0 || revs != 0 {
+			t.Fatalf("move %d within the slack: %d transactions, revision moved %d; want none", i, txns, revs)
+		}
+	}
+	if got := f.shards()[key].hb.Streams["s0010"].RecordTail; got != 10 {
+		t.Fatalf("published record tail %d after moves within the slack, want the first 10", got)
+	}
+	// Quiet for an interval: its exact tails go out, once.
+	if txns, revs := f.publish(publishTails); txns != 1 || revs != 1 {
+		t.Fatalf("quiet copy: %d transactions, revision moved %d; want 1 and 1", txns, revs)
+	}
+	if got := f.shards()[key].hb.Streams["s0010"].RecordTail; got != 10+tailStep-1 {
+		t.Fatalf("published record tail %d once quiet, want %d", got, 10+tailStep-1)
+	}
+	if txns, _ := f.publish(publishTails); txns != 0 {
+		t.Fatalf("quiet and published: %d transactions, want none", txns)
+	}
+	// A role change (a small tail move with it) is written at once by a
+	// prompt pass, and carries the tails.
+	f.st.set("s0010", cluster.CopyTails{Epoch: 2, Role: cluster.RoleOwner, RecordTail: 10 + tailStep})
+	if txns, revs := f.publish(publishPrompt); txns != 1 || revs != 1 {
+		t.Fatalf("role change: %d transactions, revision moved %d; want 1 and 1", txns, revs)
+	}
+	got := f.shards()[key].hb.Streams["s0010"]
+	if got.Role != cluster.RoleOwner || got.Epoch != 2 || got.RecordTail != 10+tailStep {
+		t.Fatalf("published %+v after the role change", got)
+	}
+}
+
+// A sealed copy's tails are what a pending recovery waits on: every move
+// of them is written by the next tails pass, however small.
+func TestHeartbeatSealedTailsExact(t *testing.T) {
+	f := newHBFixture(t, 20)
+	f.st.set("s0004", cluster.CopyTails{Epoch: 1, Role: cluster.RoleSealed, SealEpoch: 2, RecordTail: 4})
+	f.publish(publishTails)
+	f.st.set("s0004", cluster.CopyTails{Epoch: 1, Role: cluster.RoleSealed, SealEpoch: 2, RecordTail: 5})
+	if txns, _ := f.publish(publishTails); txns != 1 {
+		t.Fatalf("sealed copy's tail moved by 1: %d transactions, want 1", txns)
+	}
+	key := cluster.NewSchema("").HeartbeatKey("b1", cluster.HeartbeatShard("s0004"))
+	if got := f.shards()[key].hb.Streams["s0004"].RecordTail; got != 5 {
+		t.Fatalf("published record tail %d, want 5", got)
+	}
+}
+
+// Many shards with tails past the step on one interval are one revision,
+// not one per shard: what a loaded broker writes per interval is bounded
+// by the transaction count, not by its streams.
+func TestHeartbeatTailsPassOneRevision(t *testing.T) {
+	f := newHBFixture(t, 300)
+	f.publish(publishTails)
+	for name, st := range f.st.get() {
+		st.RecordTail += 3 * tailStep
+		f.st.set(name, st)
+	}
+	if txns, revs := f.publish(publishTails); txns != 1 || revs != 1 {
+		t.Fatalf("300 copies past the step: %d transactions, revision moved %d; want 1 and 1", txns, revs)
+	}
+	rev := f.rev()
+	for k, s := range f.shards() {
+		if s.modRev != rev {
+			t.Errorf("shard %s at revision %d, want %d", k, s.modRev, rev)
+		}
 	}
 }
 

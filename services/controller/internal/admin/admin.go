@@ -71,9 +71,10 @@ type Service struct {
 	admission *admission
 	// loads is the placement load of the newest snapshot placed on.
 	loads loads
-	// fresh shares the reads of a fresh snapshot between calls.
-	fresh *fresh
-	kv    clientv3.KV
+	// view hands out fresh snapshots, one read shared by the calls at once
+	// (state.View.Fresh).
+	view *state.View
+	kv   clientv3.KV
 }
 
 var _ strandv1connect.AdminServiceHandler = (*Service)(nil)
@@ -93,7 +94,7 @@ func New(cfg Config) *Service {
 		cfg.QueueWait = DefaultQueueWait
 	}
 	return &Service{schema: cfg.Schema, gate: cfg.Gate, policy: cfg.DefaultPolicy, log: cfg.Log, mem: cfg.Memory, now: cfg.Now,
-		admission: newAdmission(cfg.MaxCalls, cfg.MaxQueued, cfg.QueueWait), fresh: &fresh{view: cfg.View}, kv: cfg.KV}
+		admission: newAdmission(cfg.MaxCalls, cfg.MaxQueued, cfg.QueueWait), view: cfg.View, kv: cfg.KV}
 }
 
 // lead returns the current term and a snapshot, or the Unavailable a
@@ -102,7 +103,7 @@ func New(cfg Config) *Service {
 // The snapshot is the view's, brought up to etcd's current revision: a
 // call sees every write finished before it (a stream created or deleted by
 // the call before), without reading the whole prefix; calls at once share
-// one such read (fresh). A write still
+// one such read (state.View.Fresh). A write still
 // compares the mod revisions it read, and one that lost a race to a write
 // made since is made again from a newer snapshot.
 func (s *Service) lead(ctx context.Context) (*leader.Term, *state.Snapshot, error) {
@@ -117,7 +118,7 @@ func (s *Service) lead(ctx context.Context) (*leader.Term, *state.Snapshot, erro
 		}
 		return nil, nil, rpcerr.NotLeader(addr)
 	}
-	snap, err := s.fresh.get(ctx)
+	snap, err := s.view.Fresh(ctx)
 	if err != nil {
 		return nil, nil, s.toConnect(err)
 	}

@@ -10,12 +10,11 @@ import (
 	"github.com/strandhq/strand/internal/cluster"
 )
 
-// Calls sharing reads of a fresh snapshot each see every write finished
+// Calls sharing reads of a fresh snapshot (state.View.Fresh) each see every write finished
 // before they asked: each of many concurrent callers writes a stream spec
 // and then finds it in the snapshot it gets.
 func TestSharedFreshHoldsWritesBefore(t *testing.T) {
 	f := startFlood(t, Config{}, "b1")
-	fr := &fresh{view: f.view}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	var wg sync.WaitGroup
@@ -27,7 +26,7 @@ func TestSharedFreshHoldsWritesBefore(t *testing.T) {
 				t.Error(err)
 				return
 			}
-			snap, err := fr.get(ctx)
+			snap, err := f.view.Fresh(ctx)
 			if err != nil {
 				t.Error(err)
 				return

@@ -21,11 +21,13 @@ const (
 // InSyncSlack is how many records a live follower at the assignment's epoch
 // may be behind the owner's record tail and still be in sync, even below
 // the owner's confirm watermark. Both tails are as last published, and a
-// broker publishes moving tails at most once per --heartbeat
-// (docs/etcd-schema.md), so under steady load a follower that keeps up
-// reads a little behind the watermark its owner published later; without
-// the slack it would flap in and out of sync with every publish.
-const InSyncSlack = 1000
+// broker publishes a moving tail only once it moved by half the slack, or
+// went quiet, and at most once per --heartbeat (docs/etcd-schema.md), so
+// under steady load a follower that keeps up reads a little behind the
+// watermark its owner published later; without the slack it would flap in
+// and out of sync with every publish. The value is the brokers' too
+// (cluster.InSyncSlack).
+const InSyncSlack = cluster.InSyncSlack
 
 // Copy is one copy's standing in a stream's replication.
 type Copy struct {

@@ -58,10 +58,17 @@ type Config struct {
 	ProbeGrace time.Duration
 	// Probe defaults to HealthProber.
 	Probe Prober
-	// Resync passes over the cluster this often even without changes, so a
-	// failed probe or a conflicting write is retried (default 1s).
+	// Resync passes again this often even without changes, over the
+	// streams the last pass left something to do on (a failed probe, a
+	// conflicting write, a copy still to place), so that is retried
+	// (default 1s).
 	Resync time.Duration
-	Now    func() time.Time
+	// FullResync passes over every stream this often (default
+	// 10 × Resync): the safety net under the incremental passes, which
+	// look only at the streams whose keys changed and those still to be
+	// acted on.
+	FullResync time.Duration
+	Now        func() time.Time
 	// Pass, when set, is called with the snapshot of every pass before the
 	// pass acts on it: what the controller remembers between snapshots
 	// and its metrics are kept from it, at the pace of the loop.
@@ -69,48 +76,90 @@ type Config struct {
 }
 
 // Run runs the loop while term leads; it returns when ctx ends.
+//
+// A pass is incremental: it looks at the streams whose keys changed since
+// the last pass (state.Changes: the spec, assignment, recovery, history or
+// refusals of the stream, a copy status of it in a heartbeat) and at those
+// the last pass left something to do on (loop.watch), not at every
+// stream, so a flood of stream creations costs a pass per change, not a
+// walk of the cluster per change. A broker coming or going, or the view
+// loading again, makes the next pass a full one, and so does FullResync,
+// the safety net for a stream whose need no change of its own shows.
 func Run(ctx context.Context, cfg Config, term *leader.Term) error {
+	return newLoop(cfg, term).run(ctx)
+}
+
+// newLoop is the loop of Run, cfg with its defaults.
+func newLoop(cfg Config, term *leader.Term) *loop {
 	if cfg.Probe == nil {
 		cfg.Probe = HealthProber()
 	}
 	if cfg.Resync <= 0 {
 		cfg.Resync = time.Second
 	}
+	if cfg.FullResync <= 0 {
+		cfg.FullResync = 10 * cfg.Resync
+	}
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
-	l := &loop{cfg: cfg, commit: transition.Committer{Term: term, Schema: cfg.Schema}}
+	return &loop{cfg: cfg, commit: transition.Committer{Term: term, Schema: cfg.Schema}}
+}
+
+// run is Run's loop, once cfg has its defaults.
+func (l *loop) run(ctx context.Context) error {
+	cfg := l.cfg
+	changes := cfg.View.Track()
 	tick := time.NewTicker(cfg.Resync)
 	defer tick.Stop()
+	full := time.NewTicker(cfg.FullResync)
+	defer full.Stop()
+	fullNext := false
 	for {
 		// The pass reads the view, never etcd: a change of any size costs
 		// a pass over the decoded snapshot, not a read and decoding of the
 		// whole prefix. A stale snapshot is safe: every write the pass
 		// makes compares the mod revisions it read, and one that lost the
 		// race is made again from a newer snapshot at a later pass.
-		snap, changed := cfg.View.Current()
+		snap, changed, all, next := changes.Take()
 		if snap != nil && cfg.Pass != nil {
 			cfg.Pass(snap)
 		}
-		if snap != nil && l.reconcile(ctx, snap) {
-			// Wait for the view to hold the pass's own writes, and pass
-			// again at once over what changed meanwhile: a pass on a view
-			// without them would propose again what this one recorded,
-			// which its compare refuses at the cost of a transaction per
-			// stream after a failover.
-			wctx, cancel := context.WithTimeout(ctx, cfg.Resync)
-			_, _ = cfg.View.Fresh(wctx)
-			cancel()
-			if ctx.Err() != nil {
-				return ctx.Err()
+		if snap != nil {
+			if fullNext {
+				all, fullNext = true, false
 			}
-			continue
+			var streams []string
+			if all {
+				streams = slices.Sorted(maps.Keys(snap.Assignments))
+			} else {
+				streams = l.pending(changed)
+				if l.incremental != nil {
+					streams = l.incremental(streams)
+				}
+			}
+			if l.reconcile(ctx, snap, streams) {
+				// Wait for the view to hold the pass's own writes, and
+				// pass again at once over what changed meanwhile: a pass
+				// on a view without them would propose again what this
+				// one recorded, which its compare refuses at the cost of
+				// a transaction per stream after a failover.
+				wctx, cancel := context.WithTimeout(ctx, cfg.Resync)
+				_, _ = cfg.View.Fresh(wctx)
+				cancel()
+				if ctx.Err() != nil {
+					return ctx.Err()
+				}
+				continue
+			}
 		}
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
 		case <-tick.C:
-		case <-changed:
+		case <-full.C:
+			fullNext = true
+		case <-next:
 		}
 	}
 }
@@ -119,9 +168,11 @@ type loop struct {
 	cfg    Config
 	commit transition.Committer
 	// load is the placement load of the pass's snapshot: it costs a walk
-	// over every assignment, so it is taken once per pass rather than per
-	// stream that needs a broker placed.
-	load placement.Load
+	// over every assignment, so it is taken once per pass, and only by a
+	// pass that needs it (placementLoad), rather than per stream that
+	// needs a broker placed.
+	load    placement.Load
+	loadFor *state.Snapshot
 	// wrote is set when the pass committed a write.
 	wrote bool
 	// placeProbed holds what this pass's probes of brokers placement
@@ -129,30 +180,82 @@ type loop struct {
 	// however many streams it is picked for: after a mass failover
 	// hundreds of streams want a copy placed at once.
 	placeProbed map[string]bool
+	// watching holds the streams a pass left something to do on: the next
+	// pass looks at them again whether or not their keys changed (watch).
+	watching map[string]struct{}
+	// incremental, when set (tests), sees and may change the streams of
+	// each incremental pass: a change the pass is not told of is how a
+	// test shows the full pass finding what it missed.
+	incremental func(streams []string) []string
 }
 
-// reconcile passes over s and reports whether it wrote anything.
-func (l *loop) reconcile(ctx context.Context, s *state.Snapshot) bool {
-	l.load, l.wrote, l.placeProbed = transition.LoadOf(s), false, map[string]bool{}
-	lost := l.lostOwners(ctx, s)
+// pending returns the streams an incremental pass looks at: changed and
+// the ones under watch, in order.
+func (l *loop) pending(changed []string) []string {
+	if len(l.watching) == 0 {
+		return changed
+	}
+	set := maps.Clone(l.watching)
+	for _, s := range changed {
+		set[s] = struct{}{}
+	}
+	return slices.Sorted(maps.Keys(set))
+}
+
+// watch keeps stream under watch: the next pass looks at it again even if
+// none of its keys changed. A pass keeps a stream watched while it has
+// something to do on it that may need another try or a later look (an
+// owner suspected or lost, copies sealed past the assignment, copies to
+// add, a member whose broker is not registered); a judgement that depends
+// on time passing, not on a key, must watch its stream too.
+func (l *loop) watch(stream string) {
+	if l.watching == nil {
+		l.watching = map[string]struct{}{}
+	}
+	l.watching[stream] = struct{}{}
+}
+
+// placementLoad returns the placement load of s, counted once per pass.
+func (l *loop) placementLoad(s *state.Snapshot) placement.Load {
+	if l.loadFor != s {
+		l.load, l.loadFor = transition.LoadOf(s), s
+	}
+	return l.load
+}
+
+// reconcile passes over streams of s (those of them with an assignment)
+// and reports whether it wrote anything. streams must be in order.
+func (l *loop) reconcile(ctx context.Context, s *state.Snapshot, streams []string) bool {
+	l.loadFor, l.wrote, l.placeProbed = nil, false, map[string]bool{}
+	// Looked at now: watched again only if this pass finds a need.
+	for _, stream := range streams {
+		delete(l.watching, stream)
+	}
+	lost := l.lostOwners(ctx, s, streams)
 	// The recoveries are written together after the walk: when a broker
 	// owning many streams is lost, they are recorded in a few batched
 	// transactions instead of one transaction each, and before the fast
 	// path changes of other streams, which do not stop a stream serving.
 	var recoveries []pendingWrite
 	var others []string
-	for _, stream := range slices.Sorted(maps.Keys(s.Assignments)) {
+	for _, stream := range streams {
+		av, ok := s.Assignments[stream]
+		if !ok {
+			continue
+		}
 		if _, pending := s.Recoveries[stream]; pending {
 			continue
 		}
 		if reason, ok := lost[stream]; ok {
-			if w, ok := l.proposeRecovery(s, stream, []string{s.Assignments[stream].Value.Owner}, reason, "owner lost; pending recovery recorded"); ok {
+			l.watch(stream)
+			if w, ok := l.proposeRecovery(s, stream, []string{av.Value.Owner}, reason, "owner lost; pending recovery recorded"); ok {
 				recoveries = append(recoveries, w)
 			}
 			continue
 		}
-		a := s.Assignments[stream].Value
+		a := av.Value
 		if fence, by := SealedPast(s, a); len(by) > 0 && a.Copies() > 1 {
+			l.watch(stream)
 			reason := fmt.Sprintf("copies on %s sealed at epoch %d past assignment epoch %d with no recovery pending (a recovery was withdrawn)",
 				strings.Join(by, ", "), fence, a.Epoch)
 			// The owner is not lost: as for an operator's failover, a live
@@ -161,6 +264,15 @@ func (l *loop) reconcile(ctx context.Context, s *state.Snapshot) bool {
 				recoveries = append(recoveries, w)
 			}
 			continue
+		}
+		if spec, ok := s.Streams[stream]; ok && spec.Value.Copies > a.Copies() {
+			l.watch(stream)
+		}
+		for _, m := range a.Members() {
+			if !s.Live(m) {
+				l.watch(stream)
+				break
+			}
 		}
 		others = append(others, stream)
 	}
@@ -201,10 +313,14 @@ func SealedPast(s *state.Snapshot, a cluster.Assignment) (fence uint64, by []str
 // lostOwners decides which streams lost their owner: its broker key is gone
 // (lease expired or revoked on clean shutdown), or a follower reports it
 // suspect and the controller's own probe of it fails too (eager failover).
-func (l *loop) lostOwners(ctx context.Context, s *state.Snapshot) map[string]string {
+func (l *loop) lostOwners(ctx context.Context, s *state.Snapshot, streams []string) map[string]string {
 	lost := map[string]string{}
 	suspected := map[string][]string{} // owner -> streams
-	for stream, av := range s.Assignments {
+	for _, stream := range streams {
+		av, ok := s.Assignments[stream]
+		if !ok {
+			continue
+		}
 		if _, pending := s.Recoveries[stream]; pending {
 			// Its recovery is under way; reconcile leaves it alone.
 			continue
@@ -220,6 +336,9 @@ func (l *loop) lostOwners(ctx context.Context, s *state.Snapshot) map[string]str
 		}
 		if by := Suspecting(s, a); len(by) > 0 {
 			suspected[a.Owner] = append(suspected[a.Owner], stream)
+			// Probed again at the next pass while the suspicion lasts,
+			// as a full pass did at every Resync.
+			l.watch(stream)
 		}
 	}
 	failed := l.probe(ctx, s, slices.Collect(maps.Keys(suspected)))
@@ -327,7 +446,7 @@ func (l *loop) proposeRecovery(s *state.Snapshot, stream string, lost []string, 
 	if a.Copies() == 1 {
 		return pendingWrite{}, false
 	}
-	rec, err := transition.ProposeRecoveryWith(s, l.load, stream, lost, reason)
+	rec, err := transition.ProposeRecoveryWith(s, l.placementLoad(s), stream, lost, reason)
 	if err != nil {
 		l.cfg.Log.Warn().Err(err).Str(logging.Stream, stream).Msg("liveness: cannot propose a recovery; retrying at the next change")
 		return pendingWrite{}, false
@@ -441,7 +560,7 @@ func (l *loop) replenish(ctx context.Context, s *state.Snapshot, stream string) 
 	var next cluster.Assignment
 	var added, blocked []string
 	for range maxPlacementRounds {
-		next, added, blocked = ReplenishWith(s, l.load, av.Value, spec.Value.Copies, down)
+		next, added, blocked = ReplenishWith(s, l.placementLoad(s), av.Value, spec.Value.Copies, down)
 		var fresh []string
 		for _, n := range append(slices.Clone(added), blocked...) {
 			if _, holds := s.Tails(n, stream); !holds {

@@ -70,7 +70,7 @@ func LoadAt(ctx context.Context, cli *clientv3.Client, s cluster.Schema, rev int
 		snap.Rev = rev
 	}
 	for _, kv := range resp.Kvs {
-		snap.apply(s, string(kv.Key), kv, ownAll)
+		snap.apply(s, string(kv.Key), kv, ownAll, nil)
 	}
 	return snap, nil
 }
@@ -117,19 +117,29 @@ const (
 // Load at the same revision reads. own is called with the parts apply is
 // about to change before it changes them (the view copies a part it shares
 // with a published snapshot then). Values are replaced, never changed in
-// place: published snapshots share them.
-func (snap *Snapshot) apply(s cluster.Schema, key string, kv *mvccpb.KeyValue, own func(part)) {
+// place: published snapshots share them. cs, when not nil, is told which
+// streams the change may concern (changeSet).
+func (snap *Snapshot) apply(s cluster.Schema, key string, kv *mvccpb.KeyValue, own func(part), cs *changeSet) {
 	p, dir := partOf(s, key)
 	if p == partNone {
 		// Election keys and anything else under the prefix are not state.
 		return
 	}
 	own(p)
+	if p != partHeartbeats && p != partBrokers {
+		// Every other directory's keys are named by their stream.
+		if name, err := cluster.NameIn(dir, key); err == nil {
+			cs.add(name)
+		}
+	}
 	var err error
 	switch p {
 	case partHeartbeats:
-		err = snap.applyHeartbeat(s, key, kv)
+		err = snap.applyHeartbeat(s, key, kv, cs)
 	case partBrokers:
+		// A broker coming or going concerns every stream it holds a copy
+		// of and every one short of copies: all of them.
+		cs.addAll()
 		err = applyIn(snap.Brokers, dir, key, kv, plain[cluster.BrokerInfo])
 	case partStreams:
 		err = applyIn(snap.Streams, dir, key, kv, versioned[cluster.StreamSpec])
@@ -177,18 +187,27 @@ func partOf(s cluster.Schema, key string) (part, string) {
 // kept even for a value that cannot be decoded, since the broker did write
 // it. Published snapshots share the Heartbeat values and revision arrays,
 // so both are replaced, never changed in place.
-func (snap *Snapshot) applyHeartbeat(s cluster.Schema, key string, kv *mvccpb.KeyValue) error {
+//
+// The streams whose copy status on node the value changes (added, gone or
+// different) go to cs.
+func (snap *Snapshot) applyHeartbeat(s cluster.Schema, key string, kv *mvccpb.KeyValue, cs *changeSet) error {
 	node, shard, err := s.ParseHeartbeatKey(key)
 	if err != nil {
 		return err
 	}
 	old := snap.Heartbeats[node]
 	hb := cluster.Heartbeat{Node: node, Time: old.Time, Streams: make(map[string]cluster.CopyTails, len(old.Streams))}
+	var was map[string]cluster.CopyTails
 	for stream, t := range old.Streams {
 		// The copies an earlier value of this shard put there go: a copy
 		// gone since would outlive it.
 		if cluster.HeartbeatShard(stream) != shard {
 			hb.Streams[stream] = t
+		} else if cs != nil {
+			if was == nil {
+				was = map[string]cluster.CopyTails{}
+			}
+			was[stream] = t
 		}
 	}
 	var revs [cluster.HeartbeatShards]int64
@@ -208,12 +227,21 @@ func (snap *Snapshot) applyHeartbeat(s cluster.Schema, key string, kv *mvccpb.Ke
 				// A stream in a shard it does not hash to (a broker with
 				// another shard count) is taken all the same: it is the
 				// broker's word on its copy.
+				if cs != nil {
+					if w, ok := old.Streams[stream]; !ok || w != t {
+						cs.add(stream)
+					}
+					delete(was, stream)
+				}
 				hb.Streams[stream] = t
 			}
 			if v.Time.After(hb.Time) {
 				hb.Time = v.Time
 			}
 		}
+	}
+	for stream := range was {
+		cs.add(stream) // gone from the shard
 	}
 	if revs == ([cluster.HeartbeatShards]int64{}) {
 		delete(snap.Heartbeats, node)

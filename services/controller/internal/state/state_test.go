@@ -92,7 +92,7 @@ func TestDecodeHeartbeatReplacesShard(t *testing.T) {
 		t.Helper()
 		v := cluster.Encode(cluster.Heartbeat{Node: "b1", Shard: shard, Streams: streams})
 		key := s.HeartbeatKey("b1", shard)
-		if err := snap.applyHeartbeat(s, key, &mvccpb.KeyValue{Key: []byte(key), Value: []byte(v), ModRevision: rev}); err != nil {
+		if err := snap.applyHeartbeat(s, key, &mvccpb.KeyValue{Key: []byte(key), Value: []byte(v), ModRevision: rev}, nil); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -112,7 +112,7 @@ func TestDecodeHeartbeatReplacesShard(t *testing.T) {
 	// with its last shard.
 	del := func(shard int) {
 		t.Helper()
-		if err := snap.applyHeartbeat(s, s.HeartbeatKey("b1", shard), nil); err != nil {
+		if err := snap.applyHeartbeat(s, s.HeartbeatKey("b1", shard), nil, nil); err != nil {
 			t.Fatal(err)
 		}
 	}

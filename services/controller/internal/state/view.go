@@ -2,6 +2,7 @@ package state
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"time"
@@ -47,6 +48,15 @@ type View struct {
 	wctx context.Context
 	// loads counts full loads, for tests.
 	loads int
+	// trackers follow the streams each change concerns (Track).
+	trackers []*Changes
+
+	// freshMu guards the shared fresh read (Fresh): freshRunning is set
+	// while one runs, freshNext is the one the calls that arrived since
+	// wait for (nil when none waits).
+	freshMu      sync.Mutex
+	freshRunning bool
+	freshNext    *freshRead
 }
 
 // Timings of the view: a watch that ended is opened again after retry,
@@ -56,9 +66,6 @@ const (
 	retry         = 100 * time.Millisecond
 	maxRetry      = 2 * time.Second
 	progressEvery = 100 * time.Millisecond
-	// freshWait bounds how long Fresh waits for the watch before it reads
-	// the prefix itself.
-	freshWait = time.Second
 )
 
 // NewView returns a view of schema's prefix; Run keeps it current.
@@ -119,6 +126,10 @@ func (v *View) install(snap *Snapshot) {
 	defer v.mu.Unlock()
 	v.cur, v.shared, v.pub = snap, partNone, nil
 	v.loads++
+	for _, c := range v.trackers {
+		// What changed in a gap a load covers is not known.
+		c.pending.addAll()
+	}
 	v.notifyLocked()
 }
 
@@ -162,13 +173,22 @@ func (v *View) watch(ctx context.Context) (compacted, progressed bool) {
 func (v *View) applyResponse(resp clientv3.WatchResponse) {
 	v.mu.Lock()
 	defer v.mu.Unlock()
+	var cs *changeSet
+	if len(v.trackers) > 0 {
+		cs = &changeSet{}
+	}
 	for _, ev := range resp.Events {
 		var kv *mvccpb.KeyValue
 		if ev.Type == clientv3.EventTypePut {
 			kv = ev.Kv
 		}
-		v.cur.apply(v.schema, string(ev.Kv.Key), kv, v.ownLocked)
+		v.cur.apply(v.schema, string(ev.Kv.Key), kv, v.ownLocked, cs)
 		v.cur.Rev = ev.Kv.ModRevision
+	}
+	if cs != nil {
+		for _, c := range v.trackers {
+			c.pending.merge(cs)
+		}
 	}
 	// A progress notification says every event up to its revision was
 	// delivered. The header of a response with events says nothing of the
@@ -253,25 +273,98 @@ func (v *View) WaitRev(ctx context.Context, rev int64) (*Snapshot, error) {
 	}
 }
 
-// Fresh returns a snapshot at least as new as etcd's current revision, so
-// it holds every write that finished before the call: what an admin call
-// reads after a write it or another call made. It reads the prefix itself
-// if the watch does not get there in time (etcd unreachable through it).
+// freshWait bounds each step of a shared fresh read (Fresh): reading
+// etcd's current revision and waiting for the watch to reach it share one,
+// and the direct read of the prefix that stands in for a watch that did
+// not get there in time has one of its own. It is the one bound of a fresh
+// snapshot in the controller, for admin calls and the liveness loop alike:
+// long enough for a watch catching up on a flood of writes (a direct read
+// of a large prefix costs more than the wait), short enough that a call
+// learns of an etcd it cannot reach while the caller still waits. A caller
+// whose own context ends sooner stops waiting then.
+const freshWait = 2 * time.Second
+
+// freshRead is one shared fresh read: its outcome, once done is closed.
+type freshRead struct {
+	done chan struct{}
+	snap *Snapshot
+	err  error
+}
+
+// Fresh returns a snapshot at least as new as etcd's revision when Fresh
+// was called, so it holds every write that finished before the call: what
+// an admin call reads after a write it or another call made, and what the
+// liveness loop waits for after its own writes.
+//
+// Calls at once share one read: at most one runs, and the calls arriving
+// meanwhile wait for the next one, which starts after they arrived, so
+// each still gets a snapshot holding every write finished before it. Each
+// read is a linearizable read of etcd's revision, a wait for the view to
+// reach it and, when the watch does not get there within freshWait, a
+// read of the whole prefix: one of each per call made a lagging
+// controller read the cluster once per call under a flood of calls, which
+// lagged it further.
 func (v *View) Fresh(ctx context.Context) (*Snapshot, error) {
+	v.freshMu.Lock()
+	r := v.freshNext
+	if r == nil {
+		r = &freshRead{done: make(chan struct{})}
+		v.freshNext = r
+		if !v.freshRunning {
+			v.startFreshLocked()
+		}
+	}
+	v.freshMu.Unlock()
+	select {
+	case <-r.done:
+		if r.err != nil && ctx.Err() == nil && errors.Is(r.err, context.DeadlineExceeded) {
+			// The shared read ran out of its own time, not the caller's:
+			// etcd did not answer. The cause is not wrapped, so that the
+			// caller does not take it for its own deadline passing (an
+			// admin call answers it Unavailable).
+			return nil, fmt.Errorf("state: no fresh snapshot within %v: %v", freshWait, r.err)
+		}
+		return r.snap, r.err
+	case <-ctx.Done():
+		return nil, fmt.Errorf("state: waiting for a fresh snapshot: %w", ctx.Err())
+	}
+}
+
+// startFreshLocked starts the waiting read; when it ends, the one the
+// calls arriving meanwhile wait for starts.
+func (v *View) startFreshLocked() {
+	r := v.freshNext
+	v.freshNext, v.freshRunning = nil, true
+	go func() {
+		// No caller's context: the read serves every call waiting on it,
+		// and each of them stops waiting when its own context ends.
+		r.snap, r.err = v.freshRead()
+		close(r.done)
+		v.freshMu.Lock()
+		defer v.freshMu.Unlock()
+		v.freshRunning = false
+		if v.freshNext != nil {
+			v.startFreshLocked()
+		}
+	}()
+}
+
+// freshRead is one read of Fresh, each step within freshWait.
+func (v *View) freshRead() (*Snapshot, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), freshWait)
+	defer cancel()
 	// A count of one key is the cheapest linearizable read; its header
 	// carries the current revision.
 	resp, err := v.cli.Get(ctx, v.schema.Prefix(), clientv3.WithCountOnly())
 	if err != nil {
 		return nil, fmt.Errorf("state: read the current revision: %w", err)
 	}
-	wctx, cancel := context.WithTimeout(ctx, freshWait)
-	defer cancel()
-	if snap, err := v.WaitRev(wctx, resp.Header.Revision); err == nil {
+	if snap, err := v.WaitRev(ctx, resp.Header.Revision); err == nil {
 		return snap, nil
 	}
-	if ctx.Err() != nil {
-		return nil, fmt.Errorf("state: view at revision %d: %w", resp.Header.Revision, ctx.Err())
-	}
-	v.log.Warn().Int64("revision", resp.Header.Revision).Msg("view: the watch did not reach the current revision in time; read the cluster directly")
-	return Load(ctx, v.cli, v.schema)
+	v.log.Warn().Int64("revision", resp.Header.Revision).Dur("waited", freshWait).
+		Msg("view: the watch did not reach the current revision in time; read the cluster directly")
+	lctx, lcancel := context.WithTimeout(context.Background(), freshWait)
+	defer lcancel()
+	return Load(lctx, v.cli, v.schema)
 }

@@ -370,3 +370,72 @@ func TestViewSeesBrokerLostWhileCutOff(t *testing.T) {
 		t.Fatalf("the view loaded %d times; want a load after its revision was compacted", n)
 	}
 }
+
+// A tracker of the view's changes is told the streams each change
+// concerns: a key named by a stream, a copy status a heartbeat shard
+// changes (not one it rewrites as it was), and every stream for a broker
+// coming or going; its first Take reports every stream.
+func TestViewChangesNameTheStreams(t *testing.T) {
+	e := etcdtest.Start(t)
+	cli := e.Client(t)
+	ctx := ctxT(t)
+	v := startView(t, cli)
+	c := v.Track()
+	put := func(key, val string) int64 {
+		t.Helper()
+		resp, err := cli.Put(ctx, key, val)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return resp.Header.Revision
+	}
+	take := func(rev int64, step string) ([]string, bool) {
+		t.Helper()
+		if _, err := v.WaitRev(ctx, rev); err != nil {
+			t.Fatal(err)
+		}
+		snap, changed, all, _ := c.Take()
+		if snap == nil || snap.Rev < rev {
+			t.Fatalf("%s: snapshot %v, want one at revision %d or later", step, snap, rev)
+		}
+		return changed, all
+	}
+	rev := put(schema.StreamKey("a"), cluster.Encode(cluster.StreamSpec{Name: "a", Copies: 1}))
+	if _, all := take(rev, "first take"); !all {
+		t.Fatal("first take: not every stream")
+	}
+	put(schema.AssignmentKey("b"), cluster.Encode(cluster.Assignment{Stream: "b", Epoch: 1, Owner: "b1"}))
+	put(schema.StreamKey("c"), cluster.Encode(cluster.StreamSpec{Name: "c", Copies: 1}))
+	rev = put(schema.RecoveryKey("d"), cluster.Encode(cluster.Recovery{Stream: "d"}))
+	if changed, all := take(rev, "keys"); all || !slices.Equal(changed, []string{"b", "c", "d"}) {
+		t.Fatalf("keys of b, c, d changed: got %v (all %v)", changed, all)
+	}
+	hb := func(tails map[string]cluster.CopyTails) string {
+		return cluster.Encode(cluster.Heartbeat{Node: "b1", Shard: 0, Streams: tails})
+	}
+	// Streams hashing to one shard, whatever their names.
+	var names []string
+	for i := 0; len(names) < 3; i++ {
+		if n := fmt.Sprintf("h%d", i); cluster.HeartbeatShard(n) == 0 {
+			names = append(names, n)
+		}
+	}
+	key := schema.HeartbeatKey("b1", 0)
+	rev = put(key, hb(map[string]cluster.CopyTails{names[0]: {Epoch: 1}, names[1]: {Epoch: 1}}))
+	if changed, all := take(rev, "heartbeat"); all || !slices.Equal(changed, slices.Sorted(slices.Values(names[:2]))) {
+		t.Fatalf("heartbeat of %v: got %v (all %v)", names[:2], changed, all)
+	}
+	// names[0] the same, names[1] gone, names[2] new.
+	rev = put(key, hb(map[string]cluster.CopyTails{names[0]: {Epoch: 1}, names[2]: {Epoch: 1}}))
+	if changed, all := take(rev, "heartbeat again"); all || !slices.Equal(changed, slices.Sorted(slices.Values(names[1:]))) {
+		t.Fatalf("heartbeat rewritten: got %v (all %v), want %v", changed, all, names[1:])
+	}
+	rev = put(key, hb(map[string]cluster.CopyTails{names[0]: {Epoch: 1}, names[2]: {Epoch: 1}}))
+	if changed, all := take(rev, "heartbeat as it was"); all || len(changed) != 0 {
+		t.Fatalf("heartbeat rewritten as it was: got %v (all %v), want nothing", changed, all)
+	}
+	rev = put(schema.BrokerKey("b9"), cluster.Encode(cluster.BrokerInfo{Node: "b9"}))
+	if _, all := take(rev, "broker"); !all {
+		t.Fatal("a broker registered: not every stream")
+	}
+}

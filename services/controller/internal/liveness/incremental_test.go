@@ -1,0 +1,185 @@
+package liveness
+
+import (
+	"context"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/rs/zerolog"
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/strandhq/strand/internal/cluster"
+	"github.com/strandhq/strand/internal/etcdtest"
+	"github.com/strandhq/strand/services/controller/internal/leader"
+	"github.com/strandhq/strand/services/controller/internal/state"
+)
+
+// incFixture is three live brokers and the streams "s" and "t", both owned
+// by b1 at epoch 1, with a view and a term for a loop.
+type incFixture struct {
+	t      *testing.T
+	ctx    context.Context
+	cli    *clientv3.Client
+	schema cluster.Schema
+	view   *state.View
+	term   *leader.Term
+}
+
+func newIncFixture(t *testing.T) *incFixture {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	t.Cleanup(cancel)
+	cli := etcdtest.Start(t).Client(t)
+	schema := cluster.NewSchema("/strand")
+	for _, n := range []string{"b1", "b2", "b3"} {
+		if _, err := cli.Put(ctx, schema.BrokerKey(n), cluster.Encode(cluster.BrokerInfo{Node: n, Address: n + ":1"})); err != nil {
+			t.Fatal(err)
+		}
+	}
+	pol := cluster.Policy{Name: cluster.MajorityDurable}
+	var rev int64
+	for _, s := range []string{"s", "t"} {
+		if _, err := cli.Put(ctx, schema.StreamKey(s), cluster.Encode(cluster.StreamSpec{Name: s, Copies: 3, Policy: pol})); err != nil {
+			t.Fatal(err)
+		}
+		put, err := cli.Put(ctx, schema.AssignmentKey(s), cluster.Encode(cluster.Assignment{Stream: s, Epoch: 1, Owner: "b1", Followers: []string{"b2", "b3"}, Policy: pol}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		rev = put.Header.Revision
+	}
+	el, err := cli.Put(ctx, schema.ControllerElection()+"/term", "127.0.0.1:1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := &incFixture{t: t, ctx: ctx, cli: cli, schema: schema,
+		term: leader.NewTerm(cli, schema.ControllerElection()+"/term", el.Header.Revision, make(chan struct{}))}
+	f.view = state.NewView(cli, schema, zerolog.Nop())
+	runCtx, stop := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() { _ = f.view.Run(runCtx); close(done) }()
+	t.Cleanup(func() { stop(); <-done })
+	if _, err := f.view.WaitRev(ctx, rev); err != nil {
+		t.Fatal(err)
+	}
+	return f
+}
+
+// run runs l until the test ends.
+func (f *incFixture) run(l *loop) {
+	ctx, stop := context.WithCancel(f.ctx)
+	done := make(chan struct{})
+	go func() { _ = l.run(ctx); close(done) }()
+	f.t.Cleanup(func() { stop(); <-done })
+}
+
+// standDown writes b1's heartbeat shard of stream naming b1 itself suspect
+// at epoch 1: the owner stands down, which the loop takes for a lost owner.
+func (f *incFixture) standDown(stream string) {
+	f.t.Helper()
+	shard := cluster.HeartbeatShard(stream)
+	hb := cluster.Heartbeat{Node: "b1", Shard: shard, Time: time.Now(), Streams: map[string]cluster.CopyTails{
+		stream: {Epoch: 1, Role: cluster.RoleOwner, Suspect: "b1"},
+	}}
+	if _, err := f.cli.Put(f.ctx, f.schema.HeartbeatKey("b1", shard), cluster.Encode(hb)); err != nil {
+		f.t.Fatal(err)
+	}
+}
+
+// waitRecovery waits for stream's pending recovery and checks it replaces b1.
+func (f *incFixture) waitRecovery(stream string, from int64) {
+	f.t.Helper()
+	wch := f.cli.Watch(f.ctx, f.schema.RecoveryKey(stream), clientv3.WithRev(from))
+	select {
+	case resp := <-wch:
+		if err := resp.Err(); err != nil || len(resp.Events) == 0 {
+			f.t.Fatalf("watching for the recovery of %s: %v", stream, err)
+		}
+		r, err := cluster.Decode[cluster.Recovery](resp.Events[0].Kv.Value)
+		if err != nil {
+			f.t.Fatal(err)
+		}
+		if r.OldOwner != "b1" || r.ProposedOwner == "b1" {
+			f.t.Fatalf("recovery %+v, want b1 replaced", r)
+		}
+	case <-f.ctx.Done():
+		f.t.Fatalf("no pending recovery recorded for %s", stream)
+	}
+}
+
+func (f *incFixture) rev() int64 {
+	f.t.Helper()
+	resp, err := f.cli.Get(f.ctx, "/none")
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	return resp.Header.Revision
+}
+
+// An incremental pass looks at the streams whose keys changed, not at
+// every stream, and acts on what it finds there: the owner of a changed
+// stream standing down is a lost owner, and its pending recovery is
+// recorded with neither a full pass nor a resync due.
+func TestIncrementalPassActsOnChangedStream(t *testing.T) {
+	f := newIncFixture(t)
+	l := newLoop(Config{View: f.view, Schema: f.schema, Log: zerolog.Nop(), ProbeGrace: time.Second,
+		Probe: func(context.Context, string) error { return nil }, Resync: time.Hour, FullResync: time.Hour}, f.term)
+	var mu sync.Mutex
+	var passes [][]string
+	l.incremental = func(streams []string) []string {
+		mu.Lock()
+		defer mu.Unlock()
+		passes = append(passes, slices.Clone(streams))
+		return streams
+	}
+	full := make(chan struct{}, 1)
+	l.cfg.Pass = func(*state.Snapshot) {
+		select {
+		case full <- struct{}{}:
+		default:
+		}
+	}
+	f.run(l)
+	<-full // the first pass, a full one: nothing to do
+	from := f.rev() + 1
+	f.standDown("s")
+	f.waitRecovery("s", from)
+	mu.Lock()
+	defer mu.Unlock()
+	sawS := false
+	for _, p := range passes {
+		if slices.Contains(p, "t") {
+			t.Errorf("an incremental pass looked at t, whose keys never changed: %v", p)
+		}
+		sawS = sawS || slices.Contains(p, "s")
+	}
+	if !sawS {
+		t.Fatalf("no incremental pass looked at s (passes %v): the recovery came from elsewhere", passes)
+	}
+}
+
+// A change the incremental passes miss is found by the full pass, the
+// safety net: with every incremental pass blind to s, its owner standing
+// down is still acted on, within FullResync.
+func TestFullPassFindsWhatIncrementalMissed(t *testing.T) {
+	f := newIncFixture(t)
+	l := newLoop(Config{View: f.view, Schema: f.schema, Log: zerolog.Nop(), ProbeGrace: time.Second,
+		Probe: func(context.Context, string) error { return nil }, Resync: time.Hour, FullResync: 200 * time.Millisecond}, f.term)
+	l.incremental = func(streams []string) []string {
+		return slices.DeleteFunc(streams, func(s string) bool { return s == "s" })
+	}
+	first := make(chan struct{}, 1)
+	l.cfg.Pass = func(*state.Snapshot) {
+		select {
+		case first <- struct{}{}:
+		default:
+		}
+	}
+	f.run(l)
+	<-first
+	from := f.rev() + 1
+	f.standDown("s")
+	f.waitRecovery("s", from)
+}
