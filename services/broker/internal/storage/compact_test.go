@@ -230,7 +230,7 @@ func TestCutBelowCompactedCursorEvents(t *testing.T) {
 			old, _ := failover(t, db, true)
 			checkCompacted(t, old, 3)
 			db.afterRecordCut = func() error { return errCrash }
-			if err := old.Cut(6, 2); !errors.Is(err, errCrash) {
+			if err := old.Cut(context.Background(), 6, 2); !errors.Is(err, errCrash) {
 				t.Fatalf("interrupted cut: %v", err)
 			}
 			if err := db.Close(); err != nil {
@@ -249,7 +249,7 @@ func TestCutBelowCompactedCursorEvents(t *testing.T) {
 				}
 				checkCompacted(t, nw, 4)
 			}
-			if err := old.AdvanceEpoch(2); err != nil {
+			if err := old.AdvanceEpoch(context.Background(), 2); err != nil {
 				t.Fatal(err)
 			}
 			ctx := context.Background()
@@ -348,7 +348,7 @@ func TestSealedCopyHoldsCompaction(t *testing.T) {
 	if err := s.Snapshot(); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := s.Seal(2, "tr"); err != nil {
+	if _, err := s.Seal(context.Background(), 2, "tr"); err != nil {
 		t.Fatal(err)
 	}
 	if got := s.CursorEventTailAfterCut(5); got != 5 {
@@ -361,13 +361,13 @@ func TestSealedCopyHoldsCompaction(t *testing.T) {
 	if got := s.CursorEventTailAfterCut(5); got != 5 || len(s.storedEventOffsets(t)) != 10 {
 		t.Fatalf("sealed copy compacted: tail after a cut to 5 = %d, %d events stored", got, len(s.storedEventOffsets(t)))
 	}
-	if err := s.Cut(20, 5); err != nil {
+	if err := s.Cut(context.Background(), 20, 5); err != nil {
 		t.Fatal(err)
 	}
 	if st := s.State(); st.CursorEventTail != 5 {
 		t.Fatalf("cut left cursor event tail %d, want the reported 5", st.CursorEventTail)
 	}
-	if err := s.AdvanceEpoch(2); err != nil {
+	if err := s.AdvanceEpoch(context.Background(), 2); err != nil {
 		t.Fatal(err)
 	}
 	// Released: the cut's snapshot at 5 is compacted behind.

@@ -55,7 +55,7 @@ func TestSegmentsStraddlingHeadAndCut(t *testing.T) {
 		t.Fatalf("ChainAt(7) = %#x, %v", c, err)
 	}
 
-	if err := s.Cut(9, 0); err != nil {
+	if err := s.Cut(context.Background(), 9, 0); err != nil {
 		t.Fatal(err)
 	}
 	if lasts, offs, err := s.storedSegments(); err != nil || !slices.Equal(lasts, []uint64{7, 8}) || !slices.Equal(offs[1], []uint64{8}) {
