@@ -8,6 +8,7 @@ import (
 	"connectrpc.com/connect"
 
 	strandv1 "github.com/strandhq/strand/api/strand/v1"
+	"github.com/strandhq/strand/internal/clustertest"
 	"github.com/strandhq/strand/internal/onebox/ledger"
 )
 
@@ -42,7 +43,7 @@ func TestFollowerPastOwnersTailShownUnderAttention(t *testing.T) {
 		t.Fatalf("accepted %v with start %v; the test needs no start recorded", resp.Msg.GetAssignment(), resp.Msg.GetStart())
 	}
 	c.StartBroker(follower)
-	Eventually(t, 15*time.Second, "attention names the copy that cannot follow", func() error {
+	clustertest.Eventually(t, 15*time.Second, "attention names the copy that cannot follow", func() error {
 		entries, err := c.Attention(stream)
 		if err != nil {
 			return err

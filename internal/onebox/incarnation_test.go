@@ -8,6 +8,7 @@ import (
 	"connectrpc.com/connect"
 
 	strandv1 "github.com/strandhq/strand/api/strand/v1"
+	"github.com/strandhq/strand/internal/clustertest"
 	"github.com/strandhq/strand/internal/onebox/ledger"
 )
 
@@ -57,7 +58,7 @@ func TestRecreatedStreamIgnoresStaleCopyOfDeletedStream(t *testing.T) {
 	if a, _ := c.Assignment(stream); !a.Includes(away) {
 		t.Fatalf("assignment %+v after growing to 3 copies on 3 brokers", a)
 	}
-	Eventually(t, 15*time.Second, away+" holds the recreated stream's records", func() error {
+	clustertest.Eventually(t, 15*time.Second, away+" holds the recreated stream's records", func() error {
 		got, err := c.ReadAll(away, stream)
 		if err != nil {
 			return err

@@ -9,6 +9,7 @@ import (
 
 	strandv1 "github.com/strandhq/strand/api/strand/v1"
 	"github.com/strandhq/strand/internal/cluster"
+	"github.com/strandhq/strand/internal/clustertest"
 )
 
 // TestSealedRawTailWithOlderSuffixLosesNoConfirmedRecord: the known limit
@@ -70,7 +71,7 @@ func TestSealedRawTailWithOlderSuffixLosesNoConfirmedRecord(t *testing.T) {
 		}
 		return nil
 	})
-	Eventually(t, 10*time.Second, "the records confirmed at epoch 2 on the new owner", func() error {
+	clustertest.Eventually(t, 10*time.Second, "the records confirmed at epoch 2 on the new owner", func() error {
 		got, err := c.ReadAll(a3.Owner, stream)
 		if err != nil {
 			return err

@@ -200,7 +200,7 @@ func TestDropInterruptedAfterAQueuedOpIsFinishedOnOpen(t *testing.T) {
 	}
 	dropped := make(chan error, 1)
 	go func() { dropped <- db.Drop("x") }()
-	clustertest.Until(t, 10*time.Second, "the cursor commit and the drop's marker queued", func() bool {
+	clustertest.Eventually(t, 10*time.Second, "the cursor commit and the drop's marker queued", func() bool {
 		return len(db.ops) == 2
 	})
 	// Then the drop is cut short after it deleted the records: the writes
