@@ -515,7 +515,7 @@ func (c *Copy) tails() (cluster.CopyTails, bool) {
 	}, true
 }
 
-func (c *Copy) applyRetention(now time.Time) {
+func (c *Copy) applyRetention(ctx context.Context, now time.Time) {
 	c.mu.Lock()
 	role, r := c.role, c.applied.Retention
 	c.mu.Unlock()
@@ -525,7 +525,7 @@ func (c *Copy) applyRetention(now time.Time) {
 	if r.MaxRecords == 0 && r.MaxBytes == 0 && r.MaxAge == 0 {
 		return
 	}
-	if _, err := c.st.ApplyRetention(storage.Retention{MaxRecords: r.MaxRecords, MaxBytes: r.MaxBytes, MaxAge: r.MaxAge}, now); err != nil && !errors.Is(err, storage.ErrClosed) {
+	if _, err := c.st.ApplyRetention(ctx, storage.Retention{MaxRecords: r.MaxRecords, MaxBytes: r.MaxBytes, MaxAge: r.MaxAge}, now); err != nil && !errors.Is(err, storage.ErrClosed) && ctx.Err() == nil {
 		c.m.log.Warn().Err(err).Str(logging.Stream, c.name).Msg("retention failed; will retry")
 	}
 }

@@ -66,7 +66,7 @@ func TestSnapshotCompactsCursorEvents(t *testing.T) {
 	mustAppend(t, s, 1, recs("a", 100))
 	commitEvents(t, s, 1, 40)
 	before := cursorState(s)
-	if err := s.Snapshot(); err != nil {
+	if err := s.Snapshot(context.Background()); err != nil {
 		t.Fatal(err)
 	}
 	checkCompacted(t, s, 40)
@@ -150,7 +150,7 @@ func TestCompactionStopAfterSnapshotFinishesOnOpen(t *testing.T) {
 	commitEvents(t, s, 1, 30)
 	want := cursorState(s)
 	db.holdCompaction.Store(true) // the snapshot is written, nothing deleted
-	if err := s.Snapshot(); err != nil {
+	if err := s.Snapshot(context.Background()); err != nil {
 		t.Fatal(err)
 	}
 	if got := s.storedEventOffsets(t); len(got) != 30 {
@@ -189,7 +189,7 @@ func TestCompactionStopMidDeleteFinishesOnOpen(t *testing.T) {
 	mustAppend(t, s, 1, recs("a", n/5+10))
 	commitEvents(t, s, 1, n)
 	want := cursorState(s)
-	if err := s.Snapshot(); !errors.Is(err, errStopCompaction) && err != nil {
+	if err := s.Snapshot(context.Background()); !errors.Is(err, errStopCompaction) && err != nil {
 		t.Fatal(err)
 	}
 	// Serialised with a background run that may still hold the stream.
@@ -244,7 +244,7 @@ func TestCutBelowCompactedCursorEvents(t *testing.T) {
 				t.Fatalf("after the cut below the compacted events: %+v, cursors %v, head %d", st, cursorState(old), old.CursorEventHead())
 			}
 			if ownerCompacted {
-				if err := nw.Snapshot(); err != nil {
+				if err := nw.Snapshot(context.Background()); err != nil {
 					t.Fatal(err)
 				}
 				checkCompacted(t, nw, 4)
@@ -345,7 +345,7 @@ func TestSealedCopyHoldsCompaction(t *testing.T) {
 	mustAppend(t, s, 1, recs("a", 20))
 	commitEvents(t, s, 1, 10)
 	db.holdCompaction.Store(true)
-	if err := s.Snapshot(); err != nil {
+	if err := s.Snapshot(context.Background()); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := s.Seal(context.Background(), 2, "tr"); err != nil {

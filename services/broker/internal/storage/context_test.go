@@ -21,7 +21,7 @@ type blockingCall struct {
 	queued  func(s *Stream) bool
 	// finish completes what a cancelled call left for later, if anything.
 	finish  func(t *testing.T, s *Stream)
-	durable func(st State) error
+	durable func(s *Stream) error
 }
 
 func blockingCalls() []blockingCall {
@@ -34,7 +34,8 @@ func blockingCalls() []blockingCall {
 			call:    func(ctx context.Context, s *Stream) error { _, err := s.Seal(ctx, 2, "t2"); return err },
 			queued:  func(s *Stream) bool { return s.State().SealEpoch == 2 },
 			finish:  noFinish,
-			durable: func(st State) error {
+			durable: func(s *Stream) error {
+				st := s.State()
 				if st.SealEpoch != 2 || st.SealTransition != "t2" || st.Epoch != 2 {
 					return fmt.Errorf("seal %d %q epoch %d, want sealed at 2 by t2", st.SealEpoch, st.SealTransition, st.Epoch)
 				}
@@ -47,7 +48,8 @@ func blockingCalls() []blockingCall {
 			call:    func(ctx context.Context, s *Stream) error { return s.AdvanceEpoch(ctx, 3) },
 			queued:  func(s *Stream) bool { return s.State().Epoch == 3 },
 			finish:  noFinish,
-			durable: func(st State) error {
+			durable: func(s *Stream) error {
+				st := s.State()
 				if st.Epoch != 3 {
 					return fmt.Errorf("epoch %d, want 3", st.Epoch)
 				}
@@ -66,7 +68,8 @@ func blockingCalls() []blockingCall {
 				return s.m.RecordTail == 50 && s.m.Head == 50
 			},
 			finish: noFinish,
-			durable: func(st State) error {
+			durable: func(s *Stream) error {
+				st := s.State()
 				if st.Head != 50 || st.RecordTail != 50 || st.Chain != 0xabc {
 					return fmt.Errorf("head %d tail %d chain %#x, want 50, 50, 0xabc", st.Head, st.RecordTail, st.Chain)
 				}
@@ -89,7 +92,8 @@ func blockingCalls() []blockingCall {
 					t.Fatalf("advance after the cancelled cut: %v", err)
 				}
 			},
-			durable: func(st State) error {
+			durable: func(s *Stream) error {
+				st := s.State()
 				if st.RecordTail != 6 || st.Epoch != 2 {
 					return fmt.Errorf("record tail %d epoch %d, want the cut to 6 and epoch 2", st.RecordTail, st.Epoch)
 				}
@@ -102,7 +106,8 @@ func blockingCalls() []blockingCall {
 			call:    func(ctx context.Context, s *Stream) error { return s.SetIncarnation(ctx, "inc-1") },
 			queued:  func(s *Stream) bool { return s.State().Incarnation == "inc-1" },
 			finish:  noFinish,
-			durable: func(st State) error {
+			durable: func(s *Stream) error {
+				st := s.State()
 				if st.Incarnation != "inc-1" {
 					return fmt.Errorf("incarnation %q, want inc-1", st.Incarnation)
 				}
@@ -119,9 +124,59 @@ func blockingCalls() []blockingCall {
 			call:   func(ctx context.Context, s *Stream) error { return s.ClearUnsure(ctx) },
 			queued: func(s *Stream) bool { return s.State().UnsureEpoch == 0 },
 			finish: noFinish,
-			durable: func(st State) error {
+			durable: func(s *Stream) error {
+				st := s.State()
 				if st.UnsureEpoch != 0 {
 					return fmt.Errorf("unsure epoch %d, want it cleared", st.UnsureEpoch)
+				}
+				return nil
+			},
+		},
+		{
+			name: "Snapshot",
+			prepare: func(t *testing.T, s *Stream) {
+				if _, err := s.CommitCursor(context.Background(), 1, "c", 3); err != nil {
+					t.Fatal(err)
+				}
+			},
+			call: func(ctx context.Context, s *Stream) error { return s.Snapshot(ctx) },
+			queued: func(s *Stream) bool {
+				s.mu.Lock()
+				defer s.mu.Unlock()
+				return s.snapBoundary == 1
+			},
+			finish: noFinish,
+			durable: func(s *Stream) error {
+				snap, err := s.readSnapshot()
+				if err != nil || snap.Boundary != 1 || snap.Cursors["c"] != 3 {
+					return fmt.Errorf("snapshot %+v (%v), want boundary 1 with c at 3", snap, err)
+				}
+				return nil
+			},
+		},
+		{
+			name: "ApplyRetention",
+			// The producer checkpoint is past the new head already, so
+			// the first wait is the head's.
+			prepare: func(t *testing.T, s *Stream) {
+				s.SetConfirmWatermark(10)
+				if err := s.Snapshot(context.Background()); err != nil {
+					t.Fatal(err)
+				}
+			},
+			call: func(ctx context.Context, s *Stream) error {
+				_, err := s.ApplyRetention(ctx, Retention{MaxRecords: 4}, time.Now())
+				return err
+			},
+			queued: func(s *Stream) bool {
+				s.mu.Lock()
+				defer s.mu.Unlock()
+				return s.m.Head == 6
+			},
+			finish: noFinish,
+			durable: func(s *Stream) error {
+				if st := s.State(); st.Head != 6 || st.RecordTail != 10 {
+					return fmt.Errorf("head %d tail %d, want 6 and 10", st.Head, st.RecordTail)
 				}
 				return nil
 			},
@@ -139,6 +194,9 @@ func TestBlockingCallsCancelledChangeNothing(t *testing.T) {
 			s := ownerStream(t, db, "s", 1)
 			mustAppend(t, s, 1, recs("a", 10))
 			c.prepare(t, s)
+			if err := s.Sync(context.Background()); err != nil {
+				t.Fatal(err)
+			}
 			before := s.State()
 			ctx, cancel := context.WithCancel(context.Background())
 			cancel()
@@ -173,6 +231,9 @@ func TestBlockingCallsReturnWhenContextEndsWhileCommitterWaits(t *testing.T) {
 			s := ownerStream(t, db, "s", 1)
 			mustAppend(t, s, 1, recs("a", 10))
 			c.prepare(t, s)
+			if err := s.Sync(context.Background()); err != nil {
+				t.Fatal(err)
+			}
 			blocker := ownerStream(t, db, "blocker", 1)
 
 			inSync, release := holdNextSync(db)
@@ -226,7 +287,7 @@ func TestBlockingCallsReturnWhenContextEndsWhileCommitterWaits(t *testing.T) {
 			if err := s.Sync(context.Background()); err != nil {
 				t.Fatal(err)
 			}
-			if err := c.durable(s.State()); err != nil {
+			if err := c.durable(s); err != nil {
 				t.Fatalf("after the committer went on: %v", err)
 			}
 			if err := db.Close(); err != nil {
@@ -234,7 +295,7 @@ func TestBlockingCallsReturnWhenContextEndsWhileCommitterWaits(t *testing.T) {
 			}
 			db = openDB(t, dir)
 			defer db.Close()
-			if err := c.durable(openStream(t, db, "s").State()); err != nil {
+			if err := c.durable(openStream(t, db, "s")); err != nil {
 				t.Fatalf("reopened: %v", err)
 			}
 		})

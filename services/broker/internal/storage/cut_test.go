@@ -36,7 +36,7 @@ func failover(t *testing.T, db *DB, snap bool) (old, nw *Stream) {
 	}
 	if snap {
 		// The snapshot compacts the events below it away.
-		if err := old.Snapshot(); err != nil {
+		if err := old.Snapshot(context.Background()); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -268,7 +268,7 @@ func TestCutNeverBelowHead(t *testing.T) {
 	s := ownerStream(t, db, "h", 1)
 	out := mustAppend(t, s, 1, recs("a", 10))
 	s.SetConfirmWatermark(10)
-	if _, err := s.ApplyRetention(Retention{MaxRecords: 5}, out[0].PublishTime); err != nil {
+	if _, err := s.ApplyRetention(context.Background(), Retention{MaxRecords: 5}, out[0].PublishTime); err != nil {
 		t.Fatal(err)
 	}
 	if err := s.Cut(context.Background(), 2, 0); err != nil {

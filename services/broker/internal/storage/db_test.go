@@ -24,7 +24,7 @@ func TestDropDeletesEverything(t *testing.T) {
 	if _, err := s.CommitCursor(ctx, 1, "c", 3); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.Snapshot(); err != nil {
+	if err := s.Snapshot(context.Background()); err != nil {
 		t.Fatal(err)
 	}
 	producerKeys := 0

@@ -404,7 +404,7 @@ func TestRetentionKeepsProducerTable(t *testing.T) {
 		mustAppendIdem(t, s, 1, seqs("p", i, i+1, i+2, i+3))
 	}
 	s.SetConfirmWatermark(20)
-	if h, err := s.ApplyRetention(Retention{MaxRecords: 5}, time.Now()); err != nil || h != 15 {
+	if h, err := s.ApplyRetention(context.Background(), Retention{MaxRecords: 5}, time.Now()); err != nil || h != 15 {
 		t.Fatalf("retention: head %d, %v", h, err)
 	}
 	if err := db.Close(); err != nil {

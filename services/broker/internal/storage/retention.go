@@ -28,10 +28,15 @@ const retentionWindow = 4096
 // first, then the records below it are deleted in bounded batches (a crash
 // in between is completed on open). Cursors below the new head read as the
 // head from then on (they are clamped up to it).
-func (s *Stream) ApplyRetention(r Retention, now time.Time) (uint64, error) {
+//
+// ctx bounds the waits for the committer. A call it cancels returns
+// ctx.Err() with the copy consistent: each step (the producer checkpoint,
+// the new head, a batch of deletes) is all or nothing, and a step already
+// queued is applied in order, so the head is the old one or the new one.
+// Records left below the head are deleted by the next pass or open.
+func (s *Stream) ApplyRetention(ctx context.Context, r Retention, now time.Time) (uint64, error) {
 	s.admin.Lock()
 	defer s.admin.Unlock()
-	ctx := context.Background()
 	for {
 		s.mu.Lock()
 		if s.closed {

@@ -120,7 +120,7 @@ func TestRestartRecovery(t *testing.T) {
 	if _, err := s.CommitCursor(ctx, 2, "reader", 4); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.Snapshot(); err != nil {
+	if err := s.Snapshot(context.Background()); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := s.CommitCursor(ctx, 2, "reader", 7); err != nil {

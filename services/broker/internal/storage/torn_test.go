@@ -645,7 +645,7 @@ func TestValueLogGCMovingTheNewestTransactionKeepsIt(t *testing.T) {
 		mustAppend(t, s, 1, sizedRecs(fmt.Sprint("b", j), 8, 4096))
 	}
 	s.SetConfirmWatermark(s.State().RecordTail)
-	if _, err := s.ApplyRetention(Retention{MaxRecords: 1}, time.Now()); err != nil {
+	if _, err := s.ApplyRetention(context.Background(), Retention{MaxRecords: 1}, time.Now()); err != nil {
 		t.Fatal(err)
 	}
 	// The watermark written now, so that k's last append below is the
