@@ -67,8 +67,9 @@ func (s *Stream) cutLocked(ctx context.Context, recordTail, cursorEventTail uint
 	purged := s.m.CursorEventsPurged
 	s.mu.Unlock()
 	if pending != nil {
-		// An earlier call stopped part way (a test failpoint or a write
-		// error); finish it before anything else.
+		// An earlier call stopped part way (its context ended while the
+		// intent was queued, a test failpoint or a write error); finish
+		// it before anything else.
 		if err := s.finishCutLocked(ctx); err != nil {
 			return err
 		}
