@@ -456,7 +456,7 @@ func TestMergedBatchesStayWithinMaxBatchRecords(t *testing.T) {
 // call it does not carry is queued behind it.
 func untilQueuedBehindFirst(t *testing.T, c *Client, f *fakeBroker, n int) {
 	t.Helper()
-	clustertest.Until(t, 5*time.Second, "publishes queued behind the first batch", func() bool {
+	clustertest.Eventually(t, 5*time.Second, "publishes queued behind the first batch", func() bool {
 		reqs := f.requests()
 		return len(reqs) == 1 && queued(c, "s") == n-len(reqs[0].GetRecords())
 	})
@@ -845,7 +845,7 @@ func TestPublishAbandonsStuckOwnerWhenOwnerMoves(t *testing.T) {
 		_, err := c.Publish(context.Background(), "s", recs("x"))
 		done <- err
 	}()
-	clustertest.Until(t, 5*time.Second, "the publish to reach the stuck owner", func() bool { return len(stuck.requests()) == 1 })
+	clustertest.Eventually(t, 5*time.Second, "the publish to reach the stuck owner", func() bool { return len(stuck.requests()) == 1 })
 	moved.Store(true)
 	select {
 	case err := <-done:
@@ -934,11 +934,11 @@ func TestLingerSendsReleasedPublishersInOneBatch(t *testing.T) {
 	}
 	// One publisher first, alone in the first batch, then the rest.
 	start(0)
-	clustertest.Until(t, 5*time.Second, "the first batch in flight", func() bool { return len(f.requests()) == 1 })
+	clustertest.Eventually(t, 5*time.Second, "the first batch in flight", func() bool { return len(f.requests()) == 1 })
 	for i := 1; i < publishers; i++ {
 		start(i)
 	}
-	clustertest.Until(t, 5*time.Second, "publishes queued behind the first batch", func() bool {
+	clustertest.Eventually(t, 5*time.Second, "publishes queued behind the first batch", func() bool {
 		return queued(c, "s") == publishers-1
 	})
 	close(release)
@@ -1086,7 +1086,7 @@ func TestLingerBacksOffWhenCallersDoNotReturn(t *testing.T) {
 	p.mu.Unlock()
 	done := make(chan struct{})
 	go func() { p.linger(); close(done) }()
-	clustertest.Until(t, 10*time.Second, "the lane lingering", func() bool {
+	clustertest.Eventually(t, 10*time.Second, "the lane lingering", func() bool {
 		p.mu.Lock()
 		defer p.mu.Unlock()
 		return p.grew != nil
@@ -1180,10 +1180,10 @@ func TestPublishAsyncWindowGoesInOneBatch(t *testing.T) {
 			wg.Done()
 		})
 		if i == 0 {
-			clustertest.Until(t, 5*time.Second, "the first batch in flight", func() bool { return len(f.requests()) == 1 })
+			clustertest.Eventually(t, 5*time.Second, "the first batch in flight", func() bool { return len(f.requests()) == 1 })
 		}
 		if i == window-1 {
-			clustertest.Until(t, 5*time.Second, "the window queued behind the first batch", func() bool {
+			clustertest.Eventually(t, 5*time.Second, "the window queued behind the first batch", func() bool {
 				return queued(c, "s") == window-1
 			})
 			close(release)
@@ -1304,7 +1304,7 @@ func TestPublishAsyncAnswersEveryCallOnClose(t *testing.T) {
 	if err := c.Close(); err != nil {
 		t.Fatal(err)
 	}
-	clustertest.Until(t, 10*time.Second, "every PublishAsync call answered after Close", func() bool { return answered.Load() >= n })
+	clustertest.Eventually(t, 10*time.Second, "every PublishAsync call answered after Close", func() bool { return answered.Load() >= n })
 	mu.Lock()
 	defer mu.Unlock()
 	for i := range n {
@@ -1320,7 +1320,7 @@ func publishFirst(t *testing.T, c *Client, f *fakeBroker) <-chan error {
 	t.Helper()
 	first := make(chan error, 1)
 	c.PublishAsync(context.Background(), "s", recs("first"), func(_ *strandv1.PublishResponse, err error) { first <- err })
-	clustertest.Until(t, 5*time.Second, "the first batch in flight", func() bool { return len(f.requests()) == 1 })
+	clustertest.Eventually(t, 5*time.Second, "the first batch in flight", func() bool { return len(f.requests()) == 1 })
 	return first
 }
 
@@ -1333,9 +1333,9 @@ func TestPublishAsyncDropsQueuedCallsWhoseCtxEnds(t *testing.T) {
 	d := queueSharingCtx(c, n)
 	kept := make(chan error, 1)
 	c.PublishAsync(context.Background(), "s", recs("kept"), func(_ *strandv1.PublishResponse, err error) { kept <- err })
-	clustertest.Until(t, 5*time.Second, "the calls queued", func() bool { return queued(c, "s") == n+1 })
+	clustertest.Eventually(t, 5*time.Second, "the calls queued", func() bool { return queued(c, "s") == n+1 })
 	d.cancel()
-	clustertest.Until(t, 10*time.Second, "the dropped calls answered while the batch ahead of them is in flight", func() bool {
+	clustertest.Eventually(t, 10*time.Second, "the dropped calls answered while the batch ahead of them is in flight", func() bool {
 		return d.answered.Load() >= n
 	})
 	if got := queued(c, "s"); got != 1 {
@@ -1411,9 +1411,9 @@ func TestPublishAsyncLetsDroppedCallsGo(t *testing.T) {
 	f, release, c, first := heldLane(t)
 	const n = 10
 	d := queueSharingCtx(c, n)
-	clustertest.Until(t, 5*time.Second, "the calls queued", func() bool { return queued(c, "s") == n })
+	clustertest.Eventually(t, 5*time.Second, "the calls queued", func() bool { return queued(c, "s") == n })
 	d.cancel()
-	clustertest.Until(t, 10*time.Second, "the dropped calls answered", func() bool { return d.answered.Load() == n })
+	clustertest.Eventually(t, 10*time.Second, "the dropped calls answered", func() bool { return d.answered.Load() == n })
 	if got := queueLen(c, "s"); got != 0 {
 		t.Fatalf("the lane still holds %d dropped calls with nothing queued, want none", got)
 	}
@@ -1435,7 +1435,7 @@ func TestPublishAsyncBatchesWithoutIdempotence(t *testing.T) {
 	for i := range n {
 		c.PublishAsync(context.Background(), "s", recs(fmt.Sprint(i)), func(_ *strandv1.PublishResponse, err error) { errs <- err })
 	}
-	clustertest.Until(t, 5*time.Second, "the calls queued behind the first", func() bool { return queued(c, "s") == n })
+	clustertest.Eventually(t, 5*time.Second, "the calls queued behind the first", func() bool { return queued(c, "s") == n })
 	close(release)
 	if err := <-first; err != nil {
 		t.Fatal(err)

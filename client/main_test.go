@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/strandhq/strand/internal/clustertest"
 	"github.com/strandhq/strand/internal/onebox"
 )
 
@@ -34,7 +35,7 @@ func TestMain(m *testing.M) {
 // address and the other one's.
 func leader(t testing.TB) (leading, other string) {
 	t.Helper()
-	onebox.Eventually(t, 15*time.Second, "a controller leads", func() error {
+	clustertest.Eventually(t, 15*time.Second, "a controller leads", func() error {
 		first, second := box.Controller(1), box.Controller(2)
 		switch {
 		case first.Leading():

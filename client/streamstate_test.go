@@ -42,7 +42,7 @@ func TestIdleStreamsAreSweptAndTheSweeperStops(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
-		clustertest.Until(t, 5*time.Second, fmt.Sprintf("round %d: every stream freed and the sweeper stopped", round), func() bool {
+		clustertest.Eventually(t, 5*time.Second, fmt.Sprintf("round %d: every stream freed and the sweeper stopped", round), func() bool {
 			n, sweeping := streamStates(c)
 			return n == 0 && !sweeping
 		})
@@ -59,7 +59,7 @@ func TestSweepKeepsBusyLanes(t *testing.T) {
 	// now far past it.
 	queuedDone := make(chan error, 1)
 	c.PublishAsync(context.Background(), "s", recs("queued"), func(_ *strandv1.PublishResponse, err error) { queuedDone <- err })
-	clustertest.Until(t, 5*time.Second, "a call queued behind the batch in flight", func() bool { return queued(c, "s") == 1 })
+	clustertest.Eventually(t, 5*time.Second, "a call queued behind the batch in flight", func() bool { return queued(c, "s") == 1 })
 	later := func() time.Time { return time.Now().Add(2 * c.cfg.StreamIdle) }
 	c.mu.Lock()
 	lane := c.perStream["s"].lanes[0]
@@ -74,7 +74,7 @@ func TestSweepKeepsBusyLanes(t *testing.T) {
 	if err := <-queuedDone; err != nil {
 		t.Fatal(err)
 	}
-	clustertest.Until(t, 5*time.Second, "the lane idle", func() bool {
+	clustertest.Eventually(t, 5*time.Second, "the lane idle", func() bool {
 		lane.mu.Lock()
 		defer lane.mu.Unlock()
 		return !lane.sending
@@ -157,7 +157,7 @@ func TestIdleStreamStateIsFreed(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	clustertest.Until(t, 5*time.Second, "every idle stream's state freed", func() bool {
+	clustertest.Eventually(t, 5*time.Second, "every idle stream's state freed", func() bool {
 		left, _ := streamStates(c)
 		return left == 0
 	})

@@ -12,6 +12,7 @@ import (
 	strandv1 "github.com/strandhq/strand/api/strand/v1"
 	"github.com/strandhq/strand/api/strand/v1/strandv1connect"
 	strandclient "github.com/strandhq/strand/client"
+	"github.com/strandhq/strand/internal/clustertest"
 	"github.com/strandhq/strand/internal/onebox/ledger"
 )
 
@@ -32,7 +33,7 @@ func readAll(ctx context.Context, t *testing.T, what string, until uint64, read 
 	t.Helper()
 	var recs []*strandv1.StoredRecord
 	var from uint64
-	waitFor(t, 60*time.Second, fmt.Sprintf("reading %s up to offset %d", what, until), func() (bool, string) {
+	clustertest.Eventually(t, 60*time.Second, fmt.Sprintf("reading %s up to offset %d", what, until), func() (bool, string) {
 		for from < until {
 			rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 			res, err := read(rctx, from)

@@ -31,6 +31,7 @@ import (
 	"github.com/strandhq/strand/api/strand/v1/strandv1connect"
 	strandclient "github.com/strandhq/strand/client"
 	"github.com/strandhq/strand/internal/cluster"
+	"github.com/strandhq/strand/internal/clustertest"
 	"github.com/strandhq/strand/internal/etcdcfg"
 	"github.com/strandhq/strand/internal/rpcserver"
 )
@@ -140,7 +141,7 @@ func startCluster(t *testing.T, brokers int) *harness {
 	}
 	h.admin = strandv1connect.NewAdminServiceClient(h.http, rpcserver.BaseURL("controller:"+controllerPort))
 	// Every broker registered and the controller sees it live.
-	waitFor(t, 30*time.Second, "every broker live at the controller", func() (bool, string) {
+	clustertest.Eventually(t, 30*time.Second, "every broker live at the controller", func() (bool, string) {
 		res, err := h.admin.ListBrokers(ctx, connect.NewRequest(&strandv1.ListBrokersRequest{}))
 		if err != nil {
 			return false, err.Error()
@@ -375,7 +376,7 @@ func (h *harness) kill(name string) {
 	if _, err := h.docker.ContainerKill(ctx, n.ctr.GetContainerID(), client.ContainerKillOptions{Signal: "KILL"}); err != nil {
 		h.t.Fatalf("kill %s: %v", name, err)
 	}
-	waitFor(h.t, 20*time.Second, name+" stopped", func() (bool, string) {
+	clustertest.Eventually(h.t, 20*time.Second, name+" stopped", func() (bool, string) {
 		st, err := n.ctr.State(ctx)
 		if err != nil {
 			return false, err.Error()
@@ -568,7 +569,7 @@ func (h *harness) createStream(ctx context.Context, name string, copies int, pol
 	}
 	a := res.Msg.GetAssignment()
 	h.t.Logf("stream %s: epoch %d, owner %s, followers %v", name, a.GetEpoch(), a.GetOwner(), a.GetFollowers())
-	waitFor(h.t, 30*time.Second, "every copy of "+name+" applied its assignment", func() (bool, string) {
+	clustertest.Eventually(h.t, 30*time.Second, "every copy of "+name+" applied its assignment", func() (bool, string) {
 		st, err := h.getStream(ctx, name)
 		if err != nil {
 			return false, err.Error()
@@ -672,7 +673,7 @@ func getJSON[T any](ctx context.Context, cli *clientv3.Client, key string) (T, b
 func (h *harness) waitNewOwner(ctx context.Context, stream string, epoch uint64, old string, timeout time.Duration) cluster.Assignment {
 	h.t.Helper()
 	var a cluster.Assignment
-	waitFor(h.t, timeout, "a new owner of "+stream, func() (bool, string) {
+	clustertest.Eventually(h.t, timeout, "a new owner of "+stream, func() (bool, string) {
 		var ok bool
 		a, ok = h.assignment(ctx, stream)
 		_, pending := h.recovery(ctx, stream)
@@ -687,7 +688,7 @@ func (h *harness) waitNewOwner(ctx context.Context, stream string, epoch uint64,
 func (h *harness) waitRejoined(ctx context.Context, stream, nodeName string, epoch uint64, timeout time.Duration) *strandv1.GetStreamResponse {
 	h.t.Helper()
 	var st *strandv1.GetStreamResponse
-	waitFor(h.t, timeout, nodeName+" rejoins "+stream+" as a caught-up follower", func() (bool, string) {
+	clustertest.Eventually(h.t, timeout, nodeName+" rejoins "+stream+" as a caught-up follower", func() (bool, string) {
 		var err error
 		st, err = h.getStream(ctx, stream)
 		if err != nil {
@@ -701,27 +702,6 @@ func (h *harness) waitRejoined(ctx context.Context, stream, nodeName string, epo
 		return ok, describeCopies(st)
 	})
 	return st
-}
-
-// waitFor polls cond until it holds or timeout passes, then fails the test
-// with the last state cond described. It is the only way tests wait.
-func waitFor(t testing.TB, timeout time.Duration, what string, cond func() (bool, string)) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	tick := time.NewTicker(100 * time.Millisecond)
-	defer tick.Stop()
-	var last string
-	for {
-		ok, state := cond()
-		if ok {
-			return
-		}
-		last = state
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %s waiting for %s; last state: %s", timeout, what, last)
-		}
-		<-tick.C
-	}
 }
 
 // sampleCount reads a broker's /metrics and returns the sample count of

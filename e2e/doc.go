@@ -29,7 +29,8 @@
 // volumes and networks when it ends. When a test fails, the logs of every
 // container it started are saved under e2e/logs/<test>/.
 //
-// Tests wait on conditions (polling with deadlines, see waitFor), never on
-// sleeps. Services run with short liveness settings (heartbeat 200ms, lease
-// 2s) so that a failover takes a few seconds.
+// Tests wait on conditions (polling with deadlines, see
+// clustertest.Eventually), never on sleeps. Services run with short
+// liveness settings (heartbeat 200ms, lease 2s) so that a failover takes a
+// few seconds.
 package e2e

@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/strandhq/strand/internal/cluster"
+	"github.com/strandhq/strand/internal/clustertest"
 	"github.com/strandhq/strand/internal/onebox/ledger"
 )
 
@@ -23,7 +24,7 @@ func TestOwnerKillFailover(t *testing.T) {
 	cl := h.client()
 	l := ledger.New()
 	pub := startPublishing(t, cl, stream, "k", 4, l)
-	waitFor(t, 30*time.Second, "200 confirmed records before the kill", func() (bool, string) {
+	clustertest.Eventually(t, 30*time.Second, "200 confirmed records before the kill", func() (bool, string) {
 		return l.Count() >= 200, pub.LastError()
 	})
 
@@ -39,7 +40,7 @@ func TestOwnerKillFailover(t *testing.T) {
 	if a1.Epoch != a0.Epoch+1 {
 		t.Errorf("epoch after one failover is %d, want %d", a1.Epoch, a0.Epoch+1)
 	}
-	waitFor(t, 30*time.Second, "publishes confirm at the new epoch", func() (bool, string) {
+	clustertest.Eventually(t, 30*time.Second, "publishes confirm at the new epoch", func() (bool, string) {
 		return l.AtEpoch(a1.Epoch) >= 100, pub.LastError()
 	})
 	if first := l.FirstAt(a1.Epoch); !first.IsZero() {

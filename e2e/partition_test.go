@@ -14,6 +14,7 @@ import (
 	strandv1 "github.com/strandhq/strand/api/strand/v1"
 	"github.com/strandhq/strand/api/strand/v1/strandv1connect"
 	"github.com/strandhq/strand/internal/cluster"
+	"github.com/strandhq/strand/internal/clustertest"
 	"github.com/strandhq/strand/internal/onebox/ledger"
 )
 
@@ -30,7 +31,7 @@ func TestPartitionedOwner(t *testing.T) {
 	cl := h.client()
 	l := ledger.New()
 	pub := startPublishing(t, cl, stream, "p", 4, l)
-	waitFor(t, 30*time.Second, "200 confirmed records before the partition", func() (bool, string) {
+	clustertest.Eventually(t, 30*time.Second, "200 confirmed records before the partition", func() (bool, string) {
 		return l.Count() >= 200, pub.LastError()
 	})
 
@@ -47,12 +48,12 @@ func TestPartitionedOwner(t *testing.T) {
 	fenced := time.Now()
 	t.Logf("failover: epoch %d -> %d, owner %s -> %s, %s after the partition",
 		a0.Epoch, a1.Epoch, owner, a1.Owner, fenced.Sub(cut).Round(10*time.Millisecond))
-	waitFor(t, 30*time.Second, "publishes confirm at the new epoch", func() (bool, string) {
+	clustertest.Eventually(t, 30*time.Second, "publishes confirm at the new epoch", func() (bool, string) {
 		return l.AtEpoch(a1.Epoch) >= 100, pub.LastError()
 	})
 	// At least a few publishes to the isolated owner that started after the
 	// fence have been answered.
-	waitFor(t, 30*time.Second, "publishes to the isolated owner answered after the fence", func() (bool, string) {
+	clustertest.Eventually(t, 30*time.Second, "publishes to the isolated owner answered after the fence", func() (bool, string) {
 		n := iso.answeredAfter(fenced)
 		return n >= 3, fmt.Sprintf("%d answered, last error %s", n, iso.lastError())
 	})

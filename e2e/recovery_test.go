@@ -13,6 +13,7 @@ import (
 
 	strandv1 "github.com/strandhq/strand/api/strand/v1"
 	"github.com/strandhq/strand/internal/cluster"
+	"github.com/strandhq/strand/internal/clustertest"
 	"github.com/strandhq/strand/internal/onebox/ledger"
 )
 
@@ -32,7 +33,7 @@ func TestRecovererAndControllerKilledMidRecovery(t *testing.T) {
 	cl := h.client()
 	l := ledger.New()
 	pub := startPublishing(t, cl, stream, "m", 4, l)
-	waitFor(t, 30*time.Second, "200 confirmed records", func() (bool, string) {
+	clustertest.Eventually(t, 30*time.Second, "200 confirmed records", func() (bool, string) {
 		return l.Count() >= 200, pub.LastError()
 	})
 	pub.Stop()
@@ -44,13 +45,13 @@ func TestRecovererAndControllerKilledMidRecovery(t *testing.T) {
 
 	owner, down := a0.Owner, a0.Followers[0]
 	h.kill(down)
-	waitFor(t, 20*time.Second, down+"'s lease to end", func() (bool, string) {
+	clustertest.Eventually(t, 20*time.Second, down+"'s lease to end", func() (bool, string) {
 		ok, err := h.registered(ctx, down)
 		return err == nil && !ok, fmt.Sprint(err)
 	})
 	h.kill(owner)
 	var rec cluster.Recovery
-	waitFor(t, 20*time.Second, "a pending recovery of "+stream, func() (bool, string) {
+	clustertest.Eventually(t, 20*time.Second, "a pending recovery of "+stream, func() (bool, string) {
 		var ok bool
 		rec, ok = h.recovery(ctx, stream)
 		return ok, "none yet"
@@ -58,7 +59,7 @@ func TestRecovererAndControllerKilledMidRecovery(t *testing.T) {
 	t.Logf("pending recovery: from epoch %d, fence %d, proposed owner %s, transition %s", rec.FromEpoch, rec.FenceEpoch, rec.ProposedOwner, rec.TransitionID)
 	// The recoverer has tried: only one copy answers, fewer than R, so it
 	// waits, and the controller lists the wait under attention.
-	waitFor(t, 20*time.Second, "the recovery waiting for copies under attention", func() (bool, string) {
+	clustertest.Eventually(t, 20*time.Second, "the recovery waiting for copies under attention", func() (bool, string) {
 		res, err := h.admin.ListAttention(ctx, connect.NewRequest(&strandv1.ListAttentionRequest{}))
 		if err != nil {
 			return false, err.Error()
@@ -108,7 +109,7 @@ func TestRecovererAndControllerKilledMidRecovery(t *testing.T) {
 	// The stream serves again; then the old owner rejoins without another
 	// recovery.
 	pub = startPublishing(t, cl, stream, "n", 4, l)
-	waitFor(t, 30*time.Second, "publishes confirm at the new epoch", func() (bool, string) {
+	clustertest.Eventually(t, 30*time.Second, "publishes confirm at the new epoch", func() (bool, string) {
 		return l.AtEpoch(a1.Epoch) >= 100, pub.LastError()
 	})
 	pub.Stop()
@@ -204,7 +205,7 @@ func (h *harness) watchPuts(ctx context.Context, key string, fromRev int64) *put
 // returns every value it saw.
 func (w *putWatch) stop(t *testing.T, rev int64) []cluster.Assignment {
 	t.Helper()
-	waitFor(t, 10*time.Second, "the assignment watch to catch up", func() (bool, string) {
+	clustertest.Eventually(t, 10*time.Second, "the assignment watch to catch up", func() (bool, string) {
 		w.mu.Lock()
 		defer w.mu.Unlock()
 		return w.rev >= rev, fmt.Sprintf("at revision %d of %d", w.rev, rev)

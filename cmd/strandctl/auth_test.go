@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"github.com/strandhq/strand/internal/clustertest"
 	"strings"
 	"testing"
 	"time"
@@ -55,7 +56,7 @@ func TestTokenAndACLCommands(t *testing.T) {
 		return inProcess(t, c, append(args, "--token", token)...)
 	}
 	var aliceID, alice string
-	onebox.Eventually(t, 10*time.Second, "the bootstrapped admin makes a token", func() error {
+	clustertest.Eventually(t, 10*time.Second, "the bootstrapped admin makes a token", func() error {
 		code, out, stderr := as(ops, "token", "create", "alice")
 		if code != 0 {
 			return fmt.Errorf("exit %d: %s", code, stderr)
@@ -94,7 +95,7 @@ func TestTokenAndACLCommands(t *testing.T) {
 		t.Fatalf("token revoke of a principal without tokens: exit %d, want 1", code)
 	}
 	// The revoked token no longer works at the controller.
-	onebox.Eventually(t, 10*time.Second, "alice's token stops working", func() error {
+	clustertest.Eventually(t, 10*time.Second, "alice's token stops working", func() error {
 		code, _, stderr := as(alice, "brokers")
 		if code != 1 || !strings.Contains(stderr, "unauthenticated") {
 			return fmt.Errorf("brokers as alice: exit %d, %q", code, stderr)

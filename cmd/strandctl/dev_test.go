@@ -285,12 +285,12 @@ func TestDevRestartFalseLeavesAKilledChildDead(t *testing.T) {
 		t.Fatal(err)
 	}
 	line := fmt.Sprintf("dev: %s (pid %d) exited: signal: killed; the rest keep running", victim, before.PID)
-	clustertest.Until(t, 30*time.Second, "the killed broker reaped", func() bool {
+	clustertest.Eventually(t, 30*time.Second, "the killed broker reaped", func() bool {
 		return strings.Contains(dev.out.String(), line)
 	})
 	// Its lease expires (seconds; a restart after the back-off would have
 	// re-registered it long before) and nothing brought it back.
-	clustertest.Until(t, 30*time.Second, victim+" no longer live", func() bool {
+	clustertest.Eventually(t, 30*time.Second, victim+" no longer live", func() bool {
 		return !liveBrokers(t, dir)[victim] && len(liveBrokers(t, dir)) > 0
 	})
 	if b := brokerOf(t, dir, victim); b.PID != 0 {

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/strandhq/strand/internal/clustertest"
 	"github.com/strandhq/strand/internal/onebox"
 )
 
@@ -85,7 +86,7 @@ func TestReadFromEarliestAfterRetention(t *testing.T) {
 
 	// The broker's retention runs every few seconds; its heartbeat shows
 	// the head once it moved. No publish follows, so it stays there.
-	onebox.Eventually(t, 20*time.Second, "retention to move the head to "+strconv.Itoa(head), func() error {
+	clustertest.Eventually(t, 20*time.Second, "retention to move the head to "+strconv.Itoa(head), func() error {
 		tails, ok := c.Tails("b1", stream)
 		if !ok || tails.Head != head {
 			return fmt.Errorf("heartbeat tails %+v (present %v)", tails, ok)

@@ -172,7 +172,7 @@ func startDev(t *testing.T, dir string, portBase, brokers int, extra ...string) 
 			dumpLogs(t, dir)
 		}
 	})
-	clustertest.Until(t, 90*time.Second, "cluster.json from strandctl dev", func() bool {
+	clustertest.Eventually(t, 90*time.Second, "cluster.json from strandctl dev", func() bool {
 		select {
 		case <-d.done:
 			t.Fatalf("strandctl dev exited early: %v\n%s", d.err, d.out.String())
@@ -280,7 +280,7 @@ func TestCLISmoke(t *testing.T) {
 		t.Fatalf("stream get of a missing stream: exit %d, want 1 (%s)", r.code, r.stderr)
 	}
 
-	clustertest.Until(t, 30*time.Second, "three live brokers", func() bool {
+	clustertest.Eventually(t, 30*time.Second, "three live brokers", func() bool {
 		r := ctl(t, dir, "", "brokers", "--json")
 		return r.code == 0 && strings.Count(r.stdout, `"live":true`) == brokers
 	})
@@ -349,7 +349,7 @@ func TestCLISmoke(t *testing.T) {
 	if err := syscall.Kill(owner.PID, syscall.SIGKILL); err != nil {
 		t.Fatalf("kill owner %s (pid %d): %v", owner.Node, owner.PID, err)
 	}
-	clustertest.Until(t, 10*time.Second, "the killed owner to be reaped", func() bool {
+	clustertest.Eventually(t, 10*time.Second, "the killed owner to be reaped", func() bool {
 		return strings.Contains(dev.out.String(), fmt.Sprintf("%s (pid %d) exited", owner.Node, owner.PID))
 	})
 	dev.stop(t)
@@ -359,7 +359,7 @@ func TestCLISmoke(t *testing.T) {
 
 	// Same dir, same ports: everything is read back.
 	dev = startDev(t, dir, port, brokers)
-	clustertest.Until(t, 30*time.Second, "the stream readable after the restart", func() bool {
+	clustertest.Eventually(t, 30*time.Second, "the stream readable after the restart", func() bool {
 		return ctl(t, dir, "", "read", "smoke", "--from", "0", "--max", "1", "--json", "--timeout", "5s").code == 0
 	})
 	checkRecords(t, readJSON(t, dir, "smoke"), all, 0)

@@ -37,25 +37,22 @@ func (p *policyFlags) parse() (*strandv1.ConfirmPolicy, error) {
 	return parsePolicy(p.policy, p.nodes)
 }
 
-// parsePolicy accepts NAME, NAME:N and NAME(N), with nodes from --nodes.
+// parsePolicy reads --policy by the one rule for a policy string
+// (cluster.ParsePolicy), with the count from --nodes when --policy gives
+// none; when both give one they must agree.
 func parsePolicy(s string, nodes uint) (*strandv1.ConfirmPolicy, error) {
-	name := s
-	if i := strings.IndexAny(s, ":("); i >= 0 {
-		name = s[:i]
-		n, err := strconv.ParseUint(strings.TrimSuffix(s[i+1:], ")"), 10, 32)
-		if err != nil {
-			return nil, usagef("--policy %q: bad node count", s)
-		}
-		if nodes != 0 && uint(n) != nodes {
-			return nil, usagef("--policy %q and --nodes %d disagree", s, nodes)
-		}
-		nodes = uint(n)
+	spec := s
+	if nodes != 0 && !strings.ContainsAny(s, ":(") {
+		spec = fmt.Sprintf("%s:%d", s, nodes)
 	}
-	p := cluster.Policy{Name: name, Nodes: int(nodes)}
-	if err := p.Validate(); err != nil {
+	p, err := cluster.ParsePolicy(spec)
+	if err != nil {
 		return nil, usagef("--policy: %v", err)
 	}
-	return &strandv1.ConfirmPolicy{Name: name, Nodes: uint32(nodes)}, nil
+	if nodes != 0 && uint(p.Nodes) != nodes {
+		return nil, usagef("--policy %q and --nodes %d disagree", s, nodes)
+	}
+	return &strandv1.ConfirmPolicy{Name: p.Name, Nodes: uint32(p.Nodes)}, nil
 }
 
 func policyString(p *strandv1.ConfirmPolicy) string {

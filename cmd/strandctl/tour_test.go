@@ -81,7 +81,7 @@ var tourSteps = map[string]tourStep{
 	"bin/strandctl stream get orders": {before: func(t *testing.T, dir string) {
 		// The copies' tails come from their brokers' heartbeats, one a
 		// second; the tour can reach this line sooner than that.
-		clustertest.Until(t, 30*time.Second, "every copy's heartbeat at record tail 1003", func() bool {
+		clustertest.Eventually(t, 30*time.Second, "every copy's heartbeat at record tail 1003", func() bool {
 			r := ctl(t, dir, "", "stream", "get", "orders", "--json")
 			return r.code == 0 && strings.Count(r.stdout, `"record_tail":"1003"`) == 3
 		})
@@ -286,7 +286,7 @@ func TestReadmeTour(t *testing.T) {
 	ports := tourPorts(t, info, port)
 	// `make run` prints its endpoints once every broker is up; a user starts
 	// the tour after that, so the test waits for the same.
-	clustertest.Until(t, 30*time.Second, "three live brokers", func() bool {
+	clustertest.Eventually(t, 30*time.Second, "three live brokers", func() bool {
 		r := ctl(t, dir, "", "brokers", "--json")
 		return r.code == 0 && strings.Count(r.stdout, `"live":true`) == brokers
 	})
@@ -363,7 +363,7 @@ func runTourCommand(t *testing.T, dir string, env []string, cmd, until string) (
 			<-done
 		}
 	})
-	clustertest.Until(t, time.Minute, fmt.Sprintf("%s to print %q", cmd, until), func() bool {
+	clustertest.Eventually(t, time.Minute, fmt.Sprintf("%s to print %q", cmd, until), func() bool {
 		select {
 		case <-done:
 			t.Fatalf("%s ended before printing %q: %v\nstdout:\n%s\nstderr:\n%s", cmd, until, waitErr, out.String(), errb.String())

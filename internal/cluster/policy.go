@@ -3,6 +3,8 @@ package cluster
 import (
 	"errors"
 	"fmt"
+	"strconv"
+	"strings"
 )
 
 // Policy names, as stamped on assignments and accepted by the API.
@@ -53,6 +55,42 @@ func (p Policy) Validate() error {
 		return nil
 	}
 	return fmt.Errorf("%w: unknown policy %q (want local_durable, majority_durable, replica_durable or replica_accepted)", ErrInvalidPolicy, p.Name)
+}
+
+// ParsePolicy is the one reading of a confirm policy as an operator writes
+// it (the controller's --default-policy, strandctl's --policy): NAME for
+// local_durable and majority_durable, and NAME:N or NAME(N) for
+// replica_durable and replica_accepted, so what String prints reads back.
+// N is a decimal count of copies from 1 to 2^32-1 (the API's field is 32
+// bits). The result is validated (Validate): an empty string, an unknown
+// name, a malformed count, a count on a policy that takes none or a
+// counted policy without one is ErrInvalidPolicy, naming what is wrong.
+func ParsePolicy(s string) (Policy, error) {
+	name, count, counted := s, "", false
+	if i := strings.IndexAny(s, ":("); i >= 0 {
+		name, count, counted = s[:i], s[i+1:], true
+		if s[i] == '(' {
+			var closed bool
+			if count, closed = strings.CutSuffix(count, ")"); !closed {
+				return Policy{}, fmt.Errorf("%w: %q: want NAME(N)", ErrInvalidPolicy, s)
+			}
+		}
+	}
+	if name == "" {
+		return Policy{}, fmt.Errorf("%w: %q: no policy name", ErrInvalidPolicy, s)
+	}
+	p := Policy{Name: name}
+	if counted {
+		n, err := strconv.ParseUint(count, 10, 32)
+		if err != nil {
+			return Policy{}, fmt.Errorf("%w: %q: nodes count %q is not a number from 1 to %d", ErrInvalidPolicy, s, count, uint32(1<<32-1))
+		}
+		p.Nodes = int(n)
+	}
+	if err := p.Validate(); err != nil {
+		return Policy{}, err
+	}
+	return p, nil
 }
 
 // ConfirmRule is a stream's confirm rule: a record is confirmed once W of

@@ -1,6 +1,9 @@
 package cluster
 
-import "testing"
+import (
+	"errors"
+	"testing"
+)
 
 func TestStreamConfirmPolicyTable(t *testing.T) {
 	type want struct{ w, r int }
@@ -69,6 +72,46 @@ func TestValidateStreamName(t *testing.T) {
 	for _, bad := range []string{"", "-a", "A", "a/b", "a b", string(long)} {
 		if err := ValidateStreamName(bad); err == nil {
 			t.Errorf("%q: want an error", bad)
+		}
+	}
+}
+
+func TestParsePolicyTable(t *testing.T) {
+	for _, c := range []struct {
+		in   string
+		want Policy
+	}{
+		{"local_durable", Policy{Name: LocalDurable}},
+		{"majority_durable", Policy{Name: MajorityDurable}},
+		{"replica_durable:2", Policy{Name: ReplicaDurable, Nodes: 2}},
+		{"replica_accepted:3", Policy{Name: ReplicaAccepted, Nodes: 3}},
+		{"replica_durable(3)", Policy{Name: ReplicaDurable, Nodes: 3}},
+		{"replica_accepted(1)", Policy{Name: ReplicaAccepted, Nodes: 1}},
+		{"replica_durable:4294967295", Policy{Name: ReplicaDurable, Nodes: 1<<32 - 1}},
+		{"local_durable:0", Policy{Name: LocalDurable}},
+	} {
+		got, err := ParsePolicy(c.in)
+		if err != nil || got != c.want {
+			t.Errorf("ParsePolicy(%q) = %v, %v; want %v", c.in, got, err, c.want)
+		}
+	}
+	for _, bad := range []string{
+		"", "bogus", ":2", "(2)",
+		"replica_durable", "replica_durable:", "replica_durable:0", "replica_durable:x", "replica_durable:-1", "replica_durable:+2",
+		"replica_durable(2", "replica_durable(2))", "replica_durable:2)", "replica_durable:4294967296",
+		"majority_durable:2", "local_durable(1)", "Majority_Durable", " majority_durable",
+	} {
+		if got, err := ParsePolicy(bad); !errors.Is(err, ErrInvalidPolicy) {
+			t.Errorf("ParsePolicy(%q) = %v, %v; want ErrInvalidPolicy", bad, got, err)
+		}
+	}
+}
+
+// What String prints reads back.
+func TestParsePolicyReadsString(t *testing.T) {
+	for _, p := range []Policy{{Name: LocalDurable}, {Name: MajorityDurable}, {Name: ReplicaDurable, Nodes: 2}, {Name: ReplicaAccepted, Nodes: 5}} {
+		if got, err := ParsePolicy(p.String()); err != nil || got != p {
+			t.Errorf("ParsePolicy(%q) = %v, %v; want %v", p.String(), got, err, p)
 		}
 	}
 }

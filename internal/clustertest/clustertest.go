@@ -5,7 +5,6 @@ package clustertest
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"net/http"
 	"testing"
@@ -113,38 +112,6 @@ func (v View) WaitApplied(a cluster.Assignment, within time.Duration, skip func(
 		return nil
 	})
 }
-
-// Eventually polls cond every 25ms until it returns nil, and fails the test
-// with what and cond's last error once within has passed.
-func Eventually(t testing.TB, within time.Duration, what string, cond func() error) {
-	t.Helper()
-	deadline := time.Now().Add(within)
-	tick := time.NewTicker(25 * time.Millisecond)
-	defer tick.Stop()
-	for {
-		err := cond()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not within %s: %v", what, within, err)
-		}
-		<-tick.C
-	}
-}
-
-// Until is Eventually for a condition that only says whether it holds.
-func Until(t testing.TB, within time.Duration, what string, cond func() bool) {
-	t.Helper()
-	Eventually(t, within, what, func() error {
-		if cond() {
-			return nil
-		}
-		return errNotYet
-	})
-}
-
-var errNotYet = errors.New("condition does not hold yet")
 
 // ReadAll reads every confirmed record of stream that node's copy shows,
 // from offset 0, with raw Read calls to that broker (a follower serves

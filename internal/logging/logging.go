@@ -29,6 +29,26 @@ const (
 	Why             = "why"
 )
 
+// Field keys of a broker's store (services/broker/internal/storage), for
+// what it reports about its disk.
+const (
+	// Detail is a library's own message (Badger's).
+	Detail = "detail"
+	// CutTo is the record tail a copy is cut back to.
+	CutTo = "cut_to"
+	// Torn, Repaired and Lost count values an interrupted write or value
+	// log GC left unreadable, read back, and lost.
+	Torn     = "torn"
+	Repaired = "repaired"
+	Lost     = "lost"
+	// FromVersion is the Badger version a rollback returned to.
+	FromVersion = "from_version"
+	// Keys counts the keys a recovery pass looked at.
+	Keys = "keys"
+	// WritesHeld is how long writes waited on a value log GC rewrite.
+	WritesHeld = "writes_held"
+)
+
 // Millisecond timestamps: failover phases are measured from these logs. Set
 // once, before any goroutine logs, since it is a zerolog global.
 func init() { zerolog.TimeFieldFormat = "2006-01-02T15:04:05.000Z07:00" }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/strandhq/strand/internal/clustertest"
 	"net"
 	"net/http"
 	"strings"
@@ -178,7 +179,7 @@ func TestAuthReaderIsRefusedPublishAndAdmin(t *testing.T) {
 	_, secret := c.token(t, "reader", "read orders.*")
 	r := c.streamsAs(secret)
 
-	Eventually(t, authWait, "the reader reads", func() error {
+	clustertest.Eventually(t, authWait, "the reader reads", func() error {
 		recs, err := read(c.Ctx(), r, stream)
 		if err == nil && len(recs) != 1 {
 			return fmt.Errorf("%d records, want 1", len(recs))
@@ -260,7 +261,7 @@ func TestAuthReaderIsRefusedPublishAndAdmin(t *testing.T) {
 
 	// Granted publish, the same token publishes.
 	c.grant(t, "reader", "publish", stream)
-	Eventually(t, authWait, "the grant of publish takes effect", func() error {
+	clustertest.Eventually(t, authWait, "the grant of publish takes effect", func() error {
 		return publish(c.Ctx(), r, stream, []byte("second"))
 	})
 	// And revoked, it no longer does; reading still works.
@@ -269,7 +270,7 @@ func TestAuthReaderIsRefusedPublishAndAdmin(t *testing.T) {
 	})); err != nil || !res.Msg.GetRevoked() {
 		t.Fatalf("revoke publish: %v, %v", res, err)
 	}
-	Eventually(t, authWait, "the revoke of publish takes effect", func() error {
+	clustertest.Eventually(t, authWait, "the revoke of publish takes effect", func() error {
 		if err := publish(c.Ctx(), r, stream, []byte("third")); connect.CodeOf(err) != connect.CodePermissionDenied {
 			return fmt.Errorf("publish: %v, want PermissionDenied", err)
 		}
@@ -297,8 +298,8 @@ func TestAuthRevokedTokenStops(t *testing.T) {
 			return err
 		}
 	}
-	Eventually(t, authWait, "temp's token works", works(secret))
-	Eventually(t, authWait, "batch's tokens work", func() error {
+	clustertest.Eventually(t, authWait, "temp's token works", works(secret))
+	clustertest.Eventually(t, authWait, "batch's tokens work", func() error {
 		if err := works(other1)(); err != nil {
 			return err
 		}
@@ -341,13 +342,13 @@ func TestAuthRevokedTokenStops(t *testing.T) {
 			return nil
 		}
 	}
-	Eventually(t, authWait, "the revoked token stops working", unauthenticated(secret))
+	clustertest.Eventually(t, authWait, "the revoked token stops working", unauthenticated(secret))
 
 	res, err = c.Admin().RevokeToken(c.Ctx(), connect.NewRequest(&strandv1.RevokeTokenRequest{Principal: "batch"}))
 	if err != nil || len(res.Msg.GetRevoked()) != 2 {
 		t.Fatalf("revoke batch's tokens: %v, %v", res, err)
 	}
-	Eventually(t, authWait, "both of batch's tokens stop working", func() error {
+	clustertest.Eventually(t, authWait, "both of batch's tokens stop working", func() error {
 		if err := unauthenticated(other1)(); err != nil {
 			return err
 		}
@@ -372,7 +373,7 @@ func TestAuthPublishRateLimit(t *testing.T) {
 	c.CreateStream(stream, 1, majority)
 	_, secret := c.token(t, "fast", "publish "+stream)
 	p := c.streamsAs(secret)
-	Eventually(t, authWait, "the grant takes effect", func() error {
+	clustertest.Eventually(t, authWait, "the grant takes effect", func() error {
 		return publish(c.Ctx(), p, stream, []byte("x"))
 	})
 	stored := 1
@@ -433,7 +434,7 @@ func TestAuthSubscriptionLimit(t *testing.T) {
 		return sub, nil
 	}
 	var open []*connect.ServerStreamForClient[strandv1.SubscribeResponse]
-	Eventually(t, authWait, "the grant takes effect", func() error {
+	clustertest.Eventually(t, authWait, "the grant takes effect", func() error {
 		sub, err := subscribe()
 		if err == nil {
 			open = append(open, sub)
@@ -450,7 +451,7 @@ func TestAuthSubscriptionLimit(t *testing.T) {
 	_, err := subscribe()
 	wantCode(t, "one subscription more than the limit", err, connect.CodeResourceExhausted)
 	_ = open[0].Close()
-	Eventually(t, authWait, "an ended subscription frees its place", func() error {
+	clustertest.Eventually(t, authWait, "an ended subscription frees its place", func() error {
 		sub, err := subscribe()
 		if err == nil {
 			_ = sub.Close()
@@ -499,7 +500,7 @@ func TestAuthTransportPrincipal(t *testing.T) {
 		t.Errorf("refusal %q does not name the transport's principal", err)
 	}
 	c.grant(t, "node-loopback", "read", stream)
-	Eventually(t, authWait, "the transport's principal reads once granted", func() error {
+	clustertest.Eventually(t, authWait, "the transport's principal reads once granted", func() error {
 		_, err := read(c.Ctx(), anonymous, stream)
 		return err
 	})

@@ -13,6 +13,7 @@ import (
 
 	strandv1 "github.com/strandhq/strand/api/strand/v1"
 	"github.com/strandhq/strand/internal/cluster"
+	"github.com/strandhq/strand/internal/clustertest"
 	"github.com/strandhq/strand/internal/onebox/ledger"
 )
 
@@ -40,7 +41,7 @@ func publishUnconfirmed(t *testing.T, c *Cluster, node, stream string, payloads 
 func waitTails(t *testing.T, c *Cluster, node, stream string, recordTail, eventTail uint64) cluster.CopyTails {
 	t.Helper()
 	var tails cluster.CopyTails
-	Eventually(t, 15*time.Second, fmt.Sprintf("%s on %s at tails %d/%d", stream, node, recordTail, eventTail), func() error {
+	clustertest.Eventually(t, 15*time.Second, fmt.Sprintf("%s on %s at tails %d/%d", stream, node, recordTail, eventTail), func() error {
 		tt, ok := c.Tails(node, stream)
 		if !ok || tt.RecordTail != recordTail || tt.CursorEventTail != eventTail {
 			return fmt.Errorf("%s publishes %+v (present %v)", node, tt, ok)
@@ -177,7 +178,7 @@ func TestReturningOldOwnerIsCutAndTakesNewEntries(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	Eventually(t, 10*time.Second, "the returned copy shows the owner's records", func() error {
+	clustertest.Eventually(t, 10*time.Second, "the returned copy shows the owner's records", func() error {
 		got, err := c.ReadAll(old, stream)
 		if err != nil {
 			return err
@@ -274,7 +275,7 @@ func TestTwoFailoversWhileCopyAwayCutAtLowestStart(t *testing.T) {
 	c.Put(c.Schema.AssignmentKey(stream), back)
 	withheld := func(cause string) {
 		t.Helper()
-		Eventually(t, 10*time.Second, "b1 withholds the assignment: "+cause, func() error {
+		clustertest.Eventually(t, 10*time.Second, "b1 withholds the assignment: "+cause, func() error {
 			for _, e := range c.Log("b1").Entries("assignment withheld; retrying") {
 				if msg, _ := e["error"].(string); e["stream"] == stream && strings.Contains(msg, cause) {
 					return nil
@@ -313,7 +314,7 @@ func TestTwoFailoversWhileCopyAwayCutAtLowestStart(t *testing.T) {
 		t.Fatalf("owner shows %d records, want 20", len(owner))
 	}
 	for _, n := range []string{"b1", "b2"} {
-		Eventually(t, 10*time.Second, n+" shows the owner's records", func() error {
+		clustertest.Eventually(t, 10*time.Second, n+" shows the owner's records", func() error {
 			got, err := c.ReadAll(n, stream)
 			if err != nil {
 				return err
@@ -355,7 +356,7 @@ func TestDeletedStreamHistoryDropped(t *testing.T) {
 			t.Errorf("%s survived the delete", key)
 		}
 	}
-	Eventually(t, 10*time.Second, "every broker dropped its copy", func() error {
+	clustertest.Eventually(t, 10*time.Second, "every broker dropped its copy", func() error {
 		for _, n := range []string{"b1", "b2", "b3"} {
 			if tt, ok := c.Tails(n, stream); ok {
 				return fmt.Errorf("%s still publishes %+v", n, tt)

@@ -9,6 +9,7 @@ import (
 
 	strandv1 "github.com/strandhq/strand/api/strand/v1"
 	"github.com/strandhq/strand/internal/cluster"
+	"github.com/strandhq/strand/internal/clustertest"
 	"github.com/strandhq/strand/internal/onebox/ledger"
 )
 
@@ -43,7 +44,7 @@ func publishAll(t *testing.T, c *Cluster, stream string, l *ledger.Ledger, paylo
 func verify(t *testing.T, c *Cluster, node, stream string, l *ledger.Ledger) []*strandv1.StoredRecord {
 	t.Helper()
 	var recs []*strandv1.StoredRecord
-	Eventually(t, 10*time.Second, fmt.Sprintf("%s on %s shows every confirmed record", stream, node), func() error {
+	clustertest.Eventually(t, 10*time.Second, fmt.Sprintf("%s on %s shows every confirmed record", stream, node), func() error {
 		var err error
 		if recs, err = c.ReadAll(node, stream); err != nil {
 			return err
@@ -81,7 +82,7 @@ func waitRejoined(t *testing.T, c *Cluster, stream, node string, epoch uint64) c
 		}
 		return nil
 	})
-	Eventually(t, 20*time.Second, node+" follows "+stream+" caught up", func() error {
+	clustertest.Eventually(t, 20*time.Second, node+" follows "+stream+" caught up", func() error {
 		ot, ok := c.Tails(a.Owner, stream)
 		if !ok {
 			return fmt.Errorf("owner %s publishes no copy", a.Owner)
@@ -184,7 +185,7 @@ func TestCleanShutdownOfOwnerFailsOverEagerly(t *testing.T) {
 	if r, pending := c.Recovery(stream); pending {
 		t.Errorf("recovery pending after the rejoin: %+v", r)
 	}
-	Eventually(t, 10*time.Second, "the rejoined copy shows the owner's records", func() error {
+	clustertest.Eventually(t, 10*time.Second, "the rejoined copy shows the owner's records", func() error {
 		got, err := c.ReadAll(a0.Owner, stream)
 		if err != nil {
 			return err

@@ -13,6 +13,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/strandhq/strand/internal/cluster"
+	"github.com/strandhq/strand/internal/clustertest"
 	"github.com/strandhq/strand/internal/rpcserver"
 )
 
@@ -66,7 +67,7 @@ func TestIdleClusterWritesNoRevisions(t *testing.T) {
 	// Settled: every copy of the stream published to has published its
 	// tails and the confirm watermark past the records.
 	for _, n := range brokers {
-		Eventually(t, 15*time.Second, "tails published on "+n, func() error {
+		clustertest.Eventually(t, 15*time.Second, "tails published on "+n, func() error {
 			tt, ok := c.Tails(n, streams[0].Stream)
 			if !ok || tt.RecordTail != records || tt.ConfirmWatermark != records {
 				return fmt.Errorf("%s publishes %+v", n, tt)
@@ -85,7 +86,7 @@ func TestIdleClusterWritesNoRevisions(t *testing.T) {
 	}
 	r0 := c.etcdRev()
 	for _, n := range brokers {
-		Eventually(t, 30*time.Second, fmt.Sprintf("%s through %d heartbeat intervals", n, window), func() error {
+		clustertest.Eventually(t, 30*time.Second, fmt.Sprintf("%s through %d heartbeat intervals", n, window), func() error {
 			v, err := metric(c, n, "strand_broker_heartbeat_ticks_total")
 			if err != nil {
 				return err
@@ -128,7 +129,7 @@ func TestRestartedBrokerIsSeenAgain(t *testing.T) {
 		return int(resp.Count), nil
 	}
 	c.StopBroker("b3")
-	Eventually(t, 15*time.Second, "b3's heartbeat gone with its lease", func() error {
+	clustertest.Eventually(t, 15*time.Second, "b3's heartbeat gone with its lease", func() error {
 		if n, err := shards("b3"); err != nil || n != 0 {
 			return fmt.Errorf("%d shards (%v)", n, err)
 		}

@@ -18,6 +18,7 @@ import (
 	"github.com/strandhq/strand/api/strand/v1/strandv1connect"
 	"github.com/strandhq/strand/client"
 	"github.com/strandhq/strand/internal/cluster"
+	"github.com/strandhq/strand/internal/clustertest"
 	"github.com/strandhq/strand/internal/onebox/ledger"
 )
 
@@ -155,7 +156,7 @@ func massFailover(tb testing.TB, n int) massResult {
 	var confirmedDuring atomic.Int64
 	during := make(chan error, 1)
 	go func() { during <- publishItems(c.Ctx(), cl, items, ledgers, massWorkers, &confirmedDuring) }()
-	Eventually(tb, massWithin, "the publisher confirms across the streams before the kill", func() error {
+	clustertest.Eventually(tb, massWithin, "the publisher confirms across the streams before the kill", func() error {
 		if got := confirmedDuring.Load(); got < int64(len(items)/4) {
 			return fmt.Errorf("%d of %d confirmed", got, len(items))
 		}
@@ -266,7 +267,7 @@ func massFailover(tb testing.TB, n int) massResult {
 	if b != nil {
 		b.StopTimer()
 	}
-	Eventually(tb, massWithin, "every new owner of the killed broker's streams seen committed", func() error {
+	clustertest.Eventually(tb, massWithin, "every new owner of the killed broker's streams seen committed", func() error {
 		cmu.Lock()
 		defer cmu.Unlock()
 		if len(committed) < len(affected) {

@@ -562,13 +562,6 @@ func (c *Cluster) Put(key string, v any) {
 	}
 }
 
-// Eventually polls cond every 25ms until it returns nil, and fails the test
-// with what and cond's last error once within has passed.
-func Eventually(t testing.TB, within time.Duration, what string, cond func() error) {
-	t.Helper()
-	clustertest.Eventually(t, within, what, cond)
-}
-
 // CreateStream creates a stream through the AdminService and waits until
 // every copy applied the assignment (the owner owns, each follower follows
 // at epoch 1), so a publish confirms at once.
@@ -600,7 +593,7 @@ func (c *Cluster) WaitApplied(a cluster.Assignment) {
 func (c *Cluster) WaitAssignment(stream string, within time.Duration, what string, cond func(cluster.Assignment) error) cluster.Assignment {
 	c.t.Helper()
 	var a cluster.Assignment
-	Eventually(c.t, within, what, func() error {
+	clustertest.Eventually(c.t, within, what, func() error {
 		var ok bool
 		a, ok = c.Assignment(stream)
 		if !ok {
@@ -627,7 +620,7 @@ func (c *Cluster) Publish(node, stream string, payloads ...string) []uint64 {
 		recs = append(recs, &strandv1.Record{Payload: []byte(p)})
 	}
 	var offsets []uint64
-	Eventually(c.t, 15*time.Second, fmt.Sprintf("publish %d records to %s on %s", len(payloads), stream, node), func() error {
+	clustertest.Eventually(c.t, 15*time.Second, fmt.Sprintf("publish %d records to %s on %s", len(payloads), stream, node), func() error {
 		resp, err := c.Streams(node).Publish(c.Ctx(), connect.NewRequest(&strandv1.PublishRequest{Stream: stream, Records: recs}))
 		if err != nil {
 			return err

@@ -10,6 +10,7 @@ import (
 
 	strandv1 "github.com/strandhq/strand/api/strand/v1"
 	"github.com/strandhq/strand/internal/cluster"
+	"github.com/strandhq/strand/internal/clustertest"
 	"github.com/strandhq/strand/internal/onebox/ledger"
 )
 
@@ -18,7 +19,7 @@ import (
 func waitPending(t *testing.T, c *Cluster, stream, not string) cluster.Recovery {
 	t.Helper()
 	var rec cluster.Recovery
-	Eventually(t, 15*time.Second, "pending recovery of "+stream, func() error {
+	clustertest.Eventually(t, 15*time.Second, "pending recovery of "+stream, func() error {
 		r, ok := c.Recovery(stream)
 		if !ok {
 			return fmt.Errorf("none recorded")
@@ -36,7 +37,7 @@ func waitPending(t *testing.T, c *Cluster, stream, not string) cluster.Recovery 
 func waitSealed(t *testing.T, c *Cluster, stream, node string, fence uint64) cluster.CopyTails {
 	t.Helper()
 	var tails cluster.CopyTails
-	Eventually(t, 15*time.Second, fmt.Sprintf("%s sealed at %d on %s", stream, fence, node), func() error {
+	clustertest.Eventually(t, 15*time.Second, fmt.Sprintf("%s sealed at %d on %s", stream, fence, node), func() error {
 		tt, ok := c.Tails(node, stream)
 		if !ok || tt.SealEpoch != fence {
 			return fmt.Errorf("%s publishes %+v (present %v)", node, tt, ok)
@@ -51,7 +52,7 @@ func waitSealed(t *testing.T, c *Cluster, stream, node string, fence uint64) clu
 func waitAttention(t *testing.T, c *Cluster, stream, kind string) *strandv1.AttentionEntry {
 	t.Helper()
 	var entry *strandv1.AttentionEntry
-	Eventually(t, 15*time.Second, kind+" attention for "+stream, func() error {
+	clustertest.Eventually(t, 15*time.Second, kind+" attention for "+stream, func() error {
 		entries, err := c.Attention(stream)
 		if err != nil {
 			return err
@@ -85,7 +86,7 @@ func TestRecovererLeaderClosedMidRecovery(t *testing.T) {
 	}
 	c.StopController(first)
 	second := 3 - first
-	Eventually(t, 15*time.Second, "the other controller leads", func() error {
+	clustertest.Eventually(t, 15*time.Second, "the other controller leads", func() error {
 		if !c.Controller(second).Leading() {
 			return fmt.Errorf("controller-%d does not lead", second)
 		}
@@ -109,7 +110,7 @@ func TestRecovererLeaderClosedMidRecovery(t *testing.T) {
 	if leader == "" {
 		t.Fatal("no recoverer leads while a seal was answered")
 	}
-	Eventually(t, 10*time.Second, leader+" logs its wait", func() error {
+	clustertest.Eventually(t, 10*time.Second, leader+" logs its wait", func() error {
 		if _, ok := c.Log(leader).Find("waiting: fewer than R copies answered their seal; retrying", map[string]any{"stream": stream}); !ok {
 			return fmt.Errorf("log tail:\n%s", c.Log(leader).Tail(5))
 		}
@@ -122,7 +123,7 @@ func TestRecovererLeaderClosedMidRecovery(t *testing.T) {
 
 	c.StopRecoverer(leader)
 	var successor string
-	Eventually(t, 15*time.Second, "another recoverer leads", func() error {
+	clustertest.Eventually(t, 15*time.Second, "another recoverer leads", func() error {
 		successor = c.LeadingRecoverer()
 		if successor == "" {
 			return fmt.Errorf("none leads")
@@ -219,7 +220,7 @@ func secondLossWaitingForPrefix(t *testing.T, stream string) prefixWait {
 	}
 	c.StartBroker(spare)
 	waitSealed(t, c, stream, spare, rec2.FenceEpoch)
-	Eventually(t, 10*time.Second, "the recoverer waits for the confirmed prefix", func() error {
+	clustertest.Eventually(t, 10*time.Second, "the recoverer waits for the confirmed prefix", func() error {
 		if _, ok := c.Log(rcv).Find("waiting for a copy at the confirmed prefix: the furthest sealed copy is below the latest history start; retrying",
 			map[string]any{"stream": stream, "record_tail": 30, "pick": spare}); !ok {
 			return fmt.Errorf("log tail:\n%s", c.Log(rcv).Tail(5))
@@ -252,7 +253,7 @@ func TestSecondOwnerLossWaitsForConfirmedPrefix(t *testing.T) {
 	if s, _ := hist2.Latest(); len(hist2) != 2 || s.Epoch != a2.Epoch || s.RecordTail != 30 || s.Node != follower {
 		t.Fatalf("history after the second recovery %+v", hist2)
 	}
-	Eventually(t, 10*time.Second, "attention clears", func() error {
+	clustertest.Eventually(t, 10*time.Second, "attention clears", func() error {
 		entries, err := c.Attention(stream)
 		if err != nil {
 			return err
@@ -267,7 +268,7 @@ func TestSecondOwnerLossWaitsForConfirmedPrefix(t *testing.T) {
 	c.WaitApplied(a2)
 	publishAll(t, c, stream, l, Numbered("q", 5)...)
 	recs := verify(t, c, follower, stream, l)
-	Eventually(t, 10*time.Second, "the spare caught up from empty", func() error {
+	clustertest.Eventually(t, 10*time.Second, "the spare caught up from empty", func() error {
 		got, err := c.ReadAll(spare, stream)
 		if err != nil {
 			return err
@@ -417,7 +418,7 @@ func TestAcceptedLossBelowConfirmedPrefix(t *testing.T) {
 	if h := c.History(stream); len(h) != 2 || h[1] != want {
 		t.Fatalf("history %+v, want the accepted start %+v appended", h, want)
 	}
-	Eventually(t, 10*time.Second, spare+" warns it owns below the confirmed prefix", func() error {
+	clustertest.Eventually(t, 10*time.Second, spare+" warns it owns below the confirmed prefix", func() error {
 		if _, ok := c.Log(spare).Find("promoted below the confirmed prefix (an accepted owner loss); records above this tail are gone",
 			map[string]any{"stream": stream, "record_tail": 0, "start_record_tail": 30, "start_node": w.follower}); !ok {
 			return fmt.Errorf("log tail:\n%s", c.Log(spare).Tail(5))

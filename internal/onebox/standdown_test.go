@@ -11,6 +11,7 @@ import (
 	"connectrpc.com/connect"
 
 	strandv1 "github.com/strandhq/strand/api/strand/v1"
+	"github.com/strandhq/strand/internal/clustertest"
 	"github.com/strandhq/strand/internal/onebox/ledger"
 )
 
@@ -40,7 +41,7 @@ func TestOwnerStandsDownAfterUncleanStopOnNewBoot(t *testing.T) {
 	c.SetBootID("onebox-boot-2")
 	c.StartBroker(a.Owner)
 
-	Eventually(t, 10*time.Second, a.Owner+" names itself suspect at epoch "+fmt.Sprint(a.Epoch), func() error {
+	clustertest.Eventually(t, 10*time.Second, a.Owner+" names itself suspect at epoch "+fmt.Sprint(a.Epoch), func() error {
 		tails, ok := c.Tails(a.Owner, "sd")
 		if !ok || tails.Suspect != a.Owner || tails.Epoch != a.Epoch {
 			return fmt.Errorf("tails %+v (found %v)", tails, ok)
@@ -68,7 +69,7 @@ func TestOwnerStandsDownAfterUncleanStopOnNewBoot(t *testing.T) {
 		t.Fatalf("the owner's clean stop left no clean mark: %v", err)
 	}
 	c.StartBroker(a.Owner)
-	Eventually(t, 10*time.Second, a.Owner+" names itself suspect at epoch "+fmt.Sprint(a.Epoch)+" after a restart on the same boot", func() error {
+	clustertest.Eventually(t, 10*time.Second, a.Owner+" names itself suspect at epoch "+fmt.Sprint(a.Epoch)+" after a restart on the same boot", func() error {
 		tails, ok := c.Tails(a.Owner, "sd")
 		if !ok || tails.Suspect != a.Owner || tails.Epoch != a.Epoch {
 			return fmt.Errorf("tails %+v (found %v)", tails, ok)
@@ -82,7 +83,7 @@ func TestOwnerStandsDownAfterUncleanStopOnNewBoot(t *testing.T) {
 	na := waitRecovered(t, c, "sd", a.Epoch, 30*time.Second)
 	publishAll(t, c, "sd", l, "b1", "b2", "b3")
 	for _, n := range append([]string{na.Owner}, na.Followers...) {
-		Eventually(t, 20*time.Second, n+" holds every confirmed record", func() error {
+		clustertest.Eventually(t, 20*time.Second, n+" holds every confirmed record", func() error {
 			recs, err := c.ReadAll(n, "sd")
 			if err != nil {
 				return err

@@ -9,7 +9,6 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
-	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -35,7 +34,7 @@ func run(args []string) error {
 	fs.StringVar(&cfg.Advertise, "advertise", "", "address clients reach this controller at (default: the listen address)")
 	fs.StringVar(&etcd, "etcd", "http://127.0.0.1:2379", "etcd endpoints, comma separated")
 	fs.StringVar(&cfg.Prefix, "prefix", cluster.DefaultPrefix, "etcd key prefix")
-	fs.StringVar(&policy, "default-policy", cluster.MajorityDurable, "cluster assignment policy: local_durable, majority_durable, or replica_durable:N / replica_accepted:N")
+	fs.StringVar(&policy, "default-policy", cluster.MajorityDurable, "cluster assignment policy: local_durable, majority_durable, or replica_durable:N / replica_accepted:N (also NAME(N))")
 	fs.DurationVar(&cfg.OwnerProbeGrace, "owner-probe-grace", 300*time.Millisecond, "how long the probe of a suspected owner may take")
 	fs.BoolVar(&cfg.Auth.Enabled, "auth", false, "check client credentials and permissions on AdminService (docs/operating.md, \"Security\")")
 	fs.StringVar(&cfg.LogLevel, "log-level", "info", "debug, info, warn or error")
@@ -57,22 +56,11 @@ func run(args []string) error {
 	return app.Run(ctx, cfg)
 }
 
-// parsePolicy reads --default-policy: a policy name, with ":N" for the
-// counted policies.
+// parsePolicy reads --default-policy by the one rule for a policy string
+// (cluster.ParsePolicy).
 func parsePolicy(s string) (cluster.Policy, error) {
-	name, count, counted := strings.Cut(s, ":")
-	p := cluster.Policy{Name: name}
-	if counted {
-		n, err := strconv.Atoi(count)
-		if err != nil {
-			return p, fmt.Errorf("--default-policy %q: want NAME or NAME:N", s)
-		}
-		p.Nodes = n
-	}
-	if name == "" {
-		return p, fmt.Errorf("--default-policy: %w: empty", cluster.ErrInvalidPolicy)
-	}
-	if err := p.Validate(); err != nil {
+	p, err := cluster.ParsePolicy(s)
+	if err != nil {
 		return p, fmt.Errorf("--default-policy: %w", err)
 	}
 	return p, nil

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	strandv1 "github.com/strandhq/strand/api/strand/v1"
+	"github.com/strandhq/strand/internal/clustertest"
 )
 
 func stored(payloads ...string) []*strandv1.StoredRecord {
@@ -57,11 +58,7 @@ func TestStartReportsMalformedAnswers(t *testing.T) {
 		return &strandv1.PublishResponse{Epoch: 1}, nil // no offset
 	}
 	p := Start(publish, "s", "x", 1, time.Second, l)
-	// Wait on the condition, with a deadline, not for a while.
-	deadline := time.Now().Add(5 * time.Second)
-	for l.Failures() == 0 && time.Now().Before(deadline) {
-		<-time.After(time.Millisecond)
-	}
+	clustertest.Eventually(t, 5*time.Second, "a failed publish counted", func() bool { return l.Failures() > 0 })
 	p.Stop()
 	if l.Count() != 0 || l.Failures() == 0 {
 		t.Errorf("count %d failures %d, want only failures", l.Count(), l.Failures())

@@ -42,7 +42,7 @@ func TestEmptyFollowerBootstrapsFromCursorSnapshot(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := owner.Snapshot(); err != nil {
+	if err := owner.Snapshot(context.Background()); err != nil {
 		t.Fatal(err)
 	}
 	if head := owner.CursorEventHead(); head != 4 {

@@ -277,7 +277,7 @@ func TestPublishBytesInFlightAreBounded(t *testing.T) {
 	}
 	first := make(chan result, 1)
 	go func() { r, err := h.publishRecords("b1", "held", big("a")); first <- result{r, err} }()
-	clustertest.Until(t, 10*time.Second, "the first publish admitted", func() bool {
+	clustertest.Eventually(t, 10*time.Second, "the first publish admitted", func() bool {
 		select {
 		case r := <-first:
 			t.Fatalf("the first publish was answered before b2 came up: %v %v", r.resp, r.err)

@@ -58,7 +58,7 @@ func TestOrphanCopyDeleted(t *testing.T) {
 	h.leaveOutB2()
 	// The store lists a copy no more once its drop has begun; the counts
 	// follow when it is done.
-	clustertest.Until(t, 20*time.Second, "b2's orphan copy of s deleted", func() bool {
+	clustertest.Eventually(t, 20*time.Second, "b2's orphan copy of s deleted", func() bool {
 		return !h.onDisk("b2", "s") && h.brokers["b2"].manager.OrphanStats().Deleted > 0
 	})
 	stats := h.brokers["b2"].manager.OrphanStats()
@@ -74,7 +74,7 @@ func TestOrphanCopyDeleted(t *testing.T) {
 	}
 	// The heartbeat no longer reports the copy, and the stream goes on
 	// at b1, which the assignment includes.
-	clustertest.Until(t, 20*time.Second, "s gone from b2's heartbeat", func() bool {
+	clustertest.Eventually(t, 20*time.Second, "s gone from b2's heartbeat", func() bool {
 		_, err := h.heartbeat("b2", "s")
 		return err != nil
 	})
@@ -112,7 +112,7 @@ func TestOrphanCopyKeptWhileRecoveryNamesIt(t *testing.T) {
 		t.Fatal(err)
 	}
 	h.leaveOutB2()
-	clustertest.Until(t, 20*time.Second, "an orphan check past the grace held b2's copy", func() bool {
+	clustertest.Eventually(t, 20*time.Second, "an orphan check past the grace held b2's copy", func() bool {
 		return h.brokers["b2"].manager.OrphanStats().Held >= 2
 	})
 	if !h.onDisk("b2", "s") || h.brokers["b2"].manager.OrphanStats().Deleted != 0 {
@@ -125,5 +125,5 @@ func TestOrphanCopyKeptWhileRecoveryNamesIt(t *testing.T) {
 	if _, err := h.cli.Delete(ctx, h.schema.RecoveryKey("s")); err != nil {
 		t.Fatal(err)
 	}
-	clustertest.Until(t, 20*time.Second, "b2's orphan copy of s deleted", func() bool { return !h.onDisk("b2", "s") })
+	clustertest.Eventually(t, 20*time.Second, "b2's orphan copy of s deleted", func() bool { return !h.onDisk("b2", "s") })
 }

@@ -76,7 +76,7 @@ func (h *harness) controller(cfg Config) *App {
 func (h *harness) leader(cfg Config) (*App, strandv1connect.AdminServiceClient) {
 	h.t.Helper()
 	a := h.controller(cfg)
-	clustertest.Until(h.t, 15*time.Second, "controller leads", a.Leading)
+	clustertest.Eventually(h.t, 15*time.Second, "controller leads", a.Leading)
 	return a, adminClient(a.Addr())
 }
 
@@ -496,7 +496,7 @@ func TestLeaderFailover(t *testing.T) {
 	if err := first.Close(); err != nil {
 		t.Fatal(err)
 	}
-	clustertest.Until(t, 15*time.Second, "second controller leads", second.Leading)
+	clustertest.Eventually(t, 15*time.Second, "second controller leads", second.Leading)
 	got, err := c2.GetStream(ctxT(t), connect.NewRequest(&strandv1.GetStreamRequest{Name: "s"}))
 	if err != nil {
 		t.Fatalf("new leader GetStream: %v", err)
@@ -521,10 +521,10 @@ func TestLeaderLosesSession(t *testing.T) {
 	if _, err := h.cli.Revoke(ctxT(t), clientv3.LeaseID(resp.Kvs[0].Lease)); err != nil {
 		t.Fatal(err)
 	}
-	clustertest.Until(t, 15*time.Second, "second controller leads", second.Leading)
-	clustertest.Until(t, 15*time.Second, "first controller stops leading", func() bool { return !first.Leading() })
+	clustertest.Eventually(t, 15*time.Second, "second controller leads", second.Leading)
+	clustertest.Eventually(t, 15*time.Second, "first controller stops leading", func() bool { return !first.Leading() })
 	// The first campaigns again and now points at the second.
-	clustertest.Until(t, 15*time.Second, "first names the new leader", func() bool {
+	clustertest.Eventually(t, 15*time.Second, "first names the new leader", func() bool {
 		_, err := adminClient(first.Addr()).ListStreams(ctxT(t), connect.NewRequest(&strandv1.ListStreamsRequest{}))
 		hint, ok := rpcerr.LeaderHint(err)
 		return ok && hint.GetAddress() == second.Addr()
@@ -558,7 +558,7 @@ func TestStandbyLeadsAfterHistoryCompacted(t *testing.T) {
 		t.Fatalf("no election key of %s in %v", addr, resp.Kvs)
 		return "", 0
 	}
-	clustertest.Until(t, 15*time.Second, "second controller campaigns", func() bool {
+	clustertest.Eventually(t, 15*time.Second, "second controller campaigns", func() bool {
 		resp, err := h.cli.Get(ctxT(t), schema.ControllerElection()+"/", clientv3.WithPrefix(), clientv3.WithCountOnly())
 		return err == nil && resp.Count == 2
 	})
@@ -576,7 +576,7 @@ func TestStandbyLeadsAfterHistoryCompacted(t *testing.T) {
 	if err := first.Close(); err != nil {
 		t.Fatal(err)
 	}
-	clustertest.Until(t, 15*time.Second, "second controller leads", second.Leading)
+	clustertest.Eventually(t, 15*time.Second, "second controller leads", second.Leading)
 	// etcd answers a watch from a compacted revision in a background pass
 	// over the watches not caught up; once one made after the second
 	// controller began to lead has its answer, the second's has too.

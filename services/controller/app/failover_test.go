@@ -23,7 +23,7 @@ import (
 func (h *harness) recovery(stream, not string) cluster.Recovery {
 	h.t.Helper()
 	var rec cluster.Recovery
-	clustertest.Until(h.t, 15*time.Second, "pending recovery of "+stream, func() bool {
+	clustertest.Eventually(h.t, 15*time.Second, "pending recovery of "+stream, func() bool {
 		r, ok := get[cluster.Recovery](h, schema.RecoveryKey(stream))
 		rec = r
 		return ok && r.TransitionID != not
@@ -141,7 +141,7 @@ func TestSingleCopyOwnerDownWaits(t *testing.T) {
 	a := create(t, c, "solo", 1, nil).GetAssignment()
 	h.kill(a.GetOwner())
 	var entries []*strandv1.AttentionEntry
-	clustertest.Until(t, 15*time.Second, "single_copy_owner_down attention", func() bool {
+	clustertest.Eventually(t, 15*time.Second, "single_copy_owner_down attention", func() bool {
 		resp, err := c.ListAttention(ctxT(t), connect.NewRequest(&strandv1.ListAttentionRequest{}))
 		if err != nil {
 			t.Fatal(err)
@@ -243,7 +243,7 @@ func TestSuspectedOwnerFailsProbe(t *testing.T) {
 	h.heartbeat(a.Followers[0], suspect)
 
 	// The owner answers its probe: no recovery while the loop keeps probing.
-	clustertest.Until(t, 15*time.Second, "owner probed twice", func() bool { return probes.Load() >= 2 })
+	clustertest.Eventually(t, 15*time.Second, "owner probed twice", func() bool { return probes.Load() >= 2 })
 	if _, ok := get[cluster.Recovery](h, schema.RecoveryKey("s")); ok {
 		t.Fatal("recovery recorded though the owner answered its probe")
 	}
@@ -291,7 +291,7 @@ func TestOldOwnerRejoinsByFastPath(t *testing.T) {
 	h.broker(a.Owner)
 	h.heartbeat(a.Owner, map[string]cluster.CopyTails{"s": {Epoch: 1, Role: cluster.RoleSealed, RecordTail: 6, SealEpoch: 2}})
 	var got cluster.Assignment
-	clustertest.Until(t, 15*time.Second, "old owner rejoins", func() bool {
+	clustertest.Eventually(t, 15*time.Second, "old owner rejoins", func() bool {
 		got, _ = get[cluster.Assignment](h, schema.AssignmentKey("s"))
 		return got.Includes(a.Owner)
 	})
@@ -338,7 +338,7 @@ func TestPlacementSkipsBrokerFailingProbe(t *testing.T) {
 		t.Fatal(err)
 	}
 	var got cluster.Assignment
-	clustertest.Until(t, 15*time.Second, "a third copy placed", func() bool {
+	clustertest.Eventually(t, 15*time.Second, "a third copy placed", func() bool {
 		got, _ = get[cluster.Assignment](h, schema.AssignmentKey("s"))
 		return got.Copies() == 3
 	})

@@ -49,7 +49,7 @@ func metric(t *testing.T, addr, name string) (float64, bool) {
 // untilMetric waits until the series reads want.
 func untilMetric(t *testing.T, addr, name string, want float64) {
 	t.Helper()
-	clustertest.Until(t, 15*time.Second, fmt.Sprintf("%s reads %v", name, want), func() bool {
+	clustertest.Eventually(t, 15*time.Second, fmt.Sprintf("%s reads %v", name, want), func() bool {
 		v, ok := metric(t, addr, name)
 		return ok && v == want
 	})
@@ -182,7 +182,7 @@ func TestFailoverDroppedOwnerListedMissing(t *testing.T) {
 		t.Fatal(err)
 	}
 	h.publishAll(next, 10)
-	clustertest.Until(t, 15*time.Second, "the dropped owner listed under_replicated", func() bool {
+	clustertest.Eventually(t, 15*time.Second, "the dropped owner listed under_replicated", func() bool {
 		e, ok := underReplicated(t, c, "s")
 		return ok && slices.Equal(e.GetMissing(), []string{a.Owner})
 	})
@@ -202,7 +202,7 @@ func TestFailoverDroppedOwnerListedMissing(t *testing.T) {
 	h.broker(a.Owner)
 	h.heartbeat(a.Owner, map[string]cluster.CopyTails{"s": {Epoch: 1, Role: cluster.RoleSealed, RecordTail: 10, SealEpoch: 2}})
 	var got cluster.Assignment
-	clustertest.Until(t, 15*time.Second, "old owner rejoins", func() bool {
+	clustertest.Eventually(t, 15*time.Second, "old owner rejoins", func() bool {
 		got, _ = get[cluster.Assignment](h, schema.AssignmentKey("s"))
 		return got.Includes(a.Owner)
 	})

@@ -10,6 +10,7 @@ import (
 
 	strandv1 "github.com/strandhq/strand/api/strand/v1"
 	"github.com/strandhq/strand/internal/cluster"
+	"github.com/strandhq/strand/internal/clustertest"
 	"github.com/strandhq/strand/internal/onebox"
 	"github.com/strandhq/strand/internal/onebox/ledger"
 )
@@ -52,7 +53,7 @@ func TestWithdrawnFailoverOfLiveOwnerServesAgain(t *testing.T) {
 		t.Fatalf("failover: %v", err)
 	}
 	fence, first := resp.Msg.GetRecovery().GetFenceEpoch(), resp.Msg.GetRecovery().GetTransitionId()
-	onebox.Eventually(t, 15*time.Second, "the live owner's copy sealed at the fence epoch", func() error {
+	clustertest.Eventually(t, 15*time.Second, "the live owner's copy sealed at the fence epoch", func() error {
 		if tt, ok := c.Tails(a0.Owner, stream); !ok || tt.SealEpoch != fence {
 			return fmt.Errorf("%s publishes %+v (present %v)", a0.Owner, tt, ok)
 		}
@@ -62,7 +63,7 @@ func TestWithdrawnFailoverOfLiveOwnerServesAgain(t *testing.T) {
 		t.Fatalf("withdraw: %v", err)
 	}
 
-	onebox.Eventually(t, 15*time.Second, "a new recovery at the same fence epoch", func() error {
+	clustertest.Eventually(t, 15*time.Second, "a new recovery at the same fence epoch", func() error {
 		r, ok := c.Recovery(stream)
 		switch {
 		case !ok:
@@ -75,14 +76,14 @@ func TestWithdrawnFailoverOfLiveOwnerServesAgain(t *testing.T) {
 		return nil
 	})
 	// The controller logs once its write has succeeded, so just after it.
-	onebox.Eventually(t, 10*time.Second, "the new recovery logged", func() error {
+	clustertest.Eventually(t, 10*time.Second, "the new recovery logged", func() error {
 		if _, ok := c.Log("controller-1").Find("copies sealed past their assignment with no recovery pending; pending recovery recorded",
 			map[string]any{"stream": stream, "fence_epoch": fence}); !ok {
 			return fmt.Errorf("controller log ends:\n%s", c.Log("controller-1").Tail(10))
 		}
 		return nil
 	})
-	onebox.Eventually(t, 15*time.Second, "the wait shown under attention", func() error {
+	clustertest.Eventually(t, 15*time.Second, "the wait shown under attention", func() error {
 		entries, err := c.Attention(stream)
 		if err != nil {
 			return err
@@ -105,7 +106,7 @@ func TestWithdrawnFailoverOfLiveOwnerServesAgain(t *testing.T) {
 	})
 	c.WaitApplied(a1)
 	publish("after")
-	onebox.Eventually(t, 10*time.Second, "the new owner shows every confirmed record", func() error {
+	clustertest.Eventually(t, 10*time.Second, "the new owner shows every confirmed record", func() error {
 		recs, err := c.ReadAll(a1.Owner, stream)
 		if err != nil {
 			return err

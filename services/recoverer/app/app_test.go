@@ -15,6 +15,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/strandhq/strand/internal/cluster"
+	"github.com/strandhq/strand/internal/clustertest"
 	"github.com/strandhq/strand/internal/etcdtest"
 	"github.com/strandhq/strand/internal/rpcserver"
 	"github.com/strandhq/strand/services/recoverer/app"
@@ -181,22 +182,6 @@ func waitReady(t *testing.T, name string, a *app.App) {
 	}
 }
 
-// waitUntil polls cond until it holds or the deadline passes.
-func waitUntil(t *testing.T, timeout time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.NewTimer(timeout)
-	defer deadline.Stop()
-	tick := time.NewTicker(10 * time.Millisecond)
-	defer tick.Stop()
-	for !cond() {
-		select {
-		case <-deadline.C:
-			t.Fatalf("timed out after %v waiting until %s", timeout, what)
-		case <-tick.C:
-		}
-	}
-}
-
 // committed reports whether the pending recovery was cleared.
 func (e *env) committed(t *testing.T) func() bool {
 	return func() bool { return !e.recoveryPending(t) }
@@ -246,7 +231,7 @@ func TestCommitsPendingRecoveryOnce(t *testing.T) {
 	a, _ := e.startRecoverer(t, "r1", func(c *app.Config) { c.QuorumGrace = time.Minute })
 	rec := recovery("t-1", "b4")
 	e.put(t, e.schema.RecoveryKey(stream), rec)
-	waitUntil(t, 10*time.Second, "the recovery is committed", e.committed(t))
+	clustertest.Eventually(t, 10*time.Second, "the recovery is committed", e.committed(t))
 
 	got, aVersion := e.assignment(t)
 	assertAssignment(t, got, cluster.Assignment{
@@ -288,7 +273,7 @@ func TestCommitTakesTheProposedPolicy(t *testing.T) {
 	rec := recovery("t-1")
 	rec.Policy = cluster.Policy{Name: cluster.ReplicaDurable, Nodes: 2}
 	e.put(t, e.schema.RecoveryKey(stream), rec)
-	waitUntil(t, 10*time.Second, "the recovery is committed", e.committed(t))
+	clustertest.Eventually(t, 10*time.Second, "the recovery is committed", e.committed(t))
 	got, _ := e.assignment(t)
 	assertAssignment(t, got, cluster.Assignment{
 		Stream: stream, Epoch: 4, Owner: "b3", Followers: []string{"b2"},
@@ -312,7 +297,7 @@ func TestWaitsForRAnswers(t *testing.T) {
 	e.put(t, e.schema.RecoveryKey(stream), rec)
 
 	// Several rounds decided to wait.
-	waitUntil(t, 10*time.Second, "b3 is asked to seal three times", func() bool { n, _, _ := b3.counts(); return n >= 3 })
+	clustertest.Eventually(t, 10*time.Second, "b3 is asked to seal three times", func() bool { n, _, _ := b3.counts(); return n >= 3 })
 	if got, v := e.assignment(t); v != 1 || got.Epoch != 3 {
 		t.Fatalf("committed with one answer of R=2: %+v (version %d)", got, v)
 	}
@@ -327,7 +312,7 @@ func TestWaitsForRAnswers(t *testing.T) {
 	}
 
 	b3.set(answer, 12, 1)
-	waitUntil(t, 10*time.Second, "the recovery is committed", e.committed(t))
+	clustertest.Eventually(t, 10*time.Second, "the recovery is committed", e.committed(t))
 	got, _ := e.assignment(t)
 	assertAssignment(t, got, cluster.Assignment{
 		Stream: stream, Epoch: 4, Owner: "b3", Followers: []string{"b2"},
@@ -363,7 +348,7 @@ func TestWaitsForConfirmedPrefix(t *testing.T) {
 	rec := recovery("t-1")
 	e.put(t, e.schema.RecoveryKey(stream), rec)
 
-	waitUntil(t, 10*time.Second, "b2 is asked to seal three times", func() bool { n, _, _ := b2.counts(); return n >= 3 })
+	clustertest.Eventually(t, 10*time.Second, "b2 is asked to seal three times", func() bool { n, _, _ := b2.counts(); return n >= 3 })
 	if got, v := e.assignment(t); v != 1 || got.Epoch != 3 {
 		t.Fatalf("promoted a copy below the confirmed prefix: %+v", got)
 	}
@@ -381,7 +366,7 @@ func TestWaitsForConfirmedPrefix(t *testing.T) {
 	// the recovery.
 	b1 := startFakeBroker(t, "b1", answer, 100, 5)
 	b1.register(t, e)
-	waitUntil(t, 10*time.Second, "the recovery is committed", e.committed(t))
+	clustertest.Eventually(t, 10*time.Second, "the recovery is committed", e.committed(t))
 	got, _ := e.assignment(t)
 	assertAssignment(t, got, cluster.Assignment{
 		Stream: stream, Epoch: 4, Owner: "b1", Followers: []string{"b2", "b3"},
@@ -414,7 +399,7 @@ func TestRacingRecoverersCommitOnce(t *testing.T) {
 	for i, a := range apps {
 		waitReady(t, fmt.Sprintf("r%d", i+1), a)
 	}
-	waitUntil(t, 10*time.Second, "the recovery is committed", e.committed(t))
+	clustertest.Eventually(t, 10*time.Second, "the recovery is committed", e.committed(t))
 	for _, a := range apps {
 		if err := a.Close(); err != nil {
 			t.Fatal(err)
@@ -456,7 +441,7 @@ func TestCommitRacingAnotherWriterReadsAgain(t *testing.T) {
 
 	_, logs := e.startRecoverer(t, "r1", nil)
 	e.put(t, e.schema.RecoveryKey(stream), recovery("t-1"))
-	waitUntil(t, 10*time.Second, "the recovery is committed", e.committed(t))
+	clustertest.Eventually(t, 10*time.Second, "the recovery is committed", e.committed(t))
 
 	got, aVersion := e.assignment(t)
 	if aVersion != 3 {
@@ -492,7 +477,7 @@ func TestLeaderClosedMidRecoveryHandsOver(t *testing.T) {
 	long := func(c *app.Config) { c.SealTimeout = sealTimeout }
 
 	r1, _ := e.startRecoverer(t, "r1", long)
-	waitUntil(t, 10*time.Second, "r1 leads", r1.Leading)
+	clustertest.Eventually(t, 10*time.Second, "r1 leads", r1.Leading)
 	r2, _ := e.startRecoverer(t, "r2", long)
 	if r2.Leading() {
 		t.Fatal("two recoverers lead at once")
@@ -500,7 +485,7 @@ func TestLeaderClosedMidRecoveryHandsOver(t *testing.T) {
 
 	rec := recovery("t-1")
 	e.put(t, e.schema.RecoveryKey(stream), rec)
-	waitUntil(t, 10*time.Second, "r1's seals hang on b2 and b3", func() bool {
+	clustertest.Eventually(t, 10*time.Second, "r1's seals hang on b2 and b3", func() bool {
 		_, f2, _ := b2.counts()
 		_, f3, _ := b3.counts()
 		return f2 == 1 && f3 == 1
@@ -516,13 +501,13 @@ func TestLeaderClosedMidRecoveryHandsOver(t *testing.T) {
 	if took := time.Since(start); took > 10*time.Second {
 		t.Fatalf("closing the leader took %v: its seals were not cancelled (seal timeout %v)", took, sealTimeout)
 	}
-	waitUntil(t, 10*time.Second, "r1's hanging seals are cancelled", func() bool {
+	clustertest.Eventually(t, 10*time.Second, "r1's hanging seals are cancelled", func() bool {
 		_, f2, c2 := b2.counts()
 		_, f3, c3 := b3.counts()
 		return f2 == 0 && f3 == 0 && c2 == 1 && c3 == 1
 	})
 
-	waitUntil(t, 20*time.Second, "r2 commits the recovery", e.committed(t))
+	clustertest.Eventually(t, 20*time.Second, "r2 commits the recovery", e.committed(t))
 	if !r2.Leading() {
 		t.Fatal("r2 committed without leading")
 	}
@@ -572,7 +557,7 @@ func testStaleRecovery(t *testing.T, epoch uint64) {
 	_, logs := e.startRecoverer(t, "r1", nil)
 	stale := recovery("t-stale") // from epoch 3
 	e.put(t, e.schema.RecoveryKey(stream), stale)
-	waitUntil(t, 10*time.Second, "the stale recovery is logged", func() bool {
+	clustertest.Eventually(t, 10*time.Second, "the stale recovery is logged", func() bool {
 		return logs.contains("stale pending recovery", `"stream":"orders"`, `"transition_id":"t-stale"`)
 	})
 	if got, v := e.assignment(t); v != 1 || got.Epoch != epoch {
@@ -589,7 +574,7 @@ func testStaleRecovery(t *testing.T, epoch uint64) {
 	fresh := recovery("t-fresh")
 	fresh.FromEpoch, fresh.FenceEpoch = epoch, epoch+1
 	e.put(t, e.schema.RecoveryKey(stream), fresh)
-	waitUntil(t, 10*time.Second, "the rewritten recovery is committed", e.committed(t))
+	clustertest.Eventually(t, 10*time.Second, "the rewritten recovery is committed", e.committed(t))
 	got, _ := e.assignment(t)
 	if got.Epoch != epoch+1 || got.Owner != "b3" {
 		t.Fatalf("assignment %+v, want epoch %d owned by b3", got, epoch+1)
@@ -613,7 +598,7 @@ func TestHangingCopyLeftOutAfterQuorum(t *testing.T) {
 	e.startRecoverer(t, "r1", func(c *app.Config) { c.SealTimeout = time.Minute })
 	e.put(t, e.schema.RecoveryKey(stream), recovery("t-1"))
 	// Well inside the minute-long seal timeout.
-	waitUntil(t, 20*time.Second, "the recovery is committed", e.committed(t))
+	clustertest.Eventually(t, 20*time.Second, "the recovery is committed", e.committed(t))
 	got, _ := e.assignment(t)
 	assertAssignment(t, got, cluster.Assignment{
 		Stream: stream, Epoch: 4, Owner: "b2", Followers: []string{"b3"},
@@ -636,7 +621,7 @@ func TestCampaignsAgainAfterLosingLeadership(t *testing.T) {
 		b.register(t, e)
 	}
 	r1, logs := e.startRecoverer(t, "r1", nil)
-	waitUntil(t, 10*time.Second, "r1 leads", r1.Leading)
+	clustertest.Eventually(t, 10*time.Second, "r1 leads", r1.Leading)
 
 	ctx := context.Background()
 	first, err := e.cli.Get(ctx, e.schema.RecovererElection()+"/", clientv3.WithPrefix())
@@ -646,7 +631,7 @@ func TestCampaignsAgainAfterLosingLeadership(t *testing.T) {
 	if _, err := e.cli.Delete(ctx, string(first.Kvs[0].Key)); err != nil {
 		t.Fatal(err)
 	}
-	waitUntil(t, 10*time.Second, "r1 leads again under a new key", func() bool {
+	clustertest.Eventually(t, 10*time.Second, "r1 leads again under a new key", func() bool {
 		resp, err := e.cli.Get(ctx, e.schema.RecovererElection()+"/", clientv3.WithPrefix())
 		return err == nil && len(resp.Kvs) == 1 && resp.Kvs[0].CreateRevision != first.Kvs[0].CreateRevision && r1.Leading()
 	})
@@ -654,7 +639,7 @@ func TestCampaignsAgainAfterLosingLeadership(t *testing.T) {
 		t.Fatalf("no log of losing leadership:\n%s", logs)
 	}
 	e.put(t, e.schema.RecoveryKey(stream), recovery("t-1"))
-	waitUntil(t, 10*time.Second, "the recovery is committed", e.committed(t))
+	clustertest.Eventually(t, 10*time.Second, "the recovery is committed", e.committed(t))
 	if got, _ := e.assignment(t); got.Epoch != 4 || got.Owner != "b2" {
 		t.Fatalf("assignment %+v", got)
 	}
@@ -695,7 +680,7 @@ func TestCloseWithEtcdDown(t *testing.T) {
 		}
 	})
 	a, _ := e.startRecoverer(t, "r1", nil)
-	waitUntil(t, 10*time.Second, "r1 leads", a.Leading)
+	clustertest.Eventually(t, 10*time.Second, "r1 leads", a.Leading)
 	srv.Close() // takes a few seconds while clients hold watches
 	stopped = true
 

@@ -10,6 +10,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/strandhq/strand/internal/cluster"
+	"github.com/strandhq/strand/internal/clustertest"
 	"github.com/strandhq/strand/services/recoverer/app"
 )
 
@@ -58,13 +59,13 @@ func TestRecoveriesInFlightAreBounded(t *testing.T) {
 	}
 	e.startRecoverer(t, "r1", func(c *app.Config) { c.MaxInFlight = limit })
 
-	waitUntil(t, 10*time.Second, fmt.Sprintf("%d seal rounds held at b2", limit), func() bool {
+	clustertest.Eventually(t, 10*time.Second, fmt.Sprintf("%d seal rounds held at b2", limit), func() bool {
 		mu.Lock()
 		defer mu.Unlock()
 		return active >= limit
 	})
 	close(gate)
-	waitUntil(t, 30*time.Second, "every recovery is committed", func() bool {
+	clustertest.Eventually(t, 30*time.Second, "every recovery is committed", func() bool {
 		resp, err := e.cli.Get(context.Background(), e.schema.RecoveriesDir(), clientv3.WithPrefix(), clientv3.WithCountOnly())
 		return err == nil && resp.Count == 0
 	})

@@ -79,7 +79,7 @@ func TestReadRunningStale(t *testing.T) {
 	defer func() { _ = zombie.Wait() }()
 	// Not reaped until the deferred Wait: /proc shows it a zombie once it
 	// has exited.
-	clustertest.Until(t, 10*time.Second, "the unreaped child seen as gone", func() bool { return !alive(zombie.Process.Pid) })
+	clustertest.Eventually(t, 10*time.Second, "the unreaped child seen as gone", func() bool { return !alive(zombie.Process.Pid) })
 	for _, pid := range []int{reaped.Process.Pid, zombie.Process.Pid} {
 		write(pid)
 		_, err := ReadRunning(dir)

@@ -97,7 +97,7 @@ func TestPublishGateBodyTimeout(t *testing.T) {
 	case <-time.After(20 * time.Second):
 		t.Fatal("the handler still reads the stalled body")
 	}
-	clustertest.Until(t, 10*time.Second, "the stalled publish's share given back", func() bool {
+	clustertest.Eventually(t, 10*time.Second, "the stalled publish's share given back", func() bool {
 		return g.held.Load() == 0
 	})
 }

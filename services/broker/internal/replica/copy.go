@@ -197,7 +197,7 @@ func (c *Copy) reconcile(ctx context.Context) (dropped bool, err error) {
 		return true, c.replaceWithEmpty(a, fmt.Errorf("copy of incarnation %q, assignment of %q", inc, a.Incarnation))
 	}
 	if a.Incarnation != "" && a.Includes(node) {
-		if err := c.st.SetIncarnation(a.Incarnation); errors.Is(err, storage.ErrIncarnation) {
+		if err := c.st.SetIncarnation(ctx, a.Incarnation); errors.Is(err, storage.ErrIncarnation) {
 			return true, c.replaceWithEmpty(a, err)
 		} else if err != nil {
 			return false, fmt.Errorf("record incarnation: %w", err)
@@ -235,7 +235,7 @@ func (c *Copy) reconcile(ctx context.Context) (dropped bool, err error) {
 		if err := c.bringOntoHistory(ctx, state, a.Epoch); err != nil {
 			return false, err
 		}
-		if err := c.st.AdvanceEpoch(a.Epoch); err != nil {
+		if err := c.st.AdvanceEpoch(ctx, a.Epoch); err != nil {
 			return false, fmt.Errorf("advance epoch: %w", err)
 		}
 	}
@@ -243,7 +243,7 @@ func (c *Copy) reconcile(ctx context.Context) (dropped bool, err error) {
 	if a.Owner == node {
 		wantRole = cluster.RoleOwner
 	}
-	if wantRole == cluster.RoleOwner && c.withholdOwner(a) {
+	if wantRole == cluster.RoleOwner && c.withholdOwner(ctx, a) {
 		return false, nil
 	}
 	c.mu.Lock()
@@ -277,7 +277,7 @@ func (c *Copy) reconcile(ctx context.Context) (dropped bool, err error) {
 // (liveness.OwnerStandsDown), and the recovery promotes the furthest copy
 // at a new epoch, which this one then follows or owns at its own tails. A
 // single-copy stream has no follower that could hold more, so it goes on.
-func (c *Copy) withholdOwner(a cluster.Assignment) bool {
+func (c *Copy) withholdOwner(ctx context.Context, a cluster.Assignment) bool {
 	c.mu.Lock()
 	if c.unsureEpoch == 0 || a.Epoch > c.unsureEpoch || len(a.Followers) == 0 {
 		// A new epoch, or a single copy going on as owner of this one:
@@ -292,7 +292,7 @@ func (c *Copy) withholdOwner(a cluster.Assignment) bool {
 			// copy going on at its epoch is said here. Should this write
 			// fail, a restart stands down once more: safe, and the store
 			// has failed anyway.
-			if err := c.st.ClearUnsure(); err != nil {
+			if err := c.st.ClearUnsure(ctx); err != nil {
 				c.m.log.Warn().Err(err).Str(logging.Stream, c.name).Msg("could not record that the copy goes on at its epoch")
 			}
 		}
@@ -383,7 +383,7 @@ func (c *Copy) bringOntoHistory(ctx context.Context, state storage.State, target
 		c.m.log.Warn().Str(logging.Stream, c.name).Uint64("cut", cut.RecordTail).Uint64("head", state.Head).
 			Msg("history start below the retained head; cutting at the head")
 	}
-	if err := c.st.Cut(cut.RecordTail, cut.CursorEventTail); err != nil {
+	if err := c.st.Cut(ctx, cut.RecordTail, cut.CursorEventTail); err != nil {
 		return fmt.Errorf("cut: %w", err)
 	}
 	// The cut lowered storage's watermark to the new record tail; the
@@ -540,7 +540,7 @@ func (c *Copy) tails() (cluster.CopyTails, bool) {
 	}, true
 }
 
-func (c *Copy) applyRetention(now time.Time) {
+func (c *Copy) applyRetention(ctx context.Context, now time.Time) {
 	c.mu.Lock()
 	role, r := c.role, c.applied.Retention
 	c.mu.Unlock()
@@ -550,7 +550,7 @@ func (c *Copy) applyRetention(now time.Time) {
 	if r.MaxRecords == 0 && r.MaxBytes == 0 && r.MaxAge == 0 {
 		return
 	}
-	if _, err := c.st.ApplyRetention(storage.Retention{MaxRecords: r.MaxRecords, MaxBytes: r.MaxBytes, MaxAge: r.MaxAge}, now); err != nil && !errors.Is(err, storage.ErrClosed) {
+	if _, err := c.st.ApplyRetention(ctx, storage.Retention{MaxRecords: r.MaxRecords, MaxBytes: r.MaxBytes, MaxAge: r.MaxAge}, now); err != nil && !errors.Is(err, storage.ErrClosed) && ctx.Err() == nil {
 		c.m.log.Warn().Err(err).Str(logging.Stream, c.name).Msg("retention failed; will retry")
 	}
 }

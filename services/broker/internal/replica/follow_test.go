@@ -62,7 +62,7 @@ func TestBusyFollowDoesNotStarveTheOthers(t *testing.T) {
 		taken.Store(true)
 		quietSent <- err
 	}()
-	clustertest.Until(t, 10*time.Second, "the quiet batch queued", func() bool {
+	clustertest.Eventually(t, 10*time.Second, "the quiet batch queued", func() bool {
 		srv.mu.Lock()
 		defer srv.mu.Unlock()
 		if taken.Load() {

@@ -186,7 +186,7 @@ func (c *Copy) followOnce(ctx context.Context, owner string, epoch uint64) error
 			if queued {
 				return fmt.Errorf("owner sent head %d after records; following again", head)
 			}
-			if err := c.st.ResetTo(head, resp.GetChainAtHead()); err != nil {
+			if err := c.st.ResetTo(ctx, head, resp.GetChainAtHead()); err != nil {
 				return localErr(err)
 			}
 		}

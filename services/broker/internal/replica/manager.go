@@ -443,7 +443,7 @@ func (m *Manager) retentionLoop() {
 		copies := slices.Collect(maps.Values(m.copies))
 		m.mu.RUnlock()
 		for _, c := range copies {
-			c.applyRetention(time.Now())
+			c.applyRetention(m.ctx, time.Now())
 		}
 	}
 }

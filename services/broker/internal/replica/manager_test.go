@@ -29,11 +29,11 @@ func TestDeletedAndRecreatedAtOnceIsApplied(t *testing.T) {
 	// copy confirmed before its drop would go with it), then publishes.
 	publish := func(inc string) {
 		t.Helper()
-		clustertest.Until(t, 10*time.Second, "the copy of incarnation "+inc, func() bool {
+		clustertest.Eventually(t, 10*time.Second, "the copy of incarnation "+inc, func() bool {
 			c := m.copy(stream)
 			return c != nil && c.st.State().Incarnation == inc
 		})
-		clustertest.Until(t, 10*time.Second, "a publish to incarnation "+inc+" confirmed", func() bool {
+		clustertest.Eventually(t, 10*time.Second, "a publish to incarnation "+inc+" confirmed", func() bool {
 			_, err := m.Publish(context.Background(), stream, []storage.Record{{Payload: []byte(inc)}})
 			return err == nil
 		})
@@ -97,11 +97,11 @@ func TestOwnerIsNotCutAtItsOwnStart(t *testing.T) {
 	ownTenRecords(t, m, stream)
 	history.set(cluster.HistoryStarts{{Epoch: 2, RecordTail: 7, Node: "b1"}})
 	m.SetAssignment(cluster.Assignment{Stream: stream, Epoch: 2, Owner: "b1"})
-	clustertest.Until(t, 10*time.Second, "the copy at epoch 2", func() bool {
+	clustertest.Eventually(t, 10*time.Second, "the copy at epoch 2", func() bool {
 		return m.copy(stream).st.State().Epoch == 2
 	})
 	var res PublishResult
-	clustertest.Until(t, 10*time.Second, "the owner at epoch 2 confirms a publish", func() bool {
+	clustertest.Eventually(t, 10*time.Second, "the owner at epoch 2 confirms a publish", func() bool {
 		var err error
 		res, err = m.Publish(ctx, stream, []storage.Record{{Payload: []byte("r10")}})
 		return err == nil && res.Epoch == 2
@@ -155,7 +155,7 @@ func TestRoleChangeFencesTheOldEpochBeforeTheCut(t *testing.T) {
 	// last 3 were never confirmed and go.
 	history.set(cluster.HistoryStarts{{Epoch: 2, RecordTail: 7, Node: "b2"}})
 	m.SetAssignment(cluster.Assignment{Stream: stream, Epoch: 2, Owner: "b2", Followers: []string{"b1"}})
-	clustertest.Until(t, 10*time.Second, "the copy at epoch 2", func() bool {
+	clustertest.Eventually(t, 10*time.Second, "the copy at epoch 2", func() bool {
 		return m.copy(stream).st.State().Epoch == 2
 	})
 	mu.Lock()
@@ -187,7 +187,7 @@ func TestCutLowersTheConfirmWatermark(t *testing.T) {
 	m, _ = openTestManager(t, dir, "b1", history.read)
 	history.set(cluster.HistoryStarts{{Epoch: 2, RecordTail: 7, Node: "b2"}})
 	m.SetAssignment(cluster.Assignment{Stream: stream, Epoch: 1, Owner: "b1"})
-	clustertest.Until(t, 10*time.Second, "the reopened copy at watermark 10", func() bool {
+	clustertest.Eventually(t, 10*time.Second, "the reopened copy at watermark 10", func() bool {
 		c := m.copy(stream)
 		if c == nil {
 			return false
@@ -196,7 +196,7 @@ func TestCutLowersTheConfirmWatermark(t *testing.T) {
 		return tails.ConfirmWatermark == 10
 	})
 	m.SetAssignment(cluster.Assignment{Stream: stream, Epoch: 2, Owner: "b2", Followers: []string{"b1"}})
-	clustertest.Until(t, 10*time.Second, "the copy at epoch 2", func() bool {
+	clustertest.Eventually(t, 10*time.Second, "the copy at epoch 2", func() bool {
 		return m.copy(stream).st.State().Epoch == 2
 	})
 	tails, _ := m.copy(stream).tails()
@@ -220,7 +220,7 @@ func TestCursorStopsAtTheConfirmWatermark(t *testing.T) {
 	// unconfirmed on the owner.
 	m.SetAssignment(cluster.Assignment{Stream: stream, Epoch: 1, Owner: "b1", Followers: []string{"b2"},
 		Policy: cluster.Policy{Name: cluster.LocalDurable}})
-	clustertest.Until(t, 10*time.Second, "the owner holds 3 unconfirmed records", func() bool {
+	clustertest.Eventually(t, 10*time.Second, "the owner holds 3 unconfirmed records", func() bool {
 		_, _ = m.Publish(ctx, stream, []storage.Record{{Payload: []byte("r")}}) // times out: not confirmed
 		return m.copy(stream).st.State().RecordTail >= 3
 	})
@@ -244,7 +244,7 @@ func TestOwnerCountsRecordsNoPublishWaitedFor(t *testing.T) {
 	const stream = "unwaited"
 	ctx := context.Background()
 	m.SetAssignment(cluster.Assignment{Stream: stream, Epoch: 1, Owner: "b1"})
-	clustertest.Until(t, 10*time.Second, "the owner confirms a publish", func() bool {
+	clustertest.Eventually(t, 10*time.Second, "the owner confirms a publish", func() bool {
 		_, err := m.Publish(ctx, stream, []storage.Record{{Payload: []byte("r0")}})
 		return err == nil
 	})
@@ -253,7 +253,7 @@ func TestOwnerCountsRecordsNoPublishWaitedFor(t *testing.T) {
 	if _, err := m.copy(stream).st.Append(ctx, 1, []storage.Record{{Payload: []byte("r1")}, {Payload: []byte("r2")}}); err != nil {
 		t.Fatal(err)
 	}
-	clustertest.Until(t, 10*time.Second, "the confirm watermark at 3", func() bool {
+	clustertest.Eventually(t, 10*time.Second, "the confirm watermark at 3", func() bool {
 		tails, _ := m.copy(stream).tails()
 		return tails.ConfirmWatermark == 3
 	})
@@ -269,7 +269,7 @@ func ownTenRecords(t *testing.T, m *Manager, stream string) {
 	t.Helper()
 	ctx := context.Background()
 	m.SetAssignment(cluster.Assignment{Stream: stream, Epoch: 1, Owner: "b1"})
-	clustertest.Until(t, 10*time.Second, "the owner at epoch 1 confirms a publish", func() bool {
+	clustertest.Eventually(t, 10*time.Second, "the owner at epoch 1 confirms a publish", func() bool {
 		_, err := m.Publish(ctx, stream, []storage.Record{{Payload: []byte("r0")}})
 		return err == nil
 	})
@@ -303,7 +303,7 @@ func TestReopenedCopyServesNoReadsBeforeItsAssignment(t *testing.T) {
 		t.Fatal("a copy with no assignment yet took a subscription")
 	}
 	m.SetAssignment(cluster.Assignment{Stream: stream, Epoch: 1, Owner: "b1"})
-	clustertest.Until(t, 10*time.Second, "reads once the copy is owner again", func() bool {
+	clustertest.Eventually(t, 10*time.Second, "reads once the copy is owner again", func() bool {
 		res, err := m.Read(stream, 0, 100, 1<<20)
 		return err == nil && len(res.Records) == 10
 	})

@@ -71,7 +71,7 @@ func (m *Manager) Seal(ctx context.Context, stream string, fenceEpoch uint64, tr
 	if c.dropped {
 		return storage.State{}, errDropped
 	}
-	s, err := c.st.Seal(fenceEpoch, transition)
+	s, err := c.st.Seal(ctx, fenceEpoch, transition)
 	if err != nil {
 		if errors.Is(err, storage.ErrFenced) {
 			return storage.State{}, fmt.Errorf("%w: %v", ErrStaleFence, err)

@@ -65,7 +65,7 @@ func benchAppend(b *testing.B, publishers, batch int, ids idMode) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	if err := s.AdvanceEpoch(1); err != nil {
+	if err := s.AdvanceEpoch(context.Background(), 1); err != nil {
 		b.Fatal(err)
 	}
 	payload := make([]byte, 1024)

@@ -8,6 +8,8 @@ import (
 	"slices"
 
 	"github.com/dgraph-io/badger/v4"
+
+	"github.com/strandhq/strand/internal/logging"
 )
 
 // Producer table checkpoints (doc.go, "Idempotent publish"). A checkpoint is
@@ -217,7 +219,7 @@ func (s *Stream) rebuildProducers(gens []producerGen, head, at uint64) (*produce
 			// A checkpoint that cannot be read (a value log GC rewrite
 			// torn by a power loss and found nowhere, torn.go): the older
 			// one, or the records, give the same table, from further back.
-			s.db.log.Warn().Err(err).Str("stream", s.name).Msg("producer table checkpoint unreadable; rebuilding from an earlier one")
+			s.db.log.Warn().Err(err).Str(logging.Stream, s.name).Msg("producer table checkpoint unreadable; rebuilding from an earlier one")
 			t = newProducerTable(s.db.maxProducers, s.db.producerWindow, s.db.producerBatches)
 			continue
 		}

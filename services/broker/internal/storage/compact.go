@@ -7,6 +7,8 @@ import (
 	"maps"
 
 	"github.com/dgraph-io/badger/v4"
+
+	"github.com/strandhq/strand/internal/logging"
 )
 
 // Cursor event log compaction. A copy's cursor state is its cursor snapshot
@@ -258,7 +260,7 @@ func (db *DB) compactLoop() {
 			if err := s.compactCursorEvents(context.Background()); err != nil && !errors.Is(err, ErrClosed) {
 				// The events stay until the next snapshot or open
 				// compacts them; the cursor state does not depend on it.
-				db.log.Warn().Err(err).Str("stream", s.name).Msg("cursor event compaction failed")
+				db.log.Warn().Err(err).Str(logging.Stream, s.name).Msg("cursor event compaction failed")
 			}
 		}
 	}

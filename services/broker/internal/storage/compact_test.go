@@ -66,7 +66,7 @@ func TestSnapshotCompactsCursorEvents(t *testing.T) {
 	mustAppend(t, s, 1, recs("a", 100))
 	commitEvents(t, s, 1, 40)
 	before := cursorState(s)
-	if err := s.Snapshot(); err != nil {
+	if err := s.Snapshot(context.Background()); err != nil {
 		t.Fatal(err)
 	}
 	checkCompacted(t, s, 40)
@@ -150,7 +150,7 @@ func TestCompactionStopAfterSnapshotFinishesOnOpen(t *testing.T) {
 	commitEvents(t, s, 1, 30)
 	want := cursorState(s)
 	db.holdCompaction.Store(true) // the snapshot is written, nothing deleted
-	if err := s.Snapshot(); err != nil {
+	if err := s.Snapshot(context.Background()); err != nil {
 		t.Fatal(err)
 	}
 	if got := s.storedEventOffsets(t); len(got) != 30 {
@@ -189,7 +189,7 @@ func TestCompactionStopMidDeleteFinishesOnOpen(t *testing.T) {
 	mustAppend(t, s, 1, recs("a", n/5+10))
 	commitEvents(t, s, 1, n)
 	want := cursorState(s)
-	if err := s.Snapshot(); !errors.Is(err, errStopCompaction) && err != nil {
+	if err := s.Snapshot(context.Background()); !errors.Is(err, errStopCompaction) && err != nil {
 		t.Fatal(err)
 	}
 	// Serialised with a background run that may still hold the stream.
@@ -230,7 +230,7 @@ func TestCutBelowCompactedCursorEvents(t *testing.T) {
 			old, _ := failover(t, db, true)
 			checkCompacted(t, old, 3)
 			db.afterRecordCut = func() error { return errCrash }
-			if err := old.Cut(6, 2); !errors.Is(err, errCrash) {
+			if err := old.Cut(context.Background(), 6, 2); !errors.Is(err, errCrash) {
 				t.Fatalf("interrupted cut: %v", err)
 			}
 			if err := db.Close(); err != nil {
@@ -244,12 +244,12 @@ func TestCutBelowCompactedCursorEvents(t *testing.T) {
 				t.Fatalf("after the cut below the compacted events: %+v, cursors %v, head %d", st, cursorState(old), old.CursorEventHead())
 			}
 			if ownerCompacted {
-				if err := nw.Snapshot(); err != nil {
+				if err := nw.Snapshot(context.Background()); err != nil {
 					t.Fatal(err)
 				}
 				checkCompacted(t, nw, 4)
 			}
-			if err := old.AdvanceEpoch(2); err != nil {
+			if err := old.AdvanceEpoch(context.Background(), 2); err != nil {
 				t.Fatal(err)
 			}
 			ctx := context.Background()
@@ -345,10 +345,10 @@ func TestSealedCopyHoldsCompaction(t *testing.T) {
 	mustAppend(t, s, 1, recs("a", 20))
 	commitEvents(t, s, 1, 10)
 	db.holdCompaction.Store(true)
-	if err := s.Snapshot(); err != nil {
+	if err := s.Snapshot(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := s.Seal(2, "tr"); err != nil {
+	if _, err := s.Seal(context.Background(), 2, "tr"); err != nil {
 		t.Fatal(err)
 	}
 	if got := s.CursorEventTailAfterCut(5); got != 5 {
@@ -361,13 +361,13 @@ func TestSealedCopyHoldsCompaction(t *testing.T) {
 	if got := s.CursorEventTailAfterCut(5); got != 5 || len(s.storedEventOffsets(t)) != 10 {
 		t.Fatalf("sealed copy compacted: tail after a cut to 5 = %d, %d events stored", got, len(s.storedEventOffsets(t)))
 	}
-	if err := s.Cut(20, 5); err != nil {
+	if err := s.Cut(context.Background(), 20, 5); err != nil {
 		t.Fatal(err)
 	}
 	if st := s.State(); st.CursorEventTail != 5 {
 		t.Fatalf("cut left cursor event tail %d, want the reported 5", st.CursorEventTail)
 	}
-	if err := s.AdvanceEpoch(2); err != nil {
+	if err := s.AdvanceEpoch(context.Background(), 2); err != nil {
 		t.Fatal(err)
 	}
 	// Released: the cut's snapshot at 5 is compacted behind.

@@ -94,7 +94,7 @@ func crashChild(dir string) {
 	if err != nil {
 		panic(err)
 	}
-	if err := s.AdvanceEpoch(1); err != nil {
+	if err := s.AdvanceEpoch(context.Background(), 1); err != nil {
 		panic(err)
 	}
 	f, err := os.OpenFile(filepath.Join(dir, "acks"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)

@@ -141,7 +141,16 @@ func (s *Stream) ReadCursorEvents(from uint64, max int) ([]CursorEvent, error) {
 // and the producer table at the record tail (checkpoint.go), and returns
 // once both are durable and the cursor events below the boundary are
 // compacted away (compact.go).
-func (s *Stream) Snapshot() error {
+//
+// ctx bounds the waits for the committer. A call it cancels before the
+// snapshot was queued returns ctx.Err() with nothing changed; one
+// cancelled after returns ctx.Err() with the snapshot written in order
+// (it stands for the same cursor state either way) and the compaction of
+// the events below it left to the compactor.
+func (s *Stream) Snapshot(ctx context.Context) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
 	s.mu.Lock()
 	if s.closed {
 		s.mu.Unlock()
@@ -156,7 +165,7 @@ func (s *Stream) Snapshot() error {
 		o.meta, o.version = s.snapshotMeta()
 		o.apply = func() { s.retireProducerGens(dropped) }
 	}
-	if err := s.enqueueLocked(context.Background(), o, prev); err != nil {
+	if err := s.enqueueLocked(ctx, o, prev); err != nil {
 		s.restoreSnapState(prevSnap)
 		s.prodBoundary = prevProd
 		s.retireProducerGens(taken)
@@ -164,10 +173,10 @@ func (s *Stream) Snapshot() error {
 		return err
 	}
 	s.mu.Unlock()
-	if err := wait(context.Background(), o); err != nil {
+	if err := wait(ctx, o); err != nil {
 		return err
 	}
-	return s.compactCursorEvents(context.Background())
+	return s.compactCursorEvents(ctx)
 }
 
 // When a cursor snapshot is taken. A commit (or a replicated batch) folds

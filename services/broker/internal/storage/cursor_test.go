@@ -83,7 +83,7 @@ func TestCursorStateFromSnapshotAndEvents(t *testing.T) {
 	commit("a", 3)
 	commit("b", 5)
 	commit("a", 7)
-	if err := s.Snapshot(); err != nil { // boundary 3
+	if err := s.Snapshot(context.Background()); err != nil { // boundary 3
 		t.Fatal(err)
 	}
 	commit("b", 9)

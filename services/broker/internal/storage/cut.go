@@ -41,11 +41,22 @@ import (
 // are idempotent and nothing below the tails is read back from the cut part,
 // so repeating a cut gives the same result. While the intent is set, appends,
 // cursor commits, epoch changes and retention are refused.
-func (s *Stream) Cut(recordTail, cursorEventTail uint64) error {
+//
+// ctx bounds the wait for the committer to take and write the intent. A
+// call it cancels before the intent was queued returns ctx.Err() with the
+// copy unchanged. One cancelled while the intent was queued returns
+// ctx.Err() with the cut pending, as a crash leaves it; the next Cut,
+// AdvanceEpoch, ResetTo or Open finishes it before anything else. Once
+// the intent is durable the cut runs to the end whatever ctx says: it is
+// bounded local work, and stopping half way would only leave the copy
+// refusing writes until someone finishes it.
+func (s *Stream) Cut(ctx context.Context, recordTail, cursorEventTail uint64) error {
 	s.admin.Lock()
 	defer s.admin.Unlock()
-	ctx := context.Background()
+	return s.cutLocked(ctx, recordTail, cursorEventTail)
+}
 
+func (s *Stream) cutLocked(ctx context.Context, recordTail, cursorEventTail uint64) error {
 	s.mu.Lock()
 	if s.closed {
 		s.mu.Unlock()
@@ -56,12 +67,13 @@ func (s *Stream) Cut(recordTail, cursorEventTail uint64) error {
 	purged := s.m.CursorEventsPurged
 	s.mu.Unlock()
 	if pending != nil {
-		// An earlier call stopped part way (a test failpoint or a write
-		// error); finish it before anything else.
-		if err := s.finishCut(ctx); err != nil {
+		// An earlier call stopped part way (its context ended while the
+		// intent was queued, a test failpoint or a write error); finish
+		// it before anything else.
+		if err := s.finishCutLocked(ctx); err != nil {
 			return err
 		}
-		return s.Cut(recordTail, cursorEventTail)
+		return s.cutLocked(ctx, recordTail, cursorEventTail)
 	}
 
 	newRT := min(max(recordTail, head), rt)
@@ -92,7 +104,28 @@ func (s *Stream) Cut(recordTail, cursorEventTail uint64) error {
 	if err != nil {
 		return err
 	}
-	return s.finishCut(ctx)
+	return s.finishCut(context.WithoutCancel(ctx))
+}
+
+// finishPendingCut finishes a cut a cancelled Cut left pending (see Cut).
+func (s *Stream) finishPendingCut(ctx context.Context) error {
+	s.mu.Lock()
+	pending := s.m.Cut != nil
+	s.mu.Unlock()
+	if !pending {
+		return nil
+	}
+	s.admin.Lock()
+	defer s.admin.Unlock()
+	return s.finishCutLocked(ctx)
+}
+
+// finishCutLocked finishes a pending cut, under admin.
+func (s *Stream) finishCutLocked(ctx context.Context) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	return s.finishCut(context.WithoutCancel(ctx))
 }
 
 // cursorEventTailAfterCut is the cursor event tail a cut to et leaves on a

@@ -36,7 +36,7 @@ func failover(t *testing.T, db *DB, snap bool) (old, nw *Stream) {
 	}
 	if snap {
 		// The snapshot compacts the events below it away.
-		if err := old.Snapshot(); err != nil {
+		if err := old.Snapshot(context.Background()); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -44,10 +44,10 @@ func failover(t *testing.T, db *DB, snap bool) (old, nw *Stream) {
 	if err := nw.AppendReplicated(ctx, a[:6], evs[:2]); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := nw.Seal(2, "tr"); err != nil {
+	if _, err := nw.Seal(context.Background(), 2, "tr"); err != nil {
 		t.Fatal(err)
 	}
-	if err := nw.AdvanceEpoch(2); err != nil {
+	if err := nw.AdvanceEpoch(context.Background(), 2); err != nil {
 		t.Fatal(err)
 	}
 	mustAppend(t, nw, 2, recs("b", 4))
@@ -67,7 +67,7 @@ func failover(t *testing.T, db *DB, snap bool) (old, nw *Stream) {
 func catchUp(t *testing.T, old, nw *Stream) {
 	t.Helper()
 	ctx := context.Background()
-	if err := old.AdvanceEpoch(2); err != nil {
+	if err := old.AdvanceEpoch(context.Background(), 2); err != nil {
 		t.Fatal(err)
 	}
 	st := old.State()
@@ -118,7 +118,7 @@ func TestCutLongerSuffixTakesNewOwnersEntries(t *testing.T) {
 	db := openDB(t, t.TempDir())
 	defer db.Close()
 	old, nw := failover(t, db, false)
-	if err := old.Cut(6, 2); err != nil {
+	if err := old.Cut(context.Background(), 6, 2); err != nil {
 		t.Fatal(err)
 	}
 	st := old.State()
@@ -136,7 +136,7 @@ func TestCutLongerSuffixTakesNewOwnersEntries(t *testing.T) {
 	if p, _ := old.Cursor("r"); p != 2 {
 		t.Fatalf("cursor r = %d, want 2 (its event at 9 was cut)", p)
 	}
-	if err := old.Cut(6, 2); err != nil {
+	if err := old.Cut(context.Background(), 6, 2); err != nil {
 		t.Fatalf("repeated cut: %v", err)
 	}
 	if old.State().RecordTail != 6 {
@@ -163,7 +163,7 @@ func TestCutLowersSnapshotBoundaryAndReplays(t *testing.T) {
 	if snap, _ := old.readSnapshot(); snap.Boundary != 3 {
 		t.Fatalf("snapshot boundary before the cut = %d", snap.Boundary)
 	}
-	if err := old.Cut(6, 2); err != nil {
+	if err := old.Cut(context.Background(), 6, 2); err != nil {
 		t.Fatal(err)
 	}
 	snap, err := old.readSnapshot()
@@ -203,7 +203,7 @@ func TestCutCrashBetweenLogCutsIsIdempotent(t *testing.T) {
 	defer ref.Close()
 	ref.holdCompaction.Store(true)
 	refOld, _ := failover(t, ref, true)
-	if err := refOld.Cut(6, 2); err != nil {
+	if err := refOld.Cut(context.Background(), 6, 2); err != nil {
 		t.Fatal(err)
 	}
 
@@ -212,7 +212,7 @@ func TestCutCrashBetweenLogCutsIsIdempotent(t *testing.T) {
 	db.holdCompaction.Store(true)
 	old, _ := failover(t, db, true)
 	db.afterRecordCut = func() error { return errCrash }
-	if err := old.Cut(6, 2); !errors.Is(err, errCrash) {
+	if err := old.Cut(context.Background(), 6, 2); !errors.Is(err, errCrash) {
 		t.Fatalf("interrupted cut: %v", err)
 	}
 	if _, err := old.Append(context.Background(), 1, recs("z", 1)); !errors.Is(err, ErrFenced) {
@@ -250,7 +250,7 @@ func TestCutCrashBetweenLogCutsIsIdempotent(t *testing.T) {
 			t.Fatalf("cursor %s: %d vs %d", c, pa, pb)
 		}
 	}
-	if err := old.Cut(6, 2); err != nil || !equalState(old.State(), b) {
+	if err := old.Cut(context.Background(), 6, 2); err != nil || !equalState(old.State(), b) {
 		t.Fatalf("cut again: %v, %+v", err, old.State())
 	}
 }
@@ -268,10 +268,10 @@ func TestCutNeverBelowHead(t *testing.T) {
 	s := ownerStream(t, db, "h", 1)
 	out := mustAppend(t, s, 1, recs("a", 10))
 	s.SetConfirmWatermark(10)
-	if _, err := s.ApplyRetention(Retention{MaxRecords: 5}, out[0].PublishTime); err != nil {
+	if _, err := s.ApplyRetention(context.Background(), Retention{MaxRecords: 5}, out[0].PublishTime); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.Cut(2, 0); err != nil {
+	if err := s.Cut(context.Background(), 2, 0); err != nil {
 		t.Fatal(err)
 	}
 	st := s.State()
@@ -279,7 +279,7 @@ func TestCutNeverBelowHead(t *testing.T) {
 		t.Fatalf("cut below head: %+v", st)
 	}
 	// A cut at or past the tails changes nothing.
-	if err := s.Cut(50, 50); err != nil || !equalState(s.State(), st) {
+	if err := s.Cut(context.Background(), 50, 50); err != nil || !equalState(s.State(), st) {
 		t.Fatalf("cut past the tails: %v, %+v", err, s.State())
 	}
 	mustAppend(t, s, 1, recs("b", 1))

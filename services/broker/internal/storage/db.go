@@ -13,6 +13,8 @@ import (
 	"github.com/dgraph-io/badger/v4"
 	"github.com/dgraph-io/badger/v4/options"
 	"github.com/rs/zerolog"
+
+	"github.com/strandhq/strand/internal/logging"
 )
 
 // Options configures one broker's Badger store.
@@ -543,11 +545,11 @@ func (db *DB) usable() error {
 type badgerLogger struct{ l zerolog.Logger }
 
 func (b badgerLogger) Errorf(f string, a ...any) {
-	b.l.Error().Str("detail", strings.TrimSpace(fmt.Sprintf(f, a...))).Msg("badger error")
+	b.l.Error().Str(logging.Detail, strings.TrimSpace(fmt.Sprintf(f, a...))).Msg("badger error")
 }
 
 func (b badgerLogger) Warningf(f string, a ...any) {
-	b.l.Warn().Str("detail", strings.TrimSpace(fmt.Sprintf(f, a...))).Msg("badger warning")
+	b.l.Warn().Str(logging.Detail, strings.TrimSpace(fmt.Sprintf(f, a...))).Msg("badger warning")
 }
 
 func (b badgerLogger) Infof(string, ...any)  {}

@@ -24,7 +24,7 @@ func TestDropDeletesEverything(t *testing.T) {
 	if _, err := s.CommitCursor(ctx, 1, "c", 3); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.Snapshot(); err != nil {
+	if err := s.Snapshot(context.Background()); err != nil {
 		t.Fatal(err)
 	}
 	producerKeys := 0
@@ -200,7 +200,7 @@ func TestDropInterruptedAfterAQueuedOpIsFinishedOnOpen(t *testing.T) {
 	}
 	dropped := make(chan error, 1)
 	go func() { dropped <- db.Drop("x") }()
-	clustertest.Until(t, 10*time.Second, "the cursor commit and the drop's marker queued", func() bool {
+	clustertest.Eventually(t, 10*time.Second, "the cursor commit and the drop's marker queued", func() bool {
 		return len(db.ops) == 2
 	})
 	// Then the drop is cut short after it deleted the records: the writes

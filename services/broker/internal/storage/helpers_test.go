@@ -35,7 +35,7 @@ func openStream(t testing.TB, db *DB, name string) *Stream {
 func ownerStream(t testing.TB, db *DB, name string, epoch uint64) *Stream {
 	t.Helper()
 	s := openStream(t, db, name)
-	if err := s.AdvanceEpoch(epoch); err != nil {
+	if err := s.AdvanceEpoch(context.Background(), epoch); err != nil {
 		t.Fatalf("AdvanceEpoch(%d): %v", epoch, err)
 	}
 	return s

@@ -10,8 +10,11 @@ import (
 // belongs to, durably. A copy already bound to another incarnation is not
 // changed: ErrIncarnation tells the caller to drop it, since its records
 // belong to a deleted stream of the same name.
-func (s *Stream) SetIncarnation(incarnation string) error {
-	err := s.commitMeta(context.Background(), func(m *meta) error {
+//
+// ctx bounds the wait for the committer (see Seal for what a cancelled
+// call leaves).
+func (s *Stream) SetIncarnation(ctx context.Context, incarnation string) error {
+	err := s.commitMeta(ctx, func(m *meta) error {
 		switch m.Incarnation {
 		case incarnation:
 			return errNoChange

@@ -1,6 +1,7 @@
 package storage
 
 import (
+	"context"
 	"errors"
 	"testing"
 )
@@ -9,13 +10,13 @@ func TestIncarnationBindsOnceAndSurvivesRestart(t *testing.T) {
 	dir := t.TempDir()
 	db := openDB(t, dir)
 	s := openStream(t, db, "inc")
-	if err := s.SetIncarnation("first"); err != nil {
+	if err := s.SetIncarnation(context.Background(), "first"); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.SetIncarnation("first"); err != nil {
+	if err := s.SetIncarnation(context.Background(), "first"); err != nil {
 		t.Fatalf("same incarnation again: %v", err)
 	}
-	if err := s.SetIncarnation("second"); !errors.Is(err, ErrIncarnation) {
+	if err := s.SetIncarnation(context.Background(), "second"); !errors.Is(err, ErrIncarnation) {
 		t.Fatalf("another incarnation: %v, want ErrIncarnation", err)
 	}
 	if got := s.State().Incarnation; got != "first" {

@@ -259,10 +259,10 @@ func TestFollowerBuildsProducerTable(t *testing.T) {
 	if gens == 0 {
 		t.Fatal("the follower wrote no checkpoint")
 	}
-	if _, err := f.Seal(2, "t"); err != nil {
+	if _, err := f.Seal(context.Background(), 2, "t"); err != nil {
 		t.Fatal(err)
 	}
-	if err := f.AdvanceEpoch(2); err != nil {
+	if err := f.AdvanceEpoch(context.Background(), 2); err != nil {
 		t.Fatal(err)
 	}
 	res := mustAppendIdem(t, f, 2, seqs("p9", 2, 3, 4))
@@ -304,7 +304,7 @@ func TestCutRemovesProducerEntries(t *testing.T) {
 			}
 			cutAway := mustRead(t, s, cut, 1)[0]
 
-			if err := s.Cut(cut, 0); err != nil {
+			if err := s.Cut(context.Background(), cut, 0); err != nil {
 				t.Fatal(err)
 			}
 			check := func(when string, s *Stream) {
@@ -333,7 +333,7 @@ func TestCutRemovesProducerEntries(t *testing.T) {
 			s = openStream(t, db, "old")
 			ref = openStream(t, db, "ref")
 			check("after restart", s)
-			if err := s.AdvanceEpoch(2); err != nil {
+			if err := s.AdvanceEpoch(context.Background(), 2); err != nil {
 				t.Fatal(err)
 			}
 			// The first cut-away record is new again, at the cut.
@@ -404,7 +404,7 @@ func TestRetentionKeepsProducerTable(t *testing.T) {
 		mustAppendIdem(t, s, 1, seqs("p", i, i+1, i+2, i+3))
 	}
 	s.SetConfirmWatermark(20)
-	if h, err := s.ApplyRetention(Retention{MaxRecords: 5}, time.Now()); err != nil || h != 15 {
+	if h, err := s.ApplyRetention(context.Background(), Retention{MaxRecords: 5}, time.Now()); err != nil || h != 15 {
 		t.Fatalf("retention: head %d, %v", h, err)
 	}
 	if err := db.Close(); err != nil {
@@ -429,7 +429,7 @@ func TestResetToClearsProducerTable(t *testing.T) {
 	db := openDedupeDB(t, dir, 100, 8, 0)
 	s := ownerStream(t, db, "reset", 1)
 	mustAppendIdem(t, s, 1, seqs("p", 1, 2, 3))
-	if err := s.ResetTo(50, 1234); err != nil {
+	if err := s.ResetTo(context.Background(), 50, 1234); err != nil {
 		t.Fatal(err)
 	}
 	if err := db.Close(); err != nil {

@@ -17,7 +17,7 @@ func TestAppendReplicatedMatchesOwner(t *testing.T) {
 	if _, err := owner.CommitCursor(ctx, 1, "c1", 2); err != nil {
 		t.Fatal(err)
 	}
-	if err := owner.AdvanceEpoch(2); err != nil {
+	if err := owner.AdvanceEpoch(context.Background(), 2); err != nil {
 		t.Fatal(err)
 	}
 	b := mustAppend(t, owner, 2, recs("b", 2))
@@ -33,7 +33,7 @@ func TestAppendReplicatedMatchesOwner(t *testing.T) {
 	}
 
 	f := openStream(t, db, "follower")
-	if err := f.AdvanceEpoch(2); err != nil {
+	if err := f.AdvanceEpoch(context.Background(), 2); err != nil {
 		t.Fatal(err)
 	}
 	all := append(a, b...)
@@ -138,7 +138,7 @@ func TestResetTo(t *testing.T) {
 	if err := f.AppendReplicated(ctx, out[:3], nil); err != nil {
 		t.Fatal(err)
 	}
-	if err := f.ResetTo(7, out[6].Chain); err != nil {
+	if err := f.ResetTo(context.Background(), 7, out[6].Chain); err != nil {
 		t.Fatal(err)
 	}
 	st := f.State()
@@ -182,7 +182,7 @@ func TestSyncCoversQueuedBatches(t *testing.T) {
 	owner := ownerStream(t, db, "owner", 1)
 	all := mustAppend(t, owner, 1, recs("a", 6))
 	f := openStream(t, db, "follower")
-	if err := f.AdvanceEpoch(1); err != nil {
+	if err := f.AdvanceEpoch(context.Background(), 1); err != nil {
 		t.Fatal(err)
 	}
 
@@ -216,5 +216,21 @@ func TestSyncCoversQueuedBatches(t *testing.T) {
 	}
 	if st := f.State(); st.RecordTail != 6 || st.Chain != all[5].Chain {
 		t.Fatalf("after Sync: durable tail %d chain %#x, want 6 and %#x", st.RecordTail, st.Chain, all[5].Chain)
+	}
+}
+
+// ResetTo only raises the record tail: records past the head leave only by
+// Cut, and a lower head changes nothing.
+func TestResetToBelowTheTailIsRefused(t *testing.T) {
+	db := openDB(t, t.TempDir())
+	defer db.Close()
+	s := ownerStream(t, db, "s", 1)
+	mustAppend(t, s, 1, recs("a", 10))
+	before := s.State()
+	if err := s.ResetTo(context.Background(), 5, 0xabc); !errors.Is(err, ErrInvalidArgument) {
+		t.Fatalf("ResetTo below the tail: %v, want ErrInvalidArgument", err)
+	}
+	if !equalState(s.State(), before) {
+		t.Fatalf("a refused reset changed the copy: %+v, was %+v", s.State(), before)
 	}
 }

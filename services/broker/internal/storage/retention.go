@@ -28,10 +28,15 @@ const retentionWindow = 4096
 // first, then the records below it are deleted in bounded batches (a crash
 // in between is completed on open). Cursors below the new head read as the
 // head from then on (they are clamped up to it).
-func (s *Stream) ApplyRetention(r Retention, now time.Time) (uint64, error) {
+//
+// ctx bounds the waits for the committer. A call it cancels returns
+// ctx.Err() with the copy consistent: each step (the producer checkpoint,
+// the new head, a batch of deletes) is all or nothing, and a step already
+// queued is applied in order, so the head is the old one or the new one.
+// Records left below the head are deleted by the next pass or open.
+func (s *Stream) ApplyRetention(ctx context.Context, r Retention, now time.Time) (uint64, error) {
 	s.admin.Lock()
 	defer s.admin.Unlock()
-	ctx := context.Background()
 	for {
 		s.mu.Lock()
 		if s.closed {
@@ -148,21 +153,33 @@ func (s *Stream) purge(ctx context.Context) error {
 // ResetTo discards the copy's record log and continues it at head with the
 // given chain: head = record tail = head, the chain (and the chain below the
 // head) = chain, the confirm watermark = head. A follower below the owner's
-// retained head uses it before following from there. The cursor event log,
-// the epochs and the cursors are kept (cursors read clamped to the new head).
+// retained head uses it before following from there, so head is at or past
+// the copy's record tail (a lower head is ErrInvalidArgument: only Cut
+// removes records past the head). The cursor event log, the epochs and the
+// cursors are kept (cursors read clamped to the new head).
 // The producer table starts empty at head: the records it was built from
 // are gone, and the owner's records between the old tail and head were never
 // seen here (doc.go, "Idempotent publish").
-func (s *Stream) ResetTo(head, chain uint64) error {
+//
+// ctx bounds the wait for the committer. A call it cancels before the reset
+// was queued returns ctx.Err() with the copy unchanged; one cancelled after
+// returns ctx.Err() with the reset applied (in memory at once, durable in
+// order), as a retry finds it. The old records, all below the new head, are
+// then deleted by the next open (or the next ResetTo or retention pass that
+// purges); nothing reads below the head meanwhile.
+func (s *Stream) ResetTo(ctx context.Context, head, chain uint64) error {
 	s.admin.Lock()
 	defer s.admin.Unlock()
-	ctx := context.Background()
-	var oldTail uint64
+	if err := s.finishCutLocked(ctx); err != nil {
+		return err
+	}
 	err := s.commitOp(ctx, func(m *meta) error {
 		if m.Cut != nil {
 			return fmt.Errorf("%w: stream %q: cut in progress", ErrFenced, s.name)
 		}
-		oldTail = m.RecordTail
+		if head < m.RecordTail {
+			return fmt.Errorf("%w: reset of stream %q to head %d below its record tail %d", ErrInvalidArgument, s.name, head, m.RecordTail)
+		}
 		m.Head, m.HeadChain = head, chain
 		m.RecordTail, m.Chain = head, chain
 		m.Bytes = 0
@@ -179,11 +196,6 @@ func (s *Stream) ResetTo(head, chain uint64) error {
 	})
 	if err != nil {
 		return err
-	}
-	if oldTail > head {
-		if err := s.truncateRecords(ctx, head); err != nil {
-			return fmt.Errorf("storage: reset of stream %q: %w", s.name, err)
-		}
 	}
 	return s.purge(ctx)
 }

@@ -29,15 +29,15 @@ func TestRetentionByRecordsClampsCursors(t *testing.T) {
 	bytes := s.State().Bytes
 
 	// Unconfirmed records are never dropped.
-	if h, err := s.ApplyRetention(Retention{MaxRecords: 2}, time.Now()); err != nil || h != 0 {
+	if h, err := s.ApplyRetention(context.Background(), Retention{MaxRecords: 2}, time.Now()); err != nil || h != 0 {
 		t.Fatalf("retention with no watermark: head %d, %v", h, err)
 	}
 	s.SetConfirmWatermark(6)
-	if h, err := s.ApplyRetention(Retention{MaxRecords: 2}, time.Now()); err != nil || h != 6 {
+	if h, err := s.ApplyRetention(context.Background(), Retention{MaxRecords: 2}, time.Now()); err != nil || h != 6 {
 		t.Fatalf("retention up to the watermark: head %d, %v", h, err)
 	}
 	s.SetConfirmWatermark(10)
-	h, err := s.ApplyRetention(Retention{MaxRecords: 2}, time.Now())
+	h, err := s.ApplyRetention(context.Background(), Retention{MaxRecords: 2}, time.Now())
 	if err != nil || h != 8 {
 		t.Fatalf("retention: head %d, %v", h, err)
 	}
@@ -96,7 +96,7 @@ func TestRetentionByBytes(t *testing.T) {
 		t.Fatalf("bytes = %d, want %d", s.State().Bytes, 10*size)
 	}
 	s.SetConfirmWatermark(10)
-	h, err := s.ApplyRetention(Retention{MaxBytes: 3*size + size/2}, time.Now())
+	h, err := s.ApplyRetention(context.Background(), Retention{MaxBytes: 3*size + size/2}, time.Now())
 	if err != nil || h != 7 {
 		t.Fatalf("head %d, %v; want 7", h, err)
 	}
@@ -121,14 +121,14 @@ func TestRetentionByAge(t *testing.T) {
 	}
 	s.SetConfirmWatermark(6)
 	// Records published 6..1 minutes ago; keep those at most 3.5 minutes old.
-	h, err := s.ApplyRetention(Retention{MaxAge: 3*time.Minute + 30*time.Second}, now)
+	h, err := s.ApplyRetention(context.Background(), Retention{MaxAge: 3*time.Minute + 30*time.Second}, now)
 	if err != nil || h != 3 {
 		t.Fatalf("head %d, %v; want 3", h, err)
 	}
 	if p, _ := s.Cursor("c"); p != 3 {
 		t.Fatalf("cursor = %d, want 3", p)
 	}
-	if h, err := s.ApplyRetention(Retention{}, now.Add(time.Hour)); err != nil || h != 3 {
+	if h, err := s.ApplyRetention(context.Background(), Retention{}, now.Add(time.Hour)); err != nil || h != 3 {
 		t.Fatalf("zero retention moved the head to %d, %v", h, err)
 	}
 }
@@ -142,7 +142,7 @@ func TestRetentionManyWindows(t *testing.T) {
 		mustAppend(t, s, 1, recs(fmt.Sprint("x", i), min(500, n-i)))
 	}
 	s.SetConfirmWatermark(n)
-	h, err := s.ApplyRetention(Retention{MaxRecords: 50}, time.Now())
+	h, err := s.ApplyRetention(context.Background(), Retention{MaxRecords: 50}, time.Now())
 	if err != nil || h != n-50 {
 		t.Fatalf("head %d, %v; want %d", h, err, n-50)
 	}

@@ -29,9 +29,20 @@ func (s *Stream) FenceBelow(epoch uint64) {
 // same tails and so holds no entries), sets the epoch and releases any seal
 // in place: SealEpoch, SealTransition and SealedLogEpochs are cleared, since
 // the cut that needed them ran before this role change (docs/protocol.md, "Copies with a
-// longer tail").
-func (s *Stream) AdvanceEpoch(epoch uint64) error {
-	err := s.commitMeta(context.Background(), func(m *meta) error {
+// longer tail"). A cut an earlier Cut call left pending (its caller's
+// context ended while the cut intent was queued) is finished first, as
+// Cut and Open finish one: it was begun for this copy's history.
+//
+// ctx bounds the waits for the committer. A call it cancels returns
+// ctx.Err() and leaves the copy unchanged if it ended before the change was
+// queued; otherwise the change is applied at once in memory and becomes
+// durable in order with everything after it, as a retry would find it (a
+// retry at the same epoch is a no-op).
+func (s *Stream) AdvanceEpoch(ctx context.Context, epoch uint64) error {
+	if err := s.finishPendingCut(ctx); err != nil {
+		return err
+	}
+	err := s.commitMeta(ctx, func(m *meta) error {
 		if epoch < m.Epoch {
 			return fmt.Errorf("%w: advance to epoch %d below copy epoch %d", ErrFenced, epoch, m.Epoch)
 		}
@@ -53,7 +64,9 @@ func (s *Stream) AdvanceEpoch(epoch uint64) error {
 	if errors.Is(err, errNoChange) {
 		return nil
 	}
-	if err == nil {
+	if err == nil || ctx.Err() != nil {
+		// Also when ctx ended: the change may be queued, and a waiter
+		// woken for nothing only looks again.
 		s.wakeAll()
 		// Compaction held while sealed (compact.go) may go on.
 		s.db.queueCompaction(s)
@@ -80,8 +93,14 @@ var errNoChange = fmt.Errorf("storage: no change")
 // While sealed, Append and CommitCursor return ErrSealed (and ErrFenced for
 // an epoch below the fence) and AppendReplicated returns ErrFenced, until
 // AdvanceEpoch at or above the fence releases the seal.
-func (s *Stream) Seal(fenceEpoch uint64, transition string) (State, error) {
-	err := s.commitMeta(context.Background(), func(m *meta) error {
+//
+// ctx bounds the wait for the committer; a recoverer's seal call carries
+// its --seal-timeout. A call it cancels returns ctx.Err() and leaves the
+// copy unchanged if it ended before the seal was queued; otherwise the
+// seal is in place at once and becomes durable in order, exactly as the
+// recoverer's retry with the same transition finds it (idempotent).
+func (s *Stream) Seal(ctx context.Context, fenceEpoch uint64, transition string) (State, error) {
+	err := s.commitMeta(ctx, func(m *meta) error {
 		if fenceEpoch < m.Epoch {
 			return fmt.Errorf("%w: seal at epoch %d below copy epoch %d", ErrFenced, fenceEpoch, m.Epoch)
 		}
@@ -106,6 +125,9 @@ func (s *Stream) Seal(fenceEpoch uint64, transition string) (State, error) {
 		return nil
 	})
 	if err != nil {
+		if ctx.Err() != nil {
+			s.wakeAll() // the seal may be queued; waiters look again
+		}
 		return State{}, err
 	}
 	s.wakeAll()
@@ -114,9 +136,10 @@ func (s *Stream) Seal(fenceEpoch uint64, transition string) (State, error) {
 
 // ClearUnsure forgets the copy's unsure epoch (State.UnsureEpoch): the
 // broker decided the copy may go on at its epoch (a single copy, which no
-// follower can be ahead of).
-func (s *Stream) ClearUnsure() error {
-	err := s.commitMeta(context.Background(), func(m *meta) error {
+// follower can be ahead of). ctx bounds the wait for the committer (see
+// Seal for what a cancelled call leaves).
+func (s *Stream) ClearUnsure(ctx context.Context) error {
+	err := s.commitMeta(ctx, func(m *meta) error {
 		if m.UnsureEpoch == 0 {
 			return errNoChange
 		}

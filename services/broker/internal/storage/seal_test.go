@@ -22,9 +22,11 @@ func TestSealAdvanceTable(t *testing.T) {
 		sealed     []LogEpoch
 	}
 	ctx := context.Background()
-	advance := func(e uint64) func(*Stream) error { return func(s *Stream) error { return s.AdvanceEpoch(e) } }
+	advance := func(e uint64) func(*Stream) error {
+		return func(s *Stream) error { return s.AdvanceEpoch(context.Background(), e) }
+	}
 	seal := func(e uint64, tr string) func(*Stream) error {
-		return func(s *Stream) error { _, err := s.Seal(e, tr); return err }
+		return func(s *Stream) error { _, err := s.Seal(context.Background(), e, tr); return err }
 	}
 	appends := 0
 	appendAt := func(e uint64, n int) func(*Stream) error {
@@ -107,7 +109,7 @@ func TestSealReportsTailsAndFencesReplication(t *testing.T) {
 	if err := follower.AppendReplicated(ctx, out[:2], nil); err != nil {
 		t.Fatal(err)
 	}
-	st, err := follower.Seal(2, "tr")
+	st, err := follower.Seal(context.Background(), 2, "tr")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -120,7 +122,7 @@ func TestSealReportsTailsAndFencesReplication(t *testing.T) {
 	if follower.State().RecordTail != 2 {
 		t.Fatal("a fenced replicated append moved the tail")
 	}
-	if err := follower.AdvanceEpoch(2); err != nil {
+	if err := follower.AdvanceEpoch(context.Background(), 2); err != nil {
 		t.Fatal(err)
 	}
 	if err := follower.AppendReplicated(ctx, out[2:], nil); err != nil {
@@ -166,10 +168,10 @@ func TestFenceBelowRefusesTheOldRoleUntilTheAdvance(t *testing.T) {
 	}
 
 	// Once advanced, the new role writes.
-	if err := owner.AdvanceEpoch(2); err != nil {
+	if err := owner.AdvanceEpoch(context.Background(), 2); err != nil {
 		t.Fatal(err)
 	}
-	if err := follower.AdvanceEpoch(2); err != nil {
+	if err := follower.AdvanceEpoch(context.Background(), 2); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := owner.Append(ctx, 2, recs("b", 1)); err != nil {

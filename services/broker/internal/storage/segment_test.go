@@ -42,7 +42,7 @@ func TestSegmentsStraddlingHeadAndCut(t *testing.T) {
 	}
 
 	s.SetConfirmWatermark(12)
-	if h, err := s.ApplyRetention(Retention{MaxRecords: 6}, time.Now()); err != nil || h != 6 {
+	if h, err := s.ApplyRetention(context.Background(), Retention{MaxRecords: 6}, time.Now()); err != nil || h != 6 {
 		t.Fatalf("retention: head %d, %v", h, err)
 	}
 	if got := s.storedOffsets(t); !slices.Equal(got, offsets(4, 12)) {
@@ -55,7 +55,7 @@ func TestSegmentsStraddlingHeadAndCut(t *testing.T) {
 		t.Fatalf("ChainAt(7) = %#x, %v", c, err)
 	}
 
-	if err := s.Cut(9, 0); err != nil {
+	if err := s.Cut(context.Background(), 9, 0); err != nil {
 		t.Fatal(err)
 	}
 	if lasts, offs, err := s.storedSegments(); err != nil || !slices.Equal(lasts, []uint64{7, 8}) || !slices.Equal(offs[1], []uint64{8}) {
@@ -79,7 +79,7 @@ func TestSegmentsStraddlingHeadAndCut(t *testing.T) {
 		t.Fatalf("append after the cut: %+v", more[0])
 	}
 	s.SetConfirmWatermark(11)
-	if h, err := s.ApplyRetention(Retention{MaxRecords: 2}, time.Now()); err != nil || h != 9 {
+	if h, err := s.ApplyRetention(context.Background(), Retention{MaxRecords: 2}, time.Now()); err != nil || h != 9 {
 		t.Fatalf("retention: head %d, %v", h, err)
 	}
 	if got := s.storedOffsets(t); !slices.Equal(got, offsets(9, 11)) {

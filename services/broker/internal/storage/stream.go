@@ -326,6 +326,11 @@ func (s *Stream) commitMeta(ctx context.Context, change func(m *meta) error) err
 // commitOp is commitMeta with build, which may add entries and an apply
 // function to the op (under mu, after change).
 func (s *Stream) commitOp(ctx context.Context, change func(m *meta) error, build func(o *op)) error {
+	// A context already done changes nothing: enqueue's select would
+	// otherwise pick the queue or the cancellation at random.
+	if err := ctx.Err(); err != nil {
+		return err
+	}
 	s.mu.Lock()
 	if s.closed {
 		s.mu.Unlock()

@@ -92,7 +92,7 @@ func TestAppendEpochAndSealGates(t *testing.T) {
 		t.Fatalf("append at higher epoch: %v", err)
 	}
 	mustAppend(t, s, 3, recs("x", 2))
-	if _, err := s.Seal(4, "t1"); err != nil {
+	if _, err := s.Seal(context.Background(), 4, "t1"); err != nil {
 		t.Fatal(err)
 	}
 	_, err := s.Append(ctx, 4, recs("x", 1))
@@ -120,7 +120,7 @@ func TestRestartRecovery(t *testing.T) {
 	if _, err := s.CommitCursor(ctx, 2, "reader", 4); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.Snapshot(); err != nil {
+	if err := s.Snapshot(context.Background()); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := s.CommitCursor(ctx, 2, "reader", 7); err != nil {
@@ -130,7 +130,7 @@ func TestRestartRecovery(t *testing.T) {
 		t.Fatal(err)
 	}
 	s.SetConfirmWatermark(9)
-	if _, err := s.Seal(3, "tr"); err != nil {
+	if _, err := s.Seal(context.Background(), 3, "tr"); err != nil {
 		t.Fatal(err)
 	}
 	b := ownerStream(t, db, "b", 1)
@@ -165,7 +165,7 @@ func TestRestartRecovery(t *testing.T) {
 	if p, ok := s.Cursor("other"); !ok || p != 2 {
 		t.Fatalf("cursor other = %d, %v", p, ok)
 	}
-	if err := s.AdvanceEpoch(3); err != nil {
+	if err := s.AdvanceEpoch(context.Background(), 3); err != nil {
 		t.Fatal(err)
 	}
 	more := mustAppend(t, s, 3, recs("c", 1))

@@ -76,7 +76,7 @@ func TestTailCacheEmptiedByCut(t *testing.T) {
 	if !cached(old, 9) {
 		t.Fatal("old owner's records are not cached")
 	}
-	if err := old.Cut(6, 2); err != nil {
+	if err := old.Cut(context.Background(), 6, 2); err != nil {
 		t.Fatal(err)
 	}
 	if cached(old, 6) || cached(old, 0) {
@@ -94,13 +94,13 @@ func TestTailCacheEmptiedByReset(t *testing.T) {
 	defer db.Close()
 	s := ownerStream(t, db, "s", 1)
 	mustAppend(t, s, 1, recs("a", 10))
-	if _, err := s.Seal(2, "tr"); err != nil {
+	if _, err := s.Seal(context.Background(), 2, "tr"); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.AdvanceEpoch(2); err != nil {
+	if err := s.AdvanceEpoch(context.Background(), 2); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.ResetTo(50, 0xabc); err != nil {
+	if err := s.ResetTo(context.Background(), 50, 0xabc); err != nil {
 		t.Fatal(err)
 	}
 	if cached(s, 9) {

@@ -9,6 +9,8 @@ import (
 
 	"github.com/dgraph-io/badger/v4"
 	"github.com/rs/zerolog"
+
+	"github.com/strandhq/strand/internal/logging"
 )
 
 // Torn writes. Badger writes a transaction's values above the value
@@ -244,7 +246,7 @@ func (s *Stream) cutTornTail(ctx context.Context) error {
 	if err != nil || !found {
 		return err
 	}
-	s.db.log.Error().Str("stream", s.name).Uint64("record_tail", rt).Uint64("cut_to", from).
+	s.db.log.Error().Str(logging.Stream, s.name).Uint64(logging.RecordTail, rt).Uint64(logging.CutTo, from).
 		Msg("records a value log GC moved before a power loss are lost here: cutting this copy to the records it holds; it catches up from its owner")
 	intent := &cutIntent{RecordTail: from, CursorEventTail: et, Chain: chain, Bytes: size}
 	return s.commitMeta(ctx, func(m *meta) error {
@@ -348,7 +350,7 @@ func (r *recovery) repairValueLogGC() error {
 		if missing > 0 {
 			ev = r.log.Error()
 		}
-		ev.Int("torn", len(found)).Int("repaired", len(fixes)).Int("lost", missing).
+		ev.Int(logging.Torn, len(found)).Int(logging.Repaired, len(fixes)).Int(logging.Lost, missing).
 			Msg("a power loss interrupted a value log GC rewrite: values it moved were read back from the file it moved them from")
 	}
 	return nil
@@ -512,7 +514,7 @@ func (r *recovery) rollBack() error {
 	if lost > 0 {
 		ev = r.log.Error()
 	}
-	ev.Uint64("from_version", from).Int("torn", torn).Int("keys", keys).Int("lost", lost).
+	ev.Uint64(logging.FromVersion, from).Int(logging.Torn, torn).Int(logging.Keys, keys).Int(logging.Lost, lost).
 		Msg("writes made before an unclean stop did not fully reach the disk: rolled back to what the last synced write left")
 	return nil
 }

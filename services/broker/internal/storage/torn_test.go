@@ -208,7 +208,7 @@ func TestTornBatchIsRolledBackAfterAMachineCrash(t *testing.T) {
 		t.Fatalf("append after the cut at offset %d, want %d, chain continued: %v", after[0].Offset, len(synced), after[0].Chain == Chain(synced[len(synced)-1].Chain, &after[0]))
 	}
 	// A new epoch's history starts at the copy's tails: no longer unsure.
-	if err := s.AdvanceEpoch(2); err != nil {
+	if err := s.AdvanceEpoch(context.Background(), 2); err != nil {
 		t.Fatal(err)
 	}
 	if st := s.State(); st.UnsureEpoch != 0 {
@@ -515,7 +515,7 @@ func bigMetaStream(t *testing.T, db *DB) (*Stream, []Record) {
 	s := openStream(t, db, "s")
 	var recs []Record
 	for ep := uint64(1); ep <= 12; ep++ {
-		if err := s.AdvanceEpoch(ep); err != nil {
+		if err := s.AdvanceEpoch(context.Background(), ep); err != nil {
 			t.Fatal(err)
 		}
 		recs = append(recs, mustAppend(t, s, ep, sizedRecs(fmt.Sprint("e", ep), 2, 2048))...)
@@ -645,7 +645,7 @@ func TestValueLogGCMovingTheNewestTransactionKeepsIt(t *testing.T) {
 		mustAppend(t, s, 1, sizedRecs(fmt.Sprint("b", j), 8, 4096))
 	}
 	s.SetConfirmWatermark(s.State().RecordTail)
-	if _, err := s.ApplyRetention(Retention{MaxRecords: 1}, time.Now()); err != nil {
+	if _, err := s.ApplyRetention(context.Background(), Retention{MaxRecords: 1}, time.Now()); err != nil {
 		t.Fatal(err)
 	}
 	// The watermark written now, so that k's last append below is the
@@ -758,7 +758,7 @@ func TestSealedCopyIsNotMarkedUnsure(t *testing.T) {
 	db := h.open(h.dir)
 	sealed := ownerStream(t, db, "sealed", 1)
 	mustAppend(t, sealed, 1, sizedRecs("a", 4, 2048))
-	if _, err := sealed.Seal(2, "t1"); err != nil {
+	if _, err := sealed.Seal(context.Background(), 2, "t1"); err != nil {
 		t.Fatal(err)
 	}
 	open := ownerStream(t, db, "open", 1)

@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"github.com/dgraph-io/badger/v4"
+
+	"github.com/strandhq/strand/internal/logging"
 )
 
 // valueLogGCInterval is how often the value log is checked for space that
@@ -143,7 +145,7 @@ func (db *DB) rewriteValueLogFileMarked() error {
 	release()
 	// Every write waited this long: an operator sees why (docs/operating.md,
 	// "Metrics").
-	db.log.Info().Dur("writes_held", time.Since(start)).Msg("value log GC rewrote a file")
+	db.log.Info().Dur(logging.WritesHeld, time.Since(start)).Msg("value log GC rewrote a file")
 	return nil
 }
 

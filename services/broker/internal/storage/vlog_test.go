@@ -42,7 +42,7 @@ func garbageDB(t *testing.T) (string, *DB, *Stream, uint64, []Record) {
 	s.SetConfirmWatermark(tail)
 	// Keep the last batch and a half: the files before them are garbage
 	// but for the segment that straddles the head.
-	if h, err := s.ApplyRetention(Retention{MaxRecords: 96}, time.Now()); err != nil || h != tail-96 {
+	if h, err := s.ApplyRetention(context.Background(), Retention{MaxRecords: 96}, time.Now()); err != nil || h != tail-96 {
 		_ = db.Close()
 		t.Fatalf("retention: head %d, %v", h, err)
 	}
@@ -68,7 +68,7 @@ func liveGarbage(t *testing.T, db *DB) (*Stream, uint64, []Record) {
 	}
 	tail := s.State().RecordTail
 	s.SetConfirmWatermark(tail)
-	if _, err := s.ApplyRetention(Retention{MaxRecords: 96}, time.Now()); err != nil {
+	if _, err := s.ApplyRetention(context.Background(), Retention{MaxRecords: 96}, time.Now()); err != nil {
 		t.Fatal(err)
 	}
 	countGarbage(t, db)

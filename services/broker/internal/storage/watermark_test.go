@@ -2,10 +2,11 @@ package storage
 
 import (
 	"errors"
+	"fmt"
 	"testing"
-	"time"
 
 	"github.com/dgraph-io/badger/v4"
+	"github.com/strandhq/strand/internal/clustertest"
 )
 
 // storedWatermark reads the confirm watermark in s's metadata as Badger
@@ -40,13 +41,12 @@ func TestWatermarkPersistedWithoutOtherWrites(t *testing.T) {
 		t.Fatalf("stored watermark %d before any was set", got)
 	}
 	s.SetConfirmWatermark(7)
-	deadline := time.Now().Add(10 * watermarkPersistInterval)
-	for storedWatermark(t, s) != 7 {
-		if time.Now().After(deadline) {
-			t.Fatalf("stored watermark %d, want 7 within %s", storedWatermark(t, s), 10*watermarkPersistInterval)
+	clustertest.Eventually(t, 10*watermarkPersistInterval, "the watermark stored", func() error {
+		if w := storedWatermark(t, s); w != 7 {
+			return fmt.Errorf("stored watermark %d, want 7", w)
 		}
-		<-time.After(10 * time.Millisecond)
-	}
+		return nil
+	})
 }
 
 // The next metadata write carries the watermark, and no separate write

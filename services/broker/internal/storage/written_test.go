@@ -72,7 +72,7 @@ func TestWrittenTailFollowsCut(t *testing.T) {
 	db := openDB(t, t.TempDir())
 	defer db.Close()
 	old, _ := failover(t, db, false)
-	if err := old.Cut(6, 2); err != nil {
+	if err := old.Cut(context.Background(), 6, 2); err != nil {
 		t.Fatal(err)
 	}
 	if w, c := old.WrittenTail(); w != 6 || c != old.State().Chain {

@@ -10,6 +10,7 @@ import (
 	"connectrpc.com/connect"
 
 	strandv1 "github.com/strandhq/strand/api/strand/v1"
+	"github.com/strandhq/strand/internal/clustertest"
 	"github.com/strandhq/strand/internal/onebox"
 	"github.com/strandhq/strand/services/controller/internal/state"
 )
@@ -47,7 +48,7 @@ func TestCreateFloodOpensEveryCopy(t *testing.T) {
 	for _, err := range failed {
 		t.Error(err)
 	}
-	onebox.Eventually(t, time.Minute, "every copy of every stream open at epoch 1", func() error {
+	clustertest.Eventually(t, time.Minute, "every copy of every stream open at epoch 1", func() error {
 		snap, err := state.Load(ctx, c.Cli, c.Schema)
 		if err != nil {
 			return err

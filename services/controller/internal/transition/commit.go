@@ -64,25 +64,26 @@ func (c Committer) FastPath(ctx context.Context, old state.Versioned[cluster.Ass
 // AcceptLoss commits an accepted owner loss read from s: the new assignment,
 // the start appended to the history starts (when there is one) and the
 // cleared pending recovery with its seal refusals, in one transaction
-// comparing the mod revisions s read.
+// (cluster.RecoveryCommit, the one the recoverer's promotion writes too).
+//
+// It compares the mod revisions s read (the assignment, the pending
+// recovery and the history starts, each still absent if it was), and the
+// term's guard wraps it (leader.Term.Txn). So exactly one writer wins: a
+// recoverer committing the same recovery, another controller write or a
+// second operator call in between fails it with ErrConflict, and a deposed
+// controller cannot commit (ErrNotLeader).
 func (c Committer) AcceptLoss(ctx context.Context, s *state.Snapshot, out AcceptedLoss) error {
 	stream := out.Assignment.Stream
-	asgKey, recKey, histKey := c.Schema.AssignmentKey(stream), c.Schema.RecoveryKey(stream), c.Schema.HistoryKey(stream)
-	cmps := []clientv3.Cmp{
-		clientv3.Compare(clientv3.ModRevision(asgKey), "=", s.Assignments[stream].ModRev),
-		clientv3.Compare(clientv3.ModRevision(recKey), "=", s.Recoveries[stream].ModRev),
-		clientv3.Compare(clientv3.ModRevision(histKey), "=", s.History[stream].ModRev),
-	}
-	ops := []clientv3.Op{
-		clientv3.OpPut(asgKey, cluster.Encode(out.Assignment)),
-		clientv3.OpDelete(recKey),
-		clientv3.OpDelete(c.Schema.RefusalsKey(stream)),
-	}
+	var starts cluster.HistoryStarts
 	if out.Start != nil {
-		starts := append(cluster.HistoryStarts{}, s.History[stream].Value...)
-		starts = append(starts, *out.Start)
-		ops = append(ops, clientv3.OpPut(histKey, cluster.Encode(starts)))
+		starts = append(append(cluster.HistoryStarts{}, s.History[stream].Value...), *out.Start)
 	}
+	cmps, ops := cluster.RecoveryCommit(c.Schema, cluster.RecoveryGuards{
+		AssignmentRev: s.Assignments[stream].ModRev,
+		RecoveryRev:   s.Recoveries[stream].ModRev,
+		HistoryRev:    s.History[stream].ModRev,
+		// Writer: none here; the term's Txn carries the election guard.
+	}, out.Assignment, starts)
 	resp, err := c.Term.Txn(ctx, cmps, ops, nil)
 	if err != nil {
 		return err

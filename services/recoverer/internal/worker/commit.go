@@ -12,7 +12,9 @@ import (
 // commit writes a promotion with one guarded transaction (docs/protocol.md,
 // "Stream failover": one guarded write commits the new assignment, clears
 // the pending recovery and appends where the new owner's history starts).
-// It also deletes the seal refusals recorded for the recovery.
+// It also deletes the seal refusals recorded for the recovery. The
+// transaction is cluster.RecoveryCommit's, the one the controller's
+// accepted owner loss writes too.
 //
 // It compares the mod revisions snap was read at (the assignment, the
 // recovery, and the history starts, which must still be absent if they
@@ -23,23 +25,13 @@ import (
 // committed is false when a compare failed; err is errDeposed when the
 // failed compare was the leader key's.
 func commit(ctx context.Context, cli *clientv3.Client, schema cluster.Schema, snap snapshot, leader Leader, next cluster.Assignment, starts cluster.HistoryStarts) (committed bool, err error) {
-	aKey, rKey, hKey := schema.AssignmentKey(snap.stream), schema.RecoveryKey(snap.stream), schema.HistoryKey(snap.stream)
-	history := clientv3.Compare(clientv3.ModRevision(hKey), "=", snap.historyRev)
-	if snap.historyRev == 0 {
-		history = clientv3.Compare(clientv3.CreateRevision(hKey), "=", 0)
-	}
-	resp, err := cli.Txn(ctx).If(
-		clientv3.Compare(clientv3.ModRevision(aKey), "=", snap.assignmentRev),
-		clientv3.Compare(clientv3.ModRevision(rKey), "=", snap.recoveryRev),
-		history,
-		leader.guard(),
-	).Then(
-		clientv3.OpPut(aKey, cluster.Encode(next)),
-		clientv3.OpDelete(rKey),
-		clientv3.OpPut(hKey, cluster.Encode(starts)),
-		// The refusals the recovery waited on go with it.
-		clientv3.OpDelete(schema.RefusalsKey(snap.stream)),
-	).Else(
+	cmps, ops := cluster.RecoveryCommit(schema, cluster.RecoveryGuards{
+		AssignmentRev: snap.assignmentRev,
+		RecoveryRev:   snap.recoveryRev,
+		HistoryRev:    snap.historyRev,
+		Writer:        []clientv3.Cmp{leader.guard()},
+	}, next, starts)
+	resp, err := cli.Txn(ctx).If(cmps...).Then(ops...).Else(
 		clientv3.OpGet(leader.Key),
 	).Commit()
 	if err != nil {

@@ -104,80 +104,9 @@ func TestReadSnapshotAtOneRevision(t *testing.T) {
 	}
 }
 
-// The commit compares every mod revision it read and the leader key: any
-// change in between makes it fail and write nothing (docs/protocol.md,
-// "Stream failover").
-func TestCommitGuardedByReadRevisions(t *testing.T) {
-	cases := []struct {
-		name        string
-		withHistory bool
-		change      func(t *testing.T, f *fixture)
-		want        bool
-	}{
-		{"nothing changed", true, func(*testing.T, *fixture) {}, true},
-		{"nothing changed, no history yet", false, func(*testing.T, *fixture) {}, true},
-		{"assignment rewritten", true, func(t *testing.T, f *fixture) { f.put(t, schema.AssignmentKey(stream), f.assignment) }, false},
-		{"recovery rewritten", true, func(t *testing.T, f *fixture) { f.put(t, schema.RecoveryKey(stream), f.recovery) }, false},
-		{"history appended", true, func(t *testing.T, f *fixture) {
-			f.put(t, schema.HistoryKey(stream), append(f.history, cluster.HistoryStart{Epoch: 3, RecordTail: 5, Node: "b3"}))
-		}, false},
-		{"history recorded where there was none", false, func(t *testing.T, f *fixture) {
-			f.put(t, schema.HistoryKey(stream), cluster.HistoryStarts{{Epoch: 3, RecordTail: 5, Node: "b3"}})
-		}, false},
-		{"recovery withdrawn", true, func(t *testing.T, f *fixture) {
-			if _, err := f.cli.Delete(context.Background(), schema.RecoveryKey(stream)); err != nil {
-				t.Fatal(err)
-			}
-		}, false},
-	}
-	for _, c := range cases {
-		t.Run(c.name, func(t *testing.T) {
-			f := newFixture(t, c.withHistory)
-			_, leader := campaign(t, f.cli)
-			ctx := context.Background()
-			snap, err := readSnapshot(ctx, f.cli, schema, stream)
-			if err != nil {
-				t.Fatal(err)
-			}
-			c.change(t, f)
-			before, err := readSnapshot(ctx, f.cli, schema, stream)
-			if err != nil {
-				t.Fatal(err)
-			}
-			next, starts := f.promotion()
-			ok, err := commit(ctx, f.cli, schema, snap, leader, next, starts)
-			if err != nil {
-				t.Fatalf("commit: %v", err)
-			}
-			if ok != c.want {
-				t.Fatalf("committed %v, want %v", ok, c.want)
-			}
-			after, err := readSnapshot(ctx, f.cli, schema, stream)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if !ok {
-				if after.assignmentRev != before.assignmentRev || after.recoveryRev != before.recoveryRev || after.historyRev != before.historyRev {
-					t.Fatalf("a failed commit wrote something: before %+v after %+v", before, after)
-				}
-				return
-			}
-			if after.hasRecovery() {
-				t.Fatal("the recovery is still pending after the commit")
-			}
-			if after.assignment.Epoch != 4 || after.assignment.Owner != "b2" || !slices.Equal(after.assignment.Followers, []string{"b3"}) {
-				t.Fatalf("assignment %+v", after.assignment)
-			}
-			if !slices.Equal(after.history, starts) {
-				t.Fatalf("history %+v, want %+v", after.history, starts)
-			}
-			// One transaction: all three keys carry the same mod revision.
-			if after.assignmentRev != after.historyRev {
-				t.Fatalf("assignment at %d, history at %d: not one write", after.assignmentRev, after.historyRev)
-			}
-		})
-	}
-}
+// The compares and operations the commit writes are
+// cluster.RecoveryCommit's, tested with it (internal/cluster); here, the
+// one guard only the recoverer adds.
 
 // A deposed leader can never commit, even if it has not noticed yet and a
 // new term of the same process holds a new leader key.
