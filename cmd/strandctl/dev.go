@@ -5,6 +5,7 @@ import (
 	"flag"
 	"fmt"
 	"path/filepath"
+	"time"
 
 	"github.com/strandhq/strand/cmd/strandctl/internal/devcluster"
 	"github.com/strandhq/strand/internal/etcdcfg"
@@ -17,6 +18,7 @@ func devCommand() *command {
 		binDir   string
 		etcdOpts = etcdcfg.Defaults()
 		restart  bool
+		replace  time.Duration
 	)
 	return &command{
 		name: "dev", summary: "run a local cluster: embedded etcd, controller, recoverer and brokers as processes (Ctrl-C stops)",
@@ -27,6 +29,7 @@ func devCommand() *command {
 			fs.StringVar(&etcdOpts.Mode, "etcd-auto-compaction-mode", etcdOpts.Mode, "embedded etcd's auto-compaction: periodic (retention is a duration) or revision (retention is a count of revisions); see docs/etcd.md")
 			fs.StringVar(&etcdOpts.Retention, "etcd-auto-compaction-retention", etcdOpts.Retention, "history the embedded etcd keeps: a duration such as 5m (periodic) or a count such as 10000 (revision); 0 turns compaction off")
 			fs.Int64Var(&etcdOpts.QuotaBytes, "etcd-quota-backend-bytes", etcdOpts.QuotaBytes, "embedded etcd's backend quota in bytes; past it etcd raises the NOSPACE alarm and refuses writes")
+			fs.DurationVar(&replace, "replace-after", 10*time.Minute, "the controller's --replace-after: how long a stream's copy may be missing before it is replaced on another broker (a stream that cannot confirm without it is replaced at once)")
 			fs.BoolVar(&restart, "restart", true, "restart a child that exits unexpectedly, after a back-off of 200ms doubling to 5s (--restart=false leaves it dead, e.g. to show a dead broker)")
 		},
 		run: func(ctx context.Context, e *env, _ *flag.FlagSet, args []string) error {
@@ -39,13 +42,16 @@ func devCommand() *command {
 			if portBase < 1024 || portBase+10+brokers > 65535 {
 				return usagef("--port-base %d out of range", portBase)
 			}
+			if replace <= 0 {
+				return usagef("--replace-after must be positive, got %s", replace)
+			}
 			if err := etcdOpts.Validate("etcd-"); err != nil {
 				return usagef("%v", err)
 			}
 			fmt.Fprintf(e.stderr, "dev: starting etcd, controller, recoverer and %d brokers in %s\n", brokers, e.g.dataDir)
 			c, err := devcluster.Start(ctx, devcluster.Options{
 				Dir: e.g.dataDir, Brokers: brokers, PortBase: portBase, BinDir: binDir, Log: e.stderr, Etcd: etcdOpts,
-				Supervise: restart, Control: true,
+				Supervise: restart, Control: true, ReplaceAfter: replace,
 			})
 			if err != nil {
 				return err

@@ -74,6 +74,10 @@ type Options struct {
 	ReadyTimeout time.Duration
 	// StopTimeout is how long a child may take to stop after SIGTERM.
 	StopTimeout time.Duration
+	// ReplaceAfter is the controller's --replace-after (zero: its
+	// default, 10m): how long a stream's copy may be missing before the
+	// controller replaces it on another broker.
+	ReplaceAfter time.Duration
 	// BrokerArgs, ControllerArgs and RecovererArgs are extra flags.
 	BrokerArgs     []string
 	ControllerArgs []string
@@ -219,8 +223,11 @@ func Start(ctx context.Context, opts Options) (*Cluster, error) {
 	}()
 	etcdURL := c.EtcdEndpoints()[0]
 	common := []string{"--etcd", etcdURL, "--prefix", opts.Prefix}
-	c.add(Controller, loopback(opts.PortBase+2), bins[ControllerBin],
-		append(append([]string{"--name", Controller, "--listen", loopback(opts.PortBase + 2)}, common...), opts.ControllerArgs...))
+	controllerArgs := append([]string{"--name", Controller, "--listen", loopback(opts.PortBase + 2)}, common...)
+	if opts.ReplaceAfter > 0 {
+		controllerArgs = append(controllerArgs, "--replace-after", opts.ReplaceAfter.String())
+	}
+	c.add(Controller, loopback(opts.PortBase+2), bins[ControllerBin], append(controllerArgs, opts.ControllerArgs...))
 	c.add(Recoverer, loopback(opts.PortBase+3), bins[RecovererBin],
 		append(append([]string{"--name", Recoverer, "--listen", loopback(opts.PortBase + 3)}, common...), opts.RecovererArgs...))
 	for i := 1; i <= opts.Brokers; i++ {

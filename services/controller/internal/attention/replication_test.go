@@ -175,7 +175,26 @@ func TestUnderReplicatedEntry(t *testing.T) {
 			snap:    deadFollower("b1", "b2", "b4").Stream(asg("b1", "b2", "b3")).Snapshot(),
 			missing: "b3",
 			reason:  "2 of 3 copies live and in sync at epoch 3; follower copy on b3 is down (since 2026-05-06T07:08:09Z)",
-			action:  "nothing: a down follower (b3) stays in the assignment, and no replacement is placed, until its broker comes back and catches up",
+			action:  "b3 missing since 2026-05-06T07:08:09Z: replace at 2026-05-06T07:18:09Z, unless its broker returns first and it rejoins as a follower",
+			since:   true,
+		},
+		{
+			name:    "dead follower, no live broker without a copy",
+			before:  deadFollower("b1", "b2").Stream(asg("b1", "b2", "b3")).Snapshot(),
+			snap:    deadFollower("b1", "b2").Stream(asg("b1", "b2", "b3")).Snapshot(),
+			missing: "b3",
+			reason:  "2 of 3 copies live and in sync at epoch 3; follower copy on b3 is down (since 2026-05-06T07:08:09Z)",
+			action:  "b3 missing since 2026-05-06T07:08:09Z: replace at 2026-05-06T07:18:09Z, once a live broker holds no copy (every live broker holds one now); it rejoins as a follower if its broker returns first",
+			since:   true,
+		},
+		{
+			// local_durable: W = E, so the two live copies cannot confirm.
+			name:    "dead follower of a stream that cannot confirm without it",
+			before:  deadFollower("b1", "b2").Stream(cluster.Assignment{Stream: "s", Epoch: 3, Owner: "b1", Followers: []string{"b2", "b3"}, Policy: cluster.Policy{Name: cluster.LocalDurable}}).Snapshot(),
+			snap:    deadFollower("b1", "b2", "b4").Stream(cluster.Assignment{Stream: "s", Epoch: 3, Owner: "b1", Followers: []string{"b2", "b3"}, Policy: cluster.Policy{Name: cluster.LocalDurable}}).Snapshot(),
+			missing: "b3",
+			reason:  "2 of 3 copies live and in sync at epoch 3; follower copy on b3 is down (since 2026-05-06T07:08:09Z)",
+			action:  "b3 missing since 2026-05-06T07:08:09Z: replacing now: the stream cannot confirm with its live members",
 			since:   true,
 		},
 		{
@@ -206,7 +225,7 @@ func TestUnderReplicatedEntry(t *testing.T) {
 			snap:    state.Build().Live("b2", "b3").Tails("b2", "s", at(cluster.RoleFollower, 100, 0)).Tails("b3", "s", at(cluster.RoleFollower, 100, 0)).Stream(asg("b1", "b2", "b3")).Recovery(rec("b1", "b2", "b3")).Snapshot(),
 			missing: "b1",
 			reason:  "2 of 3 copies live and in sync at epoch 3; owner copy on b1 is down (since 2026-05-06T07:09:09Z)",
-			action:  "the pending recovery to epoch 4 goes first (see its entries); copies still missing after it commits are added on the fast path where a live broker holds none",
+			action:  "the pending recovery to epoch 4 goes first (see its entries); it keeps every copy it does not replace, and a returning copy rejoins as a follower; after it: b1 missing since 2026-05-06T07:09:09Z: replace at 2026-05-06T07:19:09Z, once a live broker holds no copy (every live broker holds one now); it rejoins as a follower if its broker returns first",
 		},
 	}
 	for _, c := range cases {

@@ -66,6 +66,11 @@ type Config struct {
 	// pass acts on it: what the controller remembers between snapshots
 	// and its metrics are kept from it, at the pace of the loop.
 	Pass func(*state.Snapshot)
+	// ReplaceAfter is how long a member may be missing before it is
+	// replaced (default transition.DefaultReplaceAfter); MissingSince says
+	// since when each is (replace.go).
+	ReplaceAfter time.Duration
+	MissingSince MissingSince
 }
 
 // Run runs the loop while term leads; it returns when ctx ends.
@@ -146,7 +151,7 @@ func (l *loop) reconcile(ctx context.Context, s *state.Snapshot) bool {
 			continue
 		}
 		if reason, ok := lost[stream]; ok {
-			if w, ok := l.proposeRecovery(s, stream, []string{s.Assignments[stream].Value.Owner}, reason, "owner lost; pending recovery recorded"); ok {
+			if w, ok := l.proposeRecovery(ctx, s, stream, []string{s.Assignments[stream].Value.Owner}, reason, "owner lost; pending recovery recorded"); ok {
 				recoveries = append(recoveries, w)
 			}
 			continue
@@ -157,7 +162,7 @@ func (l *loop) reconcile(ctx context.Context, s *state.Snapshot) bool {
 				strings.Join(by, ", "), fence, a.Epoch)
 			// The owner is not lost: as for an operator's failover, a live
 			// owner is not replaced, since its copy answers the seal.
-			if w, ok := l.proposeRecovery(s, stream, nil, reason, "copies sealed past their assignment with no recovery pending; pending recovery recorded"); ok {
+			if w, ok := l.proposeRecovery(ctx, s, stream, nil, reason, "copies sealed past their assignment with no recovery pending; pending recovery recorded"); ok {
 				recoveries = append(recoveries, w)
 			}
 			continue
@@ -166,7 +171,9 @@ func (l *loop) reconcile(ctx context.Context, s *state.Snapshot) bool {
 	}
 	l.recordRecoveries(ctx, recoveries)
 	for _, stream := range others {
-		l.replenish(ctx, s, stream)
+		if !l.replace(ctx, s, stream) {
+			l.replenish(ctx, s, stream)
+		}
 	}
 	return l.wrote
 }
@@ -318,11 +325,12 @@ type pendingWrite struct {
 // owner is lost or whose copies are sealed past its assignment, for
 // recordRecoveries to write and log with msg; a single-copy stream waits
 // under attention. lost names members known lost beyond those whose broker
-// key is gone (transition.ProposeRecovery). The fence epoch is the next
+// key is gone (transition.ProposeRecovery). It adds no member, except to
+// replace members due for replacement now (withDueReplacements). The fence epoch is the next
 // epoch, or the highest one a member is sealed at already: a copy refuses a
 // seal below its epoch, and a new transition at the seal's own fence epoch
 // takes it over.
-func (l *loop) proposeRecovery(s *state.Snapshot, stream string, lost []string, reason, msg string) (pendingWrite, bool) {
+func (l *loop) proposeRecovery(ctx context.Context, s *state.Snapshot, stream string, lost []string, reason, msg string) (pendingWrite, bool) {
 	a := s.Assignments[stream].Value
 	if a.Copies() == 1 {
 		return pendingWrite{}, false
@@ -332,6 +340,7 @@ func (l *loop) proposeRecovery(s *state.Snapshot, stream string, lost []string, 
 		l.cfg.Log.Warn().Err(err).Str(logging.Stream, stream).Msg("liveness: cannot propose a recovery; retrying at the next change")
 		return pendingWrite{}, false
 	}
+	rec = l.withDueReplacements(ctx, s, a, rec)
 	if fence, _ := SealedPast(s, a); fence > rec.FenceEpoch {
 		rec.FenceEpoch = fence
 	}
@@ -420,7 +429,7 @@ func (l *loop) logRecorded(w pendingWrite) {
 	rec := w.write.Rec
 	l.cfg.Log.Info().Str(logging.Stream, rec.Stream).Uint64(logging.Epoch, rec.FromEpoch).Uint64(logging.FenceEpoch, rec.FenceEpoch).
 		Str(logging.Transition, rec.TransitionID).Str(logging.Owner, rec.OldOwner).Str("proposed_owner", rec.ProposedOwner).
-		Strs("added_members", rec.AddedMembers).Str(logging.Reason, rec.Reason).Msg(w.msg)
+		Strs("added_members", rec.AddedMembers).Strs("removed_members", rec.RemovedMembers).Str(logging.Reason, rec.Reason).Msg(w.msg)
 }
 
 // replenish adds followers to a stream with fewer copies than its spec asks
