@@ -71,6 +71,9 @@ type Options struct {
 	// DefaultPolicy is the controllers' cluster assignment policy
 	// (majority_durable when zero).
 	DefaultPolicy cluster.Policy
+	// ReplaceAfter is the controllers' --replace-after (their default,
+	// 10m, when zero).
+	ReplaceAfter time.Duration
 }
 
 // Cluster is a running in-process cluster.
@@ -340,7 +343,7 @@ func (c *Cluster) StartController() *controllerapp.App {
 	c.mu.Unlock()
 	a, err := controllerapp.Start(context.Background(), controllerapp.Config{
 		Name: name, Listen: "127.0.0.1:0", Etcd: c.Etcd.Endpoints, DefaultPolicy: c.opts.DefaultPolicy,
-		OwnerProbeGrace: ProbeGrace, SessionTTL: int(ElectionTTL / time.Second), LogLevel: "info", LogWriter: c.Log(name),
+		OwnerProbeGrace: ProbeGrace, ReplaceAfter: c.opts.ReplaceAfter, SessionTTL: int(ElectionTTL / time.Second), LogLevel: "info", LogWriter: c.Log(name),
 	})
 	if err != nil {
 		c.t.Fatalf("onebox: start %s: %v", name, err)
