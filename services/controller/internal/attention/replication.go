@@ -296,8 +296,10 @@ func replaceAction(s *state.Snapshot, a cluster.Assignment, mem *Memory) string 
 		switch {
 		case p.AtOnce && spare:
 			out = append(out, fmt.Sprintf("%s missing since %s: replacing now: the stream cannot confirm with its live members", p.Node, since))
+		case p.AtOnce && !s.Live(a.Owner):
+			out = append(out, fmt.Sprintf("%s missing since %s: replacing now: the stream cannot confirm with its live members; no live broker holds no copy, so the owner's recovery leaves it out and the stream goes on with its live copies", p.Node, since))
 		case p.AtOnce:
-			out = append(out, fmt.Sprintf("%s missing since %s: replacing now: the stream cannot confirm with its live members; no live broker without a copy, so it is left out and the stream goes on with its live copies", p.Node, since))
+			out = append(out, fmt.Sprintf("%s missing since %s: replacing now: the stream cannot confirm with its live members; but every live broker holds a copy, so it waits for one to register or for its broker to return", p.Node, since))
 		case !spare:
 			out = append(out, fmt.Sprintf("%s missing since %s: replace at %s, once a live broker holds no copy (every live broker holds one now); it rejoins as a follower if its broker returns first",
 				p.Node, since, p.At.UTC().Format(time.RFC3339)))

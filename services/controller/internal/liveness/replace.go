@@ -31,7 +31,7 @@ func (l *loop) plans(s *state.Snapshot, a cluster.Assignment, now time.Time) []t
 // with replacements placement picks that pass the probe (a killed broker
 // stays registered until its lease ends). It returns the plans it judged
 // too, for the reason.
-func (l *loop) decideReplacement(ctx context.Context, s *state.Snapshot, a cluster.Assignment) ([]transition.Replacement, transition.ReplaceDecision) {
+func (l *loop) decideReplacement(ctx context.Context, s *state.Snapshot, a cluster.Assignment, shrink bool) ([]transition.Replacement, transition.ReplaceDecision) {
 	now := l.cfg.Now()
 	plans := l.plans(s, a, now)
 	due := 0
@@ -53,15 +53,17 @@ func (l *loop) decideReplacement(ctx context.Context, s *state.Snapshot, a clust
 		down = append(down, slices.Collect(maps.Keys(failed))...)
 		cands = nil
 	}
-	return plans, transition.DecideReplacement(a, plans, cands, now)
+	return plans, transition.DecideReplacement(a, plans, cands, now, shrink)
 }
 
 // withDueReplacements makes a lost-owner recovery rec of a also replace
 // the members due for replacement now: with the stream unable to confirm
 // with its live members (local_durable loses any copy, a two-copy
-// majority its owner) the replacement is not worth a second seal.
+// majority its owner) the replacement is not worth a second seal, and
+// without a replacement such a member is left out, as the lost owner's
+// recovery always left out copies that did not answer.
 func (l *loop) withDueReplacements(ctx context.Context, s *state.Snapshot, a cluster.Assignment, rec cluster.Recovery) cluster.Recovery {
-	plans, d := l.decideReplacement(ctx, s, a)
+	plans, d := l.decideReplacement(ctx, s, a, true)
 	if len(d.Remove) == 0 {
 		return rec
 	}
@@ -97,7 +99,7 @@ func (l *loop) replace(ctx context.Context, s *state.Snapshot, stream string) bo
 	if !s.Live(a.Owner) {
 		return false
 	}
-	plans, d := l.decideReplacement(ctx, s, a)
+	plans, d := l.decideReplacement(ctx, s, a, false)
 	if len(d.Remove) == 0 {
 		return false
 	}

@@ -112,9 +112,9 @@ func ReplacementCandidates(s *state.Snapshot, load placement.Load, a cluster.Ass
 // now.
 type ReplaceDecision struct {
 	// Remove are the members replaced now; Add the brokers that replace
-	// them (fewer than Remove only when the stream cannot confirm and
-	// placement found too few: it then shrinks, which lets its live
-	// copies confirm again).
+	// them (fewer than Remove only for a lost owner's recovery of a stream
+	// that cannot confirm, when placement found too few: it then shrinks,
+	// which lets its live copies confirm again).
 	Remove, Add []string
 	// Next is a with Remove left out and Add added as followers.
 	Next cluster.Assignment
@@ -128,14 +128,17 @@ type ReplaceDecision struct {
 
 // DecideReplacement decides which of plans to carry out at now: every due
 // one that placement finds a replacement for (candidates, in placement's
-// order), the earliest missing first. When the stream cannot confirm,
-// every missing member is removed, replaced or not. A due member with no
-// replacement, on a stream that confirms, stays and waits: removing it
-// would only lose the copy that may yet return.
+// order), the earliest missing first. A due member with no replacement
+// stays and waits: removing it would only lose a copy that may yet
+// return, and would lower the copies new records are confirmed on.
 //
-// A missing owner is removed only by the recovery of its loss, whose new
-// owner is a live follower; Next and FastPath then mean nothing.
-func DecideReplacement(a cluster.Assignment, plans []Replacement, candidates []string, now time.Time) ReplaceDecision {
+// shrink is set only for the recovery of a lost owner: a missing member
+// due at once (the stream cannot confirm) is then removed even without a
+// replacement, as that recovery always left out copies that did not
+// answer, so the stream confirms again on its live copies. A missing owner
+// is removed only by that recovery, whose new owner is a live follower;
+// Next and FastPath then mean nothing.
+func DecideReplacement(a cluster.Assignment, plans []Replacement, candidates []string, now time.Time, shrink bool) ReplaceDecision {
 	var d ReplaceDecision
 	for _, p := range plans {
 		if !p.Due(now) {
@@ -145,7 +148,7 @@ func DecideReplacement(a cluster.Assignment, plans []Replacement, candidates []s
 		case len(d.Add) < len(candidates):
 			d.Remove = append(d.Remove, p.Node)
 			d.Add = append(d.Add, candidates[len(d.Add)])
-		case p.AtOnce:
+		case p.AtOnce && shrink:
 			d.Remove = append(d.Remove, p.Node)
 		default:
 			d.Waiting = append(d.Waiting, p.Node)

@@ -32,6 +32,7 @@ func TestReplacementDecisionTable(t *testing.T) {
 		wantAdd  []string
 		wantWait []string
 		fastPath bool
+		shrink   bool // as for a lost owner's recovery
 	}{
 		{
 			name:     "missing within the window: planned, not replaced",
@@ -90,22 +91,42 @@ func TestReplacementDecisionTable(t *testing.T) {
 			// W 3 -> 3 with one removed: needs a seal.
 		},
 		{
-			// Shrinking lets the live copies confirm; W 3 -> 2 <= 3 - 1.
-			name:     "cannot confirm, no candidate: removed all the same, on the fast path",
+			name:     "cannot confirm, no candidate: waits",
+			snap:     state.Build().Live("b1", "b2").Stream(withPolicy(local, "b1", "b2", "b3")).Snapshot(),
+			since:    map[string]time.Time{"b3": t0},
+			now:      t0,
+			wantPlan: "b3:true:07:00:00",
+			wantWait: []string{"b3"},
+		},
+		{
+			// A lost owner's recovery shrinks: W 3 -> 2 <= 3 - 1 lets the
+			// live copies confirm.
+			name:     "cannot confirm, no candidate, lost owner's recovery: removed all the same",
 			snap:     state.Build().Live("b1", "b2").Stream(withPolicy(local, "b1", "b2", "b3")).Snapshot(),
 			since:    map[string]time.Time{"b3": t0},
 			now:      t0,
 			wantPlan: "b3:true:07:00:00",
 			wantRm:   []string{"b3"},
 			fastPath: true,
+			shrink:   true,
 		},
 		{
-			name:     "majority of three with two missing: at once",
+			name:     "majority of three with two missing, one spare: one replaced, one waits",
+			snap:     state.Build().Live("b1", "b9").Stream(asg("b1", "b2", "b3")).Snapshot(),
+			since:    map[string]time.Time{"b2": t0, "b3": t0},
+			now:      t0,
+			wantPlan: "b2:true:07:00:00 b3:true:07:00:00",
+			wantRm:   []string{"b2"}, wantAdd: []string{"b9"},
+			wantWait: []string{"b3"},
+		},
+		{
+			name:     "majority of three with two missing, lost owner's recovery: both removed",
 			snap:     state.Build().Live("b1", "b9").Stream(asg("b1", "b2", "b3")).Snapshot(),
 			since:    map[string]time.Time{"b2": t0, "b3": t0},
 			now:      t0,
 			wantPlan: "b2:true:07:00:00 b3:true:07:00:00",
 			wantRm:   []string{"b2", "b3"}, wantAdd: []string{"b9"},
+			shrink:   true,
 		},
 		{
 			name: "nothing missing",
@@ -136,7 +157,7 @@ func TestReplacementDecisionTable(t *testing.T) {
 				}
 			}
 			cands := ReplacementCandidates(c.snap, LoadOf(c.snap), a, due, nil)
-			d := DecideReplacement(a, plans, cands, c.now)
+			d := DecideReplacement(a, plans, cands, c.now, c.shrink)
 			if !slices.Equal(d.Remove, c.wantRm) || !slices.Equal(d.Add, c.wantAdd) || !slices.Equal(d.Waiting, c.wantWait) || d.FastPath != c.fastPath {
 				t.Fatalf("remove %v add %v waiting %v fast path %v; want %v %v %v %v", d.Remove, d.Add, d.Waiting, d.FastPath, c.wantRm, c.wantAdd, c.wantWait, c.fastPath)
 			}
