@@ -126,7 +126,7 @@ func TestReplacementDecisionTable(t *testing.T) {
 			now:      t0,
 			wantPlan: "b2:true:07:00:00 b3:true:07:00:00",
 			wantRm:   []string{"b2", "b3"}, wantAdd: []string{"b9"},
-			shrink:   true,
+			shrink: true,
 		},
 		{
 			name: "nothing missing",
