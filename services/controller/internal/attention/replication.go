@@ -218,9 +218,19 @@ func describeCopy(c Copy, a cluster.Assignment) string {
 // under-replicated stream, and when: what the liveness loop does today
 // (services/controller/internal/liveness), nothing more.
 func underReplicatedAction(s *state.Snapshot, a cluster.Assignment, r Replication, mem *Memory) string {
-	replace := replaceAction(s, a, mem)
+	var replacing []string
+	if rec, ok := s.Recoveries[a.Stream]; ok {
+		replacing = rec.Value.RemovedMembers
+	}
+	replace := replaceAction(s, a, mem, replacing)
 	if rec, ok := s.Recoveries[a.Stream]; ok {
 		out := fmt.Sprintf("the pending recovery to epoch %d goes first (see its entries); it keeps every copy it does not replace, and a returning copy rejoins as a follower", rec.Value.FenceEpoch)
+		if len(replacing) > 0 {
+			out += fmt.Sprintf("; it replaces %s", strings.Join(replacing, ", "))
+			if len(rec.Value.AddedMembers) > 0 {
+				out += " with " + strings.Join(rec.Value.AddedMembers, ", ")
+			}
+		}
 		if replace != "" {
 			out += "; after it: " + replace
 		}
@@ -275,10 +285,13 @@ func underReplicatedAction(s *state.Snapshot, a cluster.Assignment, r Replicatio
 // replaceAction says, for each member of a whose broker is not live, since
 // when it is missing and when the controller replaces it
 // (docs/protocol.md, "Replacing a missing copy"); empty when none is.
-func replaceAction(s *state.Snapshot, a cluster.Assignment, mem *Memory) string {
+// replacing are the members a pending recovery replaces already.
+func replaceAction(s *state.Snapshot, a cluster.Assignment, mem *Memory, replacing []string) string {
 	now := time.Now()
 	plans := transition.PlanReplacements(s, a, func(node string) time.Time { return mem.MissingSince(a.Stream, a.Incarnation, node) },
 		mem.replaceWindow(), now)
+	// Members a pending recovery replaces already are said by its caller.
+	plans = slices.DeleteFunc(plans, func(p transition.Replacement) bool { return slices.Contains(replacing, p.Node) })
 	if len(plans) == 0 {
 		return ""
 	}
