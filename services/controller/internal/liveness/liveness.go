@@ -3,7 +3,9 @@
 // (docs/protocol.md, "Stream failover"), and brings an under-replicated stream back to its
 // copies by the fast path, preferring a copy left out of the assignment that
 // is live again, so an old owner rejoins as a follower without another
-// recovery.
+// recovery. A member missing past --replace-after, or at once when its
+// stream cannot confirm without it, is replaced (replace.go;
+// docs/protocol.md, "Replacing a missing copy").
 package liveness
 
 import (

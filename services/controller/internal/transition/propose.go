@@ -73,12 +73,14 @@ func LoadOf(s *state.Snapshot) placement.Load {
 // recovery of its own (docs/protocol.md, "Replacing a missing copy").
 // TransitionID and Created are left for the caller.
 func ProposeRecovery(s *state.Snapshot, stream string, lost []string, reason string) (cluster.Recovery, error) {
-	return ProposeRecoveryWith(s, LoadOf(s), stream, lost, reason)
+	// Nothing is placed, so no load is taken.
+	return ProposeRecoveryWith(s, placement.Load{}, stream, lost, reason)
 }
 
-// ProposeRecoveryWith is ProposeRecovery with the placement load of s taken
-// already, for a caller proposing for many streams of one snapshot (and
-// placing replacements with WithReplacement).
+// ProposeRecoveryWith is ProposeRecovery for a caller proposing for many
+// streams of one snapshot with its placement load taken already. The
+// proposal itself places nothing; the caller places replacements due now
+// with WithReplacement.
 func ProposeRecoveryWith(s *state.Snapshot, _ placement.Load, stream string, lost []string, reason string) (cluster.Recovery, error) {
 	av, ok := s.Assignments[stream]
 	if !ok {
