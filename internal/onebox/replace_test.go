@@ -88,10 +88,11 @@ func (h *history) recorded() []cluster.Recovery {
 }
 
 // replaceScenario starts four brokers with replaceAfter, a three-copy
-// majority_durable stream published to throughout, and crash-kills its
-// owner once the publisher confirms. It returns the first assignment, the
-// broker left without a copy, the stream's history and the publisher.
-func replaceScenario(t *testing.T, stream string, replaceAfter time.Duration) (*Cluster, cluster.Assignment, string, *history, *ledger.Ledger, *ledger.Publisher) {
+// majority_durable stream published to throughout, and crash-kills the
+// member victim names (the owner when nil) once the publisher confirms. It
+// returns the first assignment, the broker left without a copy, the
+// stream's history and the publisher.
+func replaceScenario(t *testing.T, stream string, replaceAfter time.Duration, victim func(cluster.Assignment) string) (*Cluster, cluster.Assignment, string, *history, *ledger.Ledger, *ledger.Publisher) {
 	brokers := []string{"b1", "b2", "b3", "b4"}
 	c := Start(t, Options{Brokers: brokers, Controllers: 1, Recoverers: 1, ReplaceAfter: replaceAfter})
 	a0 := c.CreateStream(stream, 3, majority)
@@ -111,13 +112,17 @@ func replaceScenario(t *testing.T, stream string, replaceAfter time.Duration) (*
 		}
 		return nil
 	})
+	killed := a0.Owner
+	if victim != nil {
+		killed = victim(a0)
+	}
 	select {
-	case err := <-c.KillBroker(a0.Owner):
+	case err := <-c.KillBroker(killed):
 		if err != nil {
-			t.Fatalf("kill %s: %v", a0.Owner, err)
+			t.Fatalf("kill %s: %v", killed, err)
 		}
 	case <-time.After(ReadyTimeout):
-		t.Fatalf("kill %s did not finish within %s", a0.Owner, ReadyTimeout)
+		t.Fatalf("kill %s did not finish within %s", killed, ReadyTimeout)
 	}
 	return c, a0, spare, h, l, pub
 }
@@ -141,7 +146,7 @@ func confirmsAt(t *testing.T, l *ledger.Ledger, pub *ledger.Publisher, epoch uin
 // returned copy.
 func TestReturningOwnerRejoinsWithoutReplacement(t *testing.T) {
 	const stream = "rejoin"
-	c, a0, spare, h, l, pub := replaceScenario(t, stream, 0)
+	c, a0, spare, h, l, pub := replaceScenario(t, stream, 0, nil)
 	old := a0.Owner
 
 	a1 := waitRecovered(t, c, stream, a0.Epoch, 30*time.Second)
@@ -181,7 +186,7 @@ func TestReturningOwnerRejoinsWithoutReplacement(t *testing.T) {
 // confirmed record on the owner and on the new copy.
 func TestMissingOwnerReplacedAfterWindow(t *testing.T) {
 	const stream = "replace"
-	c, a0, spare, h, l, pub := replaceScenario(t, stream, 2*time.Second)
+	c, a0, spare, h, l, pub := replaceScenario(t, stream, 2*time.Second, nil)
 	old := a0.Owner
 
 	a := c.WaitAssignment(stream, 60*time.Second, spare+" replaces "+old, func(a cluster.Assignment) error {
@@ -226,5 +231,49 @@ func TestMissingOwnerReplacedAfterWindow(t *testing.T) {
 	first := h.recorded()[0]
 	if len(first.AddedMembers) > 0 || len(first.RemovedMembers) > 0 {
 		t.Fatalf("the owner-loss recovery changed the membership: %+v", first)
+	}
+}
+
+// A follower missing past the window is replaced the same way, and the
+// healthy owner keeps its stream: the replace recovery proposes it, and the
+// recoverer's pick prefers it among copies tied at the furthest tails
+// (docs/protocol.md, "Stream failover"). A follower never holds more than
+// its owner wrote, so the sealed owner is furthest or tied with the live
+// follower, which catches up while the seal stops publishes; were that
+// follower to sort before the owner by node id, the plain tie-break would
+// promote it.
+func TestMissingFollowerReplacedOwnerKeepsStream(t *testing.T) {
+	const stream = "follower"
+	c, a0, spare, h, l, pub := replaceScenario(t, stream, 2*time.Second, func(a cluster.Assignment) string { return slices.Max(a.Followers) })
+	dead := slices.Max(a0.Followers)
+
+	a := c.WaitAssignment(stream, 60*time.Second, spare+" replaces "+dead, func(a cluster.Assignment) error {
+		if a.Includes(dead) || !a.Includes(spare) || a.Copies() != 3 {
+			return fmt.Errorf("assignment %+v", a)
+		}
+		if r, pending := c.Recovery(stream); pending {
+			return fmt.Errorf("recovery to epoch %d still pending", r.FenceEpoch)
+		}
+		return nil
+	})
+	if a.Owner != a0.Owner {
+		t.Fatalf("the replacement moved the stream from its healthy owner %s: %+v", a0.Owner, a)
+	}
+	confirmsAt(t, l, pub, a.Epoch)
+	pub.Stop()
+	Eventually(t, 30*time.Second, spare+" catches up", func() error {
+		ot, _ := c.Tails(a.Owner, stream)
+		st, ok := c.Tails(spare, stream)
+		if !ok || st.Role != cluster.RoleFollower || st.RecordTail != ot.RecordTail {
+			return fmt.Errorf("spare %+v (present %v), owner %+v", st, ok, ot)
+		}
+		return nil
+	})
+	verify(t, c, a.Owner, stream, l)
+	verify(t, c, spare, stream, l)
+	recs := h.recorded()
+	if len(recs) != 1 || recs[0].ProposedOwner != a0.Owner || !strings.HasPrefix(recs[0].Reason, "replace") ||
+		!slices.Equal(recs[0].RemovedMembers, []string{dead}) || !slices.Equal(recs[0].AddedMembers, []string{spare}) {
+		t.Fatalf("recoveries %+v: want one replace recovery proposing %s, removing %s, adding %s", recs, a0.Owner, dead, spare)
 	}
 }
