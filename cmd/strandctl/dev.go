@@ -22,6 +22,7 @@ func devCommand() *command {
 		restart  bool
 		zones    string
 		grace    time.Duration
+		replace  time.Duration
 	)
 	return &command{
 		name: "dev", summary: "run a local cluster: embedded etcd, controller, recoverer and brokers as processes (Ctrl-C stops)",
@@ -34,6 +35,7 @@ func devCommand() *command {
 			fs.Int64Var(&etcdOpts.QuotaBytes, "etcd-quota-backend-bytes", etcdOpts.QuotaBytes, "embedded etcd's backend quota in bytes; past it etcd raises the NOSPACE alarm and refuses writes")
 			fs.StringVar(&zones, "zones", "", "zones for the brokers, comma separated, given round-robin (--zones a,b,c: broker-1 in a, broker-2 in b, broker-3 in c, broker-4 in a); placement spreads each stream's copies over them. Empty: no zones")
 			fs.DurationVar(&grace, "orphan-grace", 0, "the brokers' --orphan-grace: how long a copy no assignment includes is kept before it is deleted (0: the broker's default, 10m)")
+			fs.DurationVar(&replace, "replace-after", 10*time.Minute, "the controller's --replace-after: how long a stream's copy may be missing before it is replaced on another broker (a stream that cannot confirm without it is replaced at once)")
 			fs.BoolVar(&restart, "restart", true, "restart a child that exits unexpectedly, after a back-off of 200ms doubling to 5s (--restart=false leaves it dead, e.g. to show a dead broker)")
 		},
 		run: func(ctx context.Context, e *env, _ *flag.FlagSet, args []string) error {
@@ -45,6 +47,9 @@ func devCommand() *command {
 			}
 			if portBase < 1024 || portBase+10+brokers > 65535 {
 				return usagef("--port-base %d out of range", portBase)
+			}
+			if replace <= 0 {
+				return usagef("--replace-after must be positive, got %s", replace)
 			}
 			if err := etcdOpts.Validate("etcd-"); err != nil {
 				return usagef("%v", err)
@@ -63,7 +68,7 @@ func devCommand() *command {
 			fmt.Fprintf(e.stderr, "dev: starting etcd, controller, recoverer and %d brokers in %s\n", brokers, e.g.dataDir)
 			c, err := devcluster.Start(ctx, devcluster.Options{
 				Dir: e.g.dataDir, Brokers: brokers, PortBase: portBase, BinDir: binDir, Log: e.stderr, Etcd: etcdOpts,
-				Supervise: restart, Control: true, Zones: zoneList, BrokerArgs: brokerArgs,
+				Supervise: restart, Control: true, Zones: zoneList, BrokerArgs: brokerArgs, ReplaceAfter: replace,
 			})
 			if err != nil {
 				return err

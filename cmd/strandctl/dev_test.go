@@ -201,8 +201,8 @@ func TestDevSupervisorRestartsAKilledBroker(t *testing.T) {
 
 // TestDevStopStartFailover: `dev stop` of a 3-copy stream's owner is a clean
 // stop that fails the stream over (a new owner at a higher epoch, publishes
-// confirm); the supervisor leaves the stopped broker down; `dev start`
-// brings it back as a follower that catches up.
+// confirm) and keeps its copy as a follower; the supervisor leaves the
+// stopped broker down; `dev start` brings it back and it catches up.
 func TestDevStopStartFailover(t *testing.T) {
 	const stream = "stop-start"
 	dir, dev, st0 := devWithStream(t, stream)
@@ -226,7 +226,9 @@ func TestDevStopStartFailover(t *testing.T) {
 		if err != nil {
 			return err
 		}
-		if epochOf(t, st) <= epochOf(t, st0) || st.Assignment.Owner == owner || slices.Contains(st.Assignment.Followers, owner) {
+		// The stopped owner stays a member, as a follower, to rejoin
+		// (docs/protocol.md, "Replacing a missing copy").
+		if epochOf(t, st) <= epochOf(t, st0) || st.Assignment.Owner == owner || !slices.Contains(st.Assignment.Followers, owner) {
 			return fmt.Errorf("assignment %+v, was %+v", st.Assignment, st0.Assignment)
 		}
 		st1 = st

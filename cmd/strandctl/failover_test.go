@@ -195,10 +195,10 @@ func runOwnerFault(t *testing.T, f ownerFault) {
 		return nil
 	})
 	committed := time.Since(faultAt)
-	// The old owner is not back yet: it is dead or stopped, and the
-	// controller adds back only copies heard from since the recovery
-	// (rejoin_test.go, TestKilledOwnerNotAddedBackWhileDead).
-	if a1.Epoch != a0.Epoch+1 || a1.Owner == owner || a1.Includes(owner) {
+	// The old owner is not back yet, and stays a member, as a follower:
+	// the recovery keeps every old copy, and replaces none before
+	// --replace-after (docs/protocol.md, "Replacing a missing copy").
+	if a1.Epoch != a0.Epoch+1 || a1.Owner == owner || !slices.Contains(a1.Followers, owner) || a1.Copies() != a0.Copies() {
 		t.Fatalf("after the %s: %+v, was %+v", f.name, a1, a0)
 	}
 	clustertest.Eventually(t, 30*time.Second, "publishes confirm at the new epoch", func() error {
@@ -223,8 +223,8 @@ func runOwnerFault(t *testing.T, f ownerFault) {
 		t.Fatalf("history after the failover %+v (was %+v), want one start at epoch %d on %s", hist1, hist0, a1.Epoch, a1.Owner)
 	}
 
-	// The old owner comes back with its data and rejoins as a follower,
-	// with no new recovery.
+	// The old owner comes back with its data and rejoins as the follower
+	// it already is, with no new recovery.
 	f.back(p, owner)
 	clustertest.Eventually(t, 40*time.Second, owner+" rejoined as a follower", func() error {
 		a, _ := p.Assignment(stream)

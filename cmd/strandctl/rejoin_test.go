@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"slices"
 	"syscall"
 	"testing"
 	"time"
@@ -13,15 +14,15 @@ import (
 	"github.com/strandhq/strand/internal/clustertest"
 )
 
-// TestKilledOwnerNotAddedBackWhileDead: after an eager failover (the owner
-// SIGKILLed; followers suspect it, the controller's probe fails), the dead
-// owner's broker key and heartbeat live on until its lease expires. The
-// controller must not take that stale heartbeat for a copy that is "live
-// again" and add the dead broker back as a follower on the fast path
-// (docs/protocol.md, "The fast path": a left-out copy that is live again
-// is added back): the assignment would count a dead copy in E, and the next
-// recovery would need more answers (E=3, W=2: R=2 instead of R=1).
-func TestKilledOwnerNotAddedBackWhileDead(t *testing.T) {
+// TestKilledOwnerKeptWhileDead: after an eager failover (the owner
+// SIGKILLed; followers suspect it, the controller's probe fails), the
+// recovery keeps the dead owner's copy as a follower, so it can rejoin from
+// its own tail (docs/protocol.md, "Replacing a missing copy"). Its broker
+// key and stale heartbeat live on until its lease expires; neither while
+// they do nor after does the controller change the assignment again: the
+// copy is replaced only after --replace-after (10m here), and E, W and R
+// stay those of the stream before the kill.
+func TestKilledOwnerKeptWhileDead(t *testing.T) {
 	p := startProcCluster(t)
 	const stream = "dead-owner"
 	if _, err := p.client.Admin().CreateStream(p.ctx(), connect.NewRequest(&strandv1.CreateStreamRequest{
@@ -43,24 +44,30 @@ func TestKilledOwnerNotAddedBackWhileDead(t *testing.T) {
 	if err := p.cl.Wait(p.ctx(), owner); err != nil {
 		t.Fatal(err)
 	}
+	var a1 cluster.Assignment
 	clustertest.Eventually(t, 20*time.Second, "recovery committed", func() error {
-		if a, _ := p.Assignment(stream); a.Epoch == a0.Epoch || p.recoveryPending(stream) {
+		a, _ := p.Assignment(stream)
+		if a.Epoch == a0.Epoch || p.recoveryPending(stream) {
 			return fmt.Errorf("assignment %+v", a)
 		}
+		a1 = a
 		return nil
 	})
+	if !slices.Contains(a1.Followers, owner) || a1.Copies() != a0.Copies() {
+		t.Fatalf("recovered assignment %+v: want the 3 old copies, the killed %s a follower", a1, owner)
+	}
 	// Until the dead broker's lease expires, and after, the assignment
-	// must not name it.
+	// stays as recovered.
 	clustertest.Eventually(t, 15*time.Second, "the killed owner's lease expired", func() error {
-		if a, _ := p.Assignment(stream); a.Includes(owner) {
-			t.Fatalf("assignment %+v names %s, which was SIGKILLed and judged lost; its stale heartbeat was taken for a returning copy", a, owner)
+		if a, _ := p.Assignment(stream); fmt.Sprint(a) != fmt.Sprint(a1) {
+			t.Fatalf("assignment %+v changed from %+v while %s was away", a, a1, owner)
 		}
 		if _, registered := clustertest.Get[cluster.BrokerInfo](p.View, p.Schema.BrokerKey(owner)); registered {
 			return fmt.Errorf("%s still registered", owner)
 		}
 		return nil
 	})
-	if a, _ := p.Assignment(stream); a.Includes(owner) {
-		t.Fatalf("assignment %+v names the dead %s", a, owner)
+	if a, _ := p.Assignment(stream); fmt.Sprint(a) != fmt.Sprint(a1) || p.recoveryPending(stream) {
+		t.Fatalf("assignment %+v changed from %+v after %s's lease ended", a, a1, owner)
 	}
 }

@@ -33,3 +33,26 @@ func Furthest(cands []Candidate) (Candidate, bool) {
 	}
 	return slices.MinFunc(cands, ComparePick), true
 }
+
+// FurthestPreferring is Furthest with one tie-break before the node id:
+// among the candidates tied with the furthest on both tails, preferred is
+// picked when it is one of them. The furthest rule is unchanged: copies
+// tied on the record tail and the cursor event tail hold the same records
+// and cursor events (docs/protocol.md, "Invariants", prefixes), so any of
+// them holds every confirmed record. A recovery prefers its proposed owner
+// this way, so a recovery that keeps a healthy owner (a replacement, a
+// handover) does not move the stream to a follower that merely caught up
+// and sorts first by node id (docs/protocol.md, "Stream failover"). An
+// empty preferred is Furthest.
+func FurthestPreferring(cands []Candidate, preferred string) (Candidate, bool) {
+	best, ok := Furthest(cands)
+	if !ok || preferred == "" || best.Node == preferred {
+		return best, ok
+	}
+	for _, c := range cands {
+		if c.Node == preferred && c.RecordTail == best.RecordTail && c.CursorEventTail == best.CursorEventTail {
+			return c, true
+		}
+	}
+	return best, true
+}

@@ -25,3 +25,34 @@ func TestFurthestPickAndTieBreak(t *testing.T) {
 		t.Error("no candidates: want ok false")
 	}
 }
+
+func TestFurthestPreferring(t *testing.T) {
+	cases := []struct {
+		name      string
+		cands     []Candidate
+		preferred string
+		want      string
+	}{
+		{"preferred tied on both tails wins over a lower node id", []Candidate{{"a", 7, 3}, {"b", 7, 3}}, "b", "b"},
+		{"preferred behind on records loses", []Candidate{{"a", 7, 3}, {"b", 6, 9}}, "b", "a"},
+		{"preferred behind on cursor events loses", []Candidate{{"a", 7, 3}, {"b", 7, 2}}, "b", "a"},
+		{"preferred ahead wins as the furthest", []Candidate{{"a", 7, 3}, {"b", 8, 0}}, "b", "b"},
+		{"preferred absent: lowest node id", []Candidate{{"c", 7, 3}, {"a", 7, 3}}, "z", "a"},
+		{"no preference: Furthest", []Candidate{{"c", 7, 3}, {"a", 7, 3}}, "", "a"},
+		{"preferred among three tied", []Candidate{{"a", 7, 3}, {"c", 7, 3}, {"b", 7, 3}}, "c", "c"},
+	}
+	for _, c := range cases {
+		got, ok := FurthestPreferring(c.cands, c.preferred)
+		if !ok || got.Node != c.want {
+			t.Errorf("%s: picked %+v, want %s", c.name, got, c.want)
+		}
+		// The preference never picks a copy behind the furthest.
+		best, _ := Furthest(c.cands)
+		if got.RecordTail != best.RecordTail || got.CursorEventTail != best.CursorEventTail {
+			t.Errorf("%s: picked %+v behind the furthest %+v", c.name, got, best)
+		}
+	}
+	if _, ok := FurthestPreferring(nil, "a"); ok {
+		t.Error("no candidates: want ok false")
+	}
+}

@@ -125,12 +125,17 @@ type Recovery struct {
 	OldFollowers  []string `json:"old_followers"`
 	ProposedOwner string   `json:"proposed_owner"`
 	AddedMembers  []string `json:"added_members,omitempty"`
+	// RemovedMembers are old copies the recovered assignment leaves out
+	// unless they answer their seal: members missing past --replace-after,
+	// or at once when the stream cannot confirm without them
+	// (docs/protocol.md, "Replacing a missing copy"). Every other old copy
+	// is kept, answered or not, and rejoins when its broker returns.
+	RemovedMembers []string `json:"removed_members,omitempty"`
 	// Copies is how many copies the recovered assignment keeps at most
-	// when it adds members: added members replace copies the proposal
-	// counted gone, and one that answers its seal after all (an owner that
-	// stands down, or was lost by probe while its broker is registered)
-	// needs no replacement. Zero lets every added member join: a change
-	// that grows the stream, and recoveries recorded before this field.
+	// when it adds members: added members replace removed copies, and a
+	// removed copy that answers its seal after all needs no replacement.
+	// Zero lets every added member join: a change that grows the stream,
+	// and recoveries recorded before this field.
 	Copies int `json:"copies,omitempty"`
 	// Policy is the policy the recovered assignment will carry.
 	Policy  Policy    `json:"policy"`

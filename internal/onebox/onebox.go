@@ -78,6 +78,9 @@ type Options struct {
 	// bootstraps an admin (AdminToken, admin on "*") that Client, Admin
 	// and Streams use.
 	Auth auth.Options
+	// ReplaceAfter is the controllers' --replace-after (their default,
+	// 10m, when zero).
+	ReplaceAfter time.Duration
 }
 
 // Cluster is a running in-process cluster.
@@ -357,7 +360,7 @@ func (c *Cluster) StartController() *controllerapp.App {
 	c.mu.Unlock()
 	a, err := controllerapp.Start(context.Background(), controllerapp.Config{
 		Name: name, Listen: "127.0.0.1:0", Etcd: c.Etcd.Endpoints, DefaultPolicy: c.opts.DefaultPolicy,
-		OwnerProbeGrace: ProbeGrace, SessionTTL: int(ElectionTTL / time.Second), LogLevel: "info", LogWriter: c.Log(name),
+		OwnerProbeGrace: ProbeGrace, ReplaceAfter: c.opts.ReplaceAfter, SessionTTL: int(ElectionTTL / time.Second), LogLevel: "info", LogWriter: c.Log(name),
 		Auth: c.opts.Auth,
 	})
 	if err != nil {

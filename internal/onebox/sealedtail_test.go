@@ -42,8 +42,10 @@ func TestSealedRawTailWithOlderSuffixLosesNoConfirmedRecord(t *testing.T) {
 	c.StopBroker("b1")
 	c.StartBroker("b2")
 	c.StartBroker("b3")
+	// b1 is removed, as the controller does for a copy missing past
+	// --replace-after, so the assignment that adds it back comes later.
 	c.Put(c.Schema.RecoveryKey(stream), cluster.Recovery{Stream: stream, FromEpoch: 1, FenceEpoch: 2, TransitionID: "t2",
-		OldOwner: "b1", OldFollowers: []string{"b2", "b3"}, ProposedOwner: "b2", Policy: majority, Reason: "owner b1 lost"})
+		OldOwner: "b1", OldFollowers: []string{"b2", "b3"}, ProposedOwner: "b2", RemovedMembers: []string{"b1"}, Policy: majority, Reason: "owner b1 lost"})
 	a2 := c.WaitAssignment(stream, 15*time.Second, "epoch 2 committed", func(a cluster.Assignment) error {
 		if a.Epoch != 2 {
 			return fmt.Errorf("%+v", a)

@@ -37,9 +37,13 @@ func run(args []string) error {
 	fs.StringVar(&policy, "default-policy", cluster.MajorityDurable, "cluster assignment policy: local_durable, majority_durable, or replica_durable:N / replica_accepted:N (also NAME(N))")
 	fs.DurationVar(&cfg.OwnerProbeGrace, "owner-probe-grace", 300*time.Millisecond, "how long the probe of a suspected owner may take")
 	fs.BoolVar(&cfg.Auth.Enabled, "auth", false, "check client credentials and permissions on AdminService (docs/operating.md, \"Security\")")
+	fs.DurationVar(&cfg.ReplaceAfter, "replace-after", 10*time.Minute, "how long a stream's copy may be missing (its broker not live) before the controller replaces it on another broker; a stream that cannot confirm without it is replaced at once")
 	fs.StringVar(&cfg.LogLevel, "log-level", "info", "debug, info, warn or error")
 	if err := fs.Parse(args); err != nil {
 		return err
+	}
+	if cfg.ReplaceAfter <= 0 {
+		return fmt.Errorf("--replace-after must be positive, got %s", cfg.ReplaceAfter)
 	}
 	p, err := parsePolicy(policy)
 	if err != nil {

@@ -32,6 +32,7 @@ import (
 	"github.com/strandhq/strand/services/controller/internal/liveness"
 	"github.com/strandhq/strand/services/controller/internal/metrics"
 	"github.com/strandhq/strand/services/controller/internal/state"
+	"github.com/strandhq/strand/services/controller/internal/transition"
 )
 
 // Config configures a controller. Zero fields take the defaults of
@@ -52,6 +53,12 @@ type Config struct {
 	DefaultPolicy cluster.Policy
 	// OwnerProbeGrace bounds the probe of a suspected owner (default 300ms).
 	OwnerProbeGrace time.Duration
+	// ReplaceAfter is how long a member of a stream may be missing, its
+	// broker not live, before the controller replaces it with a copy on
+	// another broker (default 10m; docs/protocol.md, "Replacing a missing
+	// copy"). A stream that cannot confirm with its live members is
+	// replaced at once.
+	ReplaceAfter time.Duration
 	// SessionTTL is the election lease TTL in seconds (default 3).
 	SessionTTL int
 	// LogLevel and LogWriter configure logging (info, stderr).
@@ -85,6 +92,9 @@ func (c *Config) fill() error {
 	}
 	if c.OwnerProbeGrace <= 0 {
 		c.OwnerProbeGrace = 300 * time.Millisecond
+	}
+	if c.ReplaceAfter <= 0 {
+		c.ReplaceAfter = transition.DefaultReplaceAfter
 	}
 	if c.SessionTTL <= 0 {
 		c.SessionTTL = 3
@@ -163,6 +173,7 @@ func Start(ctx context.Context, cfg Config) (*App, error) {
 		met:      metrics.New(),
 	}
 	a.met.Follow()
+	a.mem.SetReplaceAfter(cfg.ReplaceAfter)
 	svc := admin.New(admin.Config{View: a.view, Schema: schema, Gate: a.gate, DefaultPolicy: cfg.DefaultPolicy, Log: log, Memory: a.mem, KV: cli})
 	mux, checker := rpcserver.Mux(strandv1connect.AdminServiceName)
 	checker.SetStatus(strandv1connect.AdminServiceName, grpchealth.StatusNotServing)
@@ -312,7 +323,7 @@ func (a *App) lead(ctx context.Context) error {
 	wg.Go(func() {
 		_ = liveness.Run(cctx, liveness.Config{
 			View: a.view, Schema: a.schema, Log: a.log, ProbeGrace: a.cfg.OwnerProbeGrace, Probe: a.cfg.Probe,
-			Pass: a.observe,
+			Pass: a.observe, ReplaceAfter: a.cfg.ReplaceAfter, MissingSince: a.mem.MissingSince,
 		}, term)
 	})
 	// The term also ends if the election key goes away by other means.

@@ -84,11 +84,14 @@ func oldAssignment(policy cluster.Policy) cluster.Assignment {
 }
 
 // recovery is the pending recovery the controller records for oldAssignment.
+// The recovery replaces b1 (as for an owner missing past --replace-after,
+// docs/protocol.md, "Replacing a missing copy"), so b1 is left out unless it
+// answers its seal; an old copy the recovery does not remove would be kept.
 func recovery(transition string, added ...string) cluster.Recovery {
 	return cluster.Recovery{
 		Stream: stream, FromEpoch: 3, FenceEpoch: 4, TransitionID: transition,
 		OldOwner: "b1", OldFollowers: []string{"b2", "b3"}, ProposedOwner: "b2",
-		AddedMembers: added, Reason: "owner lease expired", Created: time.Now(),
+		AddedMembers: added, RemovedMembers: []string{"b1"}, Reason: "owner lease expired", Created: time.Now(),
 	}
 }
 

@@ -86,6 +86,10 @@ type Options struct {
 	// Zones are the brokers' zones, given round-robin: broker i gets
 	// Zones[(i-1) % len(Zones)] as its --zone. Empty: no zones.
 	Zones []string
+	// ReplaceAfter is the controller's --replace-after (zero: its
+	// default, 10m): how long a stream's copy may be missing before the
+	// controller replaces it on another broker.
+	ReplaceAfter time.Duration
 	// BrokerArgs, ControllerArgs and RecovererArgs are extra flags.
 	BrokerArgs     []string
 	ControllerArgs []string
@@ -231,8 +235,7 @@ func Start(ctx context.Context, opts Options) (*Cluster, error) {
 	}()
 	etcdURL := c.EtcdEndpoints()[0]
 	common := []string{"--etcd", etcdURL, "--prefix", opts.Prefix}
-	c.add(Controller, loopback(opts.PortBase+2), bins[ControllerBin],
-		append(append([]string{"--name", Controller, "--listen", loopback(opts.PortBase + 2)}, common...), opts.ControllerArgs...))
+	c.add(Controller, loopback(opts.PortBase+2), bins[ControllerBin], controllerArgs(opts, common))
 	c.add(Recoverer, loopback(opts.PortBase+3), bins[RecovererBin],
 		append(append([]string{"--name", Recoverer, "--listen", loopback(opts.PortBase + 3)}, common...), opts.RecovererArgs...))
 	for i := 1; i <= opts.Brokers; i++ {
@@ -404,6 +407,16 @@ func (c *Cluster) Dir() string { return c.opts.Dir }
 // Exits delivers children that exited without being asked to. It is
 // buffered; events past the buffer are only logged.
 func (c *Cluster) Exits() <-chan Exit { return c.exits }
+
+// controllerArgs are the controller's flags: its name and listen address,
+// the common flags, --replace-after when set, then the extra flags.
+func controllerArgs(opts Options, common []string) []string {
+	args := append([]string{"--name", Controller, "--listen", loopback(opts.PortBase + 2)}, common...)
+	if opts.ReplaceAfter > 0 {
+		args = append(args, "--replace-after", opts.ReplaceAfter.String())
+	}
+	return append(args, opts.ControllerArgs...)
+}
 
 func (c *Cluster) add(name, addr, bin string, args []string) {
 	c.children[name] = &child{name: name, addr: addr, bin: bin, args: args}

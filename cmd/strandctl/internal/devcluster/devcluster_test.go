@@ -148,3 +148,16 @@ func TestBrokerZoneRoundRobin(t *testing.T) {
 		t.Fatalf("no zones: %q", z)
 	}
 }
+
+// --replace-after reaches the controller when set, before the extra flags
+// (which may override it), and is left to its default otherwise.
+func TestControllerArgsReplaceAfter(t *testing.T) {
+	common := []string{"--etcd", "http://e", "--prefix", "/p"}
+	got := strings.Join(controllerArgs(Options{PortBase: 4000, ReplaceAfter: 2 * time.Second, ControllerArgs: []string{"--log-level", "debug"}}, common), " ")
+	if want := "--name controller --listen 127.0.0.1:4002 --etcd http://e --prefix /p --replace-after 2s --log-level debug"; got != want {
+		t.Fatalf("args %q, want %q", got, want)
+	}
+	if got := strings.Join(controllerArgs(Options{PortBase: 4000}, common), " "); strings.Contains(got, "--replace-after") {
+		t.Fatalf("args %q name --replace-after though it is not set", got)
+	}
+}

@@ -15,7 +15,9 @@ const maxLeft = 8
 
 // Memory is what the controller remembers between snapshots, which hold
 // the cluster only as it is now: since when each copy has been out of
-// sync, and which members a change of assignment left out. A recovery that
+// sync, since when each member has been missing (its broker not live: the
+// clock of its replacement), and which members a change of assignment left
+// out. A recovery that
 // drops a dead owner writes an assignment without it, and nothing in etcd
 // names it afterwards; the copy it leaves missing is named from here.
 //
@@ -32,6 +34,9 @@ type Memory struct {
 	// on a resync tick then costs nothing here.
 	last *state.Snapshot
 	sum  Summary
+	// replaceAfter is the controller's --replace-after, for attention to
+	// say when a missing member is replaced.
+	replaceAfter time.Duration
 }
 
 // memo is what Memory keeps of one stream (one incarnation of its name).
@@ -43,6 +48,9 @@ type memo struct {
 	followers []string
 	// since is when each member was first seen out of sync.
 	since map[string]time.Time
+	// missing is when each member was first seen missing, its broker not
+	// live: the clock of its replacement (--replace-after).
+	missing map[string]time.Time
 	// left lists members a change of assignment left out, oldest first.
 	left []Left
 }
@@ -118,6 +126,14 @@ func (m *Memory) Observe(s *state.Snapshot, now time.Time) Summary {
 			if i > 0 {
 				node = a.Followers[i-1]
 			}
+			if s.Live(node) {
+				delete(mo.missing, node)
+			} else if _, ok := mo.missing[node]; !ok {
+				if mo.missing == nil {
+					mo.missing = map[string]time.Time{}
+				}
+				mo.missing[node] = now
+			}
 			if judgeMember(s, a, node, owner, ownerOK).State == InSync {
 				inSync++
 				delete(mo.since, node)
@@ -155,6 +171,7 @@ func (mo *memo) changed(a cluster.Assignment, now time.Time) {
 		}
 		mo.left = append(slices.DeleteFunc(mo.left, func(x Left) bool { return x.Node == node }), l)
 		delete(mo.since, node)
+		delete(mo.missing, node)
 	}
 	if mo.owner != "" {
 		gone(mo.owner)
@@ -189,6 +206,45 @@ func (m *Memory) since(stream, incarnation, node string) time.Time {
 		return time.Time{}
 	}
 	return mo.since[node]
+}
+
+// MissingSince returns when node, a member of stream's assignment of
+// incarnation, was first seen missing (its broker not live) and has been
+// since; zero when it is not missing or the controller has not seen it so.
+// It is the clock of the member's replacement (--replace-after). It starts
+// at this controller's first pass that saw it: a controller that takes
+// over starts it again, which only delays a replacement, never hastens one.
+func (m *Memory) MissingSince(stream, incarnation, node string) time.Time {
+	if m == nil {
+		return time.Time{}
+	}
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	mo := m.streams[stream]
+	if mo == nil || mo.incarnation != incarnation {
+		return time.Time{}
+	}
+	return mo.missing[node]
+}
+
+// SetReplaceAfter sets the replace-after window attention reports
+// replacements by (default transition.DefaultReplaceAfter).
+func (m *Memory) SetReplaceAfter(d time.Duration) {
+	if m == nil {
+		return
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.replaceAfter = d
+}
+
+func (m *Memory) replaceWindow() time.Duration {
+	if m == nil {
+		return 0
+	}
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	return m.replaceAfter
 }
 
 // left returns the copies a change of a's stream's assignment left out and

@@ -8,6 +8,7 @@ import (
 
 	"github.com/strandhq/strand/internal/cluster"
 	"github.com/strandhq/strand/services/controller/internal/state"
+	"github.com/strandhq/strand/services/controller/internal/transition"
 )
 
 // States of a copy in a replication judgement, as named in admin.proto.
@@ -132,7 +133,9 @@ func judgeMember(s *state.Snapshot, a cluster.Assignment, node string, owner clu
 		c.Role = cluster.RoleOwner
 	}
 	c.Tails, c.Published = s.Tails(node, a.Stream)
-	if c.Published && ownerOK {
+	// A member whose broker is not live has no lag to measure: tails it
+	// published before it went say nothing about what it holds now.
+	if c.Published && ownerOK && c.Live {
 		c.LagKnown = true
 		if owner.RecordTail > c.Tails.RecordTail {
 			c.Lag = owner.RecordTail - c.Tails.RecordTail
@@ -183,7 +186,7 @@ func judgeUnderReplicated(s *state.Snapshot, a cluster.Assignment, mem *Memory) 
 		parts = append(parts, fmt.Sprintf("%d not in the assignment (left out before this controller led)", unnamed))
 	}
 	e.Reason = fmt.Sprintf("%d of %d copies live and in sync at epoch %d; %s", r.InSync, r.Copies, a.Epoch, strings.Join(parts, "; "))
-	e.Action = underReplicatedAction(s, a, r)
+	e.Action = underReplicatedAction(s, a, r, mem)
 	return e, true
 }
 
@@ -216,15 +219,34 @@ func describeCopy(c Copy, a cluster.Assignment) string {
 // underReplicatedAction says what the controller will do about an
 // under-replicated stream, and when: what the liveness loop does today
 // (services/controller/internal/liveness), nothing more.
-func underReplicatedAction(s *state.Snapshot, a cluster.Assignment, r Replication) string {
+func underReplicatedAction(s *state.Snapshot, a cluster.Assignment, r Replication, mem *Memory) string {
+	var replacing []string
 	if rec, ok := s.Recoveries[a.Stream]; ok {
-		return fmt.Sprintf("the pending recovery to epoch %d goes first (see its entries); copies still missing after it commits are added on the fast path where a live broker holds none", rec.Value.FenceEpoch)
+		replacing = rec.Value.RemovedMembers
+	}
+	replace := replaceAction(s, a, mem, replacing)
+	if rec, ok := s.Recoveries[a.Stream]; ok {
+		out := fmt.Sprintf("the pending recovery to epoch %d goes first (see its entries); it keeps every copy it does not replace, and a returning copy rejoins as a follower", rec.Value.FenceEpoch)
+		if len(replacing) > 0 {
+			out += fmt.Sprintf("; it replaces %s", strings.Join(replacing, ", "))
+			if len(rec.Value.AddedMembers) > 0 {
+				out += " with " + strings.Join(rec.Value.AddedMembers, ", ")
+			}
+		}
+		if replace != "" {
+			out += "; after it: " + replace
+		}
+		return out
 	}
 	if !s.Live(a.Owner) {
 		if a.Copies() == 1 {
 			return "nothing: a single copy has nothing to fail over to; bring its broker back or accept the loss"
 		}
-		return "the controller records a pending recovery at its next pass: the owner is lost"
+		out := "the controller records a pending recovery at its next pass: the owner is lost; the recovery keeps the old owner as a follower, so it rejoins if its broker returns"
+		if replace != "" {
+			out += "; " + replace
+		}
+		return out
 	}
 	if len(r.Missing) > 0 {
 		var spare []string
@@ -243,21 +265,63 @@ func underReplicatedAction(s *state.Snapshot, a cluster.Assignment, r Replicatio
 		}
 		return fmt.Sprintf("the controller adds followers on the fast path at its next pass (%d live brokers hold no copy; each is probed first)", len(spare))
 	}
-	var down, lagging []string
+	var lagging []string
 	for _, c := range r.Members {
-		switch c.State {
-		case Down:
-			down = append(down, c.Node)
-		case Lagging:
+		if c.State == Lagging {
 			lagging = append(lagging, c.Node)
 		}
 	}
 	var out []string
-	if len(down) > 0 {
-		out = append(out, fmt.Sprintf("a down follower (%s) stays in the assignment, and no replacement is placed, until its broker comes back and catches up", strings.Join(down, ", ")))
+	if replace != "" {
+		out = append(out, replace)
 	}
 	if len(lagging) > 0 {
 		out = append(out, fmt.Sprintf("a lagging copy (%s) catches up by following its owner; if its lag grows, look at its broker", strings.Join(lagging, ", ")))
 	}
-	return "nothing: " + strings.Join(out, "; ")
+	if replace == "" {
+		return "nothing: " + strings.Join(out, "; ")
+	}
+	return strings.Join(out, "; ")
+}
+
+// replaceAction says, for each member of a whose broker is not live, since
+// when it is missing and when the controller replaces it
+// (docs/protocol.md, "Replacing a missing copy"); empty when none is.
+// replacing are the members a pending recovery replaces already.
+func replaceAction(s *state.Snapshot, a cluster.Assignment, mem *Memory, replacing []string) string {
+	now := time.Now()
+	plans := transition.PlanReplacements(s, a, func(node string) time.Time { return mem.MissingSince(a.Stream, a.Incarnation, node) },
+		mem.replaceWindow(), now)
+	// Members a pending recovery replaces already are said by its caller.
+	plans = slices.DeleteFunc(plans, func(p transition.Replacement) bool { return slices.Contains(replacing, p.Node) })
+	if len(plans) == 0 {
+		return ""
+	}
+	spare := false
+	for _, n := range s.LiveBrokers() {
+		hb, started := s.Heartbeats[n]
+		if _, holds := hb.Streams[a.Stream]; started && !holds && !a.Includes(n) {
+			spare = true
+			break
+		}
+	}
+	var out []string
+	for _, p := range plans {
+		since := p.Since.UTC().Format(time.RFC3339)
+		switch {
+		case p.AtOnce && spare:
+			out = append(out, fmt.Sprintf("%s missing since %s: replacing now: the stream cannot confirm with its live members", p.Node, since))
+		case p.AtOnce && !s.Live(a.Owner):
+			out = append(out, fmt.Sprintf("%s missing since %s: replacing now: the stream cannot confirm with its live members; no live broker holds no copy, so the owner's recovery leaves it out and the stream goes on with its live copies", p.Node, since))
+		case p.AtOnce:
+			out = append(out, fmt.Sprintf("%s missing since %s: replacing now: the stream cannot confirm with its live members; but every live broker holds a copy, so it waits for one to register or for its broker to return", p.Node, since))
+		case !spare:
+			out = append(out, fmt.Sprintf("%s missing since %s: replace at %s, once a live broker holds no copy (every live broker holds one now); it rejoins as a follower if its broker returns first",
+				p.Node, since, p.At.UTC().Format(time.RFC3339)))
+		default:
+			out = append(out, fmt.Sprintf("%s missing since %s: replace at %s, unless its broker returns first and it rejoins as a follower",
+				p.Node, since, p.At.UTC().Format(time.RFC3339)))
+		}
+	}
+	return strings.Join(out, "; ")
 }

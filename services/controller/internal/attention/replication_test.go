@@ -175,7 +175,26 @@ func TestUnderReplicatedEntry(t *testing.T) {
 			snap:    deadFollower("b1", "b2", "b4").Stream(asg("b1", "b2", "b3")).Snapshot(),
 			missing: "b3",
 			reason:  "2 of 3 copies live and in sync at epoch 3; follower copy on b3 is down (since 2026-05-06T07:08:09Z)",
-			action:  "nothing: a down follower (b3) stays in the assignment, and no replacement is placed, until its broker comes back and catches up",
+			action:  "b3 missing since 2026-05-06T07:08:09Z: replace at 2026-05-06T07:18:09Z, unless its broker returns first and it rejoins as a follower",
+			since:   true,
+		},
+		{
+			name:    "dead follower, no live broker without a copy",
+			before:  deadFollower("b1", "b2").Stream(asg("b1", "b2", "b3")).Snapshot(),
+			snap:    deadFollower("b1", "b2").Stream(asg("b1", "b2", "b3")).Snapshot(),
+			missing: "b3",
+			reason:  "2 of 3 copies live and in sync at epoch 3; follower copy on b3 is down (since 2026-05-06T07:08:09Z)",
+			action:  "b3 missing since 2026-05-06T07:08:09Z: replace at 2026-05-06T07:18:09Z, once a live broker holds no copy (every live broker holds one now); it rejoins as a follower if its broker returns first",
+			since:   true,
+		},
+		{
+			// local_durable: W = E, so the two live copies cannot confirm.
+			name:    "dead follower of a stream that cannot confirm without it",
+			before:  deadFollower("b1", "b2").Stream(cluster.Assignment{Stream: "s", Epoch: 3, Owner: "b1", Followers: []string{"b2", "b3"}, Policy: cluster.Policy{Name: cluster.LocalDurable}}).Snapshot(),
+			snap:    deadFollower("b1", "b2", "b4").Stream(cluster.Assignment{Stream: "s", Epoch: 3, Owner: "b1", Followers: []string{"b2", "b3"}, Policy: cluster.Policy{Name: cluster.LocalDurable}}).Snapshot(),
+			missing: "b3",
+			reason:  "2 of 3 copies live and in sync at epoch 3; follower copy on b3 is down (since 2026-05-06T07:08:09Z)",
+			action:  "b3 missing since 2026-05-06T07:08:09Z: replacing now: the stream cannot confirm with its live members",
 			since:   true,
 		},
 		{
@@ -202,11 +221,22 @@ func TestUnderReplicatedEntry(t *testing.T) {
 			action:  "nothing: a lagging copy (b3) catches up by following its owner; if its lag grows, look at its broker",
 		},
 		{
+			name: "dead follower being replaced by a pending recovery",
+			snap: deadFollower("b1", "b2", "b4").Stream(asg("b1", "b2", "b3")).Recovery(func() cluster.Recovery {
+				r := rec("b1", "b2", "b3")
+				r.RemovedMembers, r.AddedMembers = []string{"b3"}, []string{"b4"}
+				return r
+			}()).Snapshot(),
+			missing: "b3",
+			reason:  "2 of 3 copies live and in sync at epoch 3; follower copy on b3 is down (since 2026-05-06T07:09:09Z)",
+			action:  "the pending recovery to epoch 4 goes first (see its entries); it keeps every copy it does not replace, and a returning copy rejoins as a follower; it replaces b3 with b4",
+		},
+		{
 			name:    "dead owner with a pending recovery",
 			snap:    state.Build().Live("b2", "b3").Tails("b2", "s", at(cluster.RoleFollower, 100, 0)).Tails("b3", "s", at(cluster.RoleFollower, 100, 0)).Stream(asg("b1", "b2", "b3")).Recovery(rec("b1", "b2", "b3")).Snapshot(),
 			missing: "b1",
 			reason:  "2 of 3 copies live and in sync at epoch 3; owner copy on b1 is down (since 2026-05-06T07:09:09Z)",
-			action:  "the pending recovery to epoch 4 goes first (see its entries); copies still missing after it commits are added on the fast path where a live broker holds none",
+			action:  "the pending recovery to epoch 4 goes first (see its entries); it keeps every copy it does not replace, and a returning copy rejoins as a follower; after it: b1 missing since 2026-05-06T07:09:09Z: replace at 2026-05-06T07:19:09Z, once a live broker holds no copy (every live broker holds one now); it rejoins as a follower if its broker returns first",
 		},
 	}
 	for _, c := range cases {
@@ -230,5 +260,50 @@ func TestUnderReplicatedEntry(t *testing.T) {
 			t.Errorf("%s:\n got missing %v since %v\n  reason %q\n  action %q\nwant missing %s since t0=%v\n  reason %q\n  action %q",
 				c.name, e.Missing, e.Since, e.Reason, e.Action, c.missing, c.since, c.reason, c.action)
 		}
+	}
+}
+
+// MissingSince is the clock of a replacement: set when the controller first
+// sees a member's broker not live, kept while it stays missing (also when
+// a recovery turns the missing owner into a follower), cleared when it is
+// live again or leaves the assignment, and gone with a Reset (a new leader
+// starts the clock again).
+func TestMissingSince(t *testing.T) {
+	t0 := time.Date(2026, 5, 6, 7, 0, 0, 0, time.UTC)
+	m := NewMemory()
+	at := func(i int) time.Time { return t0.Add(time.Duration(i) * time.Minute) }
+	steps := []struct {
+		snap *state.Snapshot
+		want map[string]time.Time // node -> MissingSince after the step
+	}{
+		{state.Build().Live("b1", "b2", "b3").Stream(asg("b1", "b2", "b3")).Snapshot(), map[string]time.Time{}},
+		{state.Build().Live("b2", "b3").Stream(asg("b1", "b2", "b3")).Snapshot(), map[string]time.Time{"b1": at(1)}},
+		// Still missing: the clock keeps its start.
+		{state.Build().Live("b2", "b3").Stream(asg("b1", "b2", "b3")).Snapshot(), map[string]time.Time{"b1": at(1)}},
+		// A recovery moved the stream to b2 and kept b1 as a follower.
+		{state.Build().Live("b2", "b3").Stream(cluster.Assignment{Stream: "s", Epoch: 4, Owner: "b2", Followers: []string{"b1", "b3"}, Policy: majority}).Snapshot(), map[string]time.Time{"b1": at(1)}},
+		// b1 returns: cleared.
+		{state.Build().Live("b1", "b2", "b3").Stream(cluster.Assignment{Stream: "s", Epoch: 4, Owner: "b2", Followers: []string{"b1", "b3"}, Policy: majority}).Snapshot(), map[string]time.Time{}},
+		// b3 goes, and is then replaced by b4: no longer a member, cleared.
+		{state.Build().Live("b1", "b2").Stream(cluster.Assignment{Stream: "s", Epoch: 4, Owner: "b2", Followers: []string{"b1", "b3"}, Policy: majority}).Snapshot(), map[string]time.Time{"b3": at(5)}},
+		{state.Build().Live("b1", "b2", "b4").Stream(cluster.Assignment{Stream: "s", Epoch: 5, Owner: "b2", Followers: []string{"b1", "b4"}, Policy: majority}).Snapshot(), map[string]time.Time{}},
+	}
+	for i, st := range steps {
+		m.Observe(st.snap, at(i))
+		a := st.snap.Assignments["s"].Value
+		for _, n := range []string{"b1", "b2", "b3", "b4"} {
+			if got := m.MissingSince("s", a.Incarnation, n); !got.Equal(st.want[n]) {
+				t.Errorf("step %d: MissingSince(%s) = %v, want %v", i, n, got, st.want[n])
+			}
+		}
+	}
+	m.Observe(steps[1].snap, at(10))
+	m.Reset()
+	if got := m.MissingSince("s", "", "b1"); !got.IsZero() {
+		t.Errorf("after Reset: MissingSince(b1) = %v, want zero", got)
+	}
+	var none *Memory
+	if got := none.MissingSince("s", "", "b1"); !got.IsZero() {
+		t.Errorf("nil memory: %v", got)
 	}
 }

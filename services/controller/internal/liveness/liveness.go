@@ -3,7 +3,9 @@
 // (docs/protocol.md, "Stream failover"), and brings an under-replicated stream back to its
 // copies by the fast path, preferring a copy left out of the assignment that
 // is live again, so an old owner rejoins as a follower without another
-// recovery.
+// recovery. A member missing past --replace-after, or at once when its
+// stream cannot confirm without it, is replaced (replace.go;
+// docs/protocol.md, "Replacing a missing copy").
 package liveness
 
 import (
@@ -73,6 +75,11 @@ type Config struct {
 	// pass acts on it: what the controller remembers between snapshots
 	// and its metrics are kept from it, at the pace of the loop.
 	Pass func(*state.Snapshot)
+	// ReplaceAfter is how long a member may be missing before it is
+	// replaced (default transition.DefaultReplaceAfter); MissingSince says
+	// since when each is (replace.go).
+	ReplaceAfter time.Duration
+	MissingSince MissingSince
 }
 
 // Run runs the loop while term leads; it returns when ctx ends.
@@ -248,7 +255,7 @@ func (l *loop) reconcile(ctx context.Context, s *state.Snapshot, streams []strin
 		}
 		if reason, ok := lost[stream]; ok {
 			l.watch(stream)
-			if w, ok := l.proposeRecovery(s, stream, []string{av.Value.Owner}, reason, "owner lost; pending recovery recorded"); ok {
+			if w, ok := l.proposeRecovery(ctx, s, stream, []string{av.Value.Owner}, reason, "owner lost; pending recovery recorded"); ok {
 				recoveries = append(recoveries, w)
 			}
 			continue
@@ -260,7 +267,7 @@ func (l *loop) reconcile(ctx context.Context, s *state.Snapshot, streams []strin
 				strings.Join(by, ", "), fence, a.Epoch)
 			// The owner is not lost: as for an operator's failover, a live
 			// owner is not replaced, since its copy answers the seal.
-			if w, ok := l.proposeRecovery(s, stream, nil, reason, "copies sealed past their assignment with no recovery pending; pending recovery recorded"); ok {
+			if w, ok := l.proposeRecovery(ctx, s, stream, nil, reason, "copies sealed past their assignment with no recovery pending; pending recovery recorded"); ok {
 				recoveries = append(recoveries, w)
 			}
 			continue
@@ -278,7 +285,9 @@ func (l *loop) reconcile(ctx context.Context, s *state.Snapshot, streams []strin
 	}
 	l.recordRecoveries(ctx, recoveries)
 	for _, stream := range others {
-		l.replenish(ctx, s, stream)
+		if !l.replace(ctx, s, stream) {
+			l.replenish(ctx, s, stream)
+		}
 	}
 	return l.wrote
 }
@@ -437,11 +446,12 @@ type pendingWrite struct {
 // owner is lost or whose copies are sealed past its assignment, for
 // recordRecoveries to write and log with msg; a single-copy stream waits
 // under attention. lost names members known lost beyond those whose broker
-// key is gone (transition.ProposeRecovery). The fence epoch is the next
+// key is gone (transition.ProposeRecovery). It adds no member, except to
+// replace members due for replacement now (withDueReplacements). The fence epoch is the next
 // epoch, or the highest one a member is sealed at already: a copy refuses a
 // seal below its epoch, and a new transition at the seal's own fence epoch
 // takes it over.
-func (l *loop) proposeRecovery(s *state.Snapshot, stream string, lost []string, reason, msg string) (pendingWrite, bool) {
+func (l *loop) proposeRecovery(ctx context.Context, s *state.Snapshot, stream string, lost []string, reason, msg string) (pendingWrite, bool) {
 	a := s.Assignments[stream].Value
 	if a.Copies() == 1 {
 		return pendingWrite{}, false
@@ -451,6 +461,7 @@ func (l *loop) proposeRecovery(s *state.Snapshot, stream string, lost []string, 
 		l.cfg.Log.Warn().Err(err).Str(logging.Stream, stream).Msg("liveness: cannot propose a recovery; retrying at the next change")
 		return pendingWrite{}, false
 	}
+	rec = l.withDueReplacements(ctx, s, a, rec)
 	if fence, _ := SealedPast(s, a); fence > rec.FenceEpoch {
 		rec.FenceEpoch = fence
 	}
@@ -539,7 +550,7 @@ func (l *loop) logRecorded(w pendingWrite) {
 	rec := w.write.Rec
 	l.cfg.Log.Info().Str(logging.Stream, rec.Stream).Uint64(logging.Epoch, rec.FromEpoch).Uint64(logging.FenceEpoch, rec.FenceEpoch).
 		Str(logging.Transition, rec.TransitionID).Str(logging.Owner, rec.OldOwner).Str("proposed_owner", rec.ProposedOwner).
-		Strs("added_members", rec.AddedMembers).Str(logging.Reason, rec.Reason).Msg(w.msg)
+		Strs("added_members", rec.AddedMembers).Strs("removed_members", rec.RemovedMembers).Str(logging.Reason, rec.Reason).Msg(w.msg)
 }
 
 // replenish adds followers to a stream with fewer copies than its spec asks

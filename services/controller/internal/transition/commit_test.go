@@ -49,11 +49,12 @@ func TestFastPathCommitIsGuarded(t *testing.T) {
 	next := old
 	next.Followers = []string{"b2", "b3"}
 
-	// Not a fast-path change: refused before writing.
-	drop := old
-	drop.Followers = nil
-	if err := c.FastPath(ctx, v, drop); !errors.Is(err, ErrNotFastPath) {
-		t.Fatalf("dropping a follower: %v, want ErrNotFastPath", err)
+	// Not a fast-path change (W' 2 > W 2 - 1 removed): refused before
+	// writing.
+	swap := old
+	swap.Followers = []string{"b3"}
+	if err := c.FastPath(ctx, v, swap); !errors.Is(err, ErrNotFastPath) {
+		t.Fatalf("replacing a follower: %v, want ErrNotFastPath", err)
 	}
 	// A stale mod revision loses.
 	stale := v

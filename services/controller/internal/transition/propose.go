@@ -66,16 +66,22 @@ func LoadOf(s *state.Snapshot) placement.Load {
 // ProposeRecovery builds the pending recovery for stream, whose current
 // owner is to be replaced: lost lists members known lost beyond those whose
 // broker key is gone (an owner whose probe failed). The proposed owner is the
-// furthest live follower by its heartbeat tails; each lost member is replaced
-// by a live non-member placement picks, while one exists. TransitionID and
-// Created are left for the caller.
+// furthest live follower by its heartbeat tails. It adds no member: the
+// recovered assignment keeps every old copy, the lost owner as a follower,
+// so a copy that returns rejoins by the ordinary path and catches up from
+// its own tail; a copy missing past --replace-after is replaced by a
+// recovery of its own (docs/protocol.md, "Replacing a missing copy").
+// TransitionID and Created are left for the caller.
 func ProposeRecovery(s *state.Snapshot, stream string, lost []string, reason string) (cluster.Recovery, error) {
-	return ProposeRecoveryWith(s, LoadOf(s), stream, lost, reason)
+	// Nothing is placed, so no load is taken.
+	return ProposeRecoveryWith(s, placement.Load{}, stream, lost, reason)
 }
 
-// ProposeRecoveryWith is ProposeRecovery with the placement load of s taken
-// already, for a caller proposing for many streams of one snapshot.
-func ProposeRecoveryWith(s *state.Snapshot, load placement.Load, stream string, lost []string, reason string) (cluster.Recovery, error) {
+// ProposeRecoveryWith is ProposeRecovery for a caller proposing for many
+// streams of one snapshot with its placement load taken already. The
+// proposal itself places nothing; the caller places replacements due now
+// with WithReplacement.
+func ProposeRecoveryWith(s *state.Snapshot, _ placement.Load, stream string, lost []string, reason string) (cluster.Recovery, error) {
 	av, ok := s.Assignments[stream]
 	if !ok {
 		return cluster.Recovery{}, ErrNoStream
@@ -96,16 +102,6 @@ func ProposeRecoveryWith(s *state.Snapshot, load placement.Load, stream string, 
 		// waits under attention until enough copies answer its seals.
 		proposed = slices.Min(a.Followers)
 	}
-	var gone int
-	for _, m := range a.Members() {
-		if down(m) {
-			gone++
-		}
-	}
-	// A member lost by probe is still registered: left out of the live
-	// brokers, its zone is one the replacement may take again, so the
-	// stream keeps its spread over zones.
-	added := placement.PickUpTo(load.Without(lost), gone, a.Members())
 	policy := a.Policy
 	if spec, ok := s.Streams[stream]; ok {
 		policy = spec.Value.Policy
@@ -117,9 +113,8 @@ func ProposeRecoveryWith(s *state.Snapshot, load placement.Load, stream string, 
 		OldOwner:      a.Owner,
 		OldFollowers:  slices.Clone(a.Followers),
 		ProposedOwner: proposed,
-		AddedMembers:  added,
-		// The added members replace gone copies: the stream keeps its
-		// copy count, and grows only through its own change.
+		// The stream keeps its copy count: nothing is added here, and a
+		// replacement added later replaces a removed copy.
 		Copies: a.Copies(),
 		Policy: policy,
 		Reason: reason,

@@ -136,6 +136,19 @@ type Decision struct {
 // latest history start, so a pick below it would lose them: the recovery
 // waits for a copy at or past it (docs/protocol.md, "The confirmed prefix").
 func Decide(old cluster.Assignment, history cluster.HistoryStarts, answers []Answer) Decision {
+	return decide(old, history, answers, "")
+}
+
+// DecideFor is Decide for the pending recovery rec: among sealed copies
+// tied at the furthest tails it picks rec's proposed owner
+// (cluster.FurthestPreferring), so a recovery that keeps a healthy owner,
+// such as the replacement of a missing follower, leaves the stream where
+// it is. It is a tie-break only: the pick is still a furthest copy.
+func DecideFor(old cluster.Assignment, rec cluster.Recovery, history cluster.HistoryStarts, answers []Answer) Decision {
+	return decide(old, history, answers, rec.ProposedOwner)
+}
+
+func decide(old cluster.Assignment, history cluster.HistoryStarts, answers []Answer, preferred string) Decision {
 	byNode := make(map[string]Answer, len(answers))
 	for _, a := range answers {
 		if _, dup := byNode[a.Node]; !dup && old.Includes(a.Node) {
@@ -156,7 +169,7 @@ func Decide(old cluster.Assignment, history cluster.HistoryStarts, answers []Ans
 			d.Missing = append(d.Missing, node)
 		}
 	}
-	d.Pick, _ = Furthest(sealed)
+	d.Pick, _ = cluster.FurthestPreferring(sealed, preferred)
 	switch {
 	case len(sealed) < d.R:
 		d.Verdict = WaitQuorum
@@ -168,14 +181,22 @@ func Decide(old cluster.Assignment, history cluster.HistoryStarts, answers []Ans
 	return d
 }
 
-// Followers are the new assignment's followers: the other sealed copies in
-// the old assignment's order, then the members the proposal added that held
-// no copy, in the proposal's order, while the assignment has fewer than
-// rec.Copies copies (when set): an added member replaces a copy counted
-// gone, and a copy that answered its seal after all needs no replacement,
-// or the stream would grow past its copy count and W with it. Old copies
-// that did not answer are left out; they stay sealed until a later
-// assignment includes them (docs/protocol.md, "Stream failover").
+// Followers are the new assignment's followers: every old copy but the
+// pick, in the old assignment's order, sealed or not, except those the
+// proposal removes (RemovedMembers) that did not answer their seal; then
+// the members the proposal added that held no copy, in the proposal's
+// order, while the assignment has fewer than rec.Copies copies (when set).
+//
+// An old copy that did not answer is kept: its broker is away, and when it
+// returns it follows the new owner by the ordinary path, its longer tail
+// cut at the new history start (docs/protocol.md, "Copies with a longer
+// tail"), instead of the stream re-replicating onto another broker. The
+// controller replaces it only once it has been missing for --replace-after
+// (docs/protocol.md, "Replacing a missing copy"), through a recovery that
+// removes it. A removed copy that answered its seal after all stays, and
+// the copy bound then leaves its replacement out: the stream never grows
+// past its copy count, and W with it. Zero Copies lets every added member
+// join: a change that grows the stream.
 func Followers(old cluster.Assignment, rec cluster.Recovery, d Decision) []string {
 	followers := []string{}
 	add := func(node string) {
@@ -183,7 +204,10 @@ func Followers(old cluster.Assignment, rec cluster.Recovery, d Decision) []strin
 			followers = append(followers, node)
 		}
 	}
-	for _, node := range d.Sealed {
+	for _, node := range old.Members() {
+		if slices.Contains(rec.RemovedMembers, node) && !slices.Contains(d.Sealed, node) {
+			continue
+		}
 		add(node)
 	}
 	for _, node := range rec.AddedMembers {

@@ -230,29 +230,39 @@ func TestFollowersTable(t *testing.T) {
 		name    string
 		policy  cluster.Policy
 		added   []string
+		removed []string
 		copies  int
 		answers []Answer
 		want    []string
 	}{
-		{"sealed copies follow the pick", majority(), nil, 0, []Answer{{Node: "n2", RecordTail: 5, CursorEventTail: 0}, {Node: "n3", RecordTail: 6, CursorEventTail: 0}, {Node: "n1", RecordTail: 1, CursorEventTail: 0}}, []string{"n1", "n2"}},
-		{"a left-out copy is excluded", majority(), nil, 0, []Answer{{Node: "n2", RecordTail: 5, CursorEventTail: 0}, {Node: "n3", RecordTail: 6, CursorEventTail: 0}}, []string{"n2"}},
-		{"an added member that held no copy joins", majority(), []string{"n4"}, 0, []Answer{{Node: "n2", RecordTail: 5, CursorEventTail: 0}, {Node: "n3", RecordTail: 6, CursorEventTail: 0}}, []string{"n2", "n4"}},
-		{"an added old member that was left out stays out", majority(), []string{"n1", "n4"}, 0, []Answer{{Node: "n2", RecordTail: 5, CursorEventTail: 0}, {Node: "n3", RecordTail: 6, CursorEventTail: 0}}, []string{"n2", "n4"}},
-		{"an added member listed twice joins once", majority(), []string{"n5", "n4", "n5"}, 0, []Answer{{Node: "n2", RecordTail: 5, CursorEventTail: 0}, {Node: "n3", RecordTail: 6, CursorEventTail: 0}}, []string{"n2", "n5", "n4"}},
-		{"followers keep the old assignment's order", majority(), nil, 0, []Answer{{Node: "n3", RecordTail: 1, CursorEventTail: 0}, {Node: "n2", RecordTail: 1, CursorEventTail: 0}, {Node: "n1", RecordTail: 9, CursorEventTail: 0}}, []string{"n2", "n3"}},
-		{"the pick alone has no followers", cluster.Policy{Name: cluster.LocalDurable}, nil, 0, []Answer{{Node: "n2", RecordTail: 5, CursorEventTail: 0}}, []string{}},
-		// The owner was counted gone (it stands down, or failed the probe
-		// while registered) and answered its seal after all: its
-		// replacement is not needed, and 4 copies would raise W to 3.
-		{"a gone copy that answered needs no replacement", majority(), []string{"n4"}, 3, []Answer{{Node: "n2", RecordTail: 5, CursorEventTail: 0}, {Node: "n3", RecordTail: 6, CursorEventTail: 0}, {Node: "n1", RecordTail: 6, CursorEventTail: 0}}, []string{"n2", "n3"}},
-		{"a gone copy that did not answer is replaced", majority(), []string{"n4"}, 3, []Answer{{Node: "n2", RecordTail: 5, CursorEventTail: 0}, {Node: "n3", RecordTail: 6, CursorEventTail: 0}}, []string{"n2", "n4"}},
-		{"replacements stop at the copy count", majority(), []string{"n4", "n5"}, 3, []Answer{{Node: "n2", RecordTail: 5, CursorEventTail: 0}, {Node: "n3", RecordTail: 6, CursorEventTail: 0}}, []string{"n2", "n4"}},
+		{"sealed copies follow the pick", majority(), nil, nil, 0, []Answer{{Node: "n2", RecordTail: 5}, {Node: "n3", RecordTail: 6}, {Node: "n1", RecordTail: 1}}, []string{"n1", "n2"}},
+		// The lost owner did not answer: it stays, as a follower, and
+		// rejoins when its broker returns.
+		{"an old copy that did not answer is kept", majority(), nil, nil, 0, []Answer{{Node: "n2", RecordTail: 5}, {Node: "n3", RecordTail: 6}}, []string{"n1", "n2"}},
+		{"an added member that held no copy joins", majority(), []string{"n4"}, nil, 0, []Answer{{Node: "n2", RecordTail: 5}, {Node: "n3", RecordTail: 6}}, []string{"n1", "n2", "n4"}},
+		{"an added old member joins once", majority(), []string{"n1", "n4"}, nil, 0, []Answer{{Node: "n2", RecordTail: 5}, {Node: "n3", RecordTail: 6}}, []string{"n1", "n2", "n4"}},
+		{"an added member listed twice joins once", majority(), []string{"n5", "n4", "n5"}, nil, 0, []Answer{{Node: "n2", RecordTail: 5}, {Node: "n3", RecordTail: 6}}, []string{"n1", "n2", "n5", "n4"}},
+		{"followers keep the old assignment's order", majority(), nil, nil, 0, []Answer{{Node: "n3", RecordTail: 1}, {Node: "n2", RecordTail: 1}, {Node: "n1", RecordTail: 9}}, []string{"n2", "n3"}},
+		{"the pick alone keeps the unanswered copies", cluster.Policy{Name: cluster.LocalDurable}, nil, nil, 0, []Answer{{Node: "n2", RecordTail: 5}}, []string{"n1", "n3"}},
+		// Replacement: n1 missing past --replace-after is removed and n4
+		// takes its place.
+		{"a removed copy that did not answer is replaced", majority(), []string{"n4"}, []string{"n1"}, 3, []Answer{{Node: "n2", RecordTail: 5}, {Node: "n3", RecordTail: 6}}, []string{"n2", "n4"}},
+		// It answered after all: it stays and its replacement is not
+		// needed (4 copies would raise W to 3). Tied with n3 at the
+		// furthest tails, the proposed owner n1 keeps the stream.
+		{"a removed copy that answered stays and needs no replacement", majority(), []string{"n4"}, []string{"n1"}, 3, []Answer{{Node: "n2", RecordTail: 5}, {Node: "n3", RecordTail: 6}, {Node: "n1", RecordTail: 6}}, []string{"n2", "n3"}},
+		{"a removed copy that answered behind stays as a follower", majority(), []string{"n4"}, []string{"n1"}, 3, []Answer{{Node: "n2", RecordTail: 5}, {Node: "n3", RecordTail: 6}, {Node: "n1", RecordTail: 4}}, []string{"n1", "n2"}},
+		{"a removed follower is left out when the owner stays", majority(), []string{"n4"}, []string{"n3"}, 3, []Answer{{Node: "n1", RecordTail: 6}, {Node: "n2", RecordTail: 6}}, []string{"n2", "n4"}},
+		{"replacements stop at the copy count", majority(), []string{"n4", "n5"}, []string{"n1"}, 3, []Answer{{Node: "n2", RecordTail: 5}, {Node: "n3", RecordTail: 6}}, []string{"n2", "n4"}},
+		{"no replacement found: the stream shrinks", cluster.Policy{Name: cluster.LocalDurable}, nil, []string{"n1"}, 3, []Answer{{Node: "n2", RecordTail: 5}, {Node: "n3", RecordTail: 6}}, []string{"n2"}},
+		{"an unanswered copy not removed stays beside a replacement", majority(), []string{"n4"}, []string{"n3"}, 3, []Answer{{Node: "n2", RecordTail: 5}, {Node: "n1", RecordTail: 5}}, []string{"n2", "n4"}},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			old := assignment(3, c.policy)
-			rec := cluster.Recovery{Stream: "orders", FromEpoch: 4, FenceEpoch: 5, OldOwner: "n1", OldFollowers: []string{"n2", "n3"}, AddedMembers: c.added, Copies: c.copies}
-			d := Decide(old, nil, c.answers)
+			rec := cluster.Recovery{Stream: "orders", FromEpoch: 4, FenceEpoch: 5, OldOwner: "n1", OldFollowers: []string{"n2", "n3"},
+				ProposedOwner: "n1", AddedMembers: c.added, RemovedMembers: c.removed, Copies: c.copies}
+			d := DecideFor(old, rec, nil, c.answers)
 			if d.Verdict != Promote {
 				t.Fatalf("verdict %v, want promote", d.Verdict)
 			}
@@ -262,6 +272,32 @@ func TestFollowersTable(t *testing.T) {
 			}
 			if slices.Contains(got, d.Pick.Node) {
 				t.Fatalf("the pick %s is also a follower", d.Pick.Node)
+			}
+		})
+	}
+}
+
+// The pick prefers the recovery's proposed owner among copies tied at the
+// furthest tails, and only there.
+func TestDecideForPrefersProposedOwner(t *testing.T) {
+	old := assignment(3, majority())
+	cases := []struct {
+		name     string
+		proposed string
+		answers  []Answer
+		want     string
+	}{
+		{"tied: the proposed owner keeps the stream", "n2", []Answer{{Node: "n1", RecordTail: 9, CursorEventTail: 2}, {Node: "n2", RecordTail: 9, CursorEventTail: 2}}, "n2"},
+		{"proposed behind on records: the furthest", "n2", []Answer{{Node: "n1", RecordTail: 9, CursorEventTail: 2}, {Node: "n2", RecordTail: 8, CursorEventTail: 7}}, "n1"},
+		{"proposed behind on cursor events: the furthest", "n2", []Answer{{Node: "n1", RecordTail: 9, CursorEventTail: 2}, {Node: "n2", RecordTail: 9, CursorEventTail: 1}}, "n1"},
+		{"proposed did not answer: lowest node id", "n3", []Answer{{Node: "n2", RecordTail: 9}, {Node: "n1", RecordTail: 9}}, "n1"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			rec := cluster.Recovery{Stream: "orders", FromEpoch: 4, FenceEpoch: 5, OldOwner: "n1", OldFollowers: []string{"n2", "n3"}, ProposedOwner: c.proposed}
+			d := DecideFor(old, rec, nil, c.answers)
+			if d.Verdict != Promote || d.Pick.Node != c.want {
+				t.Fatalf("verdict %v pick %s, want promote %s", d.Verdict, d.Pick.Node, c.want)
 			}
 		})
 	}
@@ -291,7 +327,9 @@ func TestCommit(t *testing.T) {
 			rec := rec
 			rec.Policy = c.recPolicy
 			next, starts := Commit(old, rec, history, d)
-			want := cluster.Assignment{Stream: "orders", Epoch: 5, Owner: "n3", Followers: []string{"n2", "n4"}, Policy: c.wantPolicy, Retention: old.Retention}
+			// n1 did not answer and stays; n4 joins, as the proposal
+			// sets no copy bound.
+			want := cluster.Assignment{Stream: "orders", Epoch: 5, Owner: "n3", Followers: []string{"n1", "n2", "n4"}, Policy: c.wantPolicy, Retention: old.Retention}
 			if fmt.Sprint(next) != fmt.Sprint(want) {
 				t.Fatalf("assignment %+v, want %+v", next, want)
 			}
