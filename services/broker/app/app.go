@@ -29,6 +29,9 @@ import (
 
 // Config configures a broker.
 type Config struct {
+	// HTTPLimits bounds client connections (zero fields: the defaults;
+	// docs/limits.md, "HTTP server").
+	HTTPLimits     rpcserver.Limits
 	Node           string
 	Listen         string
 	Advertise      string
@@ -224,7 +227,7 @@ func Start(ctx context.Context, cfg Config) (*App, error) {
 	}
 	mux.Handle(api.NewReplicationService(a.manager, log).Handler(noGzip, rpcserver.RequirePeerToken(cfg.PeerToken, cfg.PeerTokensAccepted...)))
 	mux.Handle(metrics.Path, met.Handler())
-	a.server = rpcserver.Serve(ln, mux)
+	a.server = rpcserver.ServeLimits(ln, mux, cfg.HTTPLimits)
 
 	cctx, cancel := context.WithCancel(context.Background())
 	a.coordCancel = cancel

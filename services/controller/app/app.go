@@ -36,6 +36,9 @@ import (
 // Config configures a controller. Zero fields take the defaults of
 // docs/operating.md, "Flags".
 type Config struct {
+	// HTTPLimits bounds client connections (zero fields: the defaults;
+	// docs/limits.md, "HTTP server").
+	HTTPLimits rpcserver.Limits
 	// Name identifies this controller in logs (default: hostname).
 	Name string
 	// Listen is the address to serve on (default 127.0.0.1:7102).
@@ -168,7 +171,7 @@ func Start(ctx context.Context, cfg Config) (*App, error) {
 	mux.Handle(strandv1connect.NewAdminServiceHandler(svc, rpcserver.ReadLimit(adminRequestMaxBytes),
 		connect.WithInterceptors(rpcserver.DefaultTimeout(adminCallTimeout))))
 	mux.Handle(metrics.Path, a.met.Handler())
-	a.srv = rpcserver.Serve(ln, mux)
+	a.srv = rpcserver.ServeLimits(ln, mux, cfg.HTTPLimits)
 
 	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	a.cancel = cancel
