@@ -43,7 +43,7 @@ FUZZTIME   ?= 30s
 
 .PHONY: fuzz
 fuzz: ## Run every Go fuzz target for FUZZTIME (30s) each, one at a time; failing inputs land in testdata/fuzz.
-	@GO=$(GO) scripts/fuzz.sh $(FUZZTIME)
+	@GO=$(GO) FUZZ_CACHE=go scripts/fuzz.sh $(FUZZTIME)
 
 .PHONY: test-short
 test-short: ## Run the unit and integration tests without the e2e suite.
