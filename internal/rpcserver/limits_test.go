@@ -311,3 +311,53 @@ func TestLimitsDefaults(t *testing.T) {
 		t.Errorf("WithDefaults = %+v", l)
 	}
 }
+
+// A connection whose stream is open (a Subscribe or a Follow that has
+// nothing to send) is not idle: while an idle connection to the same
+// server is closed by IdleTimeout, the one carrying the stream stays, and
+// its stream is answered when the handler gets to it. No ReadTimeout or
+// WriteTimeout cuts it either.
+func TestOpenStreamOutlivesTheIdleTimeout(t *testing.T) {
+	release := make(chan struct{})
+	started := make(chan struct{}, 1)
+	handler := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.WriteHeader(http.StatusOK)
+		w.(http.Flusher).Flush()
+		started <- struct{}{}
+		select {
+		case <-release:
+		case <-r.Context().Done():
+		}
+	})
+	const idle = 200 * time.Millisecond
+	srv := serveLimits(t, handler, rpcserver.Limits{IdleTimeout: idle, ReadHeaderTimeout: idle})
+	busy := dialH2(t, srv.Addr())
+	busy.next(t, "the acknowledgement of our settings", func(f frame) bool { return f.typ == http2.FrameSettings && f.ack })
+	busy.get(t, 1, "/stream")
+	busy.next(t, "the stream's response headers", func(f frame) bool { return f.typ == http2.FrameHeaders && f.stream == 1 })
+	<-started
+	// The clock: an idle connection opened after the stream began is
+	// closed only once IdleTimeout has passed on it, so the stream's
+	// connection has been open at least that long too, twice over.
+	for range 2 {
+		quiet := dialH2(t, srv.Addr())
+		quiet.next(t, "a GOAWAY for the idle connection", func(f frame) bool { return f.typ == http2.FrameGoAway })
+	}
+	for drained := false; !drained; {
+		select {
+		case f, ok := <-busy.frames:
+			if !ok || f.typ == http2.FrameGoAway || f.typ == http2.FrameRSTStream {
+				t.Fatalf("the connection with an open stream was ended (%v, open %v)", f.typ, ok)
+			}
+		default:
+			drained = true
+		}
+	}
+	close(release)
+	busy.next(t, "the end of the stream", func(f frame) bool {
+		if f.typ == http2.FrameGoAway || f.typ == http2.FrameRSTStream {
+			t.Fatalf("the stream was ended with %v %v", f.typ, f.code)
+		}
+		return f.typ == http2.FrameData && f.stream == 1
+	})
+}
