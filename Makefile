@@ -25,7 +25,7 @@ run: build ## Start a local cluster (embedded etcd, controller, recoverer, 3 bro
 	$(BIN)/strandctl dev --data-dir $(DATA) --bin-dir $(BIN)
 
 .PHONY: test
-test: ## Run every test suite with -race (unit, integration, CLI smoke, e2e).
+test: ## Run every test suite with -race (unit, integration, CLI smoke, e2e), then each fuzz target briefly.
 	@# Compile every test binary in parallel, then run the packages one at a
 	@# time: the process, in-process and container clusters run on short
 	@# leases and must not starve each other's etcd on a 2-core machine.
@@ -33,6 +33,17 @@ test: ## Run every test suite with -race (unit, integration, CLI smoke, e2e).
 	@out=$$(mktemp); $(GO) test -race -count=1 -run '^$$' ./... >$$out 2>&1 || { cat $$out; rm -f $$out; exit 1; }; rm -f $$out
 	@echo "running the test packages one at a time..."
 	$(GO) test -race -count=1 -p 1 -timeout 25m ./...
+	@echo "fuzzing each target for $(FUZZ_SHORT) inputs (seeds ran above)..."
+	@GO=$(GO) scripts/fuzz.sh $(FUZZ_SHORT)
+
+# Fuzz budgets: `make test` runs each target for FUZZ_SHORT inputs after
+# its seeds, `make fuzz` for FUZZTIME (a duration or a count, e.g. 1000x).
+FUZZ_SHORT ?= 200x
+FUZZTIME   ?= 30s
+
+.PHONY: fuzz
+fuzz: ## Run every Go fuzz target for FUZZTIME (30s) each, one at a time; failing inputs land in testdata/fuzz.
+	@GO=$(GO) FUZZ_CACHE=go scripts/fuzz.sh $(FUZZTIME)
 
 .PHONY: test-short
 test-short: ## Run the unit and integration tests without the e2e suite.

@@ -41,20 +41,26 @@ func Listen(addr string) (net.Listener, error) {
 	return net.Listen("tcp", addr)
 }
 
-// Serve starts serving handler on ln in the background.
+// Serve starts serving handler on ln in the background, with the default
+// Limits.
 func Serve(ln net.Listener, handler http.Handler) *Server {
+	return ServeLimits(ln, handler, Limits{})
+}
+
+// ServeLimits is Serve with limits (zero fields take their defaults).
+func ServeLimits(ln net.Listener, handler http.Handler, limits Limits) *Server {
 	p := new(http.Protocols)
 	p.SetHTTP1(true)
 	p.SetUnencryptedHTTP2(true)
 	s := &Server{
 		srv: &http.Server{
-			Handler:           handler,
-			Protocols:         p,
-			ReadHeaderTimeout: 10 * time.Second,
+			Handler:   handler,
+			Protocols: p,
 		},
-		ln:   bufferedListener{ln},
+		ln:   bufferedListener{limits.listener(ln)},
 		done: make(chan error, 1),
 	}
+	limits.apply(s.srv)
 	go func() {
 		err := s.srv.Serve(s.ln)
 		if errors.Is(err, http.ErrServerClosed) {

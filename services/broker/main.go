@@ -52,6 +52,7 @@ func main() {
 	fs.StringVar(&cfg.LogLevel, "log-level", "info", "debug, info, warn or error")
 	debugAddr := fs.String("debug-addr", "", "serve net/http/pprof here (off when empty)")
 	memLimit := fs.Int64("memory-limit-mb", 384, "soft Go heap limit in MiB (GOMEMLIMIT wins when set); keeps a broker's resident memory flat under load")
+	cfg.HTTPLimits.RegisterFlags(fs)
 	_ = fs.Parse(os.Args[1:])
 	if os.Getenv("GOMEMLIMIT") == "" && *memLimit > 0 {
 		debug.SetMemoryLimit(*memLimit << 20)

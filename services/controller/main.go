@@ -39,6 +39,7 @@ func run(args []string) error {
 	fs.BoolVar(&cfg.Auth.Enabled, "auth", false, "check client credentials and permissions on AdminService (docs/operating.md, \"Security\")")
 	fs.DurationVar(&cfg.ReplaceAfter, "replace-after", 10*time.Minute, "how long a stream's copy may be missing (its broker not live) before the controller replaces it on another broker; a stream that cannot confirm without it is replaced at once")
 	fs.StringVar(&cfg.LogLevel, "log-level", "info", "debug, info, warn or error")
+	cfg.HTTPLimits.RegisterFlags(fs)
 	if err := fs.Parse(args); err != nil {
 		return err
 	}

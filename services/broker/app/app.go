@@ -30,7 +30,10 @@ import (
 
 // Config configures a broker.
 type Config struct {
-	Node string
+	// HTTPLimits bounds client connections (zero fields: the defaults;
+	// docs/limits.md, "HTTP server").
+	HTTPLimits rpcserver.Limits
+	Node       string
 	// Zone is the failure zone the broker runs in (a rack, an availability
 	// zone), stored in its registration: placement spreads each stream's
 	// copies over zones (docs/operating.md, "Zones"). Empty: none.
@@ -252,7 +255,7 @@ func Start(ctx context.Context, cfg Config) (*App, error) {
 	}
 	mux.Handle(api.NewReplicationService(a.manager, log).Handler(noGzip, rpcserver.RequirePeerToken(cfg.PeerToken, cfg.PeerTokensAccepted...)))
 	mux.Handle(metrics.Path, met.Handler())
-	a.server = rpcserver.Serve(ln, auth.WithConnState(mux))
+	a.server = rpcserver.ServeLimits(ln, auth.WithConnState(mux), cfg.HTTPLimits)
 
 	cctx, cancel := context.WithCancel(context.Background())
 	a.coordCancel = cancel

@@ -38,6 +38,9 @@ import (
 // Config configures a controller. Zero fields take the defaults of
 // docs/operating.md, "Flags".
 type Config struct {
+	// HTTPLimits bounds client connections (zero fields: the defaults;
+	// docs/limits.md, "HTTP server").
+	HTTPLimits rpcserver.Limits
 	// Name identifies this controller in logs (default: hostname).
 	Name string
 	// Listen is the address to serve on (default 127.0.0.1:7102).
@@ -206,7 +209,7 @@ func Start(ctx context.Context, cfg Config) (*App, error) {
 	}
 	mux.Handle(adminPath, adminHandler)
 	mux.Handle(metrics.Path, a.met.Handler())
-	a.srv = rpcserver.Serve(ln, auth.WithConnState(mux))
+	a.srv = rpcserver.ServeLimits(ln, auth.WithConnState(mux), cfg.HTTPLimits)
 
 	go a.watchServer()
 	go func() {

@@ -34,6 +34,9 @@ const (
 
 // Config configures the recoverer. Zero fields take the defaults.
 type Config struct {
+	// HTTPLimits bounds client connections (zero fields: the defaults;
+	// docs/limits.md, "HTTP server").
+	HTTPLimits rpcserver.Limits
 	// Name is the election value (default: the hostname).
 	Name string
 	// Listen is where gRPC health is served; ":0" ports pick a free one.
@@ -153,7 +156,7 @@ func Start(ctx context.Context, cfg Config) (*App, error) {
 	// the server-wide status, SERVING once the worker campaigns.
 	mux, checker := rpcserver.Mux()
 	checker.SetStatus("", grpchealth.StatusNotServing)
-	srv := rpcserver.Serve(ln, mux)
+	srv := rpcserver.ServeLimits(ln, mux, cfg.HTTPLimits)
 
 	wctx, stop := context.WithCancel(context.Background())
 	a := &App{

@@ -88,12 +88,17 @@ func toConnect(err error) error {
 		return cerr
 	}
 	var (
-		notOwner *replica.NotOwnerError
-		seq      *storage.SequenceError
+		notOwner    *replica.NotOwnerError
+		seq         *storage.SequenceError
+		followField *replica.FollowFieldError
 	)
 	switch {
 	case errors.As(err, &notOwner):
 		return rpcerr.NotOwner(notOwner.Hint)
+	case errors.As(err, &followField):
+		// A Follow message that does not hold together: the peer's bug,
+		// named by its field like any refused request field.
+		return rpcerr.InvalidArgument(followField.Field, "%s", followField.Detail)
 	case errors.As(err, &seq):
 		// Idempotent publish (stream.go, Publish): name the record's field.
 		field := fmt.Sprintf("records[%d].sequence", seq.Index)

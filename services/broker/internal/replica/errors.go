@@ -40,6 +40,19 @@ var (
 	ErrOtherIncarnation = errors.New("replica: seal for another incarnation of the stream")
 )
 
+// FollowFieldError is an ErrInvalidFollow naming the message field it
+// refuses, so the edge answers it as any refused field: InvalidArgument
+// with the field in its message and a BadRequest detail (docs/errors.md).
+type FollowFieldError struct {
+	Field, Detail string
+}
+
+func (e *FollowFieldError) Error() string {
+	return fmt.Sprintf("%v: %s: %s", ErrInvalidFollow, e.Field, e.Detail)
+}
+
+func (e *FollowFieldError) Unwrap() error { return ErrInvalidFollow }
+
 // NotOwnerError says this broker does not own the stream, and who does.
 type NotOwnerError struct {
 	Hint *strandv1.OwnerHint

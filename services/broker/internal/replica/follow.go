@@ -142,7 +142,7 @@ type readyFrame struct {
 // the same message).
 func (s *followServer) apply(req *strandv1.FollowRequest) error {
 	if n := req.GetNode(); n != s.node {
-		return fmt.Errorf("%w: node: %q on a call opened by %q", ErrInvalidFollow, n, s.node)
+		return &FollowFieldError{Field: "node", Detail: fmt.Sprintf("%q on a call opened by %q", n, s.node)}
 	}
 	for _, st := range req.GetStops() {
 		s.mu.Lock()
@@ -156,7 +156,7 @@ func (s *followServer) apply(req *strandv1.FollowRequest) error {
 	}
 	for i, st := range req.GetStarts() {
 		if st.GetId() == 0 {
-			return fmt.Errorf("%w: starts[%d].id: must be at least 1", ErrInvalidFollow, i)
+			return &FollowFieldError{Field: fmt.Sprintf("starts[%d].id", i), Detail: "must be at least 1"}
 		}
 		s.start(st)
 	}
