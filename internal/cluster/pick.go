@@ -33,3 +33,22 @@ func Furthest(cands []Candidate) (Candidate, bool) {
 	}
 	return slices.MinFunc(cands, ComparePick), true
 }
+
+// FurthestPreferring is Furthest with one more tie-break: among the
+// candidates tied with the furthest on both tails, preferred wins when it
+// is one of them (docs/protocol.md, "Handover"). The furthest rule itself
+// is unchanged, so a preference never picks a copy behind another: a
+// handover or a replacement names the copy it wants, and gets it only when
+// that copy holds everything the furthest does.
+func FurthestPreferring(cands []Candidate, preferred string) (Candidate, bool) {
+	best, ok := Furthest(cands)
+	if !ok || preferred == "" || best.Node == preferred {
+		return best, ok
+	}
+	for _, c := range cands {
+		if c.Node == preferred && c.RecordTail == best.RecordTail && c.CursorEventTail == best.CursorEventTail {
+			return c, true
+		}
+	}
+	return best, true
+}

@@ -25,3 +25,29 @@ func TestFurthestPickAndTieBreak(t *testing.T) {
 		t.Error("no candidates: want ok false")
 	}
 }
+
+func TestFurthestPreferring(t *testing.T) {
+	cases := []struct {
+		name      string
+		cands     []Candidate
+		preferred string
+		want      string
+	}{
+		{"preferred tied at the furthest wins", []Candidate{{"a", 7, 3}, {"b", 7, 3}}, "b", "b"},
+		{"preferred behind on records loses", []Candidate{{"a", 7, 3}, {"b", 6, 3}}, "b", "a"},
+		{"preferred behind on cursor events loses", []Candidate{{"a", 7, 3}, {"b", 7, 2}}, "b", "a"},
+		{"preferred ahead wins as the furthest", []Candidate{{"a", 7, 3}, {"b", 8, 0}}, "b", "b"},
+		{"preferred not a candidate", []Candidate{{"b", 7, 3}, {"a", 7, 3}}, "z", "a"},
+		{"no preference: lowest node id", []Candidate{{"b", 7, 3}, {"a", 7, 3}}, "", "a"},
+		{"three tied, preferred in the middle", []Candidate{{"a", 7, 3}, {"b", 7, 3}, {"c", 7, 3}}, "b", "b"},
+	}
+	for _, c := range cases {
+		got, ok := FurthestPreferring(c.cands, c.preferred)
+		if !ok || got.Node != c.want {
+			t.Errorf("%s: picked %+v, want %s", c.name, got, c.want)
+		}
+	}
+	if _, ok := FurthestPreferring(nil, "a"); ok {
+		t.Error("no candidates: want ok false")
+	}
+}

@@ -136,6 +136,16 @@ type Decision struct {
 // latest history start, so a pick below it would lose them: the recovery
 // waits for a copy at or past it (docs/protocol.md, "The confirmed prefix").
 func Decide(old cluster.Assignment, history cluster.HistoryStarts, answers []Answer) Decision {
+	return DecidePreferring(old, history, answers, "")
+}
+
+// DecidePreferring is Decide with the recovery's proposed owner as the last
+// tie-break of the pick (cluster.FurthestPreferring): among sealed copies
+// tied at the furthest tails, the proposed owner is promoted. A handover
+// pauses the owner until its target holds the same tails, so the target is
+// promoted; the furthest rule is unchanged, so a proposal never wins over a
+// copy ahead of it (docs/protocol.md, "Handover").
+func DecidePreferring(old cluster.Assignment, history cluster.HistoryStarts, answers []Answer, preferred string) Decision {
 	byNode := make(map[string]Answer, len(answers))
 	for _, a := range answers {
 		if _, dup := byNode[a.Node]; !dup && old.Includes(a.Node) {
@@ -156,7 +166,7 @@ func Decide(old cluster.Assignment, history cluster.HistoryStarts, answers []Ans
 			d.Missing = append(d.Missing, node)
 		}
 	}
-	d.Pick, _ = Furthest(sealed)
+	d.Pick, _ = cluster.FurthestPreferring(sealed, preferred)
 	switch {
 	case len(sealed) < d.R:
 		d.Verdict = WaitQuorum

@@ -343,3 +343,41 @@ func TestCheckTable(t *testing.T) {
 		})
 	}
 }
+
+// The handover decision: the proposed owner wins the pick only when it is
+// tied with the furthest sealed copy on both tails (docs/protocol.md,
+// "Handover"); quorum and prefix rules are unchanged by the preference.
+func TestDecidePreferringTable(t *testing.T) {
+	cases := []struct {
+		name      string
+		preferred string
+		answers   []Answer
+		history   cluster.HistoryStarts
+		verdict   Verdict
+		pick      string
+	}{
+		{"caught-up target tied with the paused owner is promoted", "n3",
+			[]Answer{{Node: "n1", RecordTail: 9, CursorEventTail: 2}, {Node: "n2", RecordTail: 9, CursorEventTail: 2}, {Node: "n3", RecordTail: 9, CursorEventTail: 2}}, nil, Promote, "n3"},
+		{"target behind on records: the furthest is promoted", "n3",
+			[]Answer{{Node: "n1", RecordTail: 9, CursorEventTail: 2}, {Node: "n3", RecordTail: 8, CursorEventTail: 2}}, nil, Promote, "n1"},
+		{"target behind on cursor events: the furthest is promoted", "n3",
+			[]Answer{{Node: "n1", RecordTail: 9, CursorEventTail: 2}, {Node: "n3", RecordTail: 9, CursorEventTail: 1}}, nil, Promote, "n1"},
+		{"target did not answer: the furthest of the others", "n3",
+			[]Answer{{Node: "n2", RecordTail: 9, CursorEventTail: 2}, {Node: "n1", RecordTail: 9, CursorEventTail: 2}}, nil, Promote, "n1"},
+		{"a preference does not lower the quorum", "n3",
+			[]Answer{{Node: "n3", RecordTail: 9, CursorEventTail: 2}}, nil, WaitQuorum, "n3"},
+		{"a preference does not pass the prefix", "n3",
+			[]Answer{{Node: "n2", RecordTail: 4, CursorEventTail: 0}, {Node: "n3", RecordTail: 4, CursorEventTail: 0}},
+			cluster.HistoryStarts{{Epoch: 4, RecordTail: 5, Node: "n1"}}, WaitPrefix, "n3"},
+		{"a preference that is no member is ignored", "n9",
+			[]Answer{{Node: "n2", RecordTail: 9, CursorEventTail: 2}, {Node: "n3", RecordTail: 9, CursorEventTail: 2}, {Node: "n9", RecordTail: 9, CursorEventTail: 2}}, nil, Promote, "n2"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			d := DecidePreferring(assignment(3, majority()), c.history, c.answers, c.preferred)
+			if d.Verdict != c.verdict || d.Pick.Node != c.pick {
+				t.Fatalf("verdict %v pick %s, want %v pick %s", d.Verdict, d.Pick.Node, c.verdict, c.pick)
+			}
+		})
+	}
+}

@@ -166,7 +166,7 @@ func (t *term) attempt(k *task, st *taskState, bo *backoff) step {
 		// succeed anyway, since it compares the leader key.
 		return stepWait
 	}
-	d := pick.Decide(snap.assignment, snap.history, answers)
+	d := pick.DecidePreferring(snap.assignment, snap.history, answers, rec.ProposedOwner)
 	log.Debug().Stringer(fieldVerdict, d.Verdict).Int(fieldR, d.R).Strs(fieldSealed, d.Sealed).Strs(fieldMissing, d.Missing).
 		Dict(fieldSealErrors, sealErrors(d.Missing, failed)).Str(fieldPick, d.Pick.Node).Uint64(fieldPickRecordTail, d.Pick.RecordTail).
 		Msg("seal round done")
