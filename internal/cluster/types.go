@@ -113,6 +113,11 @@ type Recovery struct {
 	OldFollowers  []string `json:"old_followers"`
 	ProposedOwner string   `json:"proposed_owner"`
 	AddedMembers  []string `json:"added_members,omitempty"`
+	// RemovedMembers are old members the recovered assignment leaves out
+	// even when they answer their seal (a drained broker's copy being
+	// replaced). They are sealed like every old copy: removing one after
+	// the seal keeps every confirmed record on the promoted copy.
+	RemovedMembers []string `json:"removed_members,omitempty"`
 	// Copies is how many copies the recovered assignment keeps at most
 	// when it adds members: added members replace copies the proposal
 	// counted gone, and one that answers its seal after all (an owner that
@@ -174,6 +179,18 @@ type SealRefusals struct {
 	R        int           `json:"r"`
 	Sealed   []string      `json:"sealed,omitempty"`
 	Refusals []SealRefusal `json:"refusals"`
+}
+
+// Drain marks a broker draining (docs/operating.md, "Draining a broker"):
+// placement takes no new copy on it, the controller hands the streams it
+// owns over to in-sync followers and replaces its copies elsewhere. It is
+// not bound to the broker's lease: a drained broker that restarts stays
+// drained until an operator undrains it.
+type Drain struct {
+	Node  string    `json:"node"`
+	Who   string    `json:"who,omitempty"`
+	Why   string    `json:"why,omitempty"`
+	Since time.Time `json:"since"`
 }
 
 // SealRefusal is one registered copy that did not seal.

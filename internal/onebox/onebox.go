@@ -17,6 +17,7 @@
 package onebox
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"maps"
@@ -71,6 +72,9 @@ type Options struct {
 	// DefaultPolicy is the controllers' cluster assignment policy
 	// (majority_durable when zero).
 	DefaultPolicy cluster.Policy
+	// RebalanceDelay is the controllers' wait before balancing owners; zero
+	// means a day, so no test sees owners moved it did not ask for.
+	RebalanceDelay time.Duration
 }
 
 // Cluster is a running in-process cluster.
@@ -341,6 +345,7 @@ func (c *Cluster) StartController() *controllerapp.App {
 	a, err := controllerapp.Start(context.Background(), controllerapp.Config{
 		Name: name, Listen: "127.0.0.1:0", Etcd: c.Etcd.Endpoints, DefaultPolicy: c.opts.DefaultPolicy,
 		OwnerProbeGrace: ProbeGrace, SessionTTL: int(ElectionTTL / time.Second), LogLevel: "info", LogWriter: c.Log(name),
+		PeerToken: PeerToken, RebalanceDelay: cmp.Or(c.opts.RebalanceDelay, 24*time.Hour),
 	})
 	if err != nil {
 		c.t.Fatalf("onebox: start %s: %v", name, err)

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/strandhq/strand/internal/cluster"
+	"github.com/strandhq/strand/internal/rpcserver"
 	"github.com/strandhq/strand/services/controller/app"
 )
 
@@ -38,6 +39,9 @@ func run(args []string) error {
 	fs.StringVar(&policy, "default-policy", cluster.MajorityDurable, "cluster assignment policy: local_durable, majority_durable, or replica_durable:N / replica_accepted:N")
 	fs.DurationVar(&cfg.OwnerProbeGrace, "owner-probe-grace", 300*time.Millisecond, "how long the probe of a suspected owner may take")
 	fs.StringVar(&cfg.LogLevel, "log-level", "info", "debug, info, warn or error")
+	fs.Float64Var(&cfg.RebalanceRate, "rebalance-rate", 2, "most handovers and copy replacements a second, for drains and for balancing owners")
+	fs.DurationVar(&cfg.RebalanceDelay, "rebalance-delay", time.Minute, "how long after the brokers last changed owners are balanced")
+	fs.DurationVar(&cfg.HandoverCatchUp, "handover-catch-up", 2*time.Second, "how long a handover's target may take to catch up before the handover is abandoned")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -46,6 +50,7 @@ func run(args []string) error {
 		return err
 	}
 	cfg.DefaultPolicy = p
+	cfg.PeerToken = rpcserver.PeerToken()
 	for _, e := range strings.Split(etcd, ",") {
 		if e = strings.TrimSpace(e); e != "" {
 			cfg.Etcd = append(cfg.Etcd, e)

@@ -51,6 +51,12 @@ type Copy struct {
 	// (withholdOwner).
 	unsureEpoch   uint64
 	ownerWithheld bool
+	// pause is the handover this owner is paused for (nil when none), and
+	// gate is held shared by every append and cursor commit of the owner
+	// role, so a pause knows when the last one that started before it
+	// ended (handover.go).
+	pause *handoverPause
+	gate  sync.RWMutex
 }
 
 func newCopy(m *Manager, name string, st *storage.Stream) *Copy {

@@ -41,7 +41,7 @@ func (l *loads) of(snap *state.Snapshot) placement.Load {
 			l.count(snap)
 		}
 	}
-	return placement.Load{Live: snap.LiveBrokers(), Copies: maps.Clone(l.copies), Owned: maps.Clone(l.owned)}
+	return placement.Load{Live: snap.LiveBrokers(), Copies: maps.Clone(l.copies), Owned: maps.Clone(l.owned), Draining: transition.DrainingOf(snap)}
 }
 
 // count counts snap whole.

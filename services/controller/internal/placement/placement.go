@@ -19,6 +19,9 @@ type Load struct {
 	Live   []string
 	Copies map[string]int
 	Owned  map[string]int
+	// Draining are brokers an operator drains: live, but they take no new
+	// copy (docs/operating.md, "Draining a broker").
+	Draining map[string]bool
 }
 
 // Pick chooses n distinct live brokers not in exclude: fewest assigned copies
@@ -26,7 +29,7 @@ type Load struct {
 func Pick(l Load, n int, exclude []string) ([]string, error) {
 	var cand []string
 	for _, node := range l.Live {
-		if !slices.Contains(exclude, node) && !slices.Contains(cand, node) {
+		if !l.Draining[node] && !slices.Contains(exclude, node) && !slices.Contains(cand, node) {
 			cand = append(cand, node)
 		}
 	}

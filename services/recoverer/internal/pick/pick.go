@@ -189,7 +189,7 @@ func DecidePreferring(old cluster.Assignment, history cluster.HistoryStarts, ans
 func Followers(old cluster.Assignment, rec cluster.Recovery, d Decision) []string {
 	followers := []string{}
 	add := func(node string) {
-		if node != d.Pick.Node && !slices.Contains(followers, node) {
+		if node != d.Pick.Node && !slices.Contains(followers, node) && !slices.Contains(rec.RemovedMembers, node) {
 			followers = append(followers, node)
 		}
 	}
