@@ -131,9 +131,10 @@ func (s *Service) DrainBroker(ctx context.Context, req *connect.Request[strandv1
 		if resp.Succeeded {
 			s.log.Warn().Str(logging.Node, node).Str(logging.Who, m.GetWho()).Str(logging.Why, m.GetWhy()).Msg("broker draining")
 		}
-		snap.Draining = map[string]state.Versioned[cluster.Drain]{node: {Value: d}}
 	}
-	return connect.NewResponse(&strandv1.DrainBrokerResponse{Broker: s.brokerOf(snap, node)}), nil
+	// The snapshot is shared with other calls and loops: the answer says
+	// what was written without changing it.
+	return connect.NewResponse(&strandv1.DrainBrokerResponse{Broker: s.brokerOf(snap, node, true)}), nil
 }
 
 // UndrainBroker ends a drain: placement may take copies on the broker
@@ -159,7 +160,7 @@ func (s *Service) UndrainBroker(ctx context.Context, req *connect.Request[strand
 		if err := rebalance.CheckDrain(snap, node); err != nil && !isLastBroker(err) {
 			return nil, s.toConnect(err)
 		}
-		return connect.NewResponse(&strandv1.UndrainBrokerResponse{Broker: s.brokerOf(snap, node)}), nil
+		return connect.NewResponse(&strandv1.UndrainBrokerResponse{Broker: s.brokerOf(snap, node, false)}), nil
 	}
 	resp, err := term.Txn(ctx, []clientv3.Cmp{
 		clientv3.Compare(clientv3.ModRevision(s.schema.DrainingKey(node)), "=", dv.ModRev),
@@ -170,19 +171,21 @@ func (s *Service) UndrainBroker(ctx context.Context, req *connect.Request[strand
 	if resp.Succeeded {
 		s.log.Warn().Str(logging.Node, node).Str(logging.Who, m.GetWho()).Str(logging.Why, m.GetWhy()).Msg("broker no longer draining")
 	}
-	delete(snap.Draining, node)
-	return connect.NewResponse(&strandv1.UndrainBrokerResponse{Broker: s.brokerOf(snap, node)}), nil
+	return connect.NewResponse(&strandv1.UndrainBrokerResponse{Broker: s.brokerOf(snap, node, false)}), nil
 }
 
 func isLastBroker(err error) bool { return errors.Is(err, rebalance.ErrLastBroker) }
 
-func (s *Service) brokerOf(snap *state.Snapshot, node string) *strandv1.Broker {
+// brokerOf is node's status in snap, draining as given.
+func (s *Service) brokerOf(snap *state.Snapshot, node string, draining bool) *strandv1.Broker {
 	copies, owned := snap.CopyCounts()
 	info, live := snap.Brokers[node]
 	if !live {
 		info = cluster.BrokerInfo{Node: node}
 	}
-	return brokerStatus(snap, info, live, copies, owned)
+	out := brokerStatus(snap, info, live, copies, owned)
+	out.Draining, out.Drained = draining, draining && copies[node] == 0
+	return out
 }
 
 // GetRebalancePlan returns the owner moves the rebalance loop would make

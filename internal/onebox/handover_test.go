@@ -1,0 +1,219 @@
+package onebox
+
+import (
+	"fmt"
+	"slices"
+	"testing"
+	"time"
+
+	"connectrpc.com/connect"
+
+	strandv1 "github.com/strandhq/strand/api/strand/v1"
+	"github.com/strandhq/strand/internal/cluster"
+	"github.com/strandhq/strand/internal/clustertest"
+	"github.com/strandhq/strand/internal/onebox/ledger"
+)
+
+// publishing starts a publisher on stream through the Go client, recording
+// every confirm in l, and waits until it confirmed n records.
+func publishing(t *testing.T, c *Cluster, stream, prefix string, l *ledger.Ledger, n int) *ledger.Publisher {
+	t.Helper()
+	cl := c.Client()
+	p := ledger.Start(cl.Publish, stream, prefix, 4, 20*time.Second, l)
+	t.Cleanup(p.Stop)
+	more(t, l, n, p)
+	return p
+}
+
+// more waits until l holds n more confirms than now.
+func more(t *testing.T, l *ledger.Ledger, n int, p *ledger.Publisher) {
+	t.Helper()
+	want := l.Count() + n
+	clustertest.Until(t, 30*time.Second, fmt.Sprintf("%d records confirmed", want), func() bool { return l.Count() >= want })
+	_ = p
+}
+
+// oneOwner checks that exactly one live copy of stream reports itself its
+// owner at the assignment's epoch, the assignment's owner, and no other copy
+// takes publishes.
+func oneOwner(t *testing.T, c *Cluster, stream string, a cluster.Assignment, nodes []string) {
+	t.Helper()
+	Eventually(t, 20*time.Second, stream+" has one owner", func() error {
+		var owners []string
+		for _, n := range nodes {
+			if c.Broker(n) == nil {
+				continue
+			}
+			if tl, ok := c.Tails(n, stream); ok && tl.Role == cluster.RoleOwner {
+				owners = append(owners, fmt.Sprintf("%s@%d", n, tl.Epoch))
+			}
+		}
+		if len(owners) != 1 || owners[0] != fmt.Sprintf("%s@%d", a.Owner, a.Epoch) {
+			return fmt.Errorf("owners %v, assignment %+v", owners, a)
+		}
+		return nil
+	})
+}
+
+// TestHandoverMovesOwnerLosesNothing: with publishing throughout, a
+// failover to a chosen follower moves the owner there at the next epoch
+// through the seal path, and every confirmed record is on the new owner at
+// its confirmed offset.
+func TestHandoverMovesOwnerLosesNothing(t *testing.T) {
+	t.Parallel()
+	c := three(t)
+	const stream = "handover"
+	a0 := c.CreateStream(stream, 3, majority)
+	l := ledger.New()
+	p := publishing(t, c, stream, "h", l, 50)
+	target := a0.Followers[1]
+
+	resp, err := c.Admin().Failover(c.Ctx(), connect.NewRequest(&strandv1.FailoverRequest{Stream: stream, To: target, Who: "test", Why: "handover"}))
+	if err != nil {
+		t.Fatalf("handover to %s: %v", target, err)
+	}
+	if got := resp.Msg.GetRecovery(); got.GetReason() != "handover" || got.GetProposedOwner() != target {
+		t.Fatalf("recovery %v: want reason handover proposing %s", got, target)
+	}
+	if a := resp.Msg.GetAssignment(); a.GetOwner() != target || a.GetEpoch() != a0.Epoch+1 {
+		t.Fatalf("committed assignment %v: want owner %s at epoch %d", a, target, a0.Epoch+1)
+	}
+	more(t, l, 50, p)
+	p.Stop()
+	a1, _ := c.Assignment(stream)
+	oneOwner(t, c, stream, a1, a0.Members())
+	verify(t, c, target, stream, l)
+	if l.AtEpoch(a1.Epoch) == 0 {
+		t.Fatalf("no record confirmed at epoch %d", a1.Epoch)
+	}
+}
+
+// TestHandoverTargetKilledMidwayLeavesOneOwner: the target is crash-killed
+// while the handover's recovery is pending (or just after it committed):
+// the stream ends with one owner, by the seal path, and loses nothing.
+func TestHandoverTargetKilledMidwayLeavesOneOwner(t *testing.T) {
+	t.Parallel()
+	c := three(t)
+	const stream = "handover-kill"
+	a0 := c.CreateStream(stream, 3, majority)
+	l := ledger.New()
+	p := publishing(t, c, stream, "k", l, 50)
+	target := a0.Followers[0]
+
+	done := make(chan error, 1)
+	go func() {
+		_, err := c.Admin().Failover(c.Ctx(), connect.NewRequest(&strandv1.FailoverRequest{Stream: stream, To: target}))
+		done <- err
+	}()
+	clustertest.Until(t, 20*time.Second, "the handover recorded", func() bool {
+		if r, ok := c.Recovery(stream); ok && r.Reason == "handover" {
+			return true
+		}
+		a, _ := c.Assignment(stream)
+		return a.Epoch > a0.Epoch
+	})
+	killed := c.KillBroker(target)
+	if err := <-killed; err != nil {
+		t.Logf("kill %s: %v", target, err)
+	}
+	<-done // the call's answer depends on when the kill landed; the state is what counts
+
+	a := c.WaitAssignment(stream, 60*time.Second, stream+" owned by a live broker", func(a cluster.Assignment) error {
+		if a.Owner == target {
+			return fmt.Errorf("still owned by the killed %s at epoch %d", target, a.Epoch)
+		}
+		if _, pending := c.Recovery(stream); pending {
+			return fmt.Errorf("recovery pending")
+		}
+		return nil
+	})
+	more(t, l, 30, p)
+	p.Stop()
+	oneOwner(t, c, stream, a, a0.Members())
+	verify(t, c, a.Owner, stream, l)
+}
+
+// TestDrainOwnerMovesEverything: draining the owner's broker, with
+// publishing throughout, hands the stream over and replaces the drained
+// copy; the stream serves throughout, loses nothing, and the drained
+// broker owns and holds nothing.
+func TestDrainOwnerMovesEverything(t *testing.T) {
+	t.Parallel()
+	c := Start(t, Options{Brokers: []string{"b1", "b2", "b3", "b4"}, Controllers: 1, Recoverers: 1})
+	const stream = "drain"
+	a0 := c.CreateStream(stream, 3, majority)
+	l := ledger.New()
+	p := publishing(t, c, stream, "d", l, 50)
+	node := a0.Owner
+
+	resp, err := c.Admin().DrainBroker(c.Ctx(), connect.NewRequest(&strandv1.DrainBrokerRequest{Node: node, Who: "test", Why: "drain"}))
+	if err != nil {
+		t.Fatalf("drain %s: %v", node, err)
+	}
+	if !resp.Msg.GetBroker().GetDraining() {
+		t.Fatalf("broker %v: want draining", resp.Msg.GetBroker())
+	}
+	a := c.WaitAssignment(stream, 60*time.Second, node+" drained from "+stream, func(a cluster.Assignment) error {
+		if a.Includes(node) || a.Copies() != 3 {
+			return fmt.Errorf("assignment %+v", a)
+		}
+		if _, pending := c.Recovery(stream); pending {
+			return fmt.Errorf("recovery pending")
+		}
+		return nil
+	})
+	more(t, l, 30, p)
+	p.Stop()
+	if p.Errors() > 0 {
+		t.Logf("%d publishes failed during the drain (retried by the publisher): %s", p.Errors(), p.LastError())
+	}
+	oneOwner(t, c, stream, a, []string{"b1", "b2", "b3", "b4"})
+	verify(t, c, a.Owner, stream, l)
+	Eventually(t, 10*time.Second, node+" listed drained", func() error {
+		br, err := c.Admin().ListBrokers(c.Ctx(), connect.NewRequest(&strandv1.ListBrokersRequest{}))
+		if err != nil {
+			return err
+		}
+		i := slices.IndexFunc(br.Msg.GetBrokers(), func(b *strandv1.Broker) bool { return b.GetNode() == node })
+		if i < 0 || !br.Msg.GetBrokers()[i].GetDrained() || br.Msg.GetBrokers()[i].GetCopies() != 0 {
+			return fmt.Errorf("brokers %v", br.Msg.GetBrokers())
+		}
+		return nil
+	})
+}
+
+// TestDrainAndHandoverBadInput: an unknown node is NotFound; draining the
+// last broker that could take a copy is FailedPrecondition and writes
+// nothing; a handover to a node that is no follower is FailedPrecondition.
+func TestDrainAndHandoverBadInput(t *testing.T) {
+	t.Parallel()
+	c := three(t)
+	const stream = "drain-bad"
+	a0 := c.CreateStream(stream, 3, majority)
+	_, err := c.Admin().DrainBroker(c.Ctx(), connect.NewRequest(&strandv1.DrainBrokerRequest{Node: "b9"}))
+	if connect.CodeOf(err) != connect.CodeNotFound {
+		t.Fatalf("drain of an unknown broker: %v, want NotFound", err)
+	}
+	_, err = c.Admin().DrainBroker(c.Ctx(), connect.NewRequest(&strandv1.DrainBrokerRequest{Node: "b1"}))
+	if connect.CodeOf(err) != connect.CodeFailedPrecondition {
+		t.Fatalf("drain with no broker to take the copy: %v, want FailedPrecondition", err)
+	}
+	if c.HasKey(c.Schema.DrainingKey("b1")) {
+		t.Fatal("a refused drain wrote its key")
+	}
+	_, err = c.Admin().DrainBroker(c.Ctx(), connect.NewRequest(&strandv1.DrainBrokerRequest{Node: "not a node"}))
+	if connect.CodeOf(err) != connect.CodeInvalidArgument {
+		t.Fatalf("drain of an invalid node id: %v, want InvalidArgument", err)
+	}
+	_, err = c.Admin().Failover(c.Ctx(), connect.NewRequest(&strandv1.FailoverRequest{Stream: stream, To: a0.Owner}))
+	if connect.CodeOf(err) != connect.CodeFailedPrecondition {
+		t.Fatalf("handover to the owner: %v, want FailedPrecondition", err)
+	}
+	_, err = c.Admin().Failover(c.Ctx(), connect.NewRequest(&strandv1.FailoverRequest{Stream: stream, To: "b9"}))
+	if connect.CodeOf(err) != connect.CodeFailedPrecondition {
+		t.Fatalf("handover to a node that is no follower: %v, want FailedPrecondition", err)
+	}
+	if a, _ := c.Assignment(stream); a.Epoch != a0.Epoch {
+		t.Fatalf("refused calls moved the stream: %+v", a)
+	}
+}
