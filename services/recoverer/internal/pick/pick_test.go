@@ -381,3 +381,18 @@ func TestDecidePreferringTable(t *testing.T) {
 		})
 	}
 }
+
+// A replacement's removed member is left out even when it answered its
+// seal; the member added in its place joins.
+func TestFollowersLeaveOutRemovedMembers(t *testing.T) {
+	old := assignment(3, majority())
+	rec := cluster.Recovery{Stream: "orders", FromEpoch: 4, FenceEpoch: 5, OldOwner: "n1", OldFollowers: []string{"n2", "n3"},
+		ProposedOwner: "n1", AddedMembers: []string{"n4"}, RemovedMembers: []string{"n3"}, Copies: 3}
+	d := DecidePreferring(old, nil, []Answer{{Node: "n1", RecordTail: 9}, {Node: "n2", RecordTail: 9}, {Node: "n3", RecordTail: 9}}, rec.ProposedOwner)
+	if d.Verdict != Promote || d.Pick.Node != "n1" {
+		t.Fatalf("verdict %v pick %s, want promote n1", d.Verdict, d.Pick.Node)
+	}
+	if got := Followers(old, rec, d); !slices.Equal(got, []string{"n2", "n4"}) {
+		t.Fatalf("followers %v, want [n2 n4]", got)
+	}
+}
