@@ -167,15 +167,15 @@ type Result struct {
 	HandoverUnavailableMs *float64 `json:"handover_unavailable_ms,omitempty"`
 	HandoverFrom          string   `json:"handover_from,omitempty"`
 	HandoverTo            string   `json:"handover_to,omitempty"`
-	KillSignal        string   `json:"kill_signal,omitempty"`
-	Stream            string   `json:"stream"`
-	Copies            int      `json:"copies"`
-	Policy            string   `json:"policy"`
-	Size              int      `json:"size"`
-	Inflight          int      `json:"inflight"`
-	Publishers        string   `json:"publishers"`
-	ProducerIDs       bool     `json:"producer_ids"`
-	Problems          []string `json:"problems,omitempty"`
+	KillSignal            string   `json:"kill_signal,omitempty"`
+	Stream                string   `json:"stream"`
+	Copies                int      `json:"copies"`
+	Policy                string   `json:"policy"`
+	Size                  int      `json:"size"`
+	Inflight              int      `json:"inflight"`
+	Publishers            string   `json:"publishers"`
+	ProducerIDs           bool     `json:"producer_ids"`
+	Problems              []string `json:"problems,omitempty"`
 }
 
 // Run runs the bench. It cleans up the processes and temp dir it made, also
@@ -907,6 +907,9 @@ func (r *runner) handover(ctx context.Context) error {
 	r.mu.Lock()
 	r.handoverFrom, r.handoverTo = from, end
 	r.res.HandoverFrom, r.res.HandoverTo = a.GetOwner(), resp.Msg.GetAssignment().GetOwner()
+	if o := resp.Msg.GetAssignment().GetOwner(); o != "" {
+		r.owner = o
+	}
 	r.mu.Unlock()
 	fmt.Fprintf(r.o.Stderr, "bench: %.2fs handed %s over from %s to %s (asked %s) in %.1f ms\n",
 		from.Seconds(), stream, a.GetOwner(), dashIfEmpty(resp.Msg.GetAssignment().GetOwner()), to, ms(end-from))
