@@ -97,12 +97,25 @@ func TestHandoverMovesOwnerLosesNothing(t *testing.T) {
 // the stream ends with one owner, by the seal path, and loses nothing.
 func TestHandoverTargetKilledMidwayLeavesOneOwner(t *testing.T) {
 	t.Parallel()
+	handoverKilledMidway(t, "handover-kill-target", func(a cluster.Assignment, target string) string { return target })
+}
+
+// TestHandoverOwnerKilledMidwayLeavesOneOwner: the same with the paused
+// owner crash-killed: an ordinary failover, one owner, nothing lost.
+func TestHandoverOwnerKilledMidwayLeavesOneOwner(t *testing.T) {
+	t.Parallel()
+	handoverKilledMidway(t, "handover-kill-owner", func(a cluster.Assignment, _ string) string { return a.Owner })
+}
+
+// handoverKilledMidway hands stream over to its first follower and
+// crash-kills the broker victim names once the handover is recorded.
+func handoverKilledMidway(t *testing.T, stream string, victim func(a cluster.Assignment, target string) string) {
 	c := three(t)
-	const stream = "handover-kill"
 	a0 := c.CreateStream(stream, 3, majority)
 	l := ledger.New()
 	p := publishing(t, c, stream, "k", l, 50)
 	target := a0.Followers[0]
+	killed := victim(a0, target)
 
 	done := make(chan error, 1)
 	go func() {
@@ -116,9 +129,8 @@ func TestHandoverTargetKilledMidwayLeavesOneOwner(t *testing.T) {
 		a, _ := c.Assignment(stream)
 		return a.Epoch > a0.Epoch
 	})
-	killed := c.KillBroker(target)
-	if err := <-killed; err != nil {
-		t.Logf("kill %s: %v", target, err)
+	if err := <-c.KillBroker(killed); err != nil {
+		t.Logf("kill %s: %v", killed, err)
 	}
 	// The call's answer depends on when the kill landed (committed, or an
 	// error once the target was gone); the state below is what counts.
@@ -127,8 +139,8 @@ func TestHandoverTargetKilledMidwayLeavesOneOwner(t *testing.T) {
 	}
 
 	a := c.WaitAssignment(stream, 60*time.Second, stream+" owned by a live broker", func(a cluster.Assignment) error {
-		if a.Owner == target {
-			return fmt.Errorf("still owned by the killed %s at epoch %d", target, a.Epoch)
+		if a.Owner == killed {
+			return fmt.Errorf("still owned by the killed %s at epoch %d", killed, a.Epoch)
 		}
 		if _, pending := c.Recovery(stream); pending {
 			return fmt.Errorf("recovery pending")
@@ -223,5 +235,54 @@ func TestDrainAndHandoverBadInput(t *testing.T) {
 	}
 	if a, _ := c.Assignment(stream); a.Epoch != a0.Epoch {
 		t.Fatalf("refused calls moved the stream: %+v", a)
+	}
+}
+
+// TestRebalanceHandsOwnersToARestartedBroker: a broker that stopped and
+// came back owns nothing (its streams failed over); the controller's
+// balancing hands streams back to it until every broker owns within one of
+// even, through handovers that lose nothing.
+func TestRebalanceHandsOwnersToARestartedBroker(t *testing.T) {
+	t.Parallel()
+	c := Start(t, Options{Brokers: []string{"b1", "b2", "b3"}, Controllers: 1, Recoverers: 1, RebalanceDelay: time.Second})
+	streams := []string{"rb0", "rb1", "rb2", "rb3", "rb4", "rb5"}
+	ledgers := map[string]*ledger.Ledger{}
+	for _, s := range streams {
+		c.CreateStream(s, 3, majority)
+		ledgers[s] = ledger.New()
+		publishAll(t, c, s, ledgers[s], Numbered(s+"-before", 5)...)
+	}
+	c.StopBroker("b1")
+	for _, s := range streams {
+		c.WaitAssignment(s, 30*time.Second, s+" owned away from b1", func(a cluster.Assignment) error {
+			if a.Owner == "b1" {
+				return fmt.Errorf("owned by b1 at epoch %d", a.Epoch)
+			}
+			return nil
+		})
+	}
+	c.StartBroker("b1")
+	Eventually(t, 60*time.Second, "owners balanced over b1, b2, b3", func() error {
+		owned := map[string]int{}
+		for _, s := range streams {
+			a, _ := c.Assignment(s)
+			owned[a.Owner]++
+			if _, pending := c.Recovery(s); pending {
+				return fmt.Errorf("%s: recovery pending", s)
+			}
+		}
+		if owned["b1"] != 2 || owned["b2"] != 2 || owned["b3"] != 2 {
+			return fmt.Errorf("owned %v", owned)
+		}
+		return nil
+	})
+	plan, err := c.Admin().GetRebalancePlan(c.Ctx(), connect.NewRequest(&strandv1.GetRebalancePlanRequest{}))
+	if err != nil || len(plan.Msg.GetMoves()) != 0 {
+		t.Fatalf("plan once balanced: %v, %v", plan, err)
+	}
+	for _, s := range streams {
+		publishAll(t, c, s, ledgers[s], Numbered(s+"-after", 5)...)
+		a, _ := c.Assignment(s)
+		verify(t, c, a.Owner, s, ledgers[s])
 	}
 }
