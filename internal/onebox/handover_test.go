@@ -286,3 +286,75 @@ func TestRebalanceHandsOwnersToARestartedBroker(t *testing.T) {
 		verify(t, c, a.Owner, s, ledgers[s])
 	}
 }
+
+// TestHandoverRPC: the owner's side of a handover. A target that cannot
+// catch up (its broker is gone, and the owner took records since) is
+// answered caught_up false with its tails, and the owner takes publishes
+// again at once; a caught-up target holds the owner paused until resume;
+// bad requests are refused naming the field, or as not the owner.
+func TestHandoverRPC(t *testing.T) {
+	t.Parallel()
+	c := three(t)
+	const stream = "handover-rpc"
+	a := c.CreateStream(stream, 3, majority)
+	l := ledger.New()
+	publishAll(t, c, stream, l, Numbered("a", 10)...)
+	gone, live := a.Followers[0], a.Followers[1]
+	if err := <-c.KillBroker(gone); err != nil {
+		t.Logf("kill %s: %v", gone, err)
+	}
+	publishAll(t, c, stream, l, Numbered("b", 10)...)
+
+	owner := c.Replication(a.Owner)
+	resp, err := owner.Handover(c.Ctx(), connect.NewRequest(&strandv1.HandoverRequest{Stream: stream, Epoch: a.Epoch, Target: gone, CatchUpMs: 200}))
+	if err != nil {
+		t.Fatalf("handover to %s: %v", gone, err)
+	}
+	if m := resp.Msg; m.GetCaughtUp() || m.GetTargetRecordTail() >= m.GetRecordTail() || m.GetRecordTail() < 20 {
+		t.Fatalf("handover to the killed %s: %v, want not caught up, behind the owner's 20 records", gone, m)
+	}
+	publishAll(t, c, stream, l, Numbered("c", 5)...) // the owner resumed
+
+	resp, err = owner.Handover(c.Ctx(), connect.NewRequest(&strandv1.HandoverRequest{Stream: stream, Epoch: a.Epoch, Target: live, HoldMs: 30_000}))
+	if err != nil || !resp.Msg.GetCaughtUp() || resp.Msg.GetTargetRecordTail() != resp.Msg.GetRecordTail() {
+		t.Fatalf("handover to %s: %v, %v; want caught up at the owner's tail", live, resp, err)
+	}
+	_, err = owner.Handover(c.Ctx(), connect.NewRequest(&strandv1.HandoverRequest{Stream: stream, Epoch: a.Epoch, Target: live}))
+	if connect.CodeOf(err) != connect.CodeFailedPrecondition {
+		t.Fatalf("a second handover while paused: %v, want FailedPrecondition", err)
+	}
+	published := make(chan error, 1)
+	go func() {
+		_, err := c.Client().Publish(c.Ctx(), stream, []*strandv1.Record{{Payload: []byte("paused")}})
+		published <- err
+	}()
+	if _, err := owner.Handover(c.Ctx(), connect.NewRequest(&strandv1.HandoverRequest{Stream: stream, Resume: true})); err != nil {
+		t.Fatalf("resume: %v", err)
+	}
+	if err := <-published; err != nil {
+		t.Fatalf("publish after resume: %v", err)
+	}
+
+	for _, bad := range []struct {
+		name string
+		node string
+		req  *strandv1.HandoverRequest
+		code connect.Code
+	}{
+		{"epoch 0", a.Owner, &strandv1.HandoverRequest{Stream: stream, Target: live}, connect.CodeInvalidArgument},
+		{"a bad target", a.Owner, &strandv1.HandoverRequest{Stream: stream, Epoch: a.Epoch, Target: "not a node"}, connect.CodeInvalidArgument},
+		{"a catch-up too long", a.Owner, &strandv1.HandoverRequest{Stream: stream, Epoch: a.Epoch, Target: live, CatchUpMs: 60_001}, connect.CodeInvalidArgument},
+		{"a bad stream", a.Owner, &strandv1.HandoverRequest{Stream: "Bad!", Epoch: a.Epoch, Target: live}, connect.CodeInvalidArgument},
+		{"another epoch", a.Owner, &strandv1.HandoverRequest{Stream: stream, Epoch: a.Epoch + 1, Target: live}, connect.CodeFailedPrecondition},
+		{"a target that is no follower", a.Owner, &strandv1.HandoverRequest{Stream: stream, Epoch: a.Epoch, Target: a.Owner}, connect.CodeFailedPrecondition},
+		{"a broker that is not the owner", live, &strandv1.HandoverRequest{Stream: stream, Epoch: a.Epoch, Target: live}, connect.CodeFailedPrecondition},
+	} {
+		if _, err := c.Replication(bad.node).Handover(c.Ctx(), connect.NewRequest(bad.req)); connect.CodeOf(err) != bad.code {
+			t.Errorf("%s: %v, want %v", bad.name, err, bad.code)
+		}
+	}
+	if got, _ := c.Assignment(stream); got.Epoch != a.Epoch || got.Owner != a.Owner {
+		t.Fatalf("the handover calls moved the stream: %+v", got)
+	}
+	verify(t, c, a.Owner, stream, l)
+}
