@@ -27,8 +27,6 @@ type LoopConfig struct {
 	// drain does not wait for Delay: the operator asked for it.
 	Rate  float64
 	Delay time.Duration
-	// Disabled turns the balancing off (drains still move).
-	Disabled bool
 }
 
 // Run passes over the view's snapshot whenever it changes (and once a
@@ -75,7 +73,7 @@ func (l *loop) pass(ctx context.Context, s *state.Snapshot) {
 	if l.drain(ctx, s) {
 		return
 	}
-	if l.cfg.Disabled || time.Since(l.since) < l.cfg.Delay {
+	if time.Since(l.since) < l.cfg.Delay {
 		return
 	}
 	moves, _ := PlanOf(s, 1)
@@ -117,20 +115,24 @@ func (l *loop) drain(ctx context.Context, s *state.Snapshot) bool {
 			if !l.take(ctx) {
 				return true
 			}
+			var err error
 			if a.Owner == node {
 				targets := Targets(s, name)
 				if len(targets) == 0 {
 					continue // waits for a follower in sync
 				}
-				if _, err := l.cfg.Mover.Handover(ctx, l.term, s, name, best(s, targets), 0); err != nil {
+				if _, err = l.cfg.Mover.Handover(ctx, l.term, s, name, best(s, targets), 0); err != nil {
 					l.note(err, name, node, "drain: handover not made; trying again")
 				}
-			} else if _, err := l.cfg.Mover.Replace(ctx, l.term, s, name, node); err != nil {
+			} else if _, err = l.cfg.Mover.Replace(ctx, l.term, s, name, node); err != nil {
 				l.note(err, name, node, "drain: replacement not made; trying again")
 			}
-			// One move per pass: the next pass judges from a snapshot
-			// that holds it.
-			return true
+			if err == nil {
+				// One move per pass: the next pass judges from a
+				// snapshot that holds it. A move refused is tried again
+				// on a later pass, after the other streams had theirs.
+				return true
+			}
 		}
 	}
 	return busy
