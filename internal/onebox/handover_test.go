@@ -200,6 +200,22 @@ func TestDrainOwnerMovesEverything(t *testing.T) {
 		}
 		return nil
 	})
+
+	// Drained, it takes no new copy; undrained, placement uses it again
+	// (it holds the fewest copies).
+	if got := c.CreateStream("drain-after", 3, majority); got.Includes(node) {
+		t.Fatalf("a stream placed on the draining %s: %+v", node, got)
+	}
+	und, err := c.Admin().UndrainBroker(c.Ctx(), connect.NewRequest(&strandv1.UndrainBrokerRequest{Node: node}))
+	if err != nil || und.Msg.GetBroker().GetDraining() {
+		t.Fatalf("undrain %s: %v, %v", node, und, err)
+	}
+	if c.HasKey(c.Schema.DrainingKey(node)) {
+		t.Fatalf("the drain of %s is still stored", node)
+	}
+	if got := c.CreateStream("undrained", 3, majority); !got.Includes(node) {
+		t.Fatalf("a stream placed without the undrained %s, which holds the fewest copies: %+v", node, got)
+	}
 }
 
 // TestDrainAndHandoverBadInput: an unknown node is NotFound; draining the
