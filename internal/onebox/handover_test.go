@@ -249,8 +249,31 @@ func TestDrainAndHandoverBadInput(t *testing.T) {
 	if connect.CodeOf(err) != connect.CodeFailedPrecondition {
 		t.Fatalf("handover to a node that is no follower: %v, want FailedPrecondition", err)
 	}
+	_, err = c.Admin().Failover(c.Ctx(), connect.NewRequest(&strandv1.FailoverRequest{Stream: stream, To: "not a node"}))
+	if connect.CodeOf(err) != connect.CodeInvalidArgument {
+		t.Fatalf("handover to an invalid node id: %v, want InvalidArgument", err)
+	}
+	_, err = c.Admin().Failover(c.Ctx(), connect.NewRequest(&strandv1.FailoverRequest{Stream: stream, To: a0.Followers[0], CatchUpMs: 30_001}))
+	if connect.CodeOf(err) != connect.CodeInvalidArgument {
+		t.Fatalf("handover with a catch-up too long: %v, want InvalidArgument", err)
+	}
+	_, err = c.Admin().Failover(c.Ctx(), connect.NewRequest(&strandv1.FailoverRequest{Stream: stream, CatchUpMs: 100}))
+	if connect.CodeOf(err) != connect.CodeInvalidArgument {
+		t.Fatalf("a catch-up without a target: %v, want InvalidArgument", err)
+	}
+	_, err = c.Admin().Failover(c.Ctx(), connect.NewRequest(&strandv1.FailoverRequest{Stream: "nope", To: a0.Followers[0]}))
+	if connect.CodeOf(err) != connect.CodeNotFound {
+		t.Fatalf("handover of a stream that does not exist: %v, want NotFound", err)
+	}
+	_, err = c.Admin().UndrainBroker(c.Ctx(), connect.NewRequest(&strandv1.UndrainBrokerRequest{Node: "b9"}))
+	if connect.CodeOf(err) != connect.CodeNotFound {
+		t.Fatalf("undrain of an unknown broker: %v, want NotFound", err)
+	}
 	if a, _ := c.Assignment(stream); a.Epoch != a0.Epoch {
 		t.Fatalf("refused calls moved the stream: %+v", a)
+	}
+	if _, pending := c.Recovery(stream); pending {
+		t.Fatal("a refused call recorded a recovery")
 	}
 }
 
