@@ -323,4 +323,16 @@ func (a *adminClient) Failover(ctx context.Context, req *connect.Request[strandv
 	return adminCall(ctx, a, "Failover", req, strandv1connect.AdminServiceClient.Failover)
 }
 
+func (a *adminClient) DrainBroker(ctx context.Context, req *connect.Request[strandv1.DrainBrokerRequest]) (*connect.Response[strandv1.DrainBrokerResponse], error) {
+	return adminCall(ctx, a, "DrainBroker", req, strandv1connect.AdminServiceClient.DrainBroker)
+}
+
+func (a *adminClient) UndrainBroker(ctx context.Context, req *connect.Request[strandv1.UndrainBrokerRequest]) (*connect.Response[strandv1.UndrainBrokerResponse], error) {
+	return adminCall(ctx, a, "UndrainBroker", req, strandv1connect.AdminServiceClient.UndrainBroker)
+}
+
+func (a *adminClient) GetRebalancePlan(ctx context.Context, req *connect.Request[strandv1.GetRebalancePlanRequest]) (*connect.Response[strandv1.GetRebalancePlanResponse], error) {
+	return adminCall(ctx, a, "GetRebalancePlan", req, strandv1connect.AdminServiceClient.GetRebalancePlan)
+}
+
 var _ strandv1connect.AdminServiceClient = (*adminClient)(nil)

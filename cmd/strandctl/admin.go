@@ -32,6 +32,10 @@ func adminCommands() []*command {
 		node       string
 		why        string
 		failoverWy string
+		failoverTo string
+		catchUp    time.Duration
+		drainWait  bool
+		dryRun     bool
 	)
 	return []*command{
 		{
@@ -47,13 +51,14 @@ func adminCommands() []*command {
 				if e.g.json {
 					return printEach(e.stdout, res.GetBrokers())
 				}
-				t := newTable(e.stdout, "NODE", "ADDRESS", "ZONE", "LIVE", "STARTED")
+				t := newTable(e.stdout, "NODE", "ADDRESS", "ZONE", "LIVE", "STATE", "COPIES", "OWNED", "STARTED")
 				for _, b := range res.GetBrokers() {
 					started := "-"
 					if b.GetStartTime() != nil {
 						started = b.GetStartTime().AsTime().Local().Format(time.DateTime)
 					}
-					t.row(b.GetNode(), dash(b.GetAddress()), dash(b.GetZone()), yesNo(b.GetLive()), started)
+					t.row(b.GetNode(), dash(b.GetAddress()), dash(b.GetZone()), yesNo(b.GetLive()), brokerState(b),
+						fmt.Sprint(b.GetCopies()), fmt.Sprint(b.GetOwned()), started)
 				}
 				t.flush()
 				return nil
@@ -134,27 +139,179 @@ func adminCommands() []*command {
 			},
 		},
 		{
-			name: "failover", args: "NAME", summary: "move a stream's ownership through recovery now",
+			name: "failover", args: "NAME", summary: "move a stream's ownership through recovery now (--to: hand it to a chosen in-sync follower)",
 			flags: func(fs *flag.FlagSet) {
 				fs.StringVar(&failoverWy, "why", "operator failover", "reason, recorded with who ran it")
+				fs.StringVar(&failoverTo, "to", "", "hand the stream over to this in-sync follower: the owner pauses, the follower catches up, and the move commits at the next epoch")
+				fs.DurationVar(&catchUp, "catch-up", 0, "with --to: how long the follower may take to catch up before the handover is abandoned (default: the controller's, 2s)")
 			},
 			run: func(ctx context.Context, e *env, _ *flag.FlagSet, args []string) error {
 				if err := needArgs(args, 1, 1, "NAME"); err != nil {
 					return err
 				}
-				res, err := adminCall(ctx, e, strandv1connect.AdminServiceClient.Failover, &strandv1.FailoverRequest{Stream: args[0], Who: who(), Why: failoverWy})
+				if catchUp < 0 || catchUp > 30*time.Second {
+					return usagef("--catch-up must be between 0 and 30s, got %v", catchUp)
+				}
+				res, err := adminCall(ctx, e, strandv1connect.AdminServiceClient.Failover, &strandv1.FailoverRequest{Stream: args[0], Who: who(), Why: failoverWy,
+					To: failoverTo, CatchUpMs: uint32(catchUp / time.Millisecond)})
 				if err != nil {
 					return err
 				}
 				if e.g.json {
 					return printMessage(e.stdout, res)
 				}
-				r := res.GetRecovery()
-				fmt.Fprintf(e.stdout, "failover of %s pending: from epoch %d, fence %d, proposed owner %s (transition %s)\n",
-					args[0], r.GetFromEpoch(), r.GetFenceEpoch(), dash(r.GetProposedOwner()), r.GetTransitionId())
+				printFailover(e.stdout, args[0], failoverTo, res)
 				return nil
 			},
 		},
+		{
+			name: "broker", args: "drain|undrain NODE", summary: "drain a broker (its streams and copies move elsewhere), or end a drain",
+			flags: func(fs *flag.FlagSet) {
+				fs.BoolVar(&drainWait, "wait", false, "drain: return once the broker holds no copy and no stream is under-replicated")
+				fs.StringVar(&why, "why", "", "reason, recorded with who ran it")
+			},
+			run: func(ctx context.Context, e *env, _ *flag.FlagSet, args []string) error {
+				if err := needArgs(args, 2, 2, "drain|undrain NODE"); err != nil {
+					return err
+				}
+				var b *strandv1.Broker
+				switch args[0] {
+				case "drain":
+					res, err := adminCall(ctx, e, strandv1connect.AdminServiceClient.DrainBroker, &strandv1.DrainBrokerRequest{Node: args[1], Who: who(), Why: why})
+					if err != nil {
+						return err
+					}
+					b = res.GetBroker()
+					if drainWait {
+						if b, err = waitDrained(ctx, e, args[1]); err != nil {
+							return err
+						}
+					}
+				case "undrain":
+					if drainWait {
+						return usagef("--wait is for drain")
+					}
+					res, err := adminCall(ctx, e, strandv1connect.AdminServiceClient.UndrainBroker, &strandv1.UndrainBrokerRequest{Node: args[1], Who: who(), Why: why})
+					if err != nil {
+						return err
+					}
+					b = res.GetBroker()
+				default:
+					return usagef("want drain or undrain, got %q", args[0])
+				}
+				if e.g.json {
+					return printMessage(e.stdout, b)
+				}
+				fmt.Fprintf(e.stdout, "broker %s: %s, %d copies, owns %d\n", b.GetNode(), brokerState(b), b.GetCopies(), b.GetOwned())
+				return nil
+			},
+		},
+		{
+			name: "rebalance", summary: "show the owner moves the controller's balancing would make (--dry-run)",
+			flags: func(fs *flag.FlagSet) {
+				fs.BoolVar(&dryRun, "dry-run", false, "only show the plan (required: the controller balances on its own)")
+			},
+			run: func(ctx context.Context, e *env, _ *flag.FlagSet, args []string) error {
+				if err := needArgs(args, 0, 0, "no arguments"); err != nil {
+					return err
+				}
+				if !dryRun {
+					return usagef("--dry-run is required: the controller moves owners itself, at --rebalance-rate, a --rebalance-delay after the brokers last changed")
+				}
+				res, err := adminCall(ctx, e, strandv1connect.AdminServiceClient.GetRebalancePlan, &strandv1.GetRebalancePlanRequest{})
+				if err != nil {
+					return err
+				}
+				if e.g.json {
+					return printMessage(e.stdout, res)
+				}
+				if len(res.GetMoves()) == 0 {
+					fmt.Fprintln(e.stdout, "owners are balanced: nothing to move")
+					return nil
+				}
+				t := newTable(e.stdout, "STREAM", "FROM", "TO")
+				for _, m := range res.GetMoves() {
+					t.row(m.GetStream(), m.GetFrom(), m.GetTo())
+				}
+				t.flush()
+				return nil
+			},
+		},
+	}
+}
+
+// brokerState is a broker's drain state in words.
+func brokerState(b *strandv1.Broker) string {
+	switch {
+	case b.GetDrained():
+		return "drained"
+	case b.GetDraining():
+		return "draining"
+	}
+	return "-"
+}
+
+// printFailover says what a failover did. Without a target the recoverer
+// promotes the furthest sealed copy, which for a live owner is usually
+// that owner: the stream then comes back to it at the next epoch.
+func printFailover(w io.Writer, stream, to string, res *strandv1.FailoverResponse) {
+	r := res.GetRecovery()
+	if to == "" {
+		fmt.Fprintf(w, "failover of %s recorded: from epoch %d to %d (transition %s); the recoverer promotes the furthest sealed copy, %s or the owner %s if it is as far (a live owner usually is); use --to NODE to move the stream to a chosen follower\n",
+			stream, r.GetFromEpoch(), r.GetFenceEpoch(), r.GetTransitionId(), dash(r.GetProposedOwner()), dash(r.GetOldOwner()))
+		return
+	}
+	a := res.GetAssignment()
+	switch {
+	case a == nil:
+		fmt.Fprintf(w, "handover of %s to %s recorded (fence epoch %d, transition %s); not committed yet: see strandctl stream get %s\n",
+			stream, to, r.GetFenceEpoch(), r.GetTransitionId(), stream)
+	case a.GetOwner() == to:
+		fmt.Fprintf(w, "handed %s over from %s to %s at epoch %d\n", stream, dash(r.GetOldOwner()), to, a.GetEpoch())
+	default:
+		fmt.Fprintf(w, "handover of %s committed at epoch %d with owner %s, not %s: that copy was further when sealed\n", stream, a.GetEpoch(), a.GetOwner(), to)
+	}
+}
+
+// waitDrained polls the brokers and the attention list until node holds no
+// copy and no stream is under-replicated.
+func waitDrained(ctx context.Context, e *env, node string) (*strandv1.Broker, error) {
+	tick := time.NewTicker(250 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		res, err := adminCall(ctx, e, strandv1connect.AdminServiceClient.ListBrokers, &strandv1.ListBrokersRequest{})
+		if err != nil {
+			return nil, err
+		}
+		var b *strandv1.Broker
+		for _, x := range res.GetBrokers() {
+			if x.GetNode() == node {
+				b = x
+			}
+		}
+		if b == nil || b.GetDrained() {
+			att, err := adminCall(ctx, e, strandv1connect.AdminServiceClient.ListAttention, &strandv1.ListAttentionRequest{})
+			if err != nil {
+				return nil, err
+			}
+			under := false
+			for _, a := range att.GetEntries() {
+				if a.GetKind() == "under_replicated" {
+					under = true
+				}
+			}
+			if !under {
+				if b == nil {
+					b = &strandv1.Broker{Node: node, Draining: true, Drained: true}
+				}
+				return b, nil
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-tick.C:
+		}
 	}
 }
 

@@ -31,6 +31,7 @@ type benchFlags struct {
 	duration      time.Duration
 	warmup        time.Duration
 	killAt        float64
+	handoverAt    float64
 	killSignal    string
 	plot          string
 	brokers       int
@@ -53,6 +54,7 @@ func (b *benchFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&b.publishers, "publishers", bench.PublishersAsync, "async: one goroutine keeps the window full with PublishAsync (as NATS's and Kafka's producers do); sync: a goroutine per record in flight, each calling Publish")
 	fs.DurationVar(&b.duration, "duration", bench.DefaultDuration, "how long to publish and measure")
 	fs.DurationVar(&b.warmup, "warmup", 0, "publish this long first, outside the measurement: records/s, latencies, CPU and stages cover --duration after it (confirmed, stored, failed and dedupe hits count it; every record is verified)")
+	fs.Float64Var(&b.handoverAt, "handover-at-secs", 0, "hand the (first) stream over to a follower this many seconds in (strandctl failover --to), and report handover_unavailable_ms: the longest stretch without a confirm around it (0: no handover)")
 	fs.Float64Var(&b.killAt, "kill-owner-at-secs", 0, "kill the stream's owner this many seconds in (with --streams, the broker owning the most of them; 0: no kill)")
 	fs.StringVar(&b.killSignal, "kill-signal", bench.DefaultKillSignal, "KILL, STOP or TERM")
 	fs.StringVar(&b.plot, "plot", "", "write an SVG timeline of confirms to this file")
@@ -63,12 +65,15 @@ func (b *benchFlags) register(fs *flag.FlagSet) {
 // config turns the flags into a bench config; external says whether the
 // bench targets a running cluster (--controller/--broker).
 func (b *benchFlags) config(external bool) (bench.Config, error) {
+	if b.handoverAt < 0 || math.IsNaN(b.handoverAt) || math.IsInf(b.handoverAt, 0) {
+		return bench.Config{}, usagef("--handover-at-secs must be a positive number of seconds, got %v", b.handoverAt)
+	}
 	if b.killAt < 0 || math.IsNaN(b.killAt) || math.IsInf(b.killAt, 0) {
 		return bench.Config{}, usagef("--kill-owner-at-secs must be a positive number of seconds, got %v", b.killAt)
 	}
 	cfg := bench.Config{
 		Stream: b.stream, Streams: b.streams, IdleWindow: b.idleWindow, Copies: b.copies, Policy: b.policy, Nodes: b.nodes, Size: b.size, Inflight: b.inflight, NoProducerIDs: b.noProducerIDs, Lanes: b.lanes, Linger: b.linger, Publishers: b.publishers,
-		Duration: b.duration, Warmup: b.warmup, KillAt: time.Duration(b.killAt * float64(time.Second)), KillSignal: b.killSignal,
+		Duration: b.duration, Warmup: b.warmup, KillAt: time.Duration(b.killAt * float64(time.Second)), HandoverAt: time.Duration(b.handoverAt * float64(time.Second)), KillSignal: b.killSignal,
 		Plot: b.plot, Brokers: b.brokers, External: external,
 	}
 	if err := cfg.Validate(); err != nil {

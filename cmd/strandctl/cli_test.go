@@ -140,3 +140,26 @@ func TestParseZones(t *testing.T) {
 		}
 	}
 }
+
+// What failover prints: without --to it says the owner may well come back
+// (the furthest sealed copy is promoted); with --to it names the owner the
+// move committed, and says so when that is not the target.
+func TestPrintFailover(t *testing.T) {
+	rec := &strandv1.Recovery{FromEpoch: 3, FenceEpoch: 4, OldOwner: "b1", ProposedOwner: "b2", TransitionId: "t1"}
+	for _, c := range []struct {
+		name, to string
+		asg      *strandv1.Assignment
+		want     string
+	}{
+		{"no target", "", nil, "the recoverer promotes the furthest sealed copy, b2 or the owner b1 if it is as far"},
+		{"handed over", "b2", &strandv1.Assignment{Epoch: 4, Owner: "b2"}, "handed s over from b1 to b2 at epoch 4"},
+		{"another owner committed", "b2", &strandv1.Assignment{Epoch: 4, Owner: "b1"}, "with owner b1, not b2"},
+		{"not committed yet", "b2", nil, "not committed yet"},
+	} {
+		var b strings.Builder
+		printFailover(&b, "s", c.to, &strandv1.FailoverResponse{Recovery: rec, Assignment: c.asg})
+		if !strings.Contains(b.String(), c.want) {
+			t.Errorf("%s: printed %q, want it to contain %q", c.name, b.String(), c.want)
+		}
+	}
+}

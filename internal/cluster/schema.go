@@ -23,6 +23,7 @@ const DefaultPrefix = "/strand"
 //	<prefix>/recoveries/<stream>   Recovery (a pending recovery)
 //	<prefix>/history/<stream>      HistoryStarts
 //	<prefix>/refusals/<stream>     SealRefusals (next to a pending recovery)
+//	<prefix>/draining/<node>       Drain (an operator drains the broker)
 //	<prefix>/election/controller   controller election prefix
 //	<prefix>/election/recoverer    recoverer election prefix
 //	<prefix>/auth/tokens/<id>      auth.TokenRecord: a bearer token's SHA-256 and principal
@@ -51,6 +52,7 @@ func (s Schema) AssignmentsDir() string { return s.prefix + "/assignments/" }
 func (s Schema) RecoveriesDir() string  { return s.prefix + "/recoveries/" }
 func (s Schema) HistoryDir() string     { return s.prefix + "/history/" }
 func (s Schema) RefusalsDir() string    { return s.prefix + "/refusals/" }
+func (s Schema) DrainingDir() string    { return s.prefix + "/draining/" }
 
 // Keys of one broker or one stream.
 func (s Schema) BrokerKey(node string) string       { return s.BrokersDir() + node }
@@ -59,6 +61,7 @@ func (s Schema) AssignmentKey(stream string) string { return s.AssignmentsDir() 
 func (s Schema) RecoveryKey(stream string) string   { return s.RecoveriesDir() + stream }
 func (s Schema) HistoryKey(stream string) string    { return s.HistoryDir() + stream }
 func (s Schema) RefusalsKey(stream string) string   { return s.RefusalsDir() + stream }
+func (s Schema) DrainingKey(node string) string     { return s.DrainingDir() + node }
 
 // HeartbeatShards is how many keys a broker's copy statuses are spread
 // over. A broker rewrites only the shards whose statuses changed, so one

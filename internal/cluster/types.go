@@ -125,11 +125,13 @@ type Recovery struct {
 	OldFollowers  []string `json:"old_followers"`
 	ProposedOwner string   `json:"proposed_owner"`
 	AddedMembers  []string `json:"added_members,omitempty"`
-	// RemovedMembers are old copies the recovered assignment leaves out
-	// unless they answer their seal: members missing past --replace-after,
-	// or at once when the stream cannot confirm without them
-	// (docs/protocol.md, "Replacing a missing copy"). Every other old copy
-	// is kept, answered or not, and rejoins when its broker returns.
+	// RemovedMembers are old members the recovered assignment leaves out,
+	// answered or not: a member missing past --replace-after (or at once
+	// when the stream cannot confirm without it), or a draining broker's
+	// copy (docs/protocol.md, "Replacing a missing copy"). They are sealed
+	// like every old copy, so removing one after the seal keeps every
+	// confirmed record on the promoted copy. Every other old copy is kept,
+	// answered or not, and rejoins when its broker returns.
 	RemovedMembers []string `json:"removed_members,omitempty"`
 	// Copies is how many copies the recovered assignment keeps at most
 	// when it adds members: added members replace removed copies, and a
@@ -191,6 +193,18 @@ type SealRefusals struct {
 	R        int           `json:"r"`
 	Sealed   []string      `json:"sealed,omitempty"`
 	Refusals []SealRefusal `json:"refusals"`
+}
+
+// Drain marks a broker draining (docs/operating.md, "Draining a broker"):
+// placement takes no new copy on it, the controller hands the streams it
+// owns over to in-sync followers and replaces its copies elsewhere. It is
+// not bound to the broker's lease: a drained broker that restarts stays
+// drained until an operator undrains it.
+type Drain struct {
+	Node  string    `json:"node"`
+	Who   string    `json:"who,omitempty"`
+	Why   string    `json:"why,omitempty"`
+	Since time.Time `json:"since"`
 }
 
 // SealRefusal is one registered copy that did not seal.

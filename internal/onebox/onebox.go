@@ -17,6 +17,7 @@
 package onebox
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"maps"
@@ -81,6 +82,9 @@ type Options struct {
 	// ReplaceAfter is the controllers' --replace-after (their default,
 	// 10m, when zero).
 	ReplaceAfter time.Duration
+	// RebalanceDelay is the controllers' wait before balancing owners; zero
+	// means a day, so no test sees owners moved it did not ask for.
+	RebalanceDelay time.Duration
 }
 
 // Cluster is a running in-process cluster.
@@ -361,7 +365,7 @@ func (c *Cluster) StartController() *controllerapp.App {
 	a, err := controllerapp.Start(context.Background(), controllerapp.Config{
 		Name: name, Listen: "127.0.0.1:0", Etcd: c.Etcd.Endpoints, DefaultPolicy: c.opts.DefaultPolicy,
 		OwnerProbeGrace: ProbeGrace, ReplaceAfter: c.opts.ReplaceAfter, SessionTTL: int(ElectionTTL / time.Second), LogLevel: "info", LogWriter: c.Log(name),
-		Auth: c.opts.Auth,
+		Auth: c.opts.Auth, PeerToken: PeerToken, RebalanceDelay: cmp.Or(c.opts.RebalanceDelay, 24*time.Hour),
 	})
 	if err != nil {
 		c.t.Fatalf("onebox: start %s: %v", name, err)

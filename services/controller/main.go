@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/strandhq/strand/internal/cluster"
+	"github.com/strandhq/strand/internal/rpcserver"
 	"github.com/strandhq/strand/services/controller/app"
 )
 
@@ -40,6 +41,9 @@ func run(args []string) error {
 	fs.DurationVar(&cfg.ReplaceAfter, "replace-after", 10*time.Minute, "how long a stream's copy may be missing (its broker not live) before the controller replaces it on another broker; a stream that cannot confirm without it is replaced at once")
 	fs.StringVar(&cfg.LogLevel, "log-level", "info", "debug, info, warn or error")
 	cfg.HTTPLimits.RegisterFlags(fs)
+	fs.Float64Var(&cfg.RebalanceRate, "rebalance-rate", 2, "most handovers and copy replacements a second, for drains and for balancing owners")
+	fs.DurationVar(&cfg.RebalanceDelay, "rebalance-delay", time.Minute, "how long after the brokers last changed owners are balanced")
+	fs.DurationVar(&cfg.HandoverCatchUp, "handover-catch-up", 2*time.Second, "how long a handover's target may take to catch up before the handover is abandoned")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -51,6 +55,7 @@ func run(args []string) error {
 		return err
 	}
 	cfg.DefaultPolicy = p
+	cfg.PeerToken = rpcserver.PeerToken()
 	for _, e := range strings.Split(etcd, ",") {
 		if e = strings.TrimSpace(e); e != "" {
 			cfg.Etcd = append(cfg.Etcd, e)

@@ -681,8 +681,16 @@ type Broker struct {
 	Address   string                 `protobuf:"bytes,2,opt,name=address,proto3" json:"address,omitempty"`
 	StartTime *timestamppb.Timestamp `protobuf:"bytes,3,opt,name=start_time,json=startTime,proto3" json:"start_time,omitempty"`
 	Live      bool                   `protobuf:"varint,4,opt,name=live,proto3" json:"live,omitempty"`
+	// draining: an operator drains the broker (DrainBroker); drained: it is
+	// draining and holds no copy any more.
+	Draining bool `protobuf:"varint,5,opt,name=draining,proto3" json:"draining,omitempty"`
+	Drained  bool `protobuf:"varint,6,opt,name=drained,proto3" json:"drained,omitempty"`
+	// copies and owned count the assignments naming the broker, and those it
+	// owns.
+	Copies uint32 `protobuf:"varint,7,opt,name=copies,proto3" json:"copies,omitempty"`
+	Owned  uint32 `protobuf:"varint,8,opt,name=owned,proto3" json:"owned,omitempty"`
 	// zone is the broker's --zone, empty when unset.
-	Zone          string `protobuf:"bytes,6,opt,name=zone,proto3" json:"zone,omitempty"`
+	Zone          string `protobuf:"bytes,9,opt,name=zone,proto3" json:"zone,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -743,6 +751,34 @@ func (x *Broker) GetLive() bool {
 		return x.Live
 	}
 	return false
+}
+
+func (x *Broker) GetDraining() bool {
+	if x != nil {
+		return x.Draining
+	}
+	return false
+}
+
+func (x *Broker) GetDrained() bool {
+	if x != nil {
+		return x.Drained
+	}
+	return false
+}
+
+func (x *Broker) GetCopies() uint32 {
+	if x != nil {
+		return x.Copies
+	}
+	return 0
+}
+
+func (x *Broker) GetOwned() uint32 {
+	if x != nil {
+		return x.Owned
+	}
+	return 0
 }
 
 func (x *Broker) GetZone() string {
@@ -1701,10 +1737,17 @@ func (*WithdrawRecoveryResponse) Descriptor() ([]byte, []int) {
 }
 
 type FailoverRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Stream        string                 `protobuf:"bytes,1,opt,name=stream,proto3" json:"stream,omitempty"`
-	Who           string                 `protobuf:"bytes,2,opt,name=who,proto3" json:"who,omitempty"`
-	Why           string                 `protobuf:"bytes,3,opt,name=why,proto3" json:"why,omitempty"`
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Stream string                 `protobuf:"bytes,1,opt,name=stream,proto3" json:"stream,omitempty"`
+	Who    string                 `protobuf:"bytes,2,opt,name=who,proto3" json:"who,omitempty"`
+	Why    string                 `protobuf:"bytes,3,opt,name=why,proto3" json:"why,omitempty"`
+	// to, when set, hands the stream over to this in-sync follower
+	// (docs/protocol.md, "Handover"): the owner pauses, the follower catches
+	// up, and the call returns once the move committed. A target that cannot
+	// catch up within catch_up_ms (0 means 2000) answers FailedPrecondition
+	// with its lag, and the owner resumes.
+	To            string `protobuf:"bytes,4,opt,name=to,proto3" json:"to,omitempty"`
+	CatchUpMs     uint32 `protobuf:"varint,5,opt,name=catch_up_ms,json=catchUpMs,proto3" json:"catch_up_ms,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1760,9 +1803,27 @@ func (x *FailoverRequest) GetWhy() string {
 	return ""
 }
 
+func (x *FailoverRequest) GetTo() string {
+	if x != nil {
+		return x.To
+	}
+	return ""
+}
+
+func (x *FailoverRequest) GetCatchUpMs() uint32 {
+	if x != nil {
+		return x.CatchUpMs
+	}
+	return 0
+}
+
 type FailoverResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Recovery      *Recovery              `protobuf:"bytes,1,opt,name=recovery,proto3" json:"recovery,omitempty"`
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	Recovery *Recovery              `protobuf:"bytes,1,opt,name=recovery,proto3" json:"recovery,omitempty"`
+	// assignment is the stream's assignment once a handover committed
+	// (absent for a failover without to: the recoverer promotes the furthest
+	// sealed copy, which is usually the live owner itself).
+	Assignment    *Assignment `protobuf:"bytes,2,opt,name=assignment,proto3" json:"assignment,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1800,6 +1861,371 @@ func (*FailoverResponse) Descriptor() ([]byte, []int) {
 func (x *FailoverResponse) GetRecovery() *Recovery {
 	if x != nil {
 		return x.Recovery
+	}
+	return nil
+}
+
+func (x *FailoverResponse) GetAssignment() *Assignment {
+	if x != nil {
+		return x.Assignment
+	}
+	return nil
+}
+
+type DrainBrokerRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Node          string                 `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
+	Who           string                 `protobuf:"bytes,2,opt,name=who,proto3" json:"who,omitempty"`
+	Why           string                 `protobuf:"bytes,3,opt,name=why,proto3" json:"why,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DrainBrokerRequest) Reset() {
+	*x = DrainBrokerRequest{}
+	mi := &file_strand_v1_admin_proto_msgTypes[28]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DrainBrokerRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DrainBrokerRequest) ProtoMessage() {}
+
+func (x *DrainBrokerRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_strand_v1_admin_proto_msgTypes[28]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DrainBrokerRequest.ProtoReflect.Descriptor instead.
+func (*DrainBrokerRequest) Descriptor() ([]byte, []int) {
+	return file_strand_v1_admin_proto_rawDescGZIP(), []int{28}
+}
+
+func (x *DrainBrokerRequest) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
+}
+
+func (x *DrainBrokerRequest) GetWho() string {
+	if x != nil {
+		return x.Who
+	}
+	return ""
+}
+
+func (x *DrainBrokerRequest) GetWhy() string {
+	if x != nil {
+		return x.Why
+	}
+	return ""
+}
+
+type DrainBrokerResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Broker        *Broker                `protobuf:"bytes,1,opt,name=broker,proto3" json:"broker,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DrainBrokerResponse) Reset() {
+	*x = DrainBrokerResponse{}
+	mi := &file_strand_v1_admin_proto_msgTypes[29]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DrainBrokerResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DrainBrokerResponse) ProtoMessage() {}
+
+func (x *DrainBrokerResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_strand_v1_admin_proto_msgTypes[29]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DrainBrokerResponse.ProtoReflect.Descriptor instead.
+func (*DrainBrokerResponse) Descriptor() ([]byte, []int) {
+	return file_strand_v1_admin_proto_rawDescGZIP(), []int{29}
+}
+
+func (x *DrainBrokerResponse) GetBroker() *Broker {
+	if x != nil {
+		return x.Broker
+	}
+	return nil
+}
+
+type UndrainBrokerRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Node          string                 `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
+	Who           string                 `protobuf:"bytes,2,opt,name=who,proto3" json:"who,omitempty"`
+	Why           string                 `protobuf:"bytes,3,opt,name=why,proto3" json:"why,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *UndrainBrokerRequest) Reset() {
+	*x = UndrainBrokerRequest{}
+	mi := &file_strand_v1_admin_proto_msgTypes[30]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *UndrainBrokerRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*UndrainBrokerRequest) ProtoMessage() {}
+
+func (x *UndrainBrokerRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_strand_v1_admin_proto_msgTypes[30]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use UndrainBrokerRequest.ProtoReflect.Descriptor instead.
+func (*UndrainBrokerRequest) Descriptor() ([]byte, []int) {
+	return file_strand_v1_admin_proto_rawDescGZIP(), []int{30}
+}
+
+func (x *UndrainBrokerRequest) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
+}
+
+func (x *UndrainBrokerRequest) GetWho() string {
+	if x != nil {
+		return x.Who
+	}
+	return ""
+}
+
+func (x *UndrainBrokerRequest) GetWhy() string {
+	if x != nil {
+		return x.Why
+	}
+	return ""
+}
+
+type UndrainBrokerResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Broker        *Broker                `protobuf:"bytes,1,opt,name=broker,proto3" json:"broker,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *UndrainBrokerResponse) Reset() {
+	*x = UndrainBrokerResponse{}
+	mi := &file_strand_v1_admin_proto_msgTypes[31]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *UndrainBrokerResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*UndrainBrokerResponse) ProtoMessage() {}
+
+func (x *UndrainBrokerResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_strand_v1_admin_proto_msgTypes[31]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use UndrainBrokerResponse.ProtoReflect.Descriptor instead.
+func (*UndrainBrokerResponse) Descriptor() ([]byte, []int) {
+	return file_strand_v1_admin_proto_rawDescGZIP(), []int{31}
+}
+
+func (x *UndrainBrokerResponse) GetBroker() *Broker {
+	if x != nil {
+		return x.Broker
+	}
+	return nil
+}
+
+type GetRebalancePlanRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetRebalancePlanRequest) Reset() {
+	*x = GetRebalancePlanRequest{}
+	mi := &file_strand_v1_admin_proto_msgTypes[32]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetRebalancePlanRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetRebalancePlanRequest) ProtoMessage() {}
+
+func (x *GetRebalancePlanRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_strand_v1_admin_proto_msgTypes[32]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetRebalancePlanRequest.ProtoReflect.Descriptor instead.
+func (*GetRebalancePlanRequest) Descriptor() ([]byte, []int) {
+	return file_strand_v1_admin_proto_rawDescGZIP(), []int{32}
+}
+
+// OwnerMove is one handover of a plan.
+type OwnerMove struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Stream        string                 `protobuf:"bytes,1,opt,name=stream,proto3" json:"stream,omitempty"`
+	From          string                 `protobuf:"bytes,2,opt,name=from,proto3" json:"from,omitempty"`
+	To            string                 `protobuf:"bytes,3,opt,name=to,proto3" json:"to,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *OwnerMove) Reset() {
+	*x = OwnerMove{}
+	mi := &file_strand_v1_admin_proto_msgTypes[33]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *OwnerMove) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*OwnerMove) ProtoMessage() {}
+
+func (x *OwnerMove) ProtoReflect() protoreflect.Message {
+	mi := &file_strand_v1_admin_proto_msgTypes[33]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use OwnerMove.ProtoReflect.Descriptor instead.
+func (*OwnerMove) Descriptor() ([]byte, []int) {
+	return file_strand_v1_admin_proto_rawDescGZIP(), []int{33}
+}
+
+func (x *OwnerMove) GetStream() string {
+	if x != nil {
+		return x.Stream
+	}
+	return ""
+}
+
+func (x *OwnerMove) GetFrom() string {
+	if x != nil {
+		return x.From
+	}
+	return ""
+}
+
+func (x *OwnerMove) GetTo() string {
+	if x != nil {
+		return x.To
+	}
+	return ""
+}
+
+type GetRebalancePlanResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Moves []*OwnerMove           `protobuf:"bytes,1,rep,name=moves,proto3" json:"moves,omitempty"`
+	// owned counts the streams each live, non-draining broker owns now.
+	Owned         map[string]uint32 `protobuf:"bytes,2,rep,name=owned,proto3" json:"owned,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetRebalancePlanResponse) Reset() {
+	*x = GetRebalancePlanResponse{}
+	mi := &file_strand_v1_admin_proto_msgTypes[34]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetRebalancePlanResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetRebalancePlanResponse) ProtoMessage() {}
+
+func (x *GetRebalancePlanResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_strand_v1_admin_proto_msgTypes[34]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetRebalancePlanResponse.ProtoReflect.Descriptor instead.
+func (*GetRebalancePlanResponse) Descriptor() ([]byte, []int) {
+	return file_strand_v1_admin_proto_rawDescGZIP(), []int{34}
+}
+
+func (x *GetRebalancePlanResponse) GetMoves() []*OwnerMove {
+	if x != nil {
+		return x.Moves
+	}
+	return nil
+}
+
+func (x *GetRebalancePlanResponse) GetOwned() map[string]uint32 {
+	if x != nil {
+		return x.Owned
 	}
 	return nil
 }
@@ -1874,14 +2300,18 @@ const file_strand_v1_admin_proto_rawDesc = "" +
 	"start_node\x18\x06 \x01(\tR\tstartNode\x12\x12\n" +
 	"\x04node\x18\a \x01(\tR\x04node\x120\n" +
 	"\x05since\x18\b \x01(\v2\x1a.google.protobuf.TimestampR\x05since\x12\x16\n" +
-	"\x06action\x18\t \x01(\tR\x06action\"\x99\x01\n" +
+	"\x06action\x18\t \x01(\tR\x06action\"\xfd\x01\n" +
 	"\x06Broker\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x18\n" +
 	"\aaddress\x18\x02 \x01(\tR\aaddress\x129\n" +
 	"\n" +
 	"start_time\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\tstartTime\x12\x12\n" +
-	"\x04live\x18\x04 \x01(\bR\x04live\x12\x12\n" +
-	"\x04zone\x18\x06 \x01(\tR\x04zone\"\xa7\x01\n" +
+	"\x04live\x18\x04 \x01(\bR\x04live\x12\x1a\n" +
+	"\bdraining\x18\x05 \x01(\bR\bdraining\x12\x18\n" +
+	"\adrained\x18\x06 \x01(\bR\adrained\x12\x16\n" +
+	"\x06copies\x18\a \x01(\rR\x06copies\x12\x14\n" +
+	"\x05owned\x18\b \x01(\rR\x05owned\x12\x12\n" +
+	"\x04zone\x18\t \x01(\tR\x04zone\"\xa7\x01\n" +
 	"\x13CreateStreamRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x16\n" +
 	"\x06copies\x18\x02 \x01(\rR\x06copies\x120\n" +
@@ -1943,14 +2373,42 @@ const file_strand_v1_admin_proto_rawDesc = "" +
 	"\x06stream\x18\x01 \x01(\tR\x06stream\x12\x10\n" +
 	"\x03who\x18\x02 \x01(\tR\x03who\x12\x10\n" +
 	"\x03why\x18\x03 \x01(\tR\x03why\"\x1a\n" +
-	"\x18WithdrawRecoveryResponse\"M\n" +
+	"\x18WithdrawRecoveryResponse\"}\n" +
 	"\x0fFailoverRequest\x12\x16\n" +
 	"\x06stream\x18\x01 \x01(\tR\x06stream\x12\x10\n" +
 	"\x03who\x18\x02 \x01(\tR\x03who\x12\x10\n" +
-	"\x03why\x18\x03 \x01(\tR\x03why\"C\n" +
+	"\x03why\x18\x03 \x01(\tR\x03why\x12\x0e\n" +
+	"\x02to\x18\x04 \x01(\tR\x02to\x12\x1e\n" +
+	"\vcatch_up_ms\x18\x05 \x01(\rR\tcatchUpMs\"z\n" +
 	"\x10FailoverResponse\x12/\n" +
-	"\brecovery\x18\x01 \x01(\v2\x13.strand.v1.RecoveryR\brecovery2\xcd\n" +
+	"\brecovery\x18\x01 \x01(\v2\x13.strand.v1.RecoveryR\brecovery\x125\n" +
 	"\n" +
+	"assignment\x18\x02 \x01(\v2\x15.strand.v1.AssignmentR\n" +
+	"assignment\"L\n" +
+	"\x12DrainBrokerRequest\x12\x12\n" +
+	"\x04node\x18\x01 \x01(\tR\x04node\x12\x10\n" +
+	"\x03who\x18\x02 \x01(\tR\x03who\x12\x10\n" +
+	"\x03why\x18\x03 \x01(\tR\x03why\"@\n" +
+	"\x13DrainBrokerResponse\x12)\n" +
+	"\x06broker\x18\x01 \x01(\v2\x11.strand.v1.BrokerR\x06broker\"N\n" +
+	"\x14UndrainBrokerRequest\x12\x12\n" +
+	"\x04node\x18\x01 \x01(\tR\x04node\x12\x10\n" +
+	"\x03who\x18\x02 \x01(\tR\x03who\x12\x10\n" +
+	"\x03why\x18\x03 \x01(\tR\x03why\"B\n" +
+	"\x15UndrainBrokerResponse\x12)\n" +
+	"\x06broker\x18\x01 \x01(\v2\x11.strand.v1.BrokerR\x06broker\"\x19\n" +
+	"\x17GetRebalancePlanRequest\"G\n" +
+	"\tOwnerMove\x12\x16\n" +
+	"\x06stream\x18\x01 \x01(\tR\x06stream\x12\x12\n" +
+	"\x04from\x18\x02 \x01(\tR\x04from\x12\x0e\n" +
+	"\x02to\x18\x03 \x01(\tR\x02to\"\xc6\x01\n" +
+	"\x18GetRebalancePlanResponse\x12*\n" +
+	"\x05moves\x18\x01 \x03(\v2\x14.strand.v1.OwnerMoveR\x05moves\x12D\n" +
+	"\x05owned\x18\x02 \x03(\v2..strand.v1.GetRebalancePlanResponse.OwnedEntryR\x05owned\x1a8\n" +
+	"\n" +
+	"OwnedEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\rR\x05value:\x028\x012\xd2\f\n" +
 	"\fAdminService\x12Q\n" +
 	"\fCreateStream\x12\x1e.strand.v1.CreateStreamRequest\x1a\x1f.strand.v1.CreateStreamResponse\"\x00\x12Q\n" +
 	"\fDeleteStream\x12\x1e.strand.v1.DeleteStreamRequest\x1a\x1f.strand.v1.DeleteStreamResponse\"\x00\x12H\n" +
@@ -1968,7 +2426,10 @@ const file_strand_v1_admin_proto_rawDesc = "" +
 	"ListTokens\x12\x1c.strand.v1.ListTokensRequest\x1a\x1d.strand.v1.ListTokensResponse\"\x00\x12Z\n" +
 	"\x0fGrantPermission\x12!.strand.v1.GrantPermissionRequest\x1a\".strand.v1.GrantPermissionResponse\"\x00\x12]\n" +
 	"\x10RevokePermission\x12\".strand.v1.RevokePermissionRequest\x1a#.strand.v1.RevokePermissionResponse\"\x00\x12Z\n" +
-	"\x0fListPermissions\x12!.strand.v1.ListPermissionsRequest\x1a\".strand.v1.ListPermissionsResponse\"\x00B3Z1github.com/strandhq/strand/api/strand/v1;strandv1b\x06proto3"
+	"\x0fListPermissions\x12!.strand.v1.ListPermissionsRequest\x1a\".strand.v1.ListPermissionsResponse\"\x00\x12N\n" +
+	"\vDrainBroker\x12\x1d.strand.v1.DrainBrokerRequest\x1a\x1e.strand.v1.DrainBrokerResponse\"\x00\x12T\n" +
+	"\rUndrainBroker\x12\x1f.strand.v1.UndrainBrokerRequest\x1a .strand.v1.UndrainBrokerResponse\"\x00\x12]\n" +
+	"\x10GetRebalancePlan\x12\".strand.v1.GetRebalancePlanRequest\x1a#.strand.v1.GetRebalancePlanResponse\"\x00B3Z1github.com/strandhq/strand/api/strand/v1;strandv1b\x06proto3"
 
 var (
 	file_strand_v1_admin_proto_rawDescOnce sync.Once
@@ -1982,7 +2443,7 @@ func file_strand_v1_admin_proto_rawDescGZIP() []byte {
 	return file_strand_v1_admin_proto_rawDescData
 }
 
-var file_strand_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 28)
+var file_strand_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 36)
 var file_strand_v1_admin_proto_goTypes = []any{
 	(*Retention)(nil),                // 0: strand.v1.Retention
 	(*StreamSpec)(nil),               // 1: strand.v1.StreamSpec
@@ -2012,31 +2473,39 @@ var file_strand_v1_admin_proto_goTypes = []any{
 	(*WithdrawRecoveryResponse)(nil), // 25: strand.v1.WithdrawRecoveryResponse
 	(*FailoverRequest)(nil),          // 26: strand.v1.FailoverRequest
 	(*FailoverResponse)(nil),         // 27: strand.v1.FailoverResponse
-	(*durationpb.Duration)(nil),      // 28: google.protobuf.Duration
-	(*ConfirmPolicy)(nil),            // 29: strand.v1.ConfirmPolicy
-	(*timestamppb.Timestamp)(nil),    // 30: google.protobuf.Timestamp
-	(*CreateTokenRequest)(nil),       // 31: strand.v1.CreateTokenRequest
-	(*RevokeTokenRequest)(nil),       // 32: strand.v1.RevokeTokenRequest
-	(*ListTokensRequest)(nil),        // 33: strand.v1.ListTokensRequest
-	(*GrantPermissionRequest)(nil),   // 34: strand.v1.GrantPermissionRequest
-	(*RevokePermissionRequest)(nil),  // 35: strand.v1.RevokePermissionRequest
-	(*ListPermissionsRequest)(nil),   // 36: strand.v1.ListPermissionsRequest
-	(*CreateTokenResponse)(nil),      // 37: strand.v1.CreateTokenResponse
-	(*RevokeTokenResponse)(nil),      // 38: strand.v1.RevokeTokenResponse
-	(*ListTokensResponse)(nil),       // 39: strand.v1.ListTokensResponse
-	(*GrantPermissionResponse)(nil),  // 40: strand.v1.GrantPermissionResponse
-	(*RevokePermissionResponse)(nil), // 41: strand.v1.RevokePermissionResponse
-	(*ListPermissionsResponse)(nil),  // 42: strand.v1.ListPermissionsResponse
+	(*DrainBrokerRequest)(nil),       // 28: strand.v1.DrainBrokerRequest
+	(*DrainBrokerResponse)(nil),      // 29: strand.v1.DrainBrokerResponse
+	(*UndrainBrokerRequest)(nil),     // 30: strand.v1.UndrainBrokerRequest
+	(*UndrainBrokerResponse)(nil),    // 31: strand.v1.UndrainBrokerResponse
+	(*GetRebalancePlanRequest)(nil),  // 32: strand.v1.GetRebalancePlanRequest
+	(*OwnerMove)(nil),                // 33: strand.v1.OwnerMove
+	(*GetRebalancePlanResponse)(nil), // 34: strand.v1.GetRebalancePlanResponse
+	nil,                              // 35: strand.v1.GetRebalancePlanResponse.OwnedEntry
+	(*durationpb.Duration)(nil),      // 36: google.protobuf.Duration
+	(*ConfirmPolicy)(nil),            // 37: strand.v1.ConfirmPolicy
+	(*timestamppb.Timestamp)(nil),    // 38: google.protobuf.Timestamp
+	(*CreateTokenRequest)(nil),       // 39: strand.v1.CreateTokenRequest
+	(*RevokeTokenRequest)(nil),       // 40: strand.v1.RevokeTokenRequest
+	(*ListTokensRequest)(nil),        // 41: strand.v1.ListTokensRequest
+	(*GrantPermissionRequest)(nil),   // 42: strand.v1.GrantPermissionRequest
+	(*RevokePermissionRequest)(nil),  // 43: strand.v1.RevokePermissionRequest
+	(*ListPermissionsRequest)(nil),   // 44: strand.v1.ListPermissionsRequest
+	(*CreateTokenResponse)(nil),      // 45: strand.v1.CreateTokenResponse
+	(*RevokeTokenResponse)(nil),      // 46: strand.v1.RevokeTokenResponse
+	(*ListTokensResponse)(nil),       // 47: strand.v1.ListTokensResponse
+	(*GrantPermissionResponse)(nil),  // 48: strand.v1.GrantPermissionResponse
+	(*RevokePermissionResponse)(nil), // 49: strand.v1.RevokePermissionResponse
+	(*ListPermissionsResponse)(nil),  // 50: strand.v1.ListPermissionsResponse
 }
 var file_strand_v1_admin_proto_depIdxs = []int32{
-	28, // 0: strand.v1.Retention.max_age:type_name -> google.protobuf.Duration
-	29, // 1: strand.v1.StreamSpec.policy:type_name -> strand.v1.ConfirmPolicy
+	36, // 0: strand.v1.Retention.max_age:type_name -> google.protobuf.Duration
+	37, // 1: strand.v1.StreamSpec.policy:type_name -> strand.v1.ConfirmPolicy
 	0,  // 2: strand.v1.StreamSpec.retention:type_name -> strand.v1.Retention
-	29, // 3: strand.v1.Assignment.policy:type_name -> strand.v1.ConfirmPolicy
-	30, // 4: strand.v1.CopyStatus.since:type_name -> google.protobuf.Timestamp
-	30, // 5: strand.v1.AttentionEntry.since:type_name -> google.protobuf.Timestamp
-	30, // 6: strand.v1.Broker.start_time:type_name -> google.protobuf.Timestamp
-	29, // 7: strand.v1.CreateStreamRequest.policy:type_name -> strand.v1.ConfirmPolicy
+	37, // 3: strand.v1.Assignment.policy:type_name -> strand.v1.ConfirmPolicy
+	38, // 4: strand.v1.CopyStatus.since:type_name -> google.protobuf.Timestamp
+	38, // 5: strand.v1.AttentionEntry.since:type_name -> google.protobuf.Timestamp
+	38, // 6: strand.v1.Broker.start_time:type_name -> google.protobuf.Timestamp
+	37, // 7: strand.v1.CreateStreamRequest.policy:type_name -> strand.v1.ConfirmPolicy
 	0,  // 8: strand.v1.CreateStreamRequest.retention:type_name -> strand.v1.Retention
 	1,  // 9: strand.v1.CreateStreamResponse.spec:type_name -> strand.v1.StreamSpec
 	2,  // 10: strand.v1.CreateStreamResponse.assignment:type_name -> strand.v1.Assignment
@@ -2047,50 +2516,61 @@ var file_strand_v1_admin_proto_depIdxs = []int32{
 	5,  // 15: strand.v1.GetStreamResponse.history:type_name -> strand.v1.HistoryStart
 	6,  // 16: strand.v1.GetStreamResponse.attention:type_name -> strand.v1.AttentionEntry
 	13, // 17: strand.v1.ListStreamsResponse.streams:type_name -> strand.v1.GetStreamResponse
-	29, // 18: strand.v1.UpdateStreamRequest.policy:type_name -> strand.v1.ConfirmPolicy
+	37, // 18: strand.v1.UpdateStreamRequest.policy:type_name -> strand.v1.ConfirmPolicy
 	2,  // 19: strand.v1.UpdateStreamResponse.assignment:type_name -> strand.v1.Assignment
 	7,  // 20: strand.v1.ListBrokersResponse.brokers:type_name -> strand.v1.Broker
 	6,  // 21: strand.v1.ListAttentionResponse.entries:type_name -> strand.v1.AttentionEntry
 	2,  // 22: strand.v1.AcceptOwnerLossResponse.assignment:type_name -> strand.v1.Assignment
 	5,  // 23: strand.v1.AcceptOwnerLossResponse.start:type_name -> strand.v1.HistoryStart
 	4,  // 24: strand.v1.FailoverResponse.recovery:type_name -> strand.v1.Recovery
-	8,  // 25: strand.v1.AdminService.CreateStream:input_type -> strand.v1.CreateStreamRequest
-	10, // 26: strand.v1.AdminService.DeleteStream:input_type -> strand.v1.DeleteStreamRequest
-	12, // 27: strand.v1.AdminService.GetStream:input_type -> strand.v1.GetStreamRequest
-	14, // 28: strand.v1.AdminService.ListStreams:input_type -> strand.v1.ListStreamsRequest
-	16, // 29: strand.v1.AdminService.UpdateStream:input_type -> strand.v1.UpdateStreamRequest
-	18, // 30: strand.v1.AdminService.ListBrokers:input_type -> strand.v1.ListBrokersRequest
-	20, // 31: strand.v1.AdminService.ListAttention:input_type -> strand.v1.ListAttentionRequest
-	22, // 32: strand.v1.AdminService.AcceptOwnerLoss:input_type -> strand.v1.AcceptOwnerLossRequest
-	24, // 33: strand.v1.AdminService.WithdrawRecovery:input_type -> strand.v1.WithdrawRecoveryRequest
-	26, // 34: strand.v1.AdminService.Failover:input_type -> strand.v1.FailoverRequest
-	31, // 35: strand.v1.AdminService.CreateToken:input_type -> strand.v1.CreateTokenRequest
-	32, // 36: strand.v1.AdminService.RevokeToken:input_type -> strand.v1.RevokeTokenRequest
-	33, // 37: strand.v1.AdminService.ListTokens:input_type -> strand.v1.ListTokensRequest
-	34, // 38: strand.v1.AdminService.GrantPermission:input_type -> strand.v1.GrantPermissionRequest
-	35, // 39: strand.v1.AdminService.RevokePermission:input_type -> strand.v1.RevokePermissionRequest
-	36, // 40: strand.v1.AdminService.ListPermissions:input_type -> strand.v1.ListPermissionsRequest
-	9,  // 41: strand.v1.AdminService.CreateStream:output_type -> strand.v1.CreateStreamResponse
-	11, // 42: strand.v1.AdminService.DeleteStream:output_type -> strand.v1.DeleteStreamResponse
-	13, // 43: strand.v1.AdminService.GetStream:output_type -> strand.v1.GetStreamResponse
-	15, // 44: strand.v1.AdminService.ListStreams:output_type -> strand.v1.ListStreamsResponse
-	17, // 45: strand.v1.AdminService.UpdateStream:output_type -> strand.v1.UpdateStreamResponse
-	19, // 46: strand.v1.AdminService.ListBrokers:output_type -> strand.v1.ListBrokersResponse
-	21, // 47: strand.v1.AdminService.ListAttention:output_type -> strand.v1.ListAttentionResponse
-	23, // 48: strand.v1.AdminService.AcceptOwnerLoss:output_type -> strand.v1.AcceptOwnerLossResponse
-	25, // 49: strand.v1.AdminService.WithdrawRecovery:output_type -> strand.v1.WithdrawRecoveryResponse
-	27, // 50: strand.v1.AdminService.Failover:output_type -> strand.v1.FailoverResponse
-	37, // 51: strand.v1.AdminService.CreateToken:output_type -> strand.v1.CreateTokenResponse
-	38, // 52: strand.v1.AdminService.RevokeToken:output_type -> strand.v1.RevokeTokenResponse
-	39, // 53: strand.v1.AdminService.ListTokens:output_type -> strand.v1.ListTokensResponse
-	40, // 54: strand.v1.AdminService.GrantPermission:output_type -> strand.v1.GrantPermissionResponse
-	41, // 55: strand.v1.AdminService.RevokePermission:output_type -> strand.v1.RevokePermissionResponse
-	42, // 56: strand.v1.AdminService.ListPermissions:output_type -> strand.v1.ListPermissionsResponse
-	41, // [41:57] is the sub-list for method output_type
-	25, // [25:41] is the sub-list for method input_type
-	25, // [25:25] is the sub-list for extension type_name
-	25, // [25:25] is the sub-list for extension extendee
-	0,  // [0:25] is the sub-list for field type_name
+	2,  // 25: strand.v1.FailoverResponse.assignment:type_name -> strand.v1.Assignment
+	7,  // 26: strand.v1.DrainBrokerResponse.broker:type_name -> strand.v1.Broker
+	7,  // 27: strand.v1.UndrainBrokerResponse.broker:type_name -> strand.v1.Broker
+	33, // 28: strand.v1.GetRebalancePlanResponse.moves:type_name -> strand.v1.OwnerMove
+	35, // 29: strand.v1.GetRebalancePlanResponse.owned:type_name -> strand.v1.GetRebalancePlanResponse.OwnedEntry
+	8,  // 30: strand.v1.AdminService.CreateStream:input_type -> strand.v1.CreateStreamRequest
+	10, // 31: strand.v1.AdminService.DeleteStream:input_type -> strand.v1.DeleteStreamRequest
+	12, // 32: strand.v1.AdminService.GetStream:input_type -> strand.v1.GetStreamRequest
+	14, // 33: strand.v1.AdminService.ListStreams:input_type -> strand.v1.ListStreamsRequest
+	16, // 34: strand.v1.AdminService.UpdateStream:input_type -> strand.v1.UpdateStreamRequest
+	18, // 35: strand.v1.AdminService.ListBrokers:input_type -> strand.v1.ListBrokersRequest
+	20, // 36: strand.v1.AdminService.ListAttention:input_type -> strand.v1.ListAttentionRequest
+	22, // 37: strand.v1.AdminService.AcceptOwnerLoss:input_type -> strand.v1.AcceptOwnerLossRequest
+	24, // 38: strand.v1.AdminService.WithdrawRecovery:input_type -> strand.v1.WithdrawRecoveryRequest
+	26, // 39: strand.v1.AdminService.Failover:input_type -> strand.v1.FailoverRequest
+	39, // 40: strand.v1.AdminService.CreateToken:input_type -> strand.v1.CreateTokenRequest
+	40, // 41: strand.v1.AdminService.RevokeToken:input_type -> strand.v1.RevokeTokenRequest
+	41, // 42: strand.v1.AdminService.ListTokens:input_type -> strand.v1.ListTokensRequest
+	42, // 43: strand.v1.AdminService.GrantPermission:input_type -> strand.v1.GrantPermissionRequest
+	43, // 44: strand.v1.AdminService.RevokePermission:input_type -> strand.v1.RevokePermissionRequest
+	44, // 45: strand.v1.AdminService.ListPermissions:input_type -> strand.v1.ListPermissionsRequest
+	28, // 46: strand.v1.AdminService.DrainBroker:input_type -> strand.v1.DrainBrokerRequest
+	30, // 47: strand.v1.AdminService.UndrainBroker:input_type -> strand.v1.UndrainBrokerRequest
+	32, // 48: strand.v1.AdminService.GetRebalancePlan:input_type -> strand.v1.GetRebalancePlanRequest
+	9,  // 49: strand.v1.AdminService.CreateStream:output_type -> strand.v1.CreateStreamResponse
+	11, // 50: strand.v1.AdminService.DeleteStream:output_type -> strand.v1.DeleteStreamResponse
+	13, // 51: strand.v1.AdminService.GetStream:output_type -> strand.v1.GetStreamResponse
+	15, // 52: strand.v1.AdminService.ListStreams:output_type -> strand.v1.ListStreamsResponse
+	17, // 53: strand.v1.AdminService.UpdateStream:output_type -> strand.v1.UpdateStreamResponse
+	19, // 54: strand.v1.AdminService.ListBrokers:output_type -> strand.v1.ListBrokersResponse
+	21, // 55: strand.v1.AdminService.ListAttention:output_type -> strand.v1.ListAttentionResponse
+	23, // 56: strand.v1.AdminService.AcceptOwnerLoss:output_type -> strand.v1.AcceptOwnerLossResponse
+	25, // 57: strand.v1.AdminService.WithdrawRecovery:output_type -> strand.v1.WithdrawRecoveryResponse
+	27, // 58: strand.v1.AdminService.Failover:output_type -> strand.v1.FailoverResponse
+	45, // 59: strand.v1.AdminService.CreateToken:output_type -> strand.v1.CreateTokenResponse
+	46, // 60: strand.v1.AdminService.RevokeToken:output_type -> strand.v1.RevokeTokenResponse
+	47, // 61: strand.v1.AdminService.ListTokens:output_type -> strand.v1.ListTokensResponse
+	48, // 62: strand.v1.AdminService.GrantPermission:output_type -> strand.v1.GrantPermissionResponse
+	49, // 63: strand.v1.AdminService.RevokePermission:output_type -> strand.v1.RevokePermissionResponse
+	50, // 64: strand.v1.AdminService.ListPermissions:output_type -> strand.v1.ListPermissionsResponse
+	29, // 65: strand.v1.AdminService.DrainBroker:output_type -> strand.v1.DrainBrokerResponse
+	31, // 66: strand.v1.AdminService.UndrainBroker:output_type -> strand.v1.UndrainBrokerResponse
+	34, // 67: strand.v1.AdminService.GetRebalancePlan:output_type -> strand.v1.GetRebalancePlanResponse
+	49, // [49:68] is the sub-list for method output_type
+	30, // [30:49] is the sub-list for method input_type
+	30, // [30:30] is the sub-list for extension type_name
+	30, // [30:30] is the sub-list for extension extendee
+	0,  // [0:30] is the sub-list for field type_name
 }
 
 func init() { file_strand_v1_admin_proto_init() }
@@ -2107,7 +2587,7 @@ func file_strand_v1_admin_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_strand_v1_admin_proto_rawDesc), len(file_strand_v1_admin_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   28,
+			NumMessages:   36,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -875,6 +875,175 @@ func (x *SealResponse) GetChain() uint64 {
 	return 0
 }
 
+type HandoverRequest struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Stream string                 `protobuf:"bytes,1,opt,name=stream,proto3" json:"stream,omitempty"`
+	// epoch is the assignment's epoch the controller judged from; an owner at
+	// another epoch answers FailedPrecondition.
+	Epoch uint64 `protobuf:"varint,2,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	// target is the follower the stream moves to.
+	Target string `protobuf:"bytes,3,opt,name=target,proto3" json:"target,omitempty"`
+	// catch_up_ms bounds the wait for the target (0 means 2000).
+	CatchUpMs uint32 `protobuf:"varint,4,opt,name=catch_up_ms,json=catchUpMs,proto3" json:"catch_up_ms,omitempty"`
+	// hold_ms bounds how long the owner stays paused after the target caught
+	// up, waiting for the seal (0 means 5000). Safety does not depend on it.
+	HoldMs uint32 `protobuf:"varint,5,opt,name=hold_ms,json=holdMs,proto3" json:"hold_ms,omitempty"`
+	// resume ends a pause this stream's owner holds, at once (the controller
+	// could not record the recovery).
+	Resume        bool `protobuf:"varint,6,opt,name=resume,proto3" json:"resume,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *HandoverRequest) Reset() {
+	*x = HandoverRequest{}
+	mi := &file_strand_v1_replication_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *HandoverRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*HandoverRequest) ProtoMessage() {}
+
+func (x *HandoverRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_strand_v1_replication_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use HandoverRequest.ProtoReflect.Descriptor instead.
+func (*HandoverRequest) Descriptor() ([]byte, []int) {
+	return file_strand_v1_replication_proto_rawDescGZIP(), []int{12}
+}
+
+func (x *HandoverRequest) GetStream() string {
+	if x != nil {
+		return x.Stream
+	}
+	return ""
+}
+
+func (x *HandoverRequest) GetEpoch() uint64 {
+	if x != nil {
+		return x.Epoch
+	}
+	return 0
+}
+
+func (x *HandoverRequest) GetTarget() string {
+	if x != nil {
+		return x.Target
+	}
+	return ""
+}
+
+func (x *HandoverRequest) GetCatchUpMs() uint32 {
+	if x != nil {
+		return x.CatchUpMs
+	}
+	return 0
+}
+
+func (x *HandoverRequest) GetHoldMs() uint32 {
+	if x != nil {
+		return x.HoldMs
+	}
+	return 0
+}
+
+func (x *HandoverRequest) GetResume() bool {
+	if x != nil {
+		return x.Resume
+	}
+	return false
+}
+
+type HandoverResponse struct {
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	CaughtUp bool                   `protobuf:"varint,1,opt,name=caught_up,json=caughtUp,proto3" json:"caught_up,omitempty"`
+	// The owner's tails while paused, and the target's as it acknowledged them.
+	RecordTail            uint64 `protobuf:"varint,2,opt,name=record_tail,json=recordTail,proto3" json:"record_tail,omitempty"`
+	CursorEventTail       uint64 `protobuf:"varint,3,opt,name=cursor_event_tail,json=cursorEventTail,proto3" json:"cursor_event_tail,omitempty"`
+	TargetRecordTail      uint64 `protobuf:"varint,4,opt,name=target_record_tail,json=targetRecordTail,proto3" json:"target_record_tail,omitempty"`
+	TargetCursorEventTail uint64 `protobuf:"varint,5,opt,name=target_cursor_event_tail,json=targetCursorEventTail,proto3" json:"target_cursor_event_tail,omitempty"`
+	unknownFields         protoimpl.UnknownFields
+	sizeCache             protoimpl.SizeCache
+}
+
+func (x *HandoverResponse) Reset() {
+	*x = HandoverResponse{}
+	mi := &file_strand_v1_replication_proto_msgTypes[13]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *HandoverResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*HandoverResponse) ProtoMessage() {}
+
+func (x *HandoverResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_strand_v1_replication_proto_msgTypes[13]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use HandoverResponse.ProtoReflect.Descriptor instead.
+func (*HandoverResponse) Descriptor() ([]byte, []int) {
+	return file_strand_v1_replication_proto_rawDescGZIP(), []int{13}
+}
+
+func (x *HandoverResponse) GetCaughtUp() bool {
+	if x != nil {
+		return x.CaughtUp
+	}
+	return false
+}
+
+func (x *HandoverResponse) GetRecordTail() uint64 {
+	if x != nil {
+		return x.RecordTail
+	}
+	return 0
+}
+
+func (x *HandoverResponse) GetCursorEventTail() uint64 {
+	if x != nil {
+		return x.CursorEventTail
+	}
+	return 0
+}
+
+func (x *HandoverResponse) GetTargetRecordTail() uint64 {
+	if x != nil {
+		return x.TargetRecordTail
+	}
+	return 0
+}
+
+func (x *HandoverResponse) GetTargetCursorEventTail() uint64 {
+	if x != nil {
+		return x.TargetCursorEventTail
+	}
+	return 0
+}
+
 var File_strand_v1_replication_proto protoreflect.FileDescriptor
 
 const file_strand_v1_replication_proto_rawDesc = "" +
@@ -948,10 +1117,25 @@ const file_strand_v1_replication_proto_rawDesc = "" +
 	"\x11cursor_event_tail\x18\x04 \x01(\x04R\x0fcursorEventTail\x122\n" +
 	"\n" +
 	"log_epochs\x18\x05 \x03(\v2\x13.strand.v1.LogEpochR\tlogEpochs\x12\x14\n" +
-	"\x05chain\x18\x06 \x01(\x04R\x05chain2\x94\x01\n" +
+	"\x05chain\x18\x06 \x01(\x04R\x05chain\"\xa8\x01\n" +
+	"\x0fHandoverRequest\x12\x16\n" +
+	"\x06stream\x18\x01 \x01(\tR\x06stream\x12\x14\n" +
+	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\x12\x16\n" +
+	"\x06target\x18\x03 \x01(\tR\x06target\x12\x1e\n" +
+	"\vcatch_up_ms\x18\x04 \x01(\rR\tcatchUpMs\x12\x17\n" +
+	"\ahold_ms\x18\x05 \x01(\rR\x06holdMs\x12\x16\n" +
+	"\x06resume\x18\x06 \x01(\bR\x06resume\"\xe3\x01\n" +
+	"\x10HandoverResponse\x12\x1b\n" +
+	"\tcaught_up\x18\x01 \x01(\bR\bcaughtUp\x12\x1f\n" +
+	"\vrecord_tail\x18\x02 \x01(\x04R\n" +
+	"recordTail\x12*\n" +
+	"\x11cursor_event_tail\x18\x03 \x01(\x04R\x0fcursorEventTail\x12,\n" +
+	"\x12target_record_tail\x18\x04 \x01(\x04R\x10targetRecordTail\x127\n" +
+	"\x18target_cursor_event_tail\x18\x05 \x01(\x04R\x15targetCursorEventTail2\xdb\x01\n" +
 	"\x12ReplicationService\x12C\n" +
 	"\x06Follow\x12\x18.strand.v1.FollowRequest\x1a\x19.strand.v1.FollowResponse\"\x00(\x010\x01\x129\n" +
-	"\x04Seal\x12\x16.strand.v1.SealRequest\x1a\x17.strand.v1.SealResponse\"\x00B3Z1github.com/strandhq/strand/api/strand/v1;strandv1b\x06proto3"
+	"\x04Seal\x12\x16.strand.v1.SealRequest\x1a\x17.strand.v1.SealResponse\"\x00\x12E\n" +
+	"\bHandover\x12\x1a.strand.v1.HandoverRequest\x1a\x1b.strand.v1.HandoverResponse\"\x00B3Z1github.com/strandhq/strand/api/strand/v1;strandv1b\x06proto3"
 
 var (
 	file_strand_v1_replication_proto_rawDescOnce sync.Once
@@ -965,21 +1149,23 @@ func file_strand_v1_replication_proto_rawDescGZIP() []byte {
 	return file_strand_v1_replication_proto_rawDescData
 }
 
-var file_strand_v1_replication_proto_msgTypes = make([]protoimpl.MessageInfo, 13)
+var file_strand_v1_replication_proto_msgTypes = make([]protoimpl.MessageInfo, 15)
 var file_strand_v1_replication_proto_goTypes = []any{
-	(*FollowRequest)(nil),  // 0: strand.v1.FollowRequest
-	(*FollowStart)(nil),    // 1: strand.v1.FollowStart
-	(*FollowAck)(nil),      // 2: strand.v1.FollowAck
-	(*FollowStop)(nil),     // 3: strand.v1.FollowStop
-	(*FollowResponse)(nil), // 4: strand.v1.FollowResponse
-	(*FollowBatch)(nil),    // 5: strand.v1.FollowBatch
-	(*CursorSnapshot)(nil), // 6: strand.v1.CursorSnapshot
-	(*FollowEnd)(nil),      // 7: strand.v1.FollowEnd
-	(*CursorEvent)(nil),    // 8: strand.v1.CursorEvent
-	(*SealRequest)(nil),    // 9: strand.v1.SealRequest
-	(*LogEpoch)(nil),       // 10: strand.v1.LogEpoch
-	(*SealResponse)(nil),   // 11: strand.v1.SealResponse
-	nil,                    // 12: strand.v1.CursorSnapshot.CursorsEntry
+	(*FollowRequest)(nil),    // 0: strand.v1.FollowRequest
+	(*FollowStart)(nil),      // 1: strand.v1.FollowStart
+	(*FollowAck)(nil),        // 2: strand.v1.FollowAck
+	(*FollowStop)(nil),       // 3: strand.v1.FollowStop
+	(*FollowResponse)(nil),   // 4: strand.v1.FollowResponse
+	(*FollowBatch)(nil),      // 5: strand.v1.FollowBatch
+	(*CursorSnapshot)(nil),   // 6: strand.v1.CursorSnapshot
+	(*FollowEnd)(nil),        // 7: strand.v1.FollowEnd
+	(*CursorEvent)(nil),      // 8: strand.v1.CursorEvent
+	(*SealRequest)(nil),      // 9: strand.v1.SealRequest
+	(*LogEpoch)(nil),         // 10: strand.v1.LogEpoch
+	(*SealResponse)(nil),     // 11: strand.v1.SealResponse
+	(*HandoverRequest)(nil),  // 12: strand.v1.HandoverRequest
+	(*HandoverResponse)(nil), // 13: strand.v1.HandoverResponse
+	nil,                      // 14: strand.v1.CursorSnapshot.CursorsEntry
 }
 var file_strand_v1_replication_proto_depIdxs = []int32{
 	1,  // 0: strand.v1.FollowRequest.starts:type_name -> strand.v1.FollowStart
@@ -989,14 +1175,16 @@ var file_strand_v1_replication_proto_depIdxs = []int32{
 	7,  // 4: strand.v1.FollowResponse.ends:type_name -> strand.v1.FollowEnd
 	8,  // 5: strand.v1.FollowBatch.cursor_events:type_name -> strand.v1.CursorEvent
 	6,  // 6: strand.v1.FollowBatch.cursor_snapshot:type_name -> strand.v1.CursorSnapshot
-	12, // 7: strand.v1.CursorSnapshot.cursors:type_name -> strand.v1.CursorSnapshot.CursorsEntry
+	14, // 7: strand.v1.CursorSnapshot.cursors:type_name -> strand.v1.CursorSnapshot.CursorsEntry
 	10, // 8: strand.v1.SealResponse.log_epochs:type_name -> strand.v1.LogEpoch
 	0,  // 9: strand.v1.ReplicationService.Follow:input_type -> strand.v1.FollowRequest
 	9,  // 10: strand.v1.ReplicationService.Seal:input_type -> strand.v1.SealRequest
-	4,  // 11: strand.v1.ReplicationService.Follow:output_type -> strand.v1.FollowResponse
-	11, // 12: strand.v1.ReplicationService.Seal:output_type -> strand.v1.SealResponse
-	11, // [11:13] is the sub-list for method output_type
-	9,  // [9:11] is the sub-list for method input_type
+	12, // 11: strand.v1.ReplicationService.Handover:input_type -> strand.v1.HandoverRequest
+	4,  // 12: strand.v1.ReplicationService.Follow:output_type -> strand.v1.FollowResponse
+	11, // 13: strand.v1.ReplicationService.Seal:output_type -> strand.v1.SealResponse
+	13, // 14: strand.v1.ReplicationService.Handover:output_type -> strand.v1.HandoverResponse
+	12, // [12:15] is the sub-list for method output_type
+	9,  // [9:12] is the sub-list for method input_type
 	9,  // [9:9] is the sub-list for extension type_name
 	9,  // [9:9] is the sub-list for extension extendee
 	0,  // [0:9] is the sub-list for field type_name
@@ -1013,7 +1201,7 @@ func file_strand_v1_replication_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_strand_v1_replication_proto_rawDesc), len(file_strand_v1_replication_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   13,
+			NumMessages:   15,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -21,6 +21,7 @@ import (
 	"go.etcd.io/etcd/client/v3/concurrency"
 	"go.uber.org/zap"
 
+	strandv1 "github.com/strandhq/strand/api/strand/v1"
 	"github.com/strandhq/strand/api/strand/v1/strandv1connect"
 	"github.com/strandhq/strand/internal/auth"
 	"github.com/strandhq/strand/internal/cluster"
@@ -31,6 +32,7 @@ import (
 	"github.com/strandhq/strand/services/controller/internal/leader"
 	"github.com/strandhq/strand/services/controller/internal/liveness"
 	"github.com/strandhq/strand/services/controller/internal/metrics"
+	"github.com/strandhq/strand/services/controller/internal/rebalance"
 	"github.com/strandhq/strand/services/controller/internal/state"
 	"github.com/strandhq/strand/services/controller/internal/transition"
 )
@@ -72,6 +74,16 @@ type Config struct {
 	// Auth checks every AdminService call's credentials and permissions
 	// (docs/operating.md, "Security"); off by default.
 	Auth auth.Options
+	// PeerToken is the cluster's peer token (rpcserver.PeerTokenEnv), sent
+	// with every Handover to a broker.
+	PeerToken string
+	// RebalanceRate bounds the handovers and replacements a second
+	// (default 2); RebalanceDelay is how long after the brokers last
+	// changed owners are balanced (default 1m); HandoverCatchUp bounds a
+	// handover's catch-up (default 2s).
+	RebalanceRate   float64
+	RebalanceDelay  time.Duration
+	HandoverCatchUp time.Duration
 }
 
 func (c *Config) fill() error {
@@ -102,7 +114,16 @@ func (c *Config) fill() error {
 	if c.SessionTTL <= 0 {
 		c.SessionTTL = 3
 	}
-	return nil
+	if c.RebalanceRate <= 0 {
+		c.RebalanceRate = 2
+	}
+	if c.RebalanceDelay <= 0 {
+		c.RebalanceDelay = time.Minute
+	}
+	if c.HandoverCatchUp <= 0 {
+		c.HandoverCatchUp = 2 * time.Second
+	}
+	return rpcserver.ValidatePeerTokens(c.PeerToken, nil)
 }
 
 // App is a running controller.
@@ -120,6 +141,8 @@ type App struct {
 	// the admin service; met is the controller's metrics.
 	mem *attention.Memory
 	met *metrics.Controller
+	// mover makes handovers for the admin service and the rebalance loop.
+	mover *rebalance.Mover
 
 	ready     chan struct{}
 	readyOnce sync.Once
@@ -177,7 +200,8 @@ func Start(ctx context.Context, cfg Config) (*App, error) {
 	}
 	a.met.Follow()
 	a.mem.SetReplaceAfter(cfg.ReplaceAfter)
-	svc := admin.New(admin.Config{View: a.view, Schema: schema, Gate: a.gate, DefaultPolicy: cfg.DefaultPolicy, Log: log, Memory: a.mem, KV: cli})
+	a.mover = &rebalance.Mover{Schema: schema, Call: handoverCaller(cfg.PeerToken), CatchUp: cfg.HandoverCatchUp, Log: log}
+	svc := admin.New(admin.Config{View: a.view, Schema: schema, Gate: a.gate, DefaultPolicy: cfg.DefaultPolicy, Log: log, Memory: a.mem, Mover: a.mover, KV: cli})
 	mux, checker := rpcserver.Mux(strandv1connect.AdminServiceName)
 	checker.SetStatus(strandv1connect.AdminServiceName, grpchealth.StatusNotServing)
 	a.checker = checker
@@ -219,6 +243,20 @@ func Start(ctx context.Context, cfg Config) (*App, error) {
 	go a.campaignLoop(runCtx)
 	log.Info().Str(logging.Addr, addr).Str("advertise", cfg.Advertise).Msg("controller serving; campaigning for leadership")
 	return a, nil
+}
+
+// handoverCaller sends a Handover to a broker's ReplicationService, with
+// the peer token.
+func handoverCaller(token string) rebalance.HandoverFunc {
+	hc := rpcserver.HTTPClient()
+	return func(ctx context.Context, addr string, req *strandv1.HandoverRequest) (*strandv1.HandoverResponse, error) {
+		cl := strandv1connect.NewReplicationServiceClient(hc, rpcserver.BaseURL(addr), rpcserver.WithPeerToken(token))
+		resp, err := cl.Handover(ctx, connect.NewRequest(req))
+		if err != nil {
+			return nil, err
+		}
+		return resp.Msg, nil
+	}
 }
 
 // advertiseOf turns a bound address into one peers can dial: an unspecified
@@ -327,6 +365,11 @@ func (a *App) lead(ctx context.Context) error {
 		_ = liveness.Run(cctx, liveness.Config{
 			View: a.view, Schema: a.schema, Log: a.log, ProbeGrace: a.cfg.OwnerProbeGrace, Probe: a.cfg.Probe,
 			Pass: a.observe, ReplaceAfter: a.cfg.ReplaceAfter, MissingSince: a.mem.MissingSince,
+		}, term)
+	})
+	wg.Go(func() {
+		_ = rebalance.Run(cctx, rebalance.LoopConfig{
+			View: a.view, Mover: a.mover, Log: a.log, Rate: a.cfg.RebalanceRate, Delay: a.cfg.RebalanceDelay,
 		}, term)
 	})
 	// The term also ends if the election key goes away by other means.

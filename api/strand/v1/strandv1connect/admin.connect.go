@@ -78,6 +78,15 @@ const (
 	// AdminServiceListPermissionsProcedure is the fully-qualified name of the AdminService's
 	// ListPermissions RPC.
 	AdminServiceListPermissionsProcedure = "/strand.v1.AdminService/ListPermissions"
+	// AdminServiceDrainBrokerProcedure is the fully-qualified name of the AdminService's DrainBroker
+	// RPC.
+	AdminServiceDrainBrokerProcedure = "/strand.v1.AdminService/DrainBroker"
+	// AdminServiceUndrainBrokerProcedure is the fully-qualified name of the AdminService's
+	// UndrainBroker RPC.
+	AdminServiceUndrainBrokerProcedure = "/strand.v1.AdminService/UndrainBroker"
+	// AdminServiceGetRebalancePlanProcedure is the fully-qualified name of the AdminService's
+	// GetRebalancePlan RPC.
+	AdminServiceGetRebalancePlanProcedure = "/strand.v1.AdminService/GetRebalancePlan"
 )
 
 // AdminServiceClient is a client for the strand.v1.AdminService service.
@@ -103,6 +112,15 @@ type AdminServiceClient interface {
 	GrantPermission(context.Context, *connect.Request[v1.GrantPermissionRequest]) (*connect.Response[v1.GrantPermissionResponse], error)
 	RevokePermission(context.Context, *connect.Request[v1.RevokePermissionRequest]) (*connect.Response[v1.RevokePermissionResponse], error)
 	ListPermissions(context.Context, *connect.Request[v1.ListPermissionsRequest]) (*connect.Response[v1.ListPermissionsResponse], error)
+	// DrainBroker marks a broker draining: placement takes no new copies on
+	// it, the streams it owns move away by handover and its copies are
+	// replaced elsewhere (docs/operating.md, "Draining a broker").
+	DrainBroker(context.Context, *connect.Request[v1.DrainBrokerRequest]) (*connect.Response[v1.DrainBrokerResponse], error)
+	// UndrainBroker ends a drain; copies already moved stay where they are.
+	UndrainBroker(context.Context, *connect.Request[v1.UndrainBrokerRequest]) (*connect.Response[v1.UndrainBrokerResponse], error)
+	// GetRebalancePlan returns the owner moves the rebalancing loop would
+	// make now, without making them.
+	GetRebalancePlan(context.Context, *connect.Request[v1.GetRebalancePlanRequest]) (*connect.Response[v1.GetRebalancePlanResponse], error)
 }
 
 // NewAdminServiceClient constructs a client for the strand.v1.AdminService service. By default, it
@@ -212,6 +230,24 @@ func NewAdminServiceClient(httpClient connect.HTTPClient, baseURL string, opts .
 			connect.WithSchema(adminServiceMethods.ByName("ListPermissions")),
 			connect.WithClientOptions(opts...),
 		),
+		drainBroker: connect.NewClient[v1.DrainBrokerRequest, v1.DrainBrokerResponse](
+			httpClient,
+			baseURL+AdminServiceDrainBrokerProcedure,
+			connect.WithSchema(adminServiceMethods.ByName("DrainBroker")),
+			connect.WithClientOptions(opts...),
+		),
+		undrainBroker: connect.NewClient[v1.UndrainBrokerRequest, v1.UndrainBrokerResponse](
+			httpClient,
+			baseURL+AdminServiceUndrainBrokerProcedure,
+			connect.WithSchema(adminServiceMethods.ByName("UndrainBroker")),
+			connect.WithClientOptions(opts...),
+		),
+		getRebalancePlan: connect.NewClient[v1.GetRebalancePlanRequest, v1.GetRebalancePlanResponse](
+			httpClient,
+			baseURL+AdminServiceGetRebalancePlanProcedure,
+			connect.WithSchema(adminServiceMethods.ByName("GetRebalancePlan")),
+			connect.WithClientOptions(opts...),
+		),
 	}
 }
 
@@ -233,6 +269,9 @@ type adminServiceClient struct {
 	grantPermission  *connect.Client[v1.GrantPermissionRequest, v1.GrantPermissionResponse]
 	revokePermission *connect.Client[v1.RevokePermissionRequest, v1.RevokePermissionResponse]
 	listPermissions  *connect.Client[v1.ListPermissionsRequest, v1.ListPermissionsResponse]
+	drainBroker      *connect.Client[v1.DrainBrokerRequest, v1.DrainBrokerResponse]
+	undrainBroker    *connect.Client[v1.UndrainBrokerRequest, v1.UndrainBrokerResponse]
+	getRebalancePlan *connect.Client[v1.GetRebalancePlanRequest, v1.GetRebalancePlanResponse]
 }
 
 // CreateStream calls strand.v1.AdminService.CreateStream.
@@ -315,6 +354,21 @@ func (c *adminServiceClient) ListPermissions(ctx context.Context, req *connect.R
 	return c.listPermissions.CallUnary(ctx, req)
 }
 
+// DrainBroker calls strand.v1.AdminService.DrainBroker.
+func (c *adminServiceClient) DrainBroker(ctx context.Context, req *connect.Request[v1.DrainBrokerRequest]) (*connect.Response[v1.DrainBrokerResponse], error) {
+	return c.drainBroker.CallUnary(ctx, req)
+}
+
+// UndrainBroker calls strand.v1.AdminService.UndrainBroker.
+func (c *adminServiceClient) UndrainBroker(ctx context.Context, req *connect.Request[v1.UndrainBrokerRequest]) (*connect.Response[v1.UndrainBrokerResponse], error) {
+	return c.undrainBroker.CallUnary(ctx, req)
+}
+
+// GetRebalancePlan calls strand.v1.AdminService.GetRebalancePlan.
+func (c *adminServiceClient) GetRebalancePlan(ctx context.Context, req *connect.Request[v1.GetRebalancePlanRequest]) (*connect.Response[v1.GetRebalancePlanResponse], error) {
+	return c.getRebalancePlan.CallUnary(ctx, req)
+}
+
 // AdminServiceHandler is an implementation of the strand.v1.AdminService service.
 type AdminServiceHandler interface {
 	CreateStream(context.Context, *connect.Request[v1.CreateStreamRequest]) (*connect.Response[v1.CreateStreamResponse], error)
@@ -338,6 +392,15 @@ type AdminServiceHandler interface {
 	GrantPermission(context.Context, *connect.Request[v1.GrantPermissionRequest]) (*connect.Response[v1.GrantPermissionResponse], error)
 	RevokePermission(context.Context, *connect.Request[v1.RevokePermissionRequest]) (*connect.Response[v1.RevokePermissionResponse], error)
 	ListPermissions(context.Context, *connect.Request[v1.ListPermissionsRequest]) (*connect.Response[v1.ListPermissionsResponse], error)
+	// DrainBroker marks a broker draining: placement takes no new copies on
+	// it, the streams it owns move away by handover and its copies are
+	// replaced elsewhere (docs/operating.md, "Draining a broker").
+	DrainBroker(context.Context, *connect.Request[v1.DrainBrokerRequest]) (*connect.Response[v1.DrainBrokerResponse], error)
+	// UndrainBroker ends a drain; copies already moved stay where they are.
+	UndrainBroker(context.Context, *connect.Request[v1.UndrainBrokerRequest]) (*connect.Response[v1.UndrainBrokerResponse], error)
+	// GetRebalancePlan returns the owner moves the rebalancing loop would
+	// make now, without making them.
+	GetRebalancePlan(context.Context, *connect.Request[v1.GetRebalancePlanRequest]) (*connect.Response[v1.GetRebalancePlanResponse], error)
 }
 
 // NewAdminServiceHandler builds an HTTP handler from the service implementation. It returns the
@@ -443,6 +506,24 @@ func NewAdminServiceHandler(svc AdminServiceHandler, opts ...connect.HandlerOpti
 		connect.WithSchema(adminServiceMethods.ByName("ListPermissions")),
 		connect.WithHandlerOptions(opts...),
 	)
+	adminServiceDrainBrokerHandler := connect.NewUnaryHandler(
+		AdminServiceDrainBrokerProcedure,
+		svc.DrainBroker,
+		connect.WithSchema(adminServiceMethods.ByName("DrainBroker")),
+		connect.WithHandlerOptions(opts...),
+	)
+	adminServiceUndrainBrokerHandler := connect.NewUnaryHandler(
+		AdminServiceUndrainBrokerProcedure,
+		svc.UndrainBroker,
+		connect.WithSchema(adminServiceMethods.ByName("UndrainBroker")),
+		connect.WithHandlerOptions(opts...),
+	)
+	adminServiceGetRebalancePlanHandler := connect.NewUnaryHandler(
+		AdminServiceGetRebalancePlanProcedure,
+		svc.GetRebalancePlan,
+		connect.WithSchema(adminServiceMethods.ByName("GetRebalancePlan")),
+		connect.WithHandlerOptions(opts...),
+	)
 	return "/strand.v1.AdminService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case AdminServiceCreateStreamProcedure:
@@ -477,6 +558,12 @@ func NewAdminServiceHandler(svc AdminServiceHandler, opts ...connect.HandlerOpti
 			adminServiceRevokePermissionHandler.ServeHTTP(w, r)
 		case AdminServiceListPermissionsProcedure:
 			adminServiceListPermissionsHandler.ServeHTTP(w, r)
+		case AdminServiceDrainBrokerProcedure:
+			adminServiceDrainBrokerHandler.ServeHTTP(w, r)
+		case AdminServiceUndrainBrokerProcedure:
+			adminServiceUndrainBrokerHandler.ServeHTTP(w, r)
+		case AdminServiceGetRebalancePlanProcedure:
+			adminServiceGetRebalancePlanHandler.ServeHTTP(w, r)
 		default:
 			http.NotFound(w, r)
 		}
@@ -548,4 +635,16 @@ func (UnimplementedAdminServiceHandler) RevokePermission(context.Context, *conne
 
 func (UnimplementedAdminServiceHandler) ListPermissions(context.Context, *connect.Request[v1.ListPermissionsRequest]) (*connect.Response[v1.ListPermissionsResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("strand.v1.AdminService.ListPermissions is not implemented"))
+}
+
+func (UnimplementedAdminServiceHandler) DrainBroker(context.Context, *connect.Request[v1.DrainBrokerRequest]) (*connect.Response[v1.DrainBrokerResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("strand.v1.AdminService.DrainBroker is not implemented"))
+}
+
+func (UnimplementedAdminServiceHandler) UndrainBroker(context.Context, *connect.Request[v1.UndrainBrokerRequest]) (*connect.Response[v1.UndrainBrokerResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("strand.v1.AdminService.UndrainBroker is not implemented"))
+}
+
+func (UnimplementedAdminServiceHandler) GetRebalancePlan(context.Context, *connect.Request[v1.GetRebalancePlanRequest]) (*connect.Response[v1.GetRebalancePlanResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("strand.v1.AdminService.GetRebalancePlan is not implemented"))
 }

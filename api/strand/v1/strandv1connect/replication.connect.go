@@ -38,6 +38,9 @@ const (
 	ReplicationServiceFollowProcedure = "/strand.v1.ReplicationService/Follow"
 	// ReplicationServiceSealProcedure is the fully-qualified name of the ReplicationService's Seal RPC.
 	ReplicationServiceSealProcedure = "/strand.v1.ReplicationService/Seal"
+	// ReplicationServiceHandoverProcedure is the fully-qualified name of the ReplicationService's
+	// Handover RPC.
+	ReplicationServiceHandoverProcedure = "/strand.v1.ReplicationService/Handover"
 )
 
 // ReplicationServiceClient is a client for the strand.v1.ReplicationService service.
@@ -53,6 +56,12 @@ type ReplicationServiceClient interface {
 	Follow(context.Context) *connect.BidiStreamForClient[v1.FollowRequest, v1.FollowResponse]
 	// Seal fences a copy at the fence epoch and reports its tails.
 	Seal(context.Context, *connect.Request[v1.SealRequest]) (*connect.Response[v1.SealResponse], error)
+	// Handover is sent by the controller to a stream's owner before it
+	// records a handover recovery (docs/protocol.md, "Handover"): the owner
+	// stops taking publishes and cursor commits, and answers once the target
+	// follower has acknowledged the owner's tails, or once catch_up_ms
+	// passed without that (caught_up false; the owner resumes at once).
+	Handover(context.Context, *connect.Request[v1.HandoverRequest]) (*connect.Response[v1.HandoverResponse], error)
 }
 
 // NewReplicationServiceClient constructs a client for the strand.v1.ReplicationService service. By
@@ -78,13 +87,20 @@ func NewReplicationServiceClient(httpClient connect.HTTPClient, baseURL string, 
 			connect.WithSchema(replicationServiceMethods.ByName("Seal")),
 			connect.WithClientOptions(opts...),
 		),
+		handover: connect.NewClient[v1.HandoverRequest, v1.HandoverResponse](
+			httpClient,
+			baseURL+ReplicationServiceHandoverProcedure,
+			connect.WithSchema(replicationServiceMethods.ByName("Handover")),
+			connect.WithClientOptions(opts...),
+		),
 	}
 }
 
 // replicationServiceClient implements ReplicationServiceClient.
 type replicationServiceClient struct {
-	follow *connect.Client[v1.FollowRequest, v1.FollowResponse]
-	seal   *connect.Client[v1.SealRequest, v1.SealResponse]
+	follow   *connect.Client[v1.FollowRequest, v1.FollowResponse]
+	seal     *connect.Client[v1.SealRequest, v1.SealResponse]
+	handover *connect.Client[v1.HandoverRequest, v1.HandoverResponse]
 }
 
 // Follow calls strand.v1.ReplicationService.Follow.
@@ -95,6 +111,11 @@ func (c *replicationServiceClient) Follow(ctx context.Context) *connect.BidiStre
 // Seal calls strand.v1.ReplicationService.Seal.
 func (c *replicationServiceClient) Seal(ctx context.Context, req *connect.Request[v1.SealRequest]) (*connect.Response[v1.SealResponse], error) {
 	return c.seal.CallUnary(ctx, req)
+}
+
+// Handover calls strand.v1.ReplicationService.Handover.
+func (c *replicationServiceClient) Handover(ctx context.Context, req *connect.Request[v1.HandoverRequest]) (*connect.Response[v1.HandoverResponse], error) {
+	return c.handover.CallUnary(ctx, req)
 }
 
 // ReplicationServiceHandler is an implementation of the strand.v1.ReplicationService service.
@@ -110,6 +131,12 @@ type ReplicationServiceHandler interface {
 	Follow(context.Context, *connect.BidiStream[v1.FollowRequest, v1.FollowResponse]) error
 	// Seal fences a copy at the fence epoch and reports its tails.
 	Seal(context.Context, *connect.Request[v1.SealRequest]) (*connect.Response[v1.SealResponse], error)
+	// Handover is sent by the controller to a stream's owner before it
+	// records a handover recovery (docs/protocol.md, "Handover"): the owner
+	// stops taking publishes and cursor commits, and answers once the target
+	// follower has acknowledged the owner's tails, or once catch_up_ms
+	// passed without that (caught_up false; the owner resumes at once).
+	Handover(context.Context, *connect.Request[v1.HandoverRequest]) (*connect.Response[v1.HandoverResponse], error)
 }
 
 // NewReplicationServiceHandler builds an HTTP handler from the service implementation. It returns
@@ -131,12 +158,20 @@ func NewReplicationServiceHandler(svc ReplicationServiceHandler, opts ...connect
 		connect.WithSchema(replicationServiceMethods.ByName("Seal")),
 		connect.WithHandlerOptions(opts...),
 	)
+	replicationServiceHandoverHandler := connect.NewUnaryHandler(
+		ReplicationServiceHandoverProcedure,
+		svc.Handover,
+		connect.WithSchema(replicationServiceMethods.ByName("Handover")),
+		connect.WithHandlerOptions(opts...),
+	)
 	return "/strand.v1.ReplicationService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case ReplicationServiceFollowProcedure:
 			replicationServiceFollowHandler.ServeHTTP(w, r)
 		case ReplicationServiceSealProcedure:
 			replicationServiceSealHandler.ServeHTTP(w, r)
+		case ReplicationServiceHandoverProcedure:
+			replicationServiceHandoverHandler.ServeHTTP(w, r)
 		default:
 			http.NotFound(w, r)
 		}
@@ -152,4 +187,8 @@ func (UnimplementedReplicationServiceHandler) Follow(context.Context, *connect.B
 
 func (UnimplementedReplicationServiceHandler) Seal(context.Context, *connect.Request[v1.SealRequest]) (*connect.Response[v1.SealResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("strand.v1.ReplicationService.Seal is not implemented"))
+}
+
+func (UnimplementedReplicationServiceHandler) Handover(context.Context, *connect.Request[v1.HandoverRequest]) (*connect.Response[v1.HandoverResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("strand.v1.ReplicationService.Handover is not implemented"))
 }

@@ -32,6 +32,10 @@ func TestValidate(t *testing.T) {
 		want   string // "" means valid
 	}{
 		{"no kill", func(c *Config) { c.KillAt = 0 }, ""},
+		{"a handover", func(c *Config) { c.KillAt, c.HandoverAt = 0, time.Second }, ""},
+		{"a handover and a kill", func(c *Config) { c.HandoverAt = time.Second }, "--handover-at-secs and --kill-owner-at-secs"},
+		{"a handover at the end", func(c *Config) { c.KillAt, c.HandoverAt = 0, c.Duration }, "--handover-at-secs"},
+		{"a handover of one copy", func(c *Config) { c.KillAt, c.HandoverAt, c.Copies = 0, time.Second, 1 }, "--handover-at-secs needs --copies 2"},
 		{"kill just before the end", func(c *Config) { c.KillAt = c.Duration - time.Millisecond }, ""},
 		{"STOP", func(c *Config) { c.KillSignal = "STOP" }, ""},
 		{"TERM", func(c *Config) { c.KillSignal = "SIGTERM" }, ""},
@@ -384,5 +388,40 @@ func TestStageMeans(t *testing.T) {
 		if math.Abs(got[k]-v) > 1e-9 {
 			t.Errorf("stage over every broker %s = %v ms, want %v", k, got[k], v)
 		}
+	}
+}
+
+// The handover's unavailability: the longest stretch without a confirm
+// overlapping the call, edges included.
+func TestHandoverUnavailable(t *testing.T) {
+	at := func(ms ...int) []Confirm {
+		out := make([]Confirm, len(ms))
+		for i, m := range ms {
+			out[i] = Confirm{Done: time.Duration(m) * time.Millisecond}
+		}
+		return out
+	}
+	cases := []struct {
+		name     string
+		confirms []Confirm
+		from, to int
+		want     int
+		ok       bool
+	}{
+		{"steady confirms: the largest gap inside", at(90, 100, 110, 130, 140, 150, 155), 100, 150, 20, true},
+		{"the stretch past the answer counts", at(90, 100, 110, 130, 140, 200), 100, 150, 60, true},
+		{"a stall across the call", at(90, 300), 100, 150, 210, true},
+		{"the gap from the last confirm before", at(50, 120, 125), 100, 110, 70, true},
+		{"unsorted input", at(140, 90, 155, 130, 110, 150, 100), 100, 150, 20, true},
+		{"nothing after from", at(10, 20), 100, 150, 0, false},
+		{"confirms stop inside the call", at(100, 110), 100, 150, 40, true},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			got, ok := HandoverUnavailable(c.confirms, time.Duration(c.from)*time.Millisecond, time.Duration(c.to)*time.Millisecond)
+			if ok != c.ok || got != time.Duration(c.want)*time.Millisecond {
+				t.Fatalf("got %v, %v; want %dms, %v", got, ok, c.want, c.ok)
+			}
+		})
 	}
 }

@@ -58,6 +58,10 @@ type Config struct {
 	// (or negative) means no kill: a plain throughput and latency bench.
 	KillAt     time.Duration
 	KillSignal string
+	// HandoverAt is when to hand the (first) stream over to a follower
+	// with a failover to it (docs/protocol.md, "Handover"), from the start
+	// of publishing; 0 means none. It reports handover_unavailable_ms.
+	HandoverAt time.Duration
 	Plot       string
 	// IdleWindow is how long the bench watches the cluster, streams
 	// created and nothing published, before it publishes: the idle CPU,
@@ -121,6 +125,18 @@ func (c Config) Validate() error {
 	}
 	if c.KillAt > 0 && c.KillAt >= c.Duration {
 		return bad("--kill-owner-at-secs %v is not before the end of --duration %v", c.KillAt.Seconds(), c.Duration)
+	}
+	if c.HandoverAt > 0 {
+		switch {
+		case c.KillAt > 0:
+			return bad("--handover-at-secs and --kill-owner-at-secs measure different moves: give one")
+		case c.HandoverAt >= c.Duration:
+			return bad("--handover-at-secs %v is not before the end of --duration %v", c.HandoverAt.Seconds(), c.Duration)
+		case c.Copies < 2:
+			return bad("--handover-at-secs needs --copies 2 or more: a handover moves the stream to a follower")
+		case c.Warmup > 0:
+			return bad("--warmup is for runs without --handover-at-secs")
+		}
 	}
 	if c.Copies < 1 || c.Copies > 7 {
 		return bad("--copies must be 1..7, got %d", c.Copies)

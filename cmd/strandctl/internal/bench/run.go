@@ -163,15 +163,22 @@ type Result struct {
 	DurationS         float64  `json:"duration_s"`
 	WarmupS           float64  `json:"warmup_s,omitempty"`
 	KillAtS           float64  `json:"kill_at_s,omitempty"`
-	KillSignal        string   `json:"kill_signal,omitempty"`
-	Stream            string   `json:"stream"`
-	Copies            int      `json:"copies"`
-	Policy            string   `json:"policy"`
-	Size              int      `json:"size"`
-	Inflight          int      `json:"inflight"`
-	Publishers        string   `json:"publishers"`
-	ProducerIDs       bool     `json:"producer_ids"`
-	Problems          []string `json:"problems,omitempty"`
+	// The handover (--handover-at-secs): when it was asked for, the
+	// longest stretch without a confirm around it (HandoverUnavailable),
+	// and the owner it moved from and to.
+	HandoverAtS           float64  `json:"handover_at_s,omitempty"`
+	HandoverUnavailableMs *float64 `json:"handover_unavailable_ms,omitempty"`
+	HandoverFrom          string   `json:"handover_from,omitempty"`
+	HandoverTo            string   `json:"handover_to,omitempty"`
+	KillSignal            string   `json:"kill_signal,omitempty"`
+	Stream                string   `json:"stream"`
+	Copies                int      `json:"copies"`
+	Policy                string   `json:"policy"`
+	Size                  int      `json:"size"`
+	Inflight              int      `json:"inflight"`
+	Publishers            string   `json:"publishers"`
+	ProducerIDs           bool     `json:"producer_ids"`
+	Problems              []string `json:"problems,omitempty"`
 }
 
 // Run runs the bench. It cleans up the processes and temp dir it made, also
@@ -280,6 +287,8 @@ type runner struct {
 	killed      string
 	killEpochs  map[int]uint64
 	phaseStream int
+	// handoverFrom and handoverTo bound the handover call (since start).
+	handoverFrom, handoverTo time.Duration
 }
 
 func (r *runner) since() time.Duration { return time.Since(r.start) }
@@ -438,6 +447,16 @@ func (r *runner) run(ctx context.Context) error {
 	if o.KillAt > 0 {
 		bgWG.Go(func() { killErr = r.kill(bg) })
 	}
+	if o.HandoverAt > 0 {
+		bgWG.Go(func() {
+			if err := r.handover(bg); err != nil {
+				fmt.Fprintf(o.Stderr, "bench: %v\n", err)
+				r.mu.Lock()
+				r.res.Problems = append(r.res.Problems, err.Error())
+				r.mu.Unlock()
+			}
+		})
+	}
 	wg.Wait()
 	elapsed := r.since()
 	// Publishing outlasts the warm-up unless ctx ended it, which ends the
@@ -577,6 +596,22 @@ func (r *runner) run(ctx context.Context) error {
 		}
 	} else {
 		r.res.NewOwner = r.res.OldOwner
+	}
+	if o.HandoverAt > 0 {
+		r.mu.Lock()
+		from, to := r.handoverFrom, r.handoverTo
+		r.mu.Unlock()
+		r.res.HandoverAtS = round(o.HandoverAt.Seconds())
+		if to > 0 {
+			if u, ok := HandoverUnavailable(onStreams(all, map[int]uint64{0: 0}, len(r.names)), from, to); ok {
+				v := round(ms(u))
+				r.res.HandoverUnavailableMs = &v
+			} else {
+				r.res.OK = false
+				r.res.Problems = append(r.res.Problems, "no publish was confirmed after the handover began")
+			}
+			marks = append(marks, Mark{At: from, Label: "handover " + r.res.HandoverFrom + " to " + r.res.HandoverTo, Color: "#2980b9"})
+		}
 	}
 	if o.Warmup > 0 {
 		marks = append(marks, Mark{At: o.Warmup, Label: "warm-up ends", Color: "#7f8c8d"})
@@ -848,6 +883,51 @@ func (r *runner) owners(ctx context.Context) (map[string]string, map[int]uint64,
 		owners[name], epochs[i] = a.Owner, a.Epoch
 	}
 	return owners, epochs, nil
+}
+
+// handover hands the first stream over, at HandoverAt, to its first
+// follower (a failover to it), and records when the call began and ended.
+func (r *runner) handover(ctx context.Context) error {
+	t := time.NewTimer(time.Until(r.start.Add(r.o.HandoverAt)))
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return nil
+	case <-t.C:
+	}
+	stream := r.names[0]
+	got, err := r.c.Admin().GetStream(ctx, connect.NewRequest(&strandv1.GetStreamRequest{Name: stream}))
+	if err != nil {
+		return fmt.Errorf("bench: handover: get %s: %w", stream, err)
+	}
+	a := got.Msg.GetAssignment()
+	if len(a.GetFollowers()) == 0 {
+		return fmt.Errorf("bench: handover: %s has no follower", stream)
+	}
+	to := a.GetFollowers()[0]
+	from := r.since()
+	resp, err := r.c.Admin().Failover(ctx, connect.NewRequest(&strandv1.FailoverRequest{Stream: stream, To: to, Who: "strandctl bench", Why: "--handover-at-secs"}))
+	end := r.since()
+	if err != nil {
+		return fmt.Errorf("bench: handover of %s to %s: %w", stream, to, err)
+	}
+	r.mu.Lock()
+	r.handoverFrom, r.handoverTo = from, end
+	r.res.HandoverFrom, r.res.HandoverTo = a.GetOwner(), resp.Msg.GetAssignment().GetOwner()
+	if o := resp.Msg.GetAssignment().GetOwner(); o != "" {
+		r.owner = o
+	}
+	r.mu.Unlock()
+	fmt.Fprintf(r.o.Stderr, "bench: %.2fs handed %s over from %s to %s (asked %s) in %.1f ms\n",
+		from.Seconds(), stream, a.GetOwner(), dashIfEmpty(resp.Msg.GetAssignment().GetOwner()), to, ms(end-from))
+	return nil
+}
+
+func dashIfEmpty(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
 }
 
 // kill kills, at KillAt, the broker that owns the most of the streams, and

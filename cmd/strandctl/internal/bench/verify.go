@@ -215,3 +215,34 @@ func Latencies(confirms []Confirm) []time.Duration {
 	}
 	return out
 }
+
+// HandoverUnavailable is the longest stretch without a confirm that
+// overlaps the handover, from its call's start (from) to its answer (to):
+// the time publishers waited on the paused owner and the move. The stretch
+// runs from the last confirm before it (or from) to the first after it (or
+// to); ok is false when nothing was confirmed after from.
+func HandoverUnavailable(confirms []Confirm, from, to time.Duration) (time.Duration, bool) {
+	done := make([]time.Duration, 0, len(confirms))
+	for _, c := range confirms {
+		done = append(done, c.Done)
+	}
+	slices.Sort(done)
+	prev, ok := from, false
+	var gap time.Duration
+	for _, d := range done {
+		if d < from {
+			prev = d
+			continue
+		}
+		gap = max(gap, d-prev)
+		ok = true
+		if d > to {
+			return gap, true
+		}
+		prev = d
+	}
+	if ok && prev < to {
+		gap = max(gap, to-prev)
+	}
+	return gap, ok
+}

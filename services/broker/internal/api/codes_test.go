@@ -22,6 +22,7 @@ var edgeSentinels = map[string]map[string]error{
 		"ErrUnknownStream":    replica.ErrUnknownStream,
 		"ErrNoCopy":           replica.ErrNoCopy,
 		"ErrInvalidFollow":    replica.ErrInvalidFollow,
+		"ErrHandover":         replica.ErrHandover,
 		"ErrUnavailable":      replica.ErrUnavailable,
 		"ErrConfirmTimeout":   replica.ErrConfirmTimeout,
 		"ErrNotMember":        replica.ErrNotMember,

@@ -48,6 +48,10 @@ var codes = []struct {
 	// A Follow call's message that does not hold together (its message
 	// names the field): the peer's bug, not this copy's state.
 	{err: replica.ErrInvalidFollow, code: connect.CodeInvalidArgument},
+	// A handover the owner cannot begin (not the owner at that epoch, a
+	// target that is no follower, another handover under way): the
+	// controller reads the cluster again.
+	{err: replica.ErrHandover, code: connect.CodeFailedPrecondition},
 	{err: storage.ErrIncarnation, code: connect.CodeFailedPrecondition},
 	{err: storage.ErrFenced, code: connect.CodeFailedPrecondition},
 	{err: storage.ErrSealed, code: connect.CodeUnavailable},

@@ -3,6 +3,7 @@ package api
 import (
 	"context"
 	"errors"
+	"time"
 
 	"connectrpc.com/connect"
 	"github.com/rs/zerolog"
@@ -73,6 +74,45 @@ func (s *ReplicationService) Seal(ctx context.Context, req *connect.Request[stra
 		Chain:           st.Chain,
 	}
 	return connect.NewResponse(resp), nil
+}
+
+// maxHandoverMillis bounds a handover's catch-up and hold: a pause is
+// short, and a longer one would hold publishes up for nothing.
+const maxHandoverMillis = 60_000
+
+// Handover pauses this broker's owner copy for a move to a follower
+// (replica.Manager.Handover, docs/protocol.md "Handover"), or ends such a
+// pause (resume).
+func (s *ReplicationService) Handover(ctx context.Context, req *connect.Request[strandv1.HandoverRequest]) (*connect.Response[strandv1.HandoverResponse], error) {
+	msg := req.Msg
+	if err := validStream(msg.GetStream()); err != nil {
+		return nil, err
+	}
+	if msg.GetResume() {
+		s.m.ResumeHandover(msg.GetStream())
+		return connect.NewResponse(&strandv1.HandoverResponse{}), nil
+	}
+	if msg.GetEpoch() == 0 {
+		return nil, rpcerr.InvalidArgument("epoch", "must be at least 1")
+	}
+	if err := cluster.ValidateNodeName(msg.GetTarget()); err != nil {
+		return nil, rpcerr.InvalidArgument("target", "invalid node id %q", msg.GetTarget())
+	}
+	if msg.GetCatchUpMs() > maxHandoverMillis {
+		return nil, rpcerr.InvalidArgument("catch_up_ms", "at most %d, got %d", maxHandoverMillis, msg.GetCatchUpMs())
+	}
+	if msg.GetHoldMs() > maxHandoverMillis {
+		return nil, rpcerr.InvalidArgument("hold_ms", "at most %d, got %d", maxHandoverMillis, msg.GetHoldMs())
+	}
+	res, err := s.m.Handover(ctx, msg.GetStream(), msg.GetEpoch(), msg.GetTarget(),
+		time.Duration(msg.GetCatchUpMs())*time.Millisecond, time.Duration(msg.GetHoldMs())*time.Millisecond)
+	if err != nil {
+		return nil, toConnect(err)
+	}
+	return connect.NewResponse(&strandv1.HandoverResponse{
+		CaughtUp: res.CaughtUp, RecordTail: res.RecordTail, CursorEventTail: res.CursorEventTail,
+		TargetRecordTail: res.TargetRecordTail, TargetCursorEventTail: res.TargetCursorEventTail,
+	}), nil
 }
 
 // perStreamFollow reports whether m is the first message of a call that

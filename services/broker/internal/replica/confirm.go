@@ -15,6 +15,12 @@ type confirmTracker struct {
 	followers []string
 	ownerTail uint64
 	acks      map[string]uint64
+	// evAcks are the followers' acknowledged cursor event tails, and
+	// acked is closed and replaced on every acknowledgement: a handover
+	// waits on them for its target (handover.go). They count for nothing
+	// toward the watermark.
+	evAcks    map[string]uint64
+	acked     chan struct{}
 	watermark uint64
 	changed   chan struct{}
 	// onAdvance, when set, is called with each new watermark under mu:
@@ -30,6 +36,8 @@ func newConfirmTracker(rule cluster.ConfirmRule, followers []string, ownerTail, 
 		followers: slices.Clone(followers),
 		ownerTail: ownerTail,
 		acks:      make(map[string]uint64),
+		evAcks:    make(map[string]uint64),
+		acked:     make(chan struct{}),
 		watermark: min(watermark, ownerTail),
 		changed:   make(chan struct{}),
 	}
@@ -66,6 +74,33 @@ func (t *confirmTracker) followerDurable(node string, tail uint64) {
 		t.acks[node] = tail
 	}
 	t.recomputeLocked()
+	t.signalAckLocked()
+}
+
+// followerEvents takes a follower's durable cursor event tail.
+func (t *confirmTracker) followerEvents(node string, tail uint64) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if !slices.Contains(t.followers, node) {
+		return
+	}
+	if tail > t.evAcks[node] {
+		t.evAcks[node] = tail
+	}
+	t.signalAckLocked()
+}
+
+func (t *confirmTracker) signalAckLocked() {
+	close(t.acked)
+	t.acked = make(chan struct{})
+}
+
+// follower returns a follower's acknowledged tails and a channel closed
+// on the next acknowledgement.
+func (t *confirmTracker) follower(node string) (recordTail, eventTail uint64, next <-chan struct{}) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.acks[node], t.evAcks[node], t.acked
 }
 
 // recomputeLocked takes the W-th highest durable tail. Followers that have

@@ -62,6 +62,12 @@ type Copy struct {
 	// orphanHeldFor is the transition id of the pending recovery the last
 	// orphan check kept the copy for (the copy's loop alone uses it).
 	orphanHeldFor string
+	// pause is the handover this owner is paused for (nil when none), and
+	// gate is held shared by every append and cursor commit of the owner
+	// role, so a pause knows when the last one that started before it
+	// ended (handover.go).
+	pause *handoverPause
+	gate  sync.RWMutex
 }
 
 func newCopy(m *Manager, name string, st *storage.Stream) *Copy {

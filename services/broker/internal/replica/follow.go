@@ -311,6 +311,7 @@ func (f *servedFollow) ack(node string, recordTail, eventTail uint64) {
 	sentRec, sentEv := fc.sentTails()
 	tail := min(recordTail, sentRec)
 	fc.ack(tail, min(eventTail, sentEv))
+	tracker.followerEvents(node, min(eventTail, sentEv))
 	tracker.followerDurable(node, tail)
 }
 
@@ -372,6 +373,7 @@ func (m *Manager) serveFollow(ctx context.Context, srv *followServer, f *servedF
 		// a new owner inherited unconfirmed would wait for the next new
 		// record to be confirmed, and so would a retry of them, which is
 		// answered only once they are (idempotent publish, docs/api.md).
+		tracker.followerEvents(node, cpos)
 		tracker.followerDurable(node, pos)
 	}
 

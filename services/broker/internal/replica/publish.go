@@ -45,8 +45,13 @@ func (m *Manager) Publish(ctx context.Context, stream string, recs []storage.Rec
 		}
 		return PublishResult{}, m.notHere(stream)
 	}
+	leave, err := c.enterOwnerWrite(ctx, roleCtx)
+	if err != nil {
+		return PublishResult{}, err
+	}
 	start := time.Now()
 	res, err := c.st.AppendIdempotent(ctx, a.Epoch, recs)
+	leave()
 	if err != nil {
 		if errorsIsAny(err, storage.ErrSealed, storage.ErrFenced) {
 			return PublishResult{}, fmt.Errorf("%w: %v", ErrUnavailable, err)
@@ -239,12 +244,17 @@ func (m *Manager) CommitCursor(ctx context.Context, stream, cursor string, posit
 	if c == nil {
 		return storage.CursorEvent{}, m.notHere(stream)
 	}
-	a, tracker, _, ok := c.ownerRole()
+	a, tracker, roleCtx, ok := c.ownerRole()
 	if !ok {
 		return storage.CursorEvent{}, m.notHere(stream)
 	}
+	leave, err := c.enterOwnerWrite(ctx, roleCtx)
+	if err != nil {
+		return storage.CursorEvent{}, err
+	}
 	wm, _ := tracker.get()
 	ev, err := c.st.CommitCursor(ctx, a.Epoch, cursor, min(position, wm))
+	leave()
 	if err != nil {
 		if errorsIsAny(err, storage.ErrSealed, storage.ErrFenced) {
 			return storage.CursorEvent{}, fmt.Errorf("%w: %v", ErrUnavailable, err)

@@ -25,6 +25,7 @@ import (
 	"github.com/strandhq/strand/services/controller/internal/attention"
 	"github.com/strandhq/strand/services/controller/internal/leader"
 	"github.com/strandhq/strand/services/controller/internal/placement"
+	"github.com/strandhq/strand/services/controller/internal/rebalance"
 	"github.com/strandhq/strand/services/controller/internal/state"
 	"github.com/strandhq/strand/services/controller/internal/transition"
 )
@@ -57,6 +58,9 @@ type Config struct {
 	// KV reads and writes tokens and grants (auth.go); nil answers the
 	// token and permission calls Unimplemented.
 	KV clientv3.KV
+	// Mover makes handovers (Failover with a target, drains); nil refuses
+	// a failover with a target as Unavailable.
+	Mover *rebalance.Mover
 }
 
 // Service implements strandv1connect.AdminServiceHandler.
@@ -75,6 +79,7 @@ type Service struct {
 	// (state.View.Fresh).
 	view *state.View
 	kv   clientv3.KV
+	mover *rebalance.Mover
 }
 
 var _ strandv1connect.AdminServiceHandler = (*Service)(nil)
@@ -94,7 +99,7 @@ func New(cfg Config) *Service {
 		cfg.QueueWait = DefaultQueueWait
 	}
 	return &Service{schema: cfg.Schema, gate: cfg.Gate, policy: cfg.DefaultPolicy, log: cfg.Log, mem: cfg.Memory, now: cfg.Now,
-		admission: newAdmission(cfg.MaxCalls, cfg.MaxQueued, cfg.QueueWait), view: cfg.View, kv: cfg.KV}
+		admission: newAdmission(cfg.MaxCalls, cfg.MaxQueued, cfg.QueueWait), view: cfg.View, kv: cfg.KV, mover: cfg.Mover}
 }
 
 // lead returns the current term and a snapshot, or the Unavailable a
@@ -406,19 +411,24 @@ func (s *Service) ListBrokers(ctx context.Context, _ *connect.Request[strandv1.L
 		return nil, err
 	}
 	out := &strandv1.ListBrokersResponse{}
+	copies, owned := snap.CopyCounts()
 	for _, n := range snap.LiveBrokers() {
-		out.Brokers = append(out.Brokers, brokerToProto(snap.Brokers[n], true))
+		out.Brokers = append(out.Brokers, brokerStatus(snap, snap.Brokers[n], true, copies, owned))
 	}
-	copies, _ := snap.CopyCounts()
 	var down []string
 	for n := range copies {
 		if !snap.Live(n) {
 			down = append(down, n)
 		}
 	}
+	for n := range snap.Draining {
+		if !snap.Live(n) && copies[n] == 0 {
+			down = append(down, n)
+		}
+	}
 	slices.Sort(down)
-	for _, n := range down {
-		out.Brokers = append(out.Brokers, brokerToProto(cluster.BrokerInfo{Node: n}, false))
+	for _, n := range slices.Compact(down) {
+		out.Brokers = append(out.Brokers, brokerStatus(snap, cluster.BrokerInfo{Node: n}, false, copies, owned))
 	}
 	return connect.NewResponse(out), nil
 }

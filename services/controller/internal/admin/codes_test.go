@@ -12,6 +12,7 @@ import (
 	"github.com/strandhq/strand/internal/sentinels"
 	"github.com/strandhq/strand/services/controller/internal/leader"
 	"github.com/strandhq/strand/services/controller/internal/placement"
+	"github.com/strandhq/strand/services/controller/internal/rebalance"
 	"github.com/strandhq/strand/services/controller/internal/transition"
 )
 
@@ -37,6 +38,15 @@ var edgeSentinels = map[string]map[string]error{
 		"ErrDroppingCopies": transition.ErrDroppingCopies,
 	},
 	"../placement": {"ErrNotEnoughBrokers": placement.ErrNotEnoughBrokers},
+	"../rebalance": {
+		"ErrNoBroker":     rebalance.ErrNoBroker,
+		"ErrNotFollower":  rebalance.ErrNotFollower,
+		"ErrAlreadyOwner": rebalance.ErrAlreadyOwner,
+		"ErrNotInSync":    rebalance.ErrNotInSync,
+		"ErrOwnerDown":    rebalance.ErrOwnerDown,
+		"ErrCatchUp":      rebalance.ErrCatchUp,
+		"ErrLastBroker":   rebalance.ErrLastBroker,
+	},
 	"../state":     {},
 	"../attention": {},
 	"../../../../internal/auth": {

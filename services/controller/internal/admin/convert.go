@@ -9,6 +9,7 @@ import (
 	strandv1 "github.com/strandhq/strand/api/strand/v1"
 	"github.com/strandhq/strand/internal/cluster"
 	"github.com/strandhq/strand/services/controller/internal/attention"
+	"github.com/strandhq/strand/services/controller/internal/state"
 )
 
 func policyFromProto(p *strandv1.ConfirmPolicy) cluster.Policy {
@@ -91,6 +92,16 @@ func attentionToProto(e attention.Entry) *strandv1.AttentionEntry {
 	if !e.Since.IsZero() {
 		out.Since = timestamppb.New(e.Since)
 	}
+	return out
+}
+
+// brokerStatus is brokerToProto with the broker's drain state and the
+// copies and owners it holds.
+func brokerStatus(snap *state.Snapshot, b cluster.BrokerInfo, live bool, copies, owned map[string]int) *strandv1.Broker {
+	out := brokerToProto(b, live)
+	out.Draining = snap.IsDraining(b.Node)
+	out.Drained = out.Draining && copies[b.Node] == 0
+	out.Copies, out.Owned = uint32(copies[b.Node]), uint32(owned[b.Node]) //nolint:gosec // counts of assignments
 	return out
 }
 

@@ -11,6 +11,7 @@ import (
 	"github.com/strandhq/strand/internal/cluster"
 	"github.com/strandhq/strand/services/controller/internal/leader"
 	"github.com/strandhq/strand/services/controller/internal/placement"
+	"github.com/strandhq/strand/services/controller/internal/rebalance"
 	"github.com/strandhq/strand/services/controller/internal/transition"
 )
 
@@ -45,6 +46,16 @@ var codes = []struct {
 	// reads the new state.
 	{transition.ErrConflict, connect.CodeAborted},
 	{placement.ErrNotEnoughBrokers, connect.CodeFailedPrecondition},
+	// Handovers and drains (docs/errors.md, "AdminService"): a broker
+	// nothing names does not exist; the rest refuse a move the cluster's
+	// state does not allow now, and change nothing.
+	{rebalance.ErrNoBroker, connect.CodeNotFound},
+	{rebalance.ErrNotFollower, connect.CodeFailedPrecondition},
+	{rebalance.ErrAlreadyOwner, connect.CodeFailedPrecondition},
+	{rebalance.ErrNotInSync, connect.CodeFailedPrecondition},
+	{rebalance.ErrOwnerDown, connect.CodeFailedPrecondition},
+	{rebalance.ErrCatchUp, connect.CodeFailedPrecondition},
+	{rebalance.ErrLastBroker, connect.CodeFailedPrecondition},
 	// Names and policies are validated by the handlers, which name the
 	// field; these rows answer one that slips through as the client's
 	// mistake all the same.

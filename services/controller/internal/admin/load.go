@@ -41,7 +41,7 @@ func (l *loads) of(snap *state.Snapshot) placement.Load {
 			l.count(snap)
 		}
 	}
-	return placement.Load{Live: snap.LiveBrokers(), Copies: maps.Clone(l.copies), Owned: maps.Clone(l.owned), Zone: snap.Zones()}
+	return placement.Load{Live: snap.LiveBrokers(), Copies: maps.Clone(l.copies), Owned: maps.Clone(l.owned), Zone: snap.Zones(), Draining: transition.DrainingOf(snap)}
 }
 
 // count counts snap whole.

@@ -200,10 +200,19 @@ func (s *Service) WithdrawRecovery(ctx context.Context, req *connect.Request[str
 
 // Failover records a pending recovery for a replicated stream on an
 // operator's word (eager failover by hand); the recoverer seals and commits.
+// Without a target it promotes the furthest sealed copy, which for a live
+// owner is usually the owner itself: the proposed owner is only a
+// proposal. With a target (to) it is a handover (handover, move.go).
 func (s *Service) Failover(ctx context.Context, req *connect.Request[strandv1.FailoverRequest]) (*connect.Response[strandv1.FailoverResponse], error) {
 	m := req.Msg
 	if err := validateOperator(m.GetStream(), "", m.GetWho(), m.GetWhy()); err != nil {
 		return nil, err
+	}
+	if m.GetTo() != "" {
+		return s.handover(ctx, m)
+	}
+	if m.GetCatchUpMs() != 0 {
+		return nil, rpcerr.InvalidArgument("catch_up_ms", "only with to: a failover without a target pauses nothing")
 	}
 	release, err := s.admit(ctx)
 	if err != nil {

@@ -634,7 +634,9 @@ func ReplenishWith(s *state.Snapshot, load placement.Load, a cluster.Assignment,
 			silent = append(silent, node)
 			continue
 		}
-		if s.Live(node) && !slices.Contains(down, node) {
+		// A draining broker takes no copy back (docs/operating.md,
+		// "Draining a broker").
+		if s.Live(node) && !slices.Contains(down, node) && !s.IsDraining(node) {
 			returning = append(returning, transition.Candidates(s, a.Stream, []string{node})...)
 		}
 	}

@@ -23,6 +23,9 @@ type Load struct {
 	// or with "", counts as one zone shared by all such brokers, so a
 	// cluster that sets no zones is placed by load alone.
 	Zone map[string]string
+	// Draining are brokers an operator drains: live, but they take no new
+	// copy (docs/operating.md, "Draining a broker").
+	Draining map[string]bool
 }
 
 // Pick chooses n distinct live brokers not in exclude. Copies are spread
@@ -36,7 +39,7 @@ type Load struct {
 func Pick(l Load, n int, exclude []string) ([]string, error) {
 	var cand []string
 	for _, node := range l.Live {
-		if !slices.Contains(exclude, node) && !slices.Contains(cand, node) {
+		if !l.Draining[node] && !slices.Contains(exclude, node) && !slices.Contains(cand, node) {
 			cand = append(cand, node)
 		}
 	}
@@ -53,9 +56,11 @@ func Pick(l Load, n int, exclude []string) ([]string, error) {
 		return cand[:n], nil
 	}
 	// inZone counts the stream's copies per zone: its live members first.
+	// A draining member is leaving, so it covers no zone: the copy that
+	// replaces it may take its zone again.
 	inZone := make(map[string]int)
 	for _, m := range exclude {
-		if slices.Contains(l.Live, m) {
+		if slices.Contains(l.Live, m) && !l.Draining[m] {
 			inZone[l.Zone[m]]++
 		}
 	}

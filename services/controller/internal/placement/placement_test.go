@@ -147,3 +147,15 @@ func TestWithoutLeavesLoadAlone(t *testing.T) {
 		t.Fatalf("Without: %v, original now %v", w.Live, l.Live)
 	}
 }
+
+// A draining broker takes no new copy, even the least loaded.
+func TestPickSkipsDraining(t *testing.T) {
+	l := Load{Live: []string{"a", "b", "c"}, Copies: map[string]int{"a": 5, "b": 0, "c": 3}, Draining: map[string]bool{"b": true}}
+	got, err := Pick(l, 1, nil)
+	if err != nil || len(got) != 1 || got[0] != "c" {
+		t.Fatalf("Pick = %v, %v; want [c]", got, err)
+	}
+	if _, err := Pick(l, 3, nil); err == nil {
+		t.Fatal("three copies over two brokers that do not drain: want an error")
+	}
+}

@@ -93,6 +93,14 @@ func (b *Builder) History(stream string, h ...cluster.HistoryStart) *Builder {
 	return b
 }
 
+// Drain marks nodes draining.
+func (b *Builder) Drain(nodes ...string) *Builder {
+	for _, n := range nodes {
+		b.s.Draining[n] = Versioned[cluster.Drain]{Value: cluster.Drain{Node: n}, ModRev: 5}
+	}
+	return b
+}
+
 // Refusals adds the seal refusals the recoverer recorded for a stream.
 func (b *Builder) Refusals(r cluster.SealRefusals) *Builder {
 	b.s.Refusals[r.Stream] = Versioned[cluster.SealRefusals]{Value: r, ModRev: 5}

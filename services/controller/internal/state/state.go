@@ -40,6 +40,8 @@ type Snapshot struct {
 	// Refusals are the seal refusals the recoverer recorded next to
 	// pending recoveries.
 	Refusals map[string]Versioned[cluster.SealRefusals]
+	// Draining are the brokers an operator drains, by node.
+	Draining map[string]Versioned[cluster.Drain]
 	// Corrupt lists keys whose values could not be decoded; they are
 	// skipped rather than failing every read.
 	Corrupt []string
@@ -87,6 +89,7 @@ func empty() *Snapshot {
 		Recoveries:  map[string]Versioned[cluster.Recovery]{},
 		History:     map[string]Versioned[cluster.HistoryStarts]{},
 		Refusals:    map[string]Versioned[cluster.SealRefusals]{},
+		Draining:    map[string]Versioned[cluster.Drain]{},
 
 		HeartbeatRev: map[string]*[cluster.HeartbeatShards]int64{},
 	}
@@ -105,6 +108,7 @@ const (
 	partRecoveries
 	partHistory
 	partRefusals
+	partDraining
 	partCorrupt
 
 	partNone part = 0
@@ -151,6 +155,8 @@ func (snap *Snapshot) apply(s cluster.Schema, key string, kv *mvccpb.KeyValue, o
 		err = applyIn(snap.History, dir, key, kv, versioned[cluster.HistoryStarts])
 	case partRefusals:
 		err = applyIn(snap.Refusals, dir, key, kv, versioned[cluster.SealRefusals])
+	case partDraining:
+		err = applyIn(snap.Draining, dir, key, kv, versioned[cluster.Drain])
 	}
 	// A delete takes a key off Corrupt whatever its name: a Load would not
 	// list it.
@@ -170,6 +176,7 @@ func partOf(s cluster.Schema, key string) (part, string) {
 		{s.RecoveriesDir(), partRecoveries},
 		{s.HistoryDir(), partHistory},
 		{s.RefusalsDir(), partRefusals},
+		{s.DrainingDir(), partDraining},
 	} {
 		if strings.HasPrefix(key, d.dir) {
 			return d.p, d.dir
@@ -321,6 +328,9 @@ func (snap *Snapshot) unshare(p part) {
 	if p&partRefusals != 0 {
 		snap.Refusals = maps.Clone(snap.Refusals)
 	}
+	if p&partDraining != 0 {
+		snap.Draining = maps.Clone(snap.Draining)
+	}
 	if p&partCorrupt != 0 {
 		snap.Corrupt = slices.Clone(snap.Corrupt)
 	}
@@ -380,6 +390,12 @@ func (s *Snapshot) LiveBrokers() []string {
 	}
 	sort.Strings(out)
 	return out
+}
+
+// IsDraining reports whether an operator drains node.
+func (s *Snapshot) IsDraining(node string) bool {
+	_, ok := s.Draining[node]
+	return ok
 }
 
 // Tails returns the tails node last published for stream, if its heartbeat

@@ -60,7 +60,16 @@ func Candidates(s *state.Snapshot, stream string, nodes []string) []Candidate {
 // LoadOf is what placement needs from a snapshot.
 func LoadOf(s *state.Snapshot) placement.Load {
 	copies, owned := s.CopyCounts()
-	return placement.Load{Live: s.LiveBrokers(), Copies: copies, Owned: owned, Zone: s.Zones()}
+	return placement.Load{Live: s.LiveBrokers(), Copies: copies, Owned: owned, Zone: s.Zones(), Draining: DrainingOf(s)}
+}
+
+// DrainingOf is the set of brokers an operator drains, for placement.
+func DrainingOf(s *state.Snapshot) map[string]bool {
+	out := make(map[string]bool, len(s.Draining))
+	for n := range s.Draining {
+		out[n] = true
+	}
+	return out
 }
 
 // ProposeRecovery builds the pending recovery for stream, whose current

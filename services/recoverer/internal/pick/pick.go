@@ -136,19 +136,23 @@ type Decision struct {
 // latest history start, so a pick below it would lose them: the recovery
 // waits for a copy at or past it (docs/protocol.md, "The confirmed prefix").
 func Decide(old cluster.Assignment, history cluster.HistoryStarts, answers []Answer) Decision {
-	return decide(old, history, answers, "")
+	return DecidePreferring(old, history, answers, "")
 }
 
 // DecideFor is Decide for the pending recovery rec: among sealed copies
 // tied at the furthest tails it picks rec's proposed owner
-// (cluster.FurthestPreferring), so a recovery that keeps a healthy owner,
-// such as the replacement of a missing follower, leaves the stream where
-// it is. It is a tie-break only: the pick is still a furthest copy.
+// (cluster.FurthestPreferring), so a recovery that keeps a healthy owner
+// (the replacement of a missing follower) leaves the stream where it is,
+// and a handover, which pauses the owner until its target holds the same
+// tails, promotes the target. It is a tie-break only: the pick is still a
+// furthest copy (docs/protocol.md, "Handover").
 func DecideFor(old cluster.Assignment, rec cluster.Recovery, history cluster.HistoryStarts, answers []Answer) Decision {
-	return decide(old, history, answers, rec.ProposedOwner)
+	return DecidePreferring(old, history, answers, rec.ProposedOwner)
 }
 
-func decide(old cluster.Assignment, history cluster.HistoryStarts, answers []Answer, preferred string) Decision {
+// DecidePreferring is Decide with preferred as the last tie-break of the
+// pick (cluster.FurthestPreferring).
+func DecidePreferring(old cluster.Assignment, history cluster.HistoryStarts, answers []Answer, preferred string) Decision {
 	byNode := make(map[string]Answer, len(answers))
 	for _, a := range answers {
 		if _, dup := byNode[a.Node]; !dup && old.Includes(a.Node) {
@@ -183,7 +187,7 @@ func decide(old cluster.Assignment, history cluster.HistoryStarts, answers []Ans
 
 // Followers are the new assignment's followers: every old copy but the
 // pick, in the old assignment's order, sealed or not, except those the
-// proposal removes (RemovedMembers) that did not answer their seal; then
+// proposal removes (RemovedMembers), answered or not; then
 // the members the proposal added that held no copy, in the proposal's
 // order, while the assignment has fewer than rec.Copies copies (when set).
 //
@@ -193,21 +197,20 @@ func decide(old cluster.Assignment, history cluster.HistoryStarts, answers []Ans
 // tail"), instead of the stream re-replicating onto another broker. The
 // controller replaces it only once it has been missing for --replace-after
 // (docs/protocol.md, "Replacing a missing copy"), through a recovery that
-// removes it. A removed copy that answered its seal after all stays, and
-// the copy bound then leaves its replacement out: the stream never grows
-// past its copy count, and W with it. Zero Copies lets every added member
-// join: a change that grows the stream.
+// removes it. A removed copy is left out even when it answered its seal
+// (a drained broker's copy, or a missing one that came back just too late:
+// its replacement is already chosen, and its copy is deleted as an orphan).
+// The copy bound keeps the stream from growing past its copy count, and W
+// with it. Zero Copies lets every added member join: a change that grows
+// the stream.
 func Followers(old cluster.Assignment, rec cluster.Recovery, d Decision) []string {
 	followers := []string{}
 	add := func(node string) {
-		if node != d.Pick.Node && !slices.Contains(followers, node) {
+		if node != d.Pick.Node && !slices.Contains(followers, node) && !slices.Contains(rec.RemovedMembers, node) {
 			followers = append(followers, node)
 		}
 	}
 	for _, node := range old.Members() {
-		if slices.Contains(rec.RemovedMembers, node) && !slices.Contains(d.Sealed, node) {
-			continue
-		}
 		add(node)
 	}
 	for _, node := range rec.AddedMembers {

@@ -251,7 +251,7 @@ func TestFollowersTable(t *testing.T) {
 		// needed (4 copies would raise W to 3). Tied with n3 at the
 		// furthest tails, the proposed owner n1 keeps the stream.
 		{"a removed copy that answered stays and needs no replacement", majority(), []string{"n4"}, []string{"n1"}, 3, []Answer{{Node: "n2", RecordTail: 5}, {Node: "n3", RecordTail: 6}, {Node: "n1", RecordTail: 6}}, []string{"n2", "n3"}},
-		{"a removed copy that answered behind stays as a follower", majority(), []string{"n4"}, []string{"n1"}, 3, []Answer{{Node: "n2", RecordTail: 5}, {Node: "n3", RecordTail: 6}, {Node: "n1", RecordTail: 4}}, []string{"n1", "n2"}},
+		{"a removed copy is left out though it answered, and replaced", majority(), []string{"n4"}, []string{"n1"}, 3, []Answer{{Node: "n2", RecordTail: 5}, {Node: "n3", RecordTail: 6}, {Node: "n1", RecordTail: 4}}, []string{"n2", "n4"}},
 		{"a removed follower is left out when the owner stays", majority(), []string{"n4"}, []string{"n3"}, 3, []Answer{{Node: "n1", RecordTail: 6}, {Node: "n2", RecordTail: 6}}, []string{"n2", "n4"}},
 		{"replacements stop at the copy count", majority(), []string{"n4", "n5"}, []string{"n1"}, 3, []Answer{{Node: "n2", RecordTail: 5}, {Node: "n3", RecordTail: 6}}, []string{"n2", "n4"}},
 		{"no replacement found: the stream shrinks", cluster.Policy{Name: cluster.LocalDurable}, nil, []string{"n1"}, 3, []Answer{{Node: "n2", RecordTail: 5}, {Node: "n3", RecordTail: 6}}, []string{"n2"}},
@@ -379,5 +379,58 @@ func TestCheckTable(t *testing.T) {
 				t.Fatalf("Check = %v, want ErrStale", err)
 			}
 		})
+	}
+}
+
+// The handover decision: the proposed owner wins the pick only when it is
+// tied with the furthest sealed copy on both tails (docs/protocol.md,
+// "Handover"); quorum and prefix rules are unchanged by the preference.
+func TestDecidePreferringTable(t *testing.T) {
+	cases := []struct {
+		name      string
+		preferred string
+		answers   []Answer
+		history   cluster.HistoryStarts
+		verdict   Verdict
+		pick      string
+	}{
+		{"caught-up target tied with the paused owner is promoted", "n3",
+			[]Answer{{Node: "n1", RecordTail: 9, CursorEventTail: 2}, {Node: "n2", RecordTail: 9, CursorEventTail: 2}, {Node: "n3", RecordTail: 9, CursorEventTail: 2}}, nil, Promote, "n3"},
+		{"target behind on records: the furthest is promoted", "n3",
+			[]Answer{{Node: "n1", RecordTail: 9, CursorEventTail: 2}, {Node: "n3", RecordTail: 8, CursorEventTail: 2}}, nil, Promote, "n1"},
+		{"target behind on cursor events: the furthest is promoted", "n3",
+			[]Answer{{Node: "n1", RecordTail: 9, CursorEventTail: 2}, {Node: "n3", RecordTail: 9, CursorEventTail: 1}}, nil, Promote, "n1"},
+		{"target did not answer: the furthest of the others", "n3",
+			[]Answer{{Node: "n2", RecordTail: 9, CursorEventTail: 2}, {Node: "n1", RecordTail: 9, CursorEventTail: 2}}, nil, Promote, "n1"},
+		{"a preference does not lower the quorum", "n3",
+			[]Answer{{Node: "n3", RecordTail: 9, CursorEventTail: 2}}, nil, WaitQuorum, "n3"},
+		{"a preference does not pass the prefix", "n3",
+			[]Answer{{Node: "n2", RecordTail: 4, CursorEventTail: 0}, {Node: "n3", RecordTail: 4, CursorEventTail: 0}},
+			cluster.HistoryStarts{{Epoch: 4, RecordTail: 5, Node: "n1"}}, WaitPrefix, "n3"},
+		{"a preference that is no member is ignored", "n9",
+			[]Answer{{Node: "n2", RecordTail: 9, CursorEventTail: 2}, {Node: "n3", RecordTail: 9, CursorEventTail: 2}, {Node: "n9", RecordTail: 9, CursorEventTail: 2}}, nil, Promote, "n2"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			d := DecidePreferring(assignment(3, majority()), c.history, c.answers, c.preferred)
+			if d.Verdict != c.verdict || d.Pick.Node != c.pick {
+				t.Fatalf("verdict %v pick %s, want %v pick %s", d.Verdict, d.Pick.Node, c.verdict, c.pick)
+			}
+		})
+	}
+}
+
+// A replacement's removed member is left out even when it answered its
+// seal; the member added in its place joins.
+func TestFollowersLeaveOutRemovedMembers(t *testing.T) {
+	old := assignment(3, majority())
+	rec := cluster.Recovery{Stream: "orders", FromEpoch: 4, FenceEpoch: 5, OldOwner: "n1", OldFollowers: []string{"n2", "n3"},
+		ProposedOwner: "n1", AddedMembers: []string{"n4"}, RemovedMembers: []string{"n3"}, Copies: 3}
+	d := DecidePreferring(old, nil, []Answer{{Node: "n1", RecordTail: 9}, {Node: "n2", RecordTail: 9}, {Node: "n3", RecordTail: 9}}, rec.ProposedOwner)
+	if d.Verdict != Promote || d.Pick.Node != "n1" {
+		t.Fatalf("verdict %v pick %s, want promote n1", d.Verdict, d.Pick.Node)
+	}
+	if got := Followers(old, rec, d); !slices.Equal(got, []string{"n2", "n4"}) {
+		t.Fatalf("followers %v, want [n2 n4]", got)
 	}
 }
