@@ -43,6 +43,7 @@ func main() {
 	fs.IntVar(&cfg.DedupeWindow, "dedupe-window", storage.DefaultProducerWindow, "idempotent publish: records per producer kept for duplicate detection")
 	fs.IntVar(&cfg.DedupeBatches, "dedupe-batches", storage.DefaultProducerBatches, "idempotent publish: batches per producer kept for duplicate detection (a producer's consecutive batches count as one)")
 	fs.StringVar(&cfg.LogLevel, "log-level", "info", "debug, info, warn or error")
+	cfg.TLS.Flags(fs)
 	debugAddr := fs.String("debug-addr", "", "serve net/http/pprof here (off when empty)")
 	memLimit := fs.Int64("memory-limit-mb", 384, "soft Go heap limit in MiB (GOMEMLIMIT wins when set); keeps a broker's resident memory flat under load")
 	_ = fs.Parse(os.Args[1:])

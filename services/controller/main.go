@@ -38,6 +38,7 @@ func run(args []string) error {
 	fs.StringVar(&policy, "default-policy", cluster.MajorityDurable, "cluster assignment policy: local_durable, majority_durable, or replica_durable:N / replica_accepted:N")
 	fs.DurationVar(&cfg.OwnerProbeGrace, "owner-probe-grace", 300*time.Millisecond, "how long the probe of a suspected owner may take")
 	fs.StringVar(&cfg.LogLevel, "log-level", "info", "debug, info, warn or error")
+	cfg.TLS.Flags(fs)
 	if err := fs.Parse(args); err != nil {
 		return err
 	}

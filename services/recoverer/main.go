@@ -31,6 +31,7 @@ func main() {
 	flag.DurationVar(&cfg.SealTimeout, "seal-timeout", app.DefaultSealTimeout, "how long a round of seals waits for copies to answer")
 	flag.IntVar(&cfg.MaxInFlight, "max-in-flight", app.DefaultMaxInFlight, "pending recoveries sealed and committed at once")
 	flag.StringVar(&cfg.LogLevel, "log-level", "info", "log level: debug, info, warn or error")
+	cfg.TLS.Flags(flag.CommandLine)
 	flag.Parse()
 	for e := range strings.SplitSeq(etcd, ",") {
 		if e = strings.TrimSpace(e); e != "" {

@@ -25,6 +25,7 @@ import (
 	"github.com/strandhq/strand/internal/cluster"
 	"github.com/strandhq/strand/internal/logging"
 	"github.com/strandhq/strand/internal/rpcserver"
+	"github.com/strandhq/strand/internal/tlsconfig"
 	"github.com/strandhq/strand/services/controller/internal/admin"
 	"github.com/strandhq/strand/services/controller/internal/attention"
 	"github.com/strandhq/strand/services/controller/internal/leader"
@@ -58,6 +59,10 @@ type Config struct {
 	LogWriter io.Writer
 	// Probe overrides the owner probe (tests).
 	Probe liveness.Prober
+	// TLS is the controller's TLS (tlsconfig.Settings): its certs dir, or
+	// Insecure. With TLS it serves TLS only and probes brokers over TLS
+	// with its node certificate (docs/operating.md, "Security").
+	TLS tlsconfig.Settings
 }
 
 func (c *Config) fill() error {
@@ -84,6 +89,9 @@ func (c *Config) fill() error {
 	}
 	if c.SessionTTL <= 0 {
 		c.SessionTTL = 3
+	}
+	if err := c.TLS.Validate(); err != nil {
+		return fmt.Errorf("controller: %w", err)
 	}
 	return nil
 }
@@ -128,7 +136,24 @@ func Start(ctx context.Context, cfg Config) (*App, error) {
 		return nil, err
 	}
 	log := logging.New(cfg.LogWriter, "controller", cfg.LogLevel).With().Str("name", cfg.Name).Logger()
-	cli, err := clientv3.New(clientv3.Config{Endpoints: cfg.Etcd, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+	certs, err := cfg.TLS.Node()
+	if err != nil {
+		return nil, fmt.Errorf("controller: %w", err)
+	}
+	etcdTLS, err := cfg.TLS.Etcd(cfg.Etcd)
+	if err != nil {
+		return nil, fmt.Errorf("controller: etcd: %w", err)
+	}
+	var serveOpts []rpcserver.ServeOption
+	if certs == nil {
+		log.Warn().Msg("insecure (--insecure): no TLS; any client that reaches this controller can create, change and delete streams")
+	} else {
+		serveOpts = append(serveOpts, rpcserver.WithTLS(certs.ServerConfig(cfg.TLS.RequireClientCert)))
+	}
+	if cfg.Probe == nil {
+		cfg.Probe = liveness.HealthProber(rpcserver.Dialer{TLS: certs})
+	}
+	cli, err := clientv3.New(clientv3.Config{Endpoints: cfg.Etcd, DialTimeout: 5 * time.Second, Logger: zap.NewNop(), TLS: etcdTLS})
 	if err != nil {
 		return nil, fmt.Errorf("controller: etcd client: %w", err)
 	}
@@ -168,7 +193,7 @@ func Start(ctx context.Context, cfg Config) (*App, error) {
 	mux.Handle(strandv1connect.NewAdminServiceHandler(svc, rpcserver.ReadLimit(adminRequestMaxBytes),
 		connect.WithInterceptors(rpcserver.DefaultTimeout(adminCallTimeout))))
 	mux.Handle(metrics.Path, a.met.Handler())
-	a.srv = rpcserver.Serve(ln, mux)
+	a.srv = rpcserver.Serve(ln, mux, serveOpts...)
 
 	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	a.cancel = cancel

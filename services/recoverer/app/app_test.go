@@ -17,6 +17,7 @@ import (
 	"github.com/strandhq/strand/internal/cluster"
 	"github.com/strandhq/strand/internal/etcdtest"
 	"github.com/strandhq/strand/internal/rpcserver"
+	"github.com/strandhq/strand/internal/tlsconfig"
 	"github.com/strandhq/strand/services/recoverer/app"
 )
 
@@ -151,6 +152,7 @@ func (e *env) launchRecoverer(t *testing.T, name string, tweak func(*app.Config)
 		SessionTTL:  2 * time.Second,
 		BackoffMin:  10 * time.Millisecond,
 		BackoffMax:  100 * time.Millisecond,
+		TLS:         tlsconfig.Settings{Insecure: true},
 	}
 	if tweak != nil {
 		tweak(&cfg)

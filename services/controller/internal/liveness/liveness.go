@@ -32,11 +32,12 @@ import (
 // Prober checks whether a broker at addr serves; an error means it does not.
 type Prober func(ctx context.Context, addr string) error
 
-// HealthProber probes with a gRPC health check over Connect.
-func HealthProber() Prober {
-	hc := rpcserver.HTTPClient()
+// HealthProber probes with a gRPC health check over Connect, dialled with
+// d (h2c, or TLS with the controller's node certificate).
+func HealthProber(d rpcserver.Dialer) Prober {
+	hc := d.HTTPClient()
 	return func(ctx context.Context, addr string) error {
-		resp, err := grpchealth.NewClient(hc, rpcserver.BaseURL(addr)).Check(ctx, &grpchealth.CheckRequest{})
+		resp, err := grpchealth.NewClient(hc, d.BaseURL(addr)).Check(ctx, &grpchealth.CheckRequest{})
 		if err != nil {
 			return err
 		}
@@ -71,7 +72,7 @@ type Config struct {
 // Run runs the loop while term leads; it returns when ctx ends.
 func Run(ctx context.Context, cfg Config, term *leader.Term) error {
 	if cfg.Probe == nil {
-		cfg.Probe = HealthProber()
+		cfg.Probe = HealthProber(rpcserver.Dialer{})
 	}
 	if cfg.Resync <= 0 {
 		cfg.Resync = time.Second
