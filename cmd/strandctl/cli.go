@@ -34,6 +34,11 @@ type globals struct {
 	dataDir    string
 	json       bool
 	timeout    time.Duration
+	// certsDir and user dial a secure cluster with CERTS/ca.crt and
+	// CERTS/client.USER.crt (strandctl cert); a secure dev cluster's
+	// cluster.json names its own.
+	certsDir string
+	user     string
 }
 
 func (g *globals) register(fs *flag.FlagSet) {
@@ -42,6 +47,8 @@ func (g *globals) register(fs *flag.FlagSet) {
 	fs.StringVar(&g.dataDir, "data-dir", ".strand", "dev cluster data dir, where cluster.json is")
 	fs.BoolVar(&g.json, "json", false, "machine output: protojson, one JSON object per line")
 	fs.DurationVar(&g.timeout, "timeout", 30*time.Second, "deadline of a request, retries included")
+	fs.StringVar(&g.certsDir, "certs-dir", os.Getenv("STRAND_CERTS_DIR"), "dial with TLS: ca.crt and client.USER.crt/.key of this dir (env STRAND_CERTS_DIR; default: a secure dev cluster's from cluster.json, else no TLS)")
+	fs.StringVar(&g.user, "user", "admin", "client certificate of --certs-dir to present (client.USER.crt)")
 }
 
 // command is one strandctl subcommand.
@@ -57,6 +64,7 @@ func commands() []*command {
 	var cmds []*command
 	cmds = append(cmds, devCommand())
 	cmds = append(cmds, devControlCommands()...)
+	cmds = append(cmds, certCommands()...)
 	cmds = append(cmds, streamCommands()...)
 	cmds = append(cmds, dataCommands()...)
 	cmds = append(cmds, adminCommands()...)

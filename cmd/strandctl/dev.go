@@ -17,6 +17,7 @@ func devCommand() *command {
 		binDir   string
 		etcdOpts = etcdcfg.Defaults()
 		restart  bool
+		secure   bool
 	)
 	return &command{
 		name: "dev", summary: "run a local cluster: embedded etcd, controller, recoverer and brokers as processes (Ctrl-C stops)",
@@ -27,6 +28,7 @@ func devCommand() *command {
 			fs.StringVar(&etcdOpts.Mode, "etcd-auto-compaction-mode", etcdOpts.Mode, "embedded etcd's auto-compaction: periodic (retention is a duration) or revision (retention is a count of revisions); see docs/etcd.md")
 			fs.StringVar(&etcdOpts.Retention, "etcd-auto-compaction-retention", etcdOpts.Retention, "history the embedded etcd keeps: a duration such as 5m (periodic) or a count such as 10000 (revision); 0 turns compaction off")
 			fs.Int64Var(&etcdOpts.QuotaBytes, "etcd-quota-backend-bytes", etcdOpts.QuotaBytes, "embedded etcd's backend quota in bytes; past it etcd raises the NOSPACE alarm and refuses writes")
+			fs.BoolVar(&secure, "secure", false, "run with TLS: a CA, node certificates and an admin client certificate under DATA-DIR/certs (kept across starts), mutual TLS between the services, etcd on https; cluster.json names the admin's files, so strandctl needs no flags")
 			fs.BoolVar(&restart, "restart", true, "restart a child that exits unexpectedly, after a back-off of 200ms doubling to 5s (--restart=false leaves it dead, e.g. to show a dead broker)")
 		},
 		run: func(ctx context.Context, e *env, _ *flag.FlagSet, args []string) error {
@@ -43,9 +45,14 @@ func devCommand() *command {
 				return usagef("%v", err)
 			}
 			fmt.Fprintf(e.stderr, "dev: starting etcd, controller, recoverer and %d brokers in %s\n", brokers, e.g.dataDir)
+			if secure {
+				fmt.Fprintf(e.stderr, "dev: secure: TLS everywhere, certificates in %s\n", filepath.Join(e.g.dataDir, devcluster.CertsDir))
+			} else {
+				fmt.Fprintln(e.stderr, "dev: insecure: no TLS, every service runs with --insecure (strandctl dev --secure runs with TLS)")
+			}
 			c, err := devcluster.Start(ctx, devcluster.Options{
 				Dir: e.g.dataDir, Brokers: brokers, PortBase: portBase, BinDir: binDir, Log: e.stderr, Etcd: etcdOpts,
-				Supervise: restart, Control: true,
+				Supervise: restart, Control: true, Secure: secure,
 			})
 			if err != nil {
 				return err
@@ -78,7 +85,11 @@ func printDevInfo(e *env, c *devcluster.Cluster, info devcluster.Info, brokers i
 		t.row("  "+b.Node, b.Address, b.PID)
 	}
 	t.flush()
-	fmt.Fprintf(w, "logs in %s; endpoints in %s; peer token in %s\n", filepath.Join(c.Dir(), "logs"), filepath.Join(c.Dir(), devcluster.InfoFile), info.PeerTokenFile)
+	if info.TLS != nil {
+		fmt.Fprintf(w, "logs in %s; endpoints in %s; TLS: CA %s, admin certificate %s\n", filepath.Join(c.Dir(), "logs"), filepath.Join(c.Dir(), devcluster.InfoFile), info.TLS.CA, info.TLS.Cert)
+	} else {
+		fmt.Fprintf(w, "logs in %s; endpoints in %s; peer token in %s\n", filepath.Join(c.Dir(), "logs"), filepath.Join(c.Dir(), devcluster.InfoFile), info.PeerTokenFile)
+	}
 	dirFlag := ""
 	if e.g.dataDir != devcluster.DefaultDir && filepath.Clean(e.g.dataDir) != devcluster.DefaultDir {
 		dirFlag = " --data-dir " + e.g.dataDir

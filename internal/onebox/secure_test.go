@@ -49,7 +49,6 @@ func TestSecureClusterRefusesPlaintext(t *testing.T) {
 	}
 }
 
-
 func plainGet(ctx context.Context, url string) error {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 	if err != nil {

@@ -1,11 +1,9 @@
 package tlsconfig
 
 import (
-	"crypto/tls"
 	"errors"
 	"flag"
 	"fmt"
-	"strings"
 )
 
 // Settings are the TLS flags every service takes (docs/operating.md,
@@ -71,28 +69,4 @@ func (s Settings) Node() (*Reloader, error) {
 		return nil, fmt.Errorf("--certs-dir %s: %w", s.CertsDir, err)
 	}
 	return r, nil
-}
-
-// Etcd is the etcd client's TLS for endpoints: the --etcd-* files when
-// given, else the certs dir's when an endpoint is https://, else nil
-// (plain etcd).
-func (s Settings) Etcd(endpoints []string) (*tls.Config, error) {
-	files := Files{CAFile: s.EtcdCA, CertFile: s.EtcdCert, KeyFile: s.EtcdKey}
-	if files.CAFile == "" {
-		secure := false
-		for _, e := range endpoints {
-			secure = secure || strings.HasPrefix(e, "https://")
-		}
-		if !secure {
-			return nil, nil
-		}
-		if s.CertsDir == "" {
-			return nil, errors.New("https:// etcd endpoints need --etcd-cacert (or --certs-dir)")
-		}
-		files = NodeFiles(s.CertsDir)
-		if s.EtcdCert != "" {
-			files.CertFile, files.KeyFile = s.EtcdCert, s.EtcdKey
-		}
-	}
-	return EtcdClient(files)
 }

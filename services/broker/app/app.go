@@ -18,6 +18,7 @@ import (
 
 	"github.com/strandhq/strand/api/strand/v1/strandv1connect"
 	"github.com/strandhq/strand/internal/cluster"
+	"github.com/strandhq/strand/internal/etcdcfg"
 	"github.com/strandhq/strand/internal/logging"
 	"github.com/strandhq/strand/internal/rpcserver"
 	"github.com/strandhq/strand/internal/tlsconfig"
@@ -158,7 +159,7 @@ func Start(ctx context.Context, cfg Config) (*App, error) {
 	if err != nil {
 		return nil, fmt.Errorf("broker: %w", err)
 	}
-	etcdTLS, err := cfg.TLS.Etcd(cfg.Etcd)
+	etcdTLS, err := etcdcfg.ClientTLS(cfg.TLS, cfg.Etcd)
 	if err != nil {
 		return nil, fmt.Errorf("broker: etcd: %w", err)
 	}

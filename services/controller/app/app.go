@@ -23,6 +23,7 @@ import (
 
 	"github.com/strandhq/strand/api/strand/v1/strandv1connect"
 	"github.com/strandhq/strand/internal/cluster"
+	"github.com/strandhq/strand/internal/etcdcfg"
 	"github.com/strandhq/strand/internal/logging"
 	"github.com/strandhq/strand/internal/rpcserver"
 	"github.com/strandhq/strand/internal/tlsconfig"
@@ -140,7 +141,7 @@ func Start(ctx context.Context, cfg Config) (*App, error) {
 	if err != nil {
 		return nil, fmt.Errorf("controller: %w", err)
 	}
-	etcdTLS, err := cfg.TLS.Etcd(cfg.Etcd)
+	etcdTLS, err := etcdcfg.ClientTLS(cfg.TLS, cfg.Etcd)
 	if err != nil {
 		return nil, fmt.Errorf("controller: etcd: %w", err)
 	}

@@ -19,6 +19,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/strandhq/strand/internal/cluster"
+	"github.com/strandhq/strand/internal/etcdcfg"
 	"github.com/strandhq/strand/internal/logging"
 	"github.com/strandhq/strand/internal/rpcserver"
 	"github.com/strandhq/strand/internal/tlsconfig"
@@ -127,7 +128,7 @@ func Start(ctx context.Context, cfg Config) (*App, error) {
 	if err != nil {
 		return nil, fmt.Errorf("recoverer: %w", err)
 	}
-	etcdTLS, err := cfg.TLS.Etcd(cfg.Etcd)
+	etcdTLS, err := etcdcfg.ClientTLS(cfg.TLS, cfg.Etcd)
 	if err != nil {
 		return nil, fmt.Errorf("recoverer: etcd: %w", err)
 	}
