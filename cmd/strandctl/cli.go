@@ -186,7 +186,7 @@ func printUsage(w io.Writer, cmds []*command) {
 		fmt.Fprintf(w, "  %-40s %s\n", strings.TrimSpace(c.name+" "+c.args), c.summary)
 	}
 	fmt.Fprintln(w)
-	fmt.Fprintln(w, "global flags: --controller ADDR, --broker ADDR[,ADDR], --data-dir DIR (.strand), --json, --timeout D")
+	fmt.Fprintln(w, "global flags: --controller ADDR, --broker ADDR[,ADDR], --data-dir DIR (.strand), --json, --timeout D, --certs-dir DIR, --user NAME")
 	fmt.Fprintln(w, "Without --controller/--broker (or STRAND_CONTROLLER/STRAND_BROKER), commands use DIR/cluster.json written by `strandctl dev`.")
 	fmt.Fprintln(w, "`strandctl COMMAND -h` shows a command's flags.")
 }
