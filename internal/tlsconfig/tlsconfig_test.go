@@ -199,3 +199,26 @@ func TestWrittenFilesArePrivateAndNotOverwritten(t *testing.T) {
 		t.Fatal("a principal with a slash was accepted")
 	}
 }
+
+func TestSettingsValidate(t *testing.T) {
+	for _, c := range []struct {
+		s  tlsconfig.Settings
+		ok bool
+	}{
+		{tlsconfig.Settings{}, false},
+		{tlsconfig.Settings{Insecure: true}, true},
+		{tlsconfig.Settings{CertsDir: "d"}, true},
+		{tlsconfig.Settings{Insecure: true, CertsDir: "d"}, false},
+		{tlsconfig.Settings{CertsDir: "d", EtcdCert: "c"}, false},
+	} {
+		if err := c.s.Validate(); (err == nil) != c.ok {
+			t.Errorf("%+v: %v, want ok=%v", c.s, err, c.ok)
+		}
+	}
+	if _, _, ok := tlsconfig.PeerIdentity(nil); ok {
+		t.Fatal("PeerIdentity(nil) reports an identity")
+	}
+	if _, _, ok := tlsconfig.PeerIdentity(&tls.ConnectionState{}); ok {
+		t.Fatal("PeerIdentity of a connection without a verified chain reports an identity")
+	}
+}
