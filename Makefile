@@ -59,6 +59,25 @@ IMAGE_GOARGS := -trimpath -buildvcs=false -ldflags "-s -w"
 IMAGES := broker:strand-broker:./services/broker controller:strand-controller:./services/controller \
           recoverer:strand-recoverer:./services/recoverer etcd:etcd:go.etcd.io/etcd/server/v3
 
+# The certificates of deploy/compose/compose.secure.yaml, made by strandctl
+# cert: a CA, a node certificate per service on the shared loopback, an
+# admin client certificate. What exists is kept; RENEW=1 issues the node and
+# client certificates again with the same CA (the services pick them up
+# without a restart).
+COMPOSE_CERTS  := deploy/compose/certs
+COMPOSE_NODES  := etcd controller recoverer broker-1 broker-2 broker-3
+
+.PHONY: compose-certs
+compose-certs: build ## Certificates for deploy/compose/compose.secure.yaml in deploy/compose/certs/ (RENEW=1 reissues them).
+	@d=$(COMPOSE_CERTS); ow=$(if $(RENEW),--overwrite,); \
+	test -f $$d/ca.crt || $(BIN)/strandctl cert create-ca --dir $$d || exit 1; \
+	for n in $(COMPOSE_NODES); do \
+		if [ -n "$$ow" ] || [ ! -f $$d/$$n/node.crt ]; then \
+			$(BIN)/strandctl cert create-node $$n --dir $$d --out-dir $$d/$$n --hosts localhost,127.0.0.1 $$ow || exit 1; \
+		fi; \
+	done; \
+	if [ -n "$$ow" ] || [ ! -f $$d/client.admin.crt ]; then $(BIN)/strandctl cert create-client admin --dir $$d $$ow || exit 1; fi
+
 .PHONY: images
 images: ## Build the FROM scratch images strand/{broker,controller,recoverer,etcd}:dev (IMAGE_TAG).
 	@command -v docker >/dev/null || { echo "make images: docker is not installed"; exit 1; }

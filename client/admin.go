@@ -13,7 +13,6 @@ import (
 	strandv1 "github.com/strandhq/strand/api/strand/v1"
 	"github.com/strandhq/strand/api/strand/v1/strandv1connect"
 	"github.com/strandhq/strand/internal/rpcerr"
-	"github.com/strandhq/strand/internal/rpcserver"
 )
 
 // maxLeaderRedirects bounds redirects between controllers within one call.
@@ -58,7 +57,7 @@ func (a *adminClient) target() (string, strandv1connect.AdminServiceClient) {
 	defer a.mu.Unlock()
 	cl, ok := a.clients[a.leader]
 	if !ok {
-		cl = strandv1connect.NewAdminServiceClient(a.c.httpClient, rpcserver.BaseURL(a.leader), a.c.cfg.Options...)
+		cl = strandv1connect.NewAdminServiceClient(a.c.httpClient, a.c.baseURL(a.leader), a.c.cfg.Options...)
 		a.clients[a.leader] = cl
 	}
 	return a.leader, cl

@@ -3,6 +3,7 @@ package client
 import (
 	"context"
 	"crypto/rand"
+	"crypto/tls"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -50,8 +51,16 @@ type Config struct {
 	// learned later are added to them.
 	Brokers []string
 	// HTTPClient defaults to a client that speaks HTTP/2 without TLS
-	// (h2c), as Strand's services serve.
+	// (h2c), as Strand's services serve with --insecure, or over TLS with
+	// TLS when it is set.
 	HTTPClient *http.Client
+	// TLS, when set, makes every connection TLS: addresses are dialled as
+	// https:// (host:port addresses, and those learned from brokers, too)
+	// and the default HTTPClient speaks HTTP/2 over TLS with this
+	// configuration (its RootCAs the cluster's CA, its Certificates the
+	// client certificate, if any). A secure dev cluster's is in
+	// DevClusterConfig's answer.
+	TLS *tls.Config
 	// Options are passed to every Connect client.
 	Options []connect.ClientOption
 	// Token is a bearer token (strandctl token create) sent on every call
@@ -141,6 +150,9 @@ var ErrClosed = errors.New("client: closed")
 type Client struct {
 	cfg        Config
 	httpClient *http.Client
+	// baseURL makes the URL of an address: http:// or, with Config.TLS,
+	// https://.
+	baseURL    func(addr string) string
 	idempotent bool
 	admin      *adminClient
 
@@ -183,8 +195,15 @@ func New(cfg Config) (*Client, error) {
 	if cfg.Controller == "" && len(cfg.Brokers) == 0 {
 		return nil, ErrNoBrokers
 	}
+	baseURL := rpcserver.BaseURL
+	if cfg.TLS != nil {
+		baseURL = rpcserver.BaseURLTLS
+	}
 	if cfg.HTTPClient == nil {
 		cfg.HTTPClient = rpcserver.HTTPClient()
+		if cfg.TLS != nil {
+			cfg.HTTPClient = rpcserver.HTTPClientTLS(cfg.TLS)
+		}
 	}
 	setDefault(&cfg.RetryBudget, DefaultRetryBudget)
 	setDefault(&cfg.AttemptTimeout, DefaultAttemptTimeout)
@@ -210,6 +229,7 @@ func New(cfg Config) (*Client, error) {
 		cfg:        cfg,
 		idPrefix:   idPrefix,
 		httpClient: cfg.HTTPClient,
+		baseURL:    baseURL,
 		idempotent: cfg.Idempotent == nil || *cfg.Idempotent,
 		ctx:        ctx,
 		cancel:     cancel,
@@ -271,7 +291,7 @@ func (c *Client) stream(addr string) strandv1connect.StreamServiceClient {
 	defer c.mu.Unlock()
 	sc, ok := c.streams[addr]
 	if !ok {
-		sc = strandv1connect.NewStreamServiceClient(c.httpClient, rpcserver.BaseURL(addr), c.cfg.Options...)
+		sc = strandv1connect.NewStreamServiceClient(c.httpClient, c.baseURL(addr), c.cfg.Options...)
 		c.streams[addr] = sc
 	}
 	return sc

@@ -7,6 +7,8 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+
+	"github.com/strandhq/strand/internal/tlsconfig"
 )
 
 // A dev cluster (strandctl dev, make run) records its endpoints in
@@ -29,10 +31,19 @@ type devClusterEndpoints struct {
 	Brokers    []struct {
 		Address string `json:"address"`
 	} `json:"brokers"`
+	// TLS is set for a secure dev cluster (strandctl dev --secure): the
+	// CA and the admin client certificate to dial it with.
+	TLS *struct {
+		CA   string `json:"ca"`
+		Cert string `json:"cert"`
+		Key  string `json:"key"`
+	} `json:"tls"`
 }
 
 // DevClusterConfig returns a Config for the dev cluster whose data dir is
-// dir: its controller and brokers, as DIR/cluster.json records them. An
+// dir: its controller and brokers, as DIR/cluster.json records them, and
+// for a secure one (strandctl dev --secure) the TLS configuration with its
+// CA and admin client certificate. An
 // empty dir means the DefaultDevClusterDir of the working directory or of
 // the nearest parent that has one, so a program run anywhere in a checkout
 // (examples/, say) finds the cluster `make run` started at its root. An
@@ -61,6 +72,13 @@ func DevClusterConfig(dir string) (Config, error) {
 	}
 	if cfg.Controller == "" && len(cfg.Brokers) == 0 {
 		return Config{}, fmt.Errorf("client: dev cluster: %s names no controller and no broker", path)
+	}
+	if ep.TLS != nil {
+		r, err := tlsconfig.New(tlsconfig.Files{CAFile: ep.TLS.CA, CertFile: ep.TLS.Cert, KeyFile: ep.TLS.Key})
+		if err != nil {
+			return Config{}, fmt.Errorf("client: dev cluster: %s: %w", path, err)
+		}
+		cfg.TLS = r.ClientConfig()
 	}
 	return cfg, nil
 }

@@ -220,13 +220,13 @@ func (h *harness) etcdRequest() testcontainers.GenericContainerRequest {
 func (h *harness) controllerRequest() testcontainers.GenericContainerRequest {
 	return h.request("controller", controllerImage, controllerPort,
 		"--name=controller", "--listen=0.0.0.0:"+controllerPort, "--advertise=controller:"+controllerPort,
-		"--etcd=http://etcd:"+etcdPort, "--log-level=debug")
+		"--etcd=http://etcd:"+etcdPort, "--log-level=debug", "--insecure")
 }
 
 func (h *harness) recovererRequest() testcontainers.GenericContainerRequest {
 	return h.request("recoverer", recovererImage, recovererPort,
 		"--name=recoverer", "--listen=0.0.0.0:"+recovererPort, "--etcd=http://etcd:"+etcdPort,
-		"--seal-timeout="+sealTimeout.String(), "--log-level=debug")
+		"--seal-timeout="+sealTimeout.String(), "--log-level=debug", "--insecure")
 }
 
 func (h *harness) brokerRequest(name string) testcontainers.GenericContainerRequest {
@@ -234,7 +234,7 @@ func (h *harness) brokerRequest(name string) testcontainers.GenericContainerRequ
 		"--node="+name, "--listen=0.0.0.0:"+brokerPort, "--advertise="+name+":"+brokerPort,
 		"--data-dir=/data", "--etcd=http://etcd:"+etcdPort,
 		"--heartbeat="+heartbeat.String(), "--lease-ttl="+leaseTTL.String(),
-		"--confirm-timeout=2s", "--log-level=debug")
+		"--confirm-timeout=2s", "--log-level=debug", "--insecure")
 }
 
 // startNodes starts containers concurrently and waits until all are healthy.

@@ -15,6 +15,7 @@ import (
 
 // benchFlags are the bench's own flags.
 type benchFlags struct {
+	secure        bool
 	stream        string
 	streams       int
 	idleWindow    time.Duration
@@ -59,6 +60,7 @@ func (b *benchFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&b.killSignal, "kill-signal", bench.DefaultKillSignal, "KILL, STOP or TERM")
 	fs.StringVar(&b.plot, "plot", "", "write an SVG timeline of confirms to this file")
 	fs.IntVar(&b.brokers, "brokers", 3, "brokers in the bench's own cluster")
+	fs.BoolVar(&b.secure, "secure", false, "run the bench's own cluster with TLS (strandctl dev --secure's); a running cluster is dialled with TLS by --certs-dir or its cluster.json")
 	fs.StringVar(&b.binDir, "bin-dir", "", "where the service binaries are (default: next to strandctl, else PATH)")
 }
 
@@ -97,16 +99,20 @@ func benchCommand() *command {
 			if err != nil {
 				return err
 			}
-			opts := bench.Options{Config: cfg, BinDir: b.binDir, Stderr: e.stderr}
+			opts := bench.Options{Config: cfg, BinDir: b.binDir, Stderr: e.stderr, Secure: b.secure}
+			if b.secure && external {
+				return usagef("--secure is for the bench's own cluster; a running one is dialled with TLS by --certs-dir")
+			}
 			if b.etcd != "" && !external {
 				return usagef("--etcd is for a running cluster (with --controller/--broker); the bench's own cluster has its etcd")
 			}
 			if external {
 				opts.Etcd = splitList(b.etcd)
-				opts.Controller, opts.BrokerAddrs, err = e.endpoints()
+				cl, err := e.cluster()
 				if err != nil {
 					return err
 				}
+				opts.Controller, opts.BrokerAddrs, opts.TLS = cl.Controller, cl.Brokers, cl.TLS
 				if opts.Controller == "" {
 					return usagef("the bench needs --controller to create its stream")
 				}

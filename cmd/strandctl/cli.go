@@ -35,6 +35,11 @@ type globals struct {
 	json       bool
 	timeout    time.Duration
 	token      string
+	// certsDir and user dial a secure cluster with CERTS/ca.crt and
+	// CERTS/client.USER.crt (strandctl cert); a secure dev cluster's
+	// cluster.json names its own.
+	certsDir string
+	user     string
 }
 
 func (g *globals) register(fs *flag.FlagSet) {
@@ -44,6 +49,8 @@ func (g *globals) register(fs *flag.FlagSet) {
 	fs.BoolVar(&g.json, "json", false, "machine output: protojson, one JSON object per line")
 	fs.DurationVar(&g.timeout, "timeout", 30*time.Second, "deadline of a request, retries included")
 	fs.StringVar(&g.token, "token", os.Getenv("STRAND_TOKEN"), "bearer token sent on every call (env STRAND_TOKEN; strandctl token create)")
+	fs.StringVar(&g.certsDir, "certs-dir", os.Getenv("STRAND_CERTS_DIR"), "dial with TLS: ca.crt and client.USER.crt/.key of this dir (env STRAND_CERTS_DIR; default: a secure dev cluster's from cluster.json, else no TLS)")
+	fs.StringVar(&g.user, "user", "admin", "client certificate of --certs-dir to present (client.USER.crt)")
 }
 
 // command is one strandctl subcommand.
@@ -59,6 +66,7 @@ func commands() []*command {
 	var cmds []*command
 	cmds = append(cmds, devCommand())
 	cmds = append(cmds, devControlCommands()...)
+	cmds = append(cmds, certCommands()...)
 	cmds = append(cmds, streamCommands()...)
 	cmds = append(cmds, dataCommands()...)
 	cmds = append(cmds, adminCommands()...)
@@ -181,7 +189,7 @@ func printUsage(w io.Writer, cmds []*command) {
 		fmt.Fprintf(w, "  %-40s %s\n", strings.TrimSpace(c.name+" "+c.args), c.summary)
 	}
 	fmt.Fprintln(w)
-	fmt.Fprintln(w, "global flags: --controller ADDR, --broker ADDR[,ADDR], --data-dir DIR (.strand), --json, --timeout D, --token T")
+	fmt.Fprintln(w, "global flags: --controller ADDR, --broker ADDR[,ADDR], --data-dir DIR (.strand), --json, --timeout D, --token T, --certs-dir DIR, --user NAME")
 	fmt.Fprintln(w, "Without --controller/--broker (or STRAND_CONTROLLER/STRAND_BROKER), commands use DIR/cluster.json written by `strandctl dev`.")
 	fmt.Fprintln(w, "`strandctl COMMAND -h` shows a command's flags.")
 }

@@ -11,27 +11,46 @@ import (
 	"github.com/strandhq/strand/api/strand/v1/strandv1connect"
 	"github.com/strandhq/strand/client"
 	"github.com/strandhq/strand/cmd/strandctl/internal/devcluster"
+	"github.com/strandhq/strand/internal/tlsconfig"
 )
 
 // endpoints says where the cluster is: --controller/--broker (or their
 // environment variables) when given, else DIR/cluster.json of a dev cluster.
 func (e *env) endpoints() (controller string, brokers []string, err error) {
+	cfg, err := e.cluster()
+	return cfg.Controller, cfg.Brokers, err
+}
+
+// cluster is the client configuration of the cluster: endpoints as
+// endpoints says, and TLS from --certs-dir, else from a secure dev
+// cluster's cluster.json, else none.
+func (e *env) cluster() (client.Config, error) {
+	var cfg client.Config
 	if e.g.controller != "" || e.g.broker != "" {
-		return e.g.controller, splitList(e.g.broker), nil
+		cfg = client.Config{Controller: e.g.controller, Brokers: splitList(e.g.broker)}
+	} else {
+		// A cluster.json whose dev process is gone fails at once, rather than
+		// every call waiting out its deadline on ports nobody serves.
+		if _, err := devcluster.ReadRunning(e.g.dataDir); err != nil && !errors.Is(err, devcluster.ErrNoCluster) {
+			return client.Config{}, err
+		}
+		var err error
+		cfg, err = client.DevClusterConfig(e.g.dataDir)
+		if errors.Is(err, client.ErrNoDevCluster) {
+			return client.Config{}, fmt.Errorf("no cluster to talk to: pass --controller/--broker, set STRAND_CONTROLLER/STRAND_BROKER, or run `strandctl dev` (%w)", err)
+		}
+		if err != nil {
+			return client.Config{}, err
+		}
 	}
-	// A cluster.json whose dev process is gone fails at once, rather than
-	// every call waiting out its deadline on ports nobody serves.
-	if _, err := devcluster.ReadRunning(e.g.dataDir); err != nil && !errors.Is(err, devcluster.ErrNoCluster) {
-		return "", nil, err
+	if e.g.certsDir != "" {
+		r, err := tlsconfig.New(tlsconfig.ClientFiles(e.g.certsDir, e.g.user))
+		if err != nil {
+			return client.Config{}, fmt.Errorf("--certs-dir: %w", err)
+		}
+		cfg.TLS = r.ClientConfig()
 	}
-	cfg, err := client.DevClusterConfig(e.g.dataDir)
-	if errors.Is(err, client.ErrNoDevCluster) {
-		return "", nil, fmt.Errorf("no cluster to talk to: pass --controller/--broker, set STRAND_CONTROLLER/STRAND_BROKER, or run `strandctl dev` (%w)", err)
-	}
-	if err != nil {
-		return "", nil, err
-	}
-	return cfg.Controller, cfg.Brokers, nil
+	return cfg, nil
 }
 
 // splitList splits a comma-separated flag into its non-empty items.
@@ -47,11 +66,11 @@ func splitList(s string) []string {
 
 // client builds a client for the cluster.
 func (e *env) client(cfg client.Config) (*client.Client, error) {
-	controller, brokers, err := e.endpoints()
+	cl, err := e.cluster()
 	if err != nil {
 		return nil, err
 	}
-	cfg.Controller, cfg.Brokers = controller, brokers
+	cfg.Controller, cfg.Brokers, cfg.TLS = cl.Controller, cl.Brokers, cl.TLS
 	if cfg.Token == "" {
 		cfg.Token = e.g.token
 	}

@@ -23,6 +23,7 @@ func devCommand() *command {
 		zones    string
 		grace    time.Duration
 		replace  time.Duration
+		secure   bool
 	)
 	return &command{
 		name: "dev", summary: "run a local cluster: embedded etcd, controller, recoverer and brokers as processes (Ctrl-C stops)",
@@ -36,6 +37,7 @@ func devCommand() *command {
 			fs.StringVar(&zones, "zones", "", "zones for the brokers, comma separated, given round-robin (--zones a,b,c: broker-1 in a, broker-2 in b, broker-3 in c, broker-4 in a); placement spreads each stream's copies over them. Empty: no zones")
 			fs.DurationVar(&grace, "orphan-grace", 0, "the brokers' --orphan-grace: how long a copy no assignment includes is kept before it is deleted (0: the broker's default, 10m)")
 			fs.DurationVar(&replace, "replace-after", 10*time.Minute, "the controller's --replace-after: how long a stream's copy may be missing before it is replaced on another broker (a stream that cannot confirm without it is replaced at once)")
+			fs.BoolVar(&secure, "secure", false, "run with TLS: a CA, node certificates and an admin client certificate under DATA-DIR/certs (kept across starts), mutual TLS between the services, etcd on https; cluster.json names the admin's files, so strandctl needs no flags")
 			fs.BoolVar(&restart, "restart", true, "restart a child that exits unexpectedly, after a back-off of 200ms doubling to 5s (--restart=false leaves it dead, e.g. to show a dead broker)")
 		},
 		run: func(ctx context.Context, e *env, _ *flag.FlagSet, args []string) error {
@@ -66,9 +68,14 @@ func devCommand() *command {
 				brokerArgs = append(brokerArgs, "--orphan-grace", grace.String())
 			}
 			fmt.Fprintf(e.stderr, "dev: starting etcd, controller, recoverer and %d brokers in %s\n", brokers, e.g.dataDir)
+			if secure {
+				fmt.Fprintf(e.stderr, "dev: secure: TLS everywhere, certificates in %s\n", filepath.Join(e.g.dataDir, devcluster.CertsDir))
+			} else {
+				fmt.Fprintln(e.stderr, "dev: insecure: no TLS, every service runs with --insecure (strandctl dev --secure runs with TLS)")
+			}
 			c, err := devcluster.Start(ctx, devcluster.Options{
 				Dir: e.g.dataDir, Brokers: brokers, PortBase: portBase, BinDir: binDir, Log: e.stderr, Etcd: etcdOpts,
-				Supervise: restart, Control: true, Zones: zoneList, BrokerArgs: brokerArgs, ReplaceAfter: replace,
+				Supervise: restart, Control: true, Zones: zoneList, BrokerArgs: brokerArgs, ReplaceAfter: replace, Secure: secure,
 			})
 			if err != nil {
 				return err
@@ -118,7 +125,11 @@ func printDevInfo(e *env, c *devcluster.Cluster, info devcluster.Info, brokers i
 		t.row("  "+b.Node, b.Address, b.PID)
 	}
 	t.flush()
-	fmt.Fprintf(w, "logs in %s; endpoints in %s; peer token in %s\n", filepath.Join(c.Dir(), "logs"), filepath.Join(c.Dir(), devcluster.InfoFile), info.PeerTokenFile)
+	if info.TLS != nil {
+		fmt.Fprintf(w, "logs in %s; endpoints in %s; TLS: CA %s, admin certificate %s\n", filepath.Join(c.Dir(), "logs"), filepath.Join(c.Dir(), devcluster.InfoFile), info.TLS.CA, info.TLS.Cert)
+	} else {
+		fmt.Fprintf(w, "logs in %s; endpoints in %s; peer token in %s\n", filepath.Join(c.Dir(), "logs"), filepath.Join(c.Dir(), devcluster.InfoFile), info.PeerTokenFile)
+	}
 	dirFlag := ""
 	if e.g.dataDir != devcluster.DefaultDir && filepath.Clean(e.g.dataDir) != devcluster.DefaultDir {
 		dirFlag = " --data-dir " + e.g.dataDir

@@ -365,7 +365,7 @@ func TestDevPeerTokenLetsAHandStartedBrokerJoin(t *testing.T) {
 	}
 	const node = "broker-hand"
 	cmd := exec.Command(filepath.Join(binDir, devcluster.BrokerBin), "--node", node,
-		"--listen", fmt.Sprintf("127.0.0.1:%d", port+13), "--data-dir", filepath.Join(dir, node), "--etcd", info.Etcd[0])
+		"--listen", fmt.Sprintf("127.0.0.1:%d", port+13), "--data-dir", filepath.Join(dir, node), "--etcd", info.Etcd[0], "--insecure")
 	cmd.Env = append(cleanEnv(), "STRAND_PEER_TOKEN="+token)
 	log := &lockedBuffer{}
 	cmd.Stdout, cmd.Stderr = log, log

@@ -5,6 +5,7 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"github.com/strandhq/strand/internal/tlsconfig"
 	"net/http"
 	"strings"
 	"sync"
@@ -42,8 +43,8 @@ type Options struct {
 	// MaxSubscriptions bounds each principal's concurrent subscriptions on
 	// one broker (0: default).
 	MaxSubscriptions int
-	// Transport names a principal from the transport (nil: bearer tokens
-	// only).
+	// Transport names a principal from the transport (nil: the subject of
+	// a verified client certificate, CertPrincipal).
 	Transport TransportPrincipal
 }
 
@@ -73,6 +74,9 @@ func NewGuard(cache *Cache, opts Options) *Guard {
 	}
 	if opts.MaxSubscriptions <= 0 {
 		opts.MaxSubscriptions = DefaultMaxSubscriptions
+	}
+	if opts.Transport == nil {
+		opts.Transport = CertPrincipal
 	}
 	return &Guard{cache: cache, transport: opts.Transport, rules: Rules,
 		rate: rate.Limit(opts.PublishBytesPerSecond), burst: opts.PublishBytesPerSecond, subs: opts.MaxSubscriptions,
@@ -424,4 +428,17 @@ func (b bearer) WrapStreamingClient(next connect.StreamingClientFunc) connect.St
 
 func (b bearer) WrapStreamingHandler(next connect.StreamingHandlerFunc) connect.StreamingHandlerFunc {
 	return next
+}
+
+// CertPrincipal is the TransportPrincipal of a TLS listener: the principal
+// a verified client certificate names (tlsconfig.PeerIdentity; a
+// strand://client/PRINCIPAL URI SAN). A node certificate names no client
+// principal, and a connection without TLS or without a verified chain
+// names none (docs/operating.md, "Security").
+func CertPrincipal(ctx context.Context, _ connect.Spec, _ connect.Peer, _ http.Header) (string, bool) {
+	_, principal, ok := tlsconfig.PeerIdentity(ConnState(ctx))
+	if !ok || principal == "" {
+		return "", false
+	}
+	return principal, true
 }

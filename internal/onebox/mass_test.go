@@ -63,7 +63,7 @@ type massResult struct {
 // on any stream, before or across the kill, is at its confirmed offset on
 // the stream's owner afterwards.
 func TestMassFailover(t *testing.T) {
-	r := massFailover(t, 500)
+	r := massFailover(t, 500, false)
 	t.Logf("killed %s owning %d of 500 streams: recoveries recorded within %s (median %s), committed within %s (median %s), all serving within %s (median %s)",
 		r.killed, r.affected, slices.Max(r.recorded), median(r.recorded), slices.Max(r.committed), median(r.committed), slices.Max(r.serving), median(r.serving))
 }
@@ -74,7 +74,7 @@ func TestMassFailover(t *testing.T) {
 // confirm a publish again, max and median.
 func BenchmarkMassFailover(b *testing.B) {
 	for range b.N {
-		r := massFailover(b, *massStreams)
+		r := massFailover(b, *massStreams, false)
 		b.ReportMetric(float64(r.affected), "affected")
 		b.ReportMetric(float64(r.movedBefore), "moved-before-kill")
 		b.ReportMetric(float64(r.othersMoved), "others-moved")
@@ -95,14 +95,15 @@ func median(ds []time.Duration) time.Duration {
 	return s[len(s)/2]
 }
 
-// massFailover runs the scenario on n streams and checks it; the timer of a
-// benchmark runs only from the kill to every stream serving again.
-func massFailover(tb testing.TB, n int) massResult {
+// massFailover runs the scenario on n streams, on a cluster with TLS when
+// secure, and checks it; the timer of a benchmark runs only from the kill
+// to every stream serving again.
+func massFailover(tb testing.TB, n int, secure bool) massResult {
 	b, _ := tb.(*testing.B)
 	if b != nil {
 		b.StopTimer()
 	}
-	c := Start(tb, Options{Brokers: []string{"b1", "b2", "b3"}, Controllers: 1, Recoverers: 1})
+	c := Start(tb, Options{Brokers: []string{"b1", "b2", "b3"}, Controllers: 1, Recoverers: 1, Secure: secure})
 	streams := make([]string, n)
 	for i := range streams {
 		streams[i] = fmt.Sprintf("mass-%05d", i)

@@ -19,6 +19,7 @@ package onebox
 import (
 	"cmp"
 	"context"
+	"crypto/tls"
 	"fmt"
 	"maps"
 	"os"
@@ -41,6 +42,7 @@ import (
 	"github.com/strandhq/strand/internal/clustertest"
 	"github.com/strandhq/strand/internal/etcdtest"
 	"github.com/strandhq/strand/internal/rpcserver"
+	"github.com/strandhq/strand/internal/tlsconfig"
 	brokerapp "github.com/strandhq/strand/services/broker/app"
 	controllerapp "github.com/strandhq/strand/services/controller/app"
 	recovererapp "github.com/strandhq/strand/services/recoverer/app"
@@ -85,6 +87,12 @@ type Options struct {
 	// RebalanceDelay is the controllers' wait before balancing owners; zero
 	// means a day, so no test sees owners moved it did not ask for.
 	RebalanceDelay time.Duration
+	// Secure runs the cluster with TLS: a CA, a node certificate per
+	// service (named as the service: the broker's node id, controller-N,
+	// recoverer-N) and an admin client certificate, made in the test's
+	// temp dir (CertsDir), and every client of the cluster dials TLS.
+	// Without it every service is started insecure, explicitly.
+	Secure bool
 }
 
 // Cluster is a running in-process cluster.
@@ -110,6 +118,10 @@ type Cluster struct {
 	admins       map[string]*client.Client
 	// AdminToken is the bootstrap admin's token with Options.Auth on.
 	AdminToken string
+	// ca issues the node certificates of a Secure cluster; clientTLS is
+	// the admin client's, which Client, Streams and Replication dial with.
+	ca        *tlsconfig.CA
+	clientTLS *tlsconfig.Reloader
 }
 
 // Start runs etcd and the services opts asks for and stops them all at the
@@ -138,6 +150,9 @@ func Start(t testing.TB, opts Options) *Cluster {
 	t.Cleanup(c.closeAll)
 	t.Cleanup(cancel)
 	c.SetBootID("onebox-boot-1")
+	if opts.Secure {
+		c.makeCerts()
+	}
 	if opts.Auth.Enabled {
 		st := &auth.Store{KV: c.Cli, Schema: c.Schema, Txn: auth.PlainTxn(c.Cli)}
 		_, secret, err := st.Bootstrap(ctx, "onebox-admin")
@@ -230,7 +245,7 @@ func (c *Cluster) StartBroker(node string) *brokerapp.App {
 	a, err := brokerapp.Start(context.Background(), brokerapp.Config{
 		Node: node, Zone: c.opts.Zones[node], Listen: listen, DataDir: filepath.Join(c.dir, node), Etcd: c.Etcd.Endpoints,
 		Heartbeat: Heartbeat, LeaseTTL: LeaseTTL, ConfirmTimeout: ConfirmTimeout, Logger: c.logger(node),
-		BootIDPath: c.BootIDPath(), PeerToken: PeerToken, Auth: c.opts.Auth,
+		BootIDPath: c.BootIDPath(), PeerToken: PeerToken, Auth: c.opts.Auth, TLS: c.tlsSettings(node),
 	})
 	if err != nil {
 		c.t.Fatalf("onebox: start broker %s: %v", node, err)
@@ -242,6 +257,64 @@ func (c *Cluster) StartBroker(node string) *brokerapp.App {
 	c.mu.Unlock()
 	return a
 }
+
+// CertsDir is the dir of a Secure cluster's CA (ca.crt, ca.key) and admin
+// client certificate (client.admin.crt, .key); NodeCertsDir(name) holds
+// each service's node certificate.
+func (c *Cluster) CertsDir() string { return filepath.Join(c.dir, "certs") }
+
+// NodeCertsDir is the certs dir of the service name (a broker's node id,
+// controller-N, recoverer-N): ca.crt, node.crt, node.key.
+func (c *Cluster) NodeCertsDir(name string) string { return filepath.Join(c.dir, "certs", name) }
+
+// Secure reports whether the cluster runs with TLS.
+func (c *Cluster) Secure() bool { return c.opts.Secure }
+
+func (c *Cluster) makeCerts() {
+	c.t.Helper()
+	ca, err := tlsconfig.CreateCA(c.CertsDir(), time.Hour, false)
+	if err != nil {
+		c.t.Fatalf("onebox: CA: %v", err)
+	}
+	c.ca = ca
+	if _, err := tlsconfig.CreateClient(c.CertsDir(), "", tlsconfig.DefaultUser, time.Hour, false); err != nil {
+		c.t.Fatalf("onebox: admin certificate: %v", err)
+	}
+	r, err := tlsconfig.New(tlsconfig.ClientFiles(c.CertsDir(), tlsconfig.DefaultUser))
+	if err != nil {
+		c.t.Fatalf("onebox: admin certificate: %v", err)
+	}
+	c.clientTLS = r
+}
+
+// IssueNodeCert writes a node certificate for name into NodeCertsDir(name)
+// (over one there already: a renewal) and returns its pair.
+func (c *Cluster) IssueNodeCert(name string) tlsconfig.PEMPair {
+	c.t.Helper()
+	p, err := tlsconfig.CreateNode(c.CertsDir(), c.NodeCertsDir(name), name, []string{"127.0.0.1", "localhost"}, time.Hour, true)
+	if err != nil {
+		c.t.Fatalf("onebox: node certificate for %s: %v", name, err)
+	}
+	return p
+}
+
+// tlsSettings are the TLS settings of the service name: its node
+// certificate on a Secure cluster (issued at its first start), insecure
+// otherwise.
+func (c *Cluster) tlsSettings(name string) tlsconfig.Settings {
+	c.t.Helper()
+	if !c.opts.Secure {
+		return tlsconfig.Settings{Insecure: true}
+	}
+	if _, err := os.Stat(filepath.Join(c.NodeCertsDir(name), tlsconfig.NodeCert)); err != nil {
+		c.IssueNodeCert(name)
+	}
+	return tlsconfig.Settings{CertsDir: c.NodeCertsDir(name)}
+}
+
+// Dialer is how the cluster's clients dial: TLS with the admin client
+// certificate on a Secure cluster, h2c otherwise.
+func (c *Cluster) Dialer() rpcserver.Dialer { return rpcserver.Dialer{TLS: c.clientTLS} }
 
 // BootIDPath is the file the cluster's brokers read as the id of the
 // running boot; SetBootID writes it, so a test can play a machine reboot.
@@ -365,7 +438,7 @@ func (c *Cluster) StartController() *controllerapp.App {
 	a, err := controllerapp.Start(context.Background(), controllerapp.Config{
 		Name: name, Listen: "127.0.0.1:0", Etcd: c.Etcd.Endpoints, DefaultPolicy: c.opts.DefaultPolicy,
 		OwnerProbeGrace: ProbeGrace, ReplaceAfter: c.opts.ReplaceAfter, SessionTTL: int(ElectionTTL / time.Second), LogLevel: "info", LogWriter: c.Log(name),
-		Auth: c.opts.Auth, PeerToken: PeerToken, RebalanceDelay: cmp.Or(c.opts.RebalanceDelay, 24*time.Hour),
+		Auth: c.opts.Auth, PeerToken: PeerToken, RebalanceDelay: cmp.Or(c.opts.RebalanceDelay, 24*time.Hour), TLS: c.tlsSettings(name),
 	})
 	if err != nil {
 		c.t.Fatalf("onebox: start %s: %v", name, err)
@@ -431,6 +504,7 @@ func (c *Cluster) StartRecoverer() string {
 		Name: name, Listen: "127.0.0.1:0", Etcd: c.Etcd.Endpoints, SealTimeout: SealTimeout, Logger: c.logger(name), PeerToken: PeerToken,
 		QuorumGrace: 100 * time.Millisecond, SessionTTL: ElectionTTL,
 		BackoffMin: 50 * time.Millisecond, BackoffMax: 500 * time.Millisecond,
+		TLS: c.tlsSettings(name),
 	})
 	if err != nil {
 		c.t.Fatalf("onebox: start %s: %v", name, err)
@@ -490,6 +564,7 @@ func (c *Cluster) Client() *client.Client {
 		ProbeAfter:     500 * time.Millisecond,
 		BackoffMax:     200 * time.Millisecond,
 		Token:          c.AdminToken,
+		TLS:            c.clientTLSConfig(),
 	})
 	if err != nil {
 		c.t.Fatalf("onebox: client: %v", err)
@@ -517,15 +592,40 @@ func (c *Cluster) Admin() strandv1connect.AdminServiceClient {
 	return cl.Admin()
 }
 
+// clientTLSConfig is the admin client's TLS configuration on a Secure
+// cluster, nil otherwise.
+func (c *Cluster) clientTLSConfig() *tls.Config {
+	if c.clientTLS == nil {
+		return nil
+	}
+	return c.clientTLS.ClientConfig()
+}
+
 // Streams is a raw StreamService client of one broker (no redirects).
 func (c *Cluster) Streams(node string) strandv1connect.StreamServiceClient {
-	return strandv1connect.NewStreamServiceClient(rpcserver.HTTPClient(), rpcserver.BaseURL(c.Addr(node)), auth.WithBearer(c.AdminToken))
+	d := c.Dialer()
+	return strandv1connect.NewStreamServiceClient(d.HTTPClient(), d.BaseURL(c.Addr(node)), auth.WithBearer(c.AdminToken))
 }
 
 // Replication is a raw ReplicationService client of one broker, with the
-// cluster's peer token.
+// cluster's peer token (on a Secure cluster the admin client certificate,
+// which brokers refuse Follow and Seal to: see ReplicationAs).
 func (c *Cluster) Replication(node string) strandv1connect.ReplicationServiceClient {
-	return strandv1connect.NewReplicationServiceClient(rpcserver.HTTPClient(), rpcserver.BaseURL(c.Addr(node)), rpcserver.WithPeerToken(PeerToken))
+	d := c.Dialer()
+	return strandv1connect.NewReplicationServiceClient(d.HTTPClient(), d.BaseURL(c.Addr(node)), rpcserver.WithPeerToken(PeerToken))
+}
+
+// ReplicationAs is a raw ReplicationService client of one broker that
+// presents the node certificate of as (a Secure cluster's; issued when as
+// has none yet).
+func (c *Cluster) ReplicationAs(node, as string) strandv1connect.ReplicationServiceClient {
+	c.t.Helper()
+	r, err := tlsconfig.New(tlsconfig.NodeFiles(c.tlsSettings(as).CertsDir))
+	if err != nil {
+		c.t.Fatalf("onebox: certificate of %s: %v", as, err)
+	}
+	d := rpcserver.Dialer{TLS: r}
+	return strandv1connect.NewReplicationServiceClient(d.HTTPClient(), d.BaseURL(c.Addr(node)))
 }
 
 // Ctx is the cluster's context for calls, cancelled when the test ends.

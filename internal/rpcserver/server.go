@@ -1,5 +1,6 @@
-// Package rpcserver serves Connect handlers over HTTP/1.1 and h2c, with the
-// gRPC health and reflection services registered, and shuts down in order.
+// Package rpcserver serves Connect handlers over HTTP/1.1 and h2c, or over
+// TLS (WithTLS), with the gRPC health and reflection services registered,
+// and shuts down in order.
 package rpcserver
 
 import (
@@ -41,28 +42,45 @@ func Listen(addr string) (net.Listener, error) {
 	return net.Listen("tcp", addr)
 }
 
-// Serve starts serving handler on ln in the background, with the default
-// Limits.
-func Serve(ln net.Listener, handler http.Handler) *Server {
-	return ServeLimits(ln, handler, Limits{})
+// Serve starts serving handler on ln in the background with the default
+// Limits: HTTP/1.1 and h2c, or TLS with WithTLS.
+func Serve(ln net.Listener, handler http.Handler, opts ...ServeOption) *Server {
+	return ServeLimits(ln, handler, Limits{}, opts...)
 }
 
 // ServeLimits is Serve with limits (zero fields take their defaults).
-func ServeLimits(ln net.Listener, handler http.Handler, limits Limits) *Server {
+func ServeLimits(ln net.Listener, handler http.Handler, limits Limits, opts ...ServeOption) *Server {
+	var o serveOptions
+	for _, opt := range opts {
+		opt(&o)
+	}
 	p := new(http.Protocols)
 	p.SetHTTP1(true)
-	p.SetUnencryptedHTTP2(true)
+	if o.tls != nil {
+		p.SetHTTP2(true)
+		handler = withPeer(handler)
+	} else {
+		p.SetUnencryptedHTTP2(true)
+	}
 	s := &Server{
 		srv: &http.Server{
 			Handler:   handler,
 			Protocols: p,
+			TLSConfig: o.tls,
 		},
 		ln:   bufferedListener{limits.listener(ln)},
 		done: make(chan error, 1),
 	}
 	limits.apply(s.srv)
 	go func() {
-		err := s.srv.Serve(s.ln)
+		var err error
+		if o.tls != nil {
+			// The TLS layer reads through the buffered connection, so a
+			// read takes in every record that has arrived.
+			err = s.srv.ServeTLS(s.ln, "", "")
+		} else {
+			err = s.srv.Serve(s.ln)
+		}
 		if errors.Is(err, http.ErrServerClosed) {
 			err = nil
 		}
@@ -116,25 +134,26 @@ func (s *Server) Close() error { return s.srv.Close() }
 // HTTPClient returns a client that speaks h2c with prior knowledge to
 // http:// addresses, which bidirectional Connect streams need.
 func HTTPClient() *http.Client {
-	p := new(http.Protocols)
-	p.SetUnencryptedHTTP2(true)
-	return &http.Client{
-		Transport: &http.Transport{
-			Protocols: p,
-			// Read frames of up to 1 MiB, as the server side does by
-			// default: with the transport's 16 KiB, an owner ships a
-			// follower's batch (about 130 KiB in the cluster bench) as
-			// eight frames, each costing write syscalls on the owner and a
-			// header read, a payload read and a window update on the
-			// follower. One frame per batch halves a broker's syscalls.
-			HTTP2:               &http.HTTP2Config{MaxReadFrameSize: 1 << 20},
-			MaxIdleConnsPerHost: 64,
-			IdleConnTimeout:     90 * time.Second,
-			DialContext: (&net.Dialer{
-				Timeout:   2 * time.Second,
-				KeepAlive: 15 * time.Second,
-			}).DialContext,
-		},
+	tr := newTransport()
+	tr.Protocols = new(http.Protocols)
+	tr.Protocols.SetUnencryptedHTTP2(true)
+	return &http.Client{Transport: tr}
+}
+
+// newTransport is the transport of every client: HTTPClient's, a
+// Dialer's, HTTPClientTLS's; the caller sets the protocols.
+func newTransport() *http.Transport {
+	return &http.Transport{
+		// Read frames of up to 1 MiB, as the server side does by
+		// default: with the transport's 16 KiB, an owner ships a
+		// follower's batch (about 130 KiB in the cluster bench) as
+		// eight frames, each costing write syscalls on the owner and a
+		// header read, a payload read and a window update on the
+		// follower. One frame per batch halves a broker's syscalls.
+		HTTP2:               &http.HTTP2Config{MaxReadFrameSize: 1 << 20},
+		MaxIdleConnsPerHost: 64,
+		IdleConnTimeout:     90 * time.Second,
+		DialContext:         dialer().DialContext,
 	}
 }
 

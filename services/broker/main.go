@@ -50,6 +50,7 @@ func main() {
 	fs.IntVar(&cfg.Auth.PublishBytesPerSecond, "principal-publish-bytes-per-second", auth.DefaultPublishBytesPerSecond, "with --auth: publish request bytes per second per principal (a one-second token bucket)")
 	fs.IntVar(&cfg.Auth.MaxSubscriptions, "principal-max-subscriptions", auth.DefaultMaxSubscriptions, "with --auth: concurrent subscriptions per principal on this broker")
 	fs.StringVar(&cfg.LogLevel, "log-level", "info", "debug, info, warn or error")
+	cfg.TLS.Flags(fs)
 	debugAddr := fs.String("debug-addr", "", "serve net/http/pprof here (off when empty)")
 	memLimit := fs.Int64("memory-limit-mb", 384, "soft Go heap limit in MiB (GOMEMLIMIT wins when set); keeps a broker's resident memory flat under load")
 	cfg.HTTPLimits.RegisterFlags(fs)

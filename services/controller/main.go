@@ -44,6 +44,7 @@ func run(args []string) error {
 	fs.Float64Var(&cfg.RebalanceRate, "rebalance-rate", 2, "most handovers and copy replacements a second, for drains and for balancing owners")
 	fs.DurationVar(&cfg.RebalanceDelay, "rebalance-delay", time.Minute, "how long after the brokers last changed owners are balanced")
 	fs.DurationVar(&cfg.HandoverCatchUp, "handover-catch-up", 2*time.Second, "how long a handover's target may take to catch up before the handover is abandoned")
+	cfg.TLS.Flags(fs)
 	if err := fs.Parse(args); err != nil {
 		return err
 	}

@@ -32,6 +32,7 @@ func main() {
 	flag.IntVar(&cfg.MaxInFlight, "max-in-flight", app.DefaultMaxInFlight, "pending recoveries sealed and committed at once")
 	flag.StringVar(&cfg.LogLevel, "log-level", "info", "log level: debug, info, warn or error")
 	cfg.HTTPLimits.RegisterFlags(flag.CommandLine)
+	cfg.TLS.Flags(flag.CommandLine)
 	flag.Parse()
 	for e := range strings.SplitSeq(etcd, ",") {
 		if e = strings.TrimSpace(e); e != "" {

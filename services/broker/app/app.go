@@ -19,8 +19,10 @@ import (
 	"github.com/strandhq/strand/api/strand/v1/strandv1connect"
 	"github.com/strandhq/strand/internal/auth"
 	"github.com/strandhq/strand/internal/cluster"
+	"github.com/strandhq/strand/internal/etcdcfg"
 	"github.com/strandhq/strand/internal/logging"
 	"github.com/strandhq/strand/internal/rpcserver"
+	"github.com/strandhq/strand/internal/tlsconfig"
 	"github.com/strandhq/strand/services/broker/internal/api"
 	"github.com/strandhq/strand/services/broker/internal/coord"
 	"github.com/strandhq/strand/services/broker/internal/metrics"
@@ -73,6 +75,12 @@ type Config struct {
 	// besides PeerToken, never sent (rpcserver.PeerTokenAcceptEnv): a
 	// rotation under way.
 	PeerTokensAccepted []string
+	// TLS is the broker's TLS (tlsconfig.Settings): its certs dir, or
+	// Insecure. With TLS every port serves TLS only, Follow and Seal admit
+	// node certificates only, a Follow only from the node its certificate
+	// names, and the peer token is not used (docs/operating.md,
+	// "Security").
+	TLS tlsconfig.Settings
 	// BootIDPath is where the id of the running boot is read (empty: the
 	// kernel's, storage.BootIDPath); tests point it at a file to play a
 	// reboot.
@@ -99,6 +107,9 @@ func (c *Config) defaults() error {
 		return fmt.Errorf("broker: --zone: %w", err)
 	}
 	if err := rpcserver.ValidatePeerTokens(c.PeerToken, c.PeerTokensAccepted); err != nil {
+		return fmt.Errorf("broker: %w", err)
+	}
+	if err := c.TLS.Validate(); err != nil {
 		return fmt.Errorf("broker: %w", err)
 	}
 	if c.DataDir == "" {
@@ -165,6 +176,18 @@ func Start(ctx context.Context, cfg Config) (*App, error) {
 			_ = a.Close()
 		}
 	}()
+	certs, err := cfg.TLS.Node()
+	if err != nil {
+		return nil, fmt.Errorf("broker: %w", err)
+	}
+	etcdTLS, err := etcdcfg.ClientTLS(cfg.TLS, cfg.Etcd)
+	if err != nil {
+		return nil, fmt.Errorf("broker: etcd: %w", err)
+	}
+	if certs == nil {
+		log.Warn().Msg("insecure (--insecure): no TLS on any port; any client that reaches this broker can read, publish and, without a peer token, follow and seal")
+	}
+	dial := rpcserver.Dialer{TLS: certs}
 	ln, err := rpcserver.Listen(cfg.Listen)
 	if err != nil {
 		return nil, fmt.Errorf("broker: listen: %w", err)
@@ -193,13 +216,19 @@ func Start(ctx context.Context, cfg Config) (*App, error) {
 	}
 	// The client outlives ctx: Close still needs it to revoke the lease
 	// after the caller's context (a signal) has ended.
-	a.etcd, err = clientv3.New(clientv3.Config{Endpoints: cfg.Etcd, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+	a.etcd, err = clientv3.New(clientv3.Config{Endpoints: cfg.Etcd, DialTimeout: 5 * time.Second, Logger: zap.NewNop(), TLS: etcdTLS})
 	if err != nil {
 		_ = ln.Close()
 		return nil, fmt.Errorf("broker: etcd: %w", err)
 	}
 	schema := cluster.NewSchema(cfg.Prefix)
-	httpClient := rpcserver.HTTPClient()
+	httpClient := dial.HTTPClient()
+	// The peer token goes with Follow only on a cluster without TLS: with
+	// TLS the node certificate is the credential.
+	sendToken := cfg.PeerToken
+	if certs != nil {
+		sendToken = ""
+	}
 	var co *coord.Coord
 	a.manager, err = replica.NewManager(replica.Config{
 		Node:             cfg.Node,
@@ -211,7 +240,7 @@ func Start(ctx context.Context, cfg Config) (*App, error) {
 			return co.History(ctx, stream)
 		},
 		Dial: func(addr string) strandv1connect.ReplicationServiceClient {
-			return strandv1connect.NewReplicationServiceClient(httpClient, rpcserver.BaseURL(addr), rpcserver.WithPeerToken(cfg.PeerToken))
+			return strandv1connect.NewReplicationServiceClient(httpClient, dial.BaseURL(addr), rpcserver.WithPeerToken(sendToken))
 		},
 		Metrics:     met,
 		OrphanGrace: cfg.OrphanGrace,
@@ -248,14 +277,26 @@ func Start(ctx context.Context, cfg Config) (*App, error) {
 	} else {
 		mux.Handle(streams.Handler(noGzip))
 	}
-	// Follow and Seal are for peers only (docs/operating.md, "Peer token"): a client that could
+	// Follow and Seal are for peers only (docs/operating.md, "Security"): a client that could
 	// seal would fence copies and stop their streams until a recovery.
-	if cfg.PeerToken == "" {
+	// With TLS a peer is a node certificate; without, the peer token.
+	peers := rpcserver.RequireNode()
+	var serveOpts []rpcserver.ServeOption
+	switch {
+	case certs != nil:
+		serveOpts = append(serveOpts, rpcserver.WithTLS(certs.ServerConfig(cfg.TLS.RequireClientCert)))
+		if cfg.PeerToken != "" {
+			log.Info().Msg("TLS: the peer token is not used; Follow and Seal admit node certificates")
+		}
+	case cfg.PeerToken == "":
 		log.Warn().Msg("no peer token (" + rpcserver.PeerTokenEnv + "): Follow and Seal are open to any client that reaches this broker")
+		peers = rpcserver.RequirePeerToken("")
+	default:
+		peers = rpcserver.RequirePeerToken(cfg.PeerToken, cfg.PeerTokensAccepted...)
 	}
-	mux.Handle(api.NewReplicationService(a.manager, log).Handler(noGzip, rpcserver.RequirePeerToken(cfg.PeerToken, cfg.PeerTokensAccepted...)))
+	mux.Handle(api.NewReplicationService(a.manager, log).Handler(noGzip, peers))
 	mux.Handle(metrics.Path, met.Handler())
-	a.server = rpcserver.ServeLimits(ln, auth.WithConnState(mux), cfg.HTTPLimits)
+	a.server = rpcserver.ServeLimits(ln, auth.WithConnState(mux), cfg.HTTPLimits, serveOpts...)
 
 	cctx, cancel := context.WithCancel(context.Background())
 	a.coordCancel = cancel

@@ -18,6 +18,7 @@ import (
 	"github.com/strandhq/strand/internal/clustertest"
 	"github.com/strandhq/strand/internal/etcdtest"
 	"github.com/strandhq/strand/internal/rpcserver"
+	"github.com/strandhq/strand/internal/tlsconfig"
 )
 
 // harness runs real brokers against a real embedded etcd; assignments are
@@ -82,7 +83,7 @@ func (h *harness) start(node string) *App {
 	cfg := Config{
 		Node: node, Listen: listen, DataDir: filepath.Join(h.dir, node), Etcd: h.etcd.Endpoints,
 		Heartbeat: 200 * time.Millisecond, LeaseTTL: 2 * time.Second, ConfirmTimeout: h.confirm, Logger: &log,
-		PeerToken: tokens.token, PeerTokensAccepted: tokens.accepted,
+		PeerToken: tokens.token, PeerTokensAccepted: tokens.accepted, TLS: tlsconfig.Settings{Insecure: true},
 	}
 	if h.configure != nil {
 		h.configure(&cfg)

@@ -25,8 +25,10 @@ import (
 	"github.com/strandhq/strand/api/strand/v1/strandv1connect"
 	"github.com/strandhq/strand/internal/auth"
 	"github.com/strandhq/strand/internal/cluster"
+	"github.com/strandhq/strand/internal/etcdcfg"
 	"github.com/strandhq/strand/internal/logging"
 	"github.com/strandhq/strand/internal/rpcserver"
+	"github.com/strandhq/strand/internal/tlsconfig"
 	"github.com/strandhq/strand/services/controller/internal/admin"
 	"github.com/strandhq/strand/services/controller/internal/attention"
 	"github.com/strandhq/strand/services/controller/internal/leader"
@@ -84,6 +86,10 @@ type Config struct {
 	RebalanceRate   float64
 	RebalanceDelay  time.Duration
 	HandoverCatchUp time.Duration
+	// TLS is the controller's TLS (tlsconfig.Settings): its certs dir, or
+	// Insecure. With TLS it serves TLS only and probes brokers over TLS
+	// with its node certificate (docs/operating.md, "Security").
+	TLS tlsconfig.Settings
 }
 
 func (c *Config) fill() error {
@@ -122,6 +128,9 @@ func (c *Config) fill() error {
 	}
 	if c.HandoverCatchUp <= 0 {
 		c.HandoverCatchUp = 2 * time.Second
+	}
+	if err := c.TLS.Validate(); err != nil {
+		return fmt.Errorf("controller: %w", err)
 	}
 	return rpcserver.ValidatePeerTokens(c.PeerToken, nil)
 }
@@ -171,7 +180,24 @@ func Start(ctx context.Context, cfg Config) (*App, error) {
 		return nil, err
 	}
 	log := logging.New(cfg.LogWriter, "controller", cfg.LogLevel).With().Str("name", cfg.Name).Logger()
-	cli, err := clientv3.New(clientv3.Config{Endpoints: cfg.Etcd, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+	certs, err := cfg.TLS.Node()
+	if err != nil {
+		return nil, fmt.Errorf("controller: %w", err)
+	}
+	etcdTLS, err := etcdcfg.ClientTLS(cfg.TLS, cfg.Etcd)
+	if err != nil {
+		return nil, fmt.Errorf("controller: etcd: %w", err)
+	}
+	var serveOpts []rpcserver.ServeOption
+	if certs == nil {
+		log.Warn().Msg("insecure (--insecure): no TLS; any client that reaches this controller can create, change and delete streams")
+	} else {
+		serveOpts = append(serveOpts, rpcserver.WithTLS(certs.ServerConfig(cfg.TLS.RequireClientCert)))
+	}
+	if cfg.Probe == nil {
+		cfg.Probe = liveness.HealthProber(rpcserver.Dialer{TLS: certs})
+	}
+	cli, err := clientv3.New(clientv3.Config{Endpoints: cfg.Etcd, DialTimeout: 5 * time.Second, Logger: zap.NewNop(), TLS: etcdTLS})
 	if err != nil {
 		return nil, fmt.Errorf("controller: etcd client: %w", err)
 	}
@@ -200,7 +226,7 @@ func Start(ctx context.Context, cfg Config) (*App, error) {
 	}
 	a.met.Follow()
 	a.mem.SetReplaceAfter(cfg.ReplaceAfter)
-	a.mover = &rebalance.Mover{Schema: schema, Call: handoverCaller(cfg.PeerToken), CatchUp: cfg.HandoverCatchUp, Log: log}
+	a.mover = &rebalance.Mover{Schema: schema, Call: handoverCaller(rpcserver.Dialer{TLS: certs}, cfg.PeerToken), CatchUp: cfg.HandoverCatchUp, Log: log}
 	svc := admin.New(admin.Config{View: a.view, Schema: schema, Gate: a.gate, DefaultPolicy: cfg.DefaultPolicy, Log: log, Memory: a.mem, Mover: a.mover, KV: cli})
 	mux, checker := rpcserver.Mux(strandv1connect.AdminServiceName)
 	checker.SetStatus(strandv1connect.AdminServiceName, grpchealth.StatusNotServing)
@@ -233,7 +259,7 @@ func Start(ctx context.Context, cfg Config) (*App, error) {
 	}
 	mux.Handle(adminPath, adminHandler)
 	mux.Handle(metrics.Path, a.met.Handler())
-	a.srv = rpcserver.ServeLimits(ln, auth.WithConnState(mux), cfg.HTTPLimits)
+	a.srv = rpcserver.ServeLimits(ln, auth.WithConnState(mux), cfg.HTTPLimits, serveOpts...)
 
 	go a.watchServer()
 	go func() {
@@ -247,10 +273,14 @@ func Start(ctx context.Context, cfg Config) (*App, error) {
 
 // handoverCaller sends a Handover to a broker's ReplicationService, with
 // the peer token.
-func handoverCaller(token string) rebalance.HandoverFunc {
-	hc := rpcserver.HTTPClient()
+//
+// With TLS the controller calls as the node its certificate names (brokers
+// admit ReplicationService calls from node certificates only, docs/operating.md,
+// "Security"); without, it sends the peer token.
+func handoverCaller(d rpcserver.Dialer, token string) rebalance.HandoverFunc {
+	hc := d.HTTPClient()
 	return func(ctx context.Context, addr string, req *strandv1.HandoverRequest) (*strandv1.HandoverResponse, error) {
-		cl := strandv1connect.NewReplicationServiceClient(hc, rpcserver.BaseURL(addr), rpcserver.WithPeerToken(token))
+		cl := strandv1connect.NewReplicationServiceClient(hc, d.BaseURL(addr), rpcserver.WithPeerToken(token))
 		resp, err := cl.Handover(ctx, connect.NewRequest(req))
 		if err != nil {
 			return nil, err

@@ -56,6 +56,7 @@ func (h *harness) controller(cfg Config) *App {
 		cfg.Name = "test"
 	}
 	cfg.LogWriter = &bytes.Buffer{}
+	cfg.TLS.Insecure = true
 	if cfg.LogLevel == "" {
 		cfg.LogLevel = "error"
 	}

@@ -17,6 +17,7 @@ import (
 	"github.com/strandhq/strand/internal/cluster"
 	"github.com/strandhq/strand/internal/clustertest"
 	"github.com/strandhq/strand/internal/rpcserver"
+	"github.com/strandhq/strand/internal/tlsconfig"
 	recovererapp "github.com/strandhq/strand/services/recoverer/app"
 )
 
@@ -75,6 +76,7 @@ func (h *harness) recoverer() {
 	a, err := recovererapp.Start(ctxT(h.t), recovererapp.Config{
 		Name: "recoverer-1", Listen: "127.0.0.1:0", Etcd: h.etcd.Endpoints, Logger: &logger,
 		SealTimeout: time.Second, SessionTTL: 2 * time.Second, BackoffMin: 20 * time.Millisecond, BackoffMax: 200 * time.Millisecond,
+		TLS: tlsconfig.Settings{Insecure: true},
 	})
 	if err != nil {
 		h.t.Fatalf("start recoverer: %v", err)

@@ -19,8 +19,10 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/strandhq/strand/internal/cluster"
+	"github.com/strandhq/strand/internal/etcdcfg"
 	"github.com/strandhq/strand/internal/logging"
 	"github.com/strandhq/strand/internal/rpcserver"
+	"github.com/strandhq/strand/internal/tlsconfig"
 	"github.com/strandhq/strand/services/recoverer/internal/worker"
 )
 
@@ -54,6 +56,10 @@ type Config struct {
 	// PeerToken is the cluster's peer token (rpcserver.PeerTokenEnv), sent
 	// with every Seal; brokers with a token refuse a Seal without it.
 	PeerToken string
+	// TLS is the recoverer's TLS (tlsconfig.Settings): its certs dir, or
+	// Insecure. With TLS it serves health over TLS and seals with its node
+	// certificate instead of the peer token (docs/operating.md, "Security").
+	TLS tlsconfig.Settings
 	// MaxInFlight bounds the recoveries worked on at once (default
 	// worker.DefaultMaxInFlight).
 	MaxInFlight int
@@ -121,11 +127,28 @@ func Start(ctx context.Context, cfg Config) (*App, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
+	certs, err := cfg.TLS.Node()
+	if err != nil {
+		return nil, fmt.Errorf("recoverer: %w", err)
+	}
+	etcdTLS, err := etcdcfg.ClientTLS(cfg.TLS, cfg.Etcd)
+	if err != nil {
+		return nil, fmt.Errorf("recoverer: etcd: %w", err)
+	}
+	var serveOpts []rpcserver.ServeOption
+	peerToken := cfg.PeerToken
+	if certs == nil {
+		log.Warn().Msg("insecure (--insecure): no TLS; seals carry the peer token only")
+	} else {
+		serveOpts = append(serveOpts, rpcserver.WithTLS(certs.ServerConfig(cfg.TLS.RequireClientCert)))
+		peerToken = "" // the node certificate is the credential
+	}
 
 	cli, err := clientv3.New(clientv3.Config{
 		Endpoints:   cfg.Etcd,
 		DialTimeout: 5 * time.Second,
 		Logger:      zap.NewNop(),
+		TLS:         etcdTLS,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("recoverer: etcd client for %s: %w", strings.Join(cfg.Etcd, ","), err)
@@ -139,7 +162,8 @@ func Start(ctx context.Context, cfg Config) (*App, error) {
 		SessionTTL:  cfg.SessionTTL,
 		BackoffMin:  cfg.BackoffMin,
 		BackoffMax:  cfg.BackoffMax,
-		PeerToken:   cfg.PeerToken,
+		PeerToken:   peerToken,
+		Dialer:      rpcserver.Dialer{TLS: certs},
 		MaxInFlight: cfg.MaxInFlight,
 		Logger:      log,
 	})
@@ -156,7 +180,7 @@ func Start(ctx context.Context, cfg Config) (*App, error) {
 	// the server-wide status, SERVING once the worker campaigns.
 	mux, checker := rpcserver.Mux()
 	checker.SetStatus("", grpchealth.StatusNotServing)
-	srv := rpcserver.ServeLimits(ln, mux, cfg.HTTPLimits)
+	srv := rpcserver.ServeLimits(ln, mux, cfg.HTTPLimits, serveOpts...)
 
 	wctx, stop := context.WithCancel(context.Background())
 	a := &App{

@@ -18,6 +18,7 @@ import (
 	"github.com/strandhq/strand/internal/clustertest"
 	"github.com/strandhq/strand/internal/etcdtest"
 	"github.com/strandhq/strand/internal/rpcserver"
+	"github.com/strandhq/strand/internal/tlsconfig"
 	"github.com/strandhq/strand/services/recoverer/app"
 )
 
@@ -155,6 +156,7 @@ func (e *env) launchRecoverer(t *testing.T, name string, tweak func(*app.Config)
 		SessionTTL:  2 * time.Second,
 		BackoffMin:  10 * time.Millisecond,
 		BackoffMax:  100 * time.Millisecond,
+		TLS:         tlsconfig.Settings{Insecure: true},
 	}
 	if tweak != nil {
 		tweak(&cfg)

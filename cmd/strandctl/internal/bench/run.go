@@ -3,6 +3,7 @@ package bench
 import (
 	"cmp"
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -25,6 +26,7 @@ import (
 	"github.com/strandhq/strand/client"
 	"github.com/strandhq/strand/cmd/strandctl/internal/devcluster"
 	"github.com/strandhq/strand/internal/cluster"
+	"github.com/strandhq/strand/internal/rpcserver"
 )
 
 // Options are the settings plus where the bench runs.
@@ -38,6 +40,11 @@ type Options struct {
 	Etcd []string
 	// BinDir is where the service binaries are for the bench's own cluster.
 	BinDir string
+	// Secure runs the bench's own cluster with TLS (devcluster.Options.Secure);
+	// TLS is a running cluster's (strandctl --certs-dir, or a secure dev
+	// cluster's cluster.json).
+	Secure bool
+	TLS    *tls.Config
 	// Stderr receives progress lines.
 	Stderr io.Writer
 }
@@ -99,7 +106,9 @@ type Result struct {
 	// The streams (--streams): how many, how long until the controller
 	// had created all of them, and until every one had an owner that
 	// answered Locate.
-	Streams  int     `json:"streams"`
+	Streams int `json:"streams"`
+	// TLS says the cluster ran with TLS (strandctl bench --secure).
+	TLS      bool    `json:"tls,omitempty"`
 	CreateMs float64 `json:"create_ms"`
 	ReadyMs  float64 `json:"ready_ms"`
 	// The kill with many streams (runs with a kill only): the bench kills
@@ -208,7 +217,7 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 			return nil, err
 		}
 		fmt.Fprintf(o.Stderr, "bench: starting a cluster of %d brokers in %s\n", o.Brokers, dir)
-		dopts := devcluster.Options{Dir: dir, Brokers: o.Brokers, PortBase: port, BinDir: o.BinDir, Log: o.Stderr}
+		dopts := devcluster.Options{Dir: dir, Brokers: o.Brokers, PortBase: port, BinDir: o.BinDir, Log: o.Stderr, Secure: o.Secure}
 		if o.KillAt > 0 {
 			// The seal phase ends at the recoverer's "seal round done",
 			// a debug line.
@@ -221,8 +230,10 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 		defer func() { _ = cl.Close() }()
 		r.cl, r.etcd = cl, cl.Etcd()
 		info := cl.Info()
-		o.Controller, o.BrokerAddrs = info.Controller, info.BrokerAddresses()
+		o.Controller, o.BrokerAddrs, o.TLS = info.Controller, info.BrokerAddresses(), cl.ClientTLS()
 	}
+	r.o.TLS = o.TLS
+	r.res.TLS = o.TLS != nil
 	if o.External && len(o.Etcd) > 0 {
 		cli, err := clientv3.New(clientv3.Config{Endpoints: o.Etcd, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
 		if err != nil {
@@ -231,7 +242,7 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 		defer func() { _ = cli.Close() }()
 		r.etcd = cli
 	}
-	c, err := client.New(client.Config{Controller: o.Controller, Brokers: o.BrokerAddrs, Idempotent: client.Bool(!o.NoProducerIDs), Lanes: o.Lanes, Linger: o.Linger})
+	c, err := client.New(client.Config{Controller: o.Controller, Brokers: o.BrokerAddrs, Idempotent: client.Bool(!o.NoProducerIDs), Lanes: o.Lanes, Linger: o.Linger, TLS: o.TLS})
 	if err != nil {
 		return nil, err
 	}
@@ -1197,9 +1208,15 @@ func (r *runner) brokerHistograms(ctx context.Context) map[string]brokerHistogra
 	// A broker's /metrics that stalls must not hold the bench (this runs
 	// at the end of a warm-up too, under load): no figures then.
 	hc := &http.Client{Timeout: 5 * time.Second}
+	baseURL := rpcserver.BaseURL
+	if r.o.TLS != nil {
+		hc = rpcserver.HTTPClientTLS(r.o.TLS)
+		hc.Timeout = 5 * time.Second
+		baseURL = rpcserver.BaseURLTLS
+	}
 	out := map[string]brokerHistograms{}
 	for _, b := range r.cl.Info().Brokers {
-		h, err := scrapeHistograms(ctx, hc, b.Address)
+		h, err := scrapeHistograms(ctx, hc, baseURL(b.Address))
 		if err != nil {
 			return nil
 		}

@@ -10,8 +10,6 @@ import (
 
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
-
-	"github.com/strandhq/strand/internal/rpcserver"
 )
 
 // Where a publish waits, stage by stage: the bench reads the brokers'
@@ -33,11 +31,11 @@ type brokerHistograms map[string]histogram
 
 const brokerMetricPrefix = "strand_broker_"
 
-// scrapeHistograms reads addr's /metrics.
-func scrapeHistograms(ctx context.Context, hc *http.Client, addr string) (brokerHistograms, error) {
+// scrapeHistograms reads the /metrics of the broker at base (its URL).
+func scrapeHistograms(ctx context.Context, hc *http.Client, base string) (brokerHistograms, error) {
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, rpcserver.BaseURL(addr)+"/metrics", nil)
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+"/metrics", nil)
 	if err != nil {
 		return nil, err
 	}
@@ -47,12 +45,12 @@ func scrapeHistograms(ctx context.Context, hc *http.Client, addr string) (broker
 	}
 	defer func() { _ = resp.Body.Close() }()
 	if resp.StatusCode != http.StatusOK {
-		return nil, fmt.Errorf("%s/metrics: %s", addr, resp.Status)
+		return nil, fmt.Errorf("%s/metrics: %s", base, resp.Status)
 	}
 	p := expfmt.NewTextParser(model.UTF8Validation)
 	fams, err := p.TextToMetricFamilies(resp.Body)
 	if err != nil {
-		return nil, fmt.Errorf("%s/metrics: %w", addr, err)
+		return nil, fmt.Errorf("%s/metrics: %w", base, err)
 	}
 	out := brokerHistograms{}
 	for name, f := range fams {

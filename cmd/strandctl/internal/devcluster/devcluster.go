@@ -7,6 +7,7 @@ package devcluster
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -21,6 +22,7 @@ import (
 	"time"
 
 	"connectrpc.com/grpchealth"
+	"go.etcd.io/etcd/client/pkg/v3/transport"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/server/v3/embed"
 	"go.uber.org/zap"
@@ -30,6 +32,7 @@ import (
 	"github.com/strandhq/strand/internal/cluster"
 	"github.com/strandhq/strand/internal/etcdcfg"
 	"github.com/strandhq/strand/internal/rpcserver"
+	"github.com/strandhq/strand/internal/tlsconfig"
 )
 
 // Binary names of the services.
@@ -103,6 +106,12 @@ type Options struct {
 	// child has run RestartReset). Without it a dead child stays dead
 	// until Restart: what the tests and the bench that kill one want.
 	Supervise bool
+	// Secure runs the cluster with TLS: a CA, node certificates and an
+	// admin client certificate under DIR/certs (kept across starts), every
+	// child with --certs-dir, the embedded etcd on https with client
+	// certificates, and cluster.json naming the admin's files. Without it
+	// every child runs with --insecure.
+	Secure bool
 	// Control serves the control endpoint (control.go) that `strandctl dev
 	// stop|start NODE` use, on a loopback port cluster.json names.
 	Control bool
@@ -134,6 +143,10 @@ type Cluster struct {
 	quit      chan struct{} // closed by Close: pending restarts give up
 	restarts  sync.WaitGroup
 	control   *controlServer
+	// clientTLS is the admin client's TLS of a secure cluster (nil: plain),
+	// tlsInfo its files for cluster.json.
+	clientTLS *tlsconfig.Reloader
+	tlsInfo   *TLSInfo
 
 	mu        sync.Mutex
 	children  map[string]*child
@@ -224,6 +237,17 @@ func Start(ctx context.Context, opts Options) (*Cluster, error) {
 		quit:      make(chan struct{}),
 		children:  make(map[string]*child),
 	}
+	if opts.Secure {
+		names := []string{Controller, Recoverer}
+		for i := 1; i <= opts.Brokers; i++ {
+			names = append(names, BrokerNode(i))
+		}
+		r, info, err := makeCerts(dir, names)
+		if err != nil {
+			return nil, err
+		}
+		c.clientTLS, c.tlsInfo = r, &info
+	}
 	if err := c.startEtcd(); err != nil {
 		return nil, err
 	}
@@ -234,13 +258,19 @@ func Start(ctx context.Context, opts Options) (*Cluster, error) {
 		}
 	}()
 	etcdURL := c.EtcdEndpoints()[0]
-	common := []string{"--etcd", etcdURL, "--prefix", opts.Prefix}
-	c.add(Controller, loopback(opts.PortBase+2), bins[ControllerBin], controllerArgs(opts, common))
+	common := func(name string) []string {
+		tls := []string{"--insecure"}
+		if opts.Secure {
+			tls = []string{"--certs-dir", c.nodeCertsDir(name)}
+		}
+		return append([]string{"--etcd", etcdURL, "--prefix", opts.Prefix}, tls...)
+	}
+	c.add(Controller, loopback(opts.PortBase+2), bins[ControllerBin], controllerArgs(opts, common(Controller)))
 	c.add(Recoverer, loopback(opts.PortBase+3), bins[RecovererBin],
-		append(append([]string{"--name", Recoverer, "--listen", loopback(opts.PortBase + 3)}, common...), opts.RecovererArgs...))
+		append(append([]string{"--name", Recoverer, "--listen", loopback(opts.PortBase + 3)}, common(Recoverer)...), opts.RecovererArgs...))
 	for i := 1; i <= opts.Brokers; i++ {
 		node, addr := BrokerNode(i), loopback(opts.PortBase+10+i)
-		args := append([]string{"--node", node, "--listen", addr, "--data-dir", filepath.Join(dir, node)}, common...)
+		args := append([]string{"--node", node, "--listen", addr, "--data-dir", filepath.Join(dir, node)}, common(node)...)
 		if z := BrokerZone(opts.Zones, i); z != "" {
 			args = append(args, "--zone", z)
 		}
@@ -360,13 +390,26 @@ func (c *Cluster) startEtcd() error {
 	cfg.Logger = "zap"
 	cfg.LogLevel = "warn"
 	cfg.ZapLoggerBuilder = embed.NewZapLoggerBuilder(logger)
-	clientURL := url.URL{Scheme: "http", Host: loopback(c.opts.PortBase)}
+	clientURL := url.URL{Scheme: c.etcdScheme(), Host: loopback(c.opts.PortBase)}
 	peerURL := url.URL{Scheme: "http", Host: loopback(c.opts.PortBase + 1)}
 	cfg.ListenClientUrls = []url.URL{clientURL}
 	cfg.AdvertiseClientUrls = []url.URL{clientURL}
 	cfg.ListenPeerUrls = []url.URL{peerURL}
 	cfg.AdvertisePeerUrls = []url.URL{peerURL}
 	cfg.InitialCluster = cfg.Name + "=" + peerURL.String()
+	var clientTLS *tls.Config
+	if c.opts.Secure {
+		// Clients of the embedded etcd present a certificate of the
+		// cluster's CA: the children their node certificates, strandctl
+		// the admin's. Its one member's peer port stays on loopback.
+		nodeFiles := tlsconfig.NodeFiles(c.nodeCertsDir(etcdCertName))
+		cfg.ClientTLSInfo = transport.TLSInfo{CertFile: nodeFiles.CertFile, KeyFile: nodeFiles.KeyFile,
+			TrustedCAFile: nodeFiles.CAFile, ClientCertAuth: true}
+		var err error
+		if clientTLS, err = etcdcfg.FilesTLS(tlsconfig.Files{CAFile: c.tlsInfo.CA, CertFile: c.tlsInfo.Cert, KeyFile: c.tlsInfo.Key}); err != nil {
+			return fmt.Errorf("devcluster: %w", err)
+		}
+	}
 	// Compacted history and an explicit quota: without them every write
 	// since the cluster was made stays in the database until the quota
 	// stops all writes (docs/etcd.md).
@@ -385,7 +428,7 @@ func (c *Cluster) startEtcd() error {
 		return fmt.Errorf("devcluster: etcd not ready after %v (see %s)", c.opts.ReadyTimeout, logPath)
 	}
 	c.etcd = e
-	cl, err := clientv3.New(clientv3.Config{Endpoints: []string{clientURL.String()}, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+	cl, err := clientv3.New(clientv3.Config{Endpoints: []string{clientURL.String()}, DialTimeout: 5 * time.Second, Logger: zap.NewNop(), TLS: clientTLS})
 	if err != nil {
 		return fmt.Errorf("devcluster: etcd client: %w", err)
 	}
@@ -395,7 +438,14 @@ func (c *Cluster) startEtcd() error {
 
 // EtcdEndpoints are the embedded etcd's client URLs.
 func (c *Cluster) EtcdEndpoints() []string {
-	return []string{"http://" + loopback(c.opts.PortBase)}
+	return []string{c.etcdScheme() + "://" + loopback(c.opts.PortBase)}
+}
+
+func (c *Cluster) etcdScheme() string {
+	if c.opts.Secure {
+		return "https"
+	}
+	return "http"
 }
 
 // Etcd is a client of the embedded etcd, owned by the cluster.
@@ -560,7 +610,8 @@ func (c *Cluster) restartAfter(ch *child, dead *proc, delay time.Duration) {
 // waitReady polls the child's health, and for a broker its registration in
 // etcd, until both hold, its process p exits, or ctx ends.
 func (c *Cluster) waitReady(ctx context.Context, ch *child, p *proc) error {
-	hc := grpchealth.NewClient(rpcserver.HTTPClient(), rpcserver.BaseURL(ch.addr))
+	d := rpcserver.Dialer{TLS: c.clientTLS}
+	hc := grpchealth.NewClient(d.HTTPClient(), d.BaseURL(ch.addr))
 	tick := time.NewTicker(50 * time.Millisecond)
 	defer tick.Stop()
 	for {
@@ -611,7 +662,7 @@ var (
 func (c *Cluster) Info() Info {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	info := Info{Etcd: c.EtcdEndpoints(), Prefix: c.opts.Prefix, PID: os.Getpid(), PeerTokenFile: c.tokenFile}
+	info := Info{Etcd: c.EtcdEndpoints(), Prefix: c.opts.Prefix, PID: os.Getpid(), PeerTokenFile: c.tokenFile, TLS: c.tlsInfo}
 	if c.control != nil {
 		info.Control = c.control.addr
 	}

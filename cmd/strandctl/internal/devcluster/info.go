@@ -42,6 +42,10 @@ type Info struct {
 	// PeerTokenFile holds the cluster's peer token (mode 0600), for a
 	// child started by hand: STRAND_PEER_TOKEN=$(cat FILE).
 	PeerTokenFile string `json:"peer_token_file,omitempty"`
+	// TLS names the admin client's files of a secure cluster (strandctl
+	// dev --secure): strandctl and client.DevClusterConfig dial with
+	// them. Absent: the cluster runs without TLS.
+	TLS *TLSInfo `json:"tls,omitempty"`
 }
 
 // BrokerInfo is one broker of a dev cluster.

@@ -3,6 +3,7 @@ package api
 import (
 	"context"
 	"errors"
+	"fmt"
 	"time"
 
 	"connectrpc.com/connect"
@@ -13,6 +14,7 @@ import (
 	"github.com/strandhq/strand/api/strand/v1/strandv1connect"
 	"github.com/strandhq/strand/internal/cluster"
 	"github.com/strandhq/strand/internal/rpcerr"
+	"github.com/strandhq/strand/internal/rpcserver"
 	"github.com/strandhq/strand/services/broker/internal/replica"
 )
 
@@ -43,6 +45,13 @@ func (s *ReplicationService) Follow(ctx context.Context, stream *connect.BidiStr
 	// was checked before the handler ran.
 	if err := cluster.ValidateNodeName(first.GetNode()); err != nil {
 		return rpcerr.InvalidArgument("node", "invalid node id %q", first.GetNode())
+	}
+	// With TLS the claimed node must be the one the caller's certificate
+	// names: a node may follow as itself only, so no node can take
+	// another's place in an assignment's confirms (docs/operating.md,
+	// "Security").
+	if node, _, ok := rpcserver.PeerFromContext(ctx); ok && node != first.GetNode() {
+		return connect.NewError(connect.CodePermissionDenied, fmt.Errorf("node: the call follows as %q but its certificate is %s", first.GetNode(), certName(node)))
 	}
 	return toConnect(s.m.ServeFollow(ctx, first, stream, replica.FollowEdge{
 		CheckStream: func(name string) error { return validStreamField("starts.stream", name) },
@@ -113,6 +122,13 @@ func (s *ReplicationService) Handover(ctx context.Context, req *connect.Request[
 		CaughtUp: res.CaughtUp, RecordTail: res.RecordTail, CursorEventTail: res.CursorEventTail,
 		TargetRecordTail: res.TargetRecordTail, TargetCursorEventTail: res.TargetCursorEventTail,
 	}), nil
+}
+
+func certName(node string) string {
+	if node == "" {
+		return "a client's, not a node's"
+	}
+	return fmt.Sprintf("node %q's", node)
 }
 
 // perStreamFollow reports whether m is the first message of a call that

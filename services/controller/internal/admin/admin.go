@@ -77,8 +77,8 @@ type Service struct {
 	loads loads
 	// view hands out fresh snapshots, one read shared by the calls at once
 	// (state.View.Fresh).
-	view *state.View
-	kv   clientv3.KV
+	view  *state.View
+	kv    clientv3.KV
 	mover *rebalance.Mover
 }
 

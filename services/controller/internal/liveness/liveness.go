@@ -34,11 +34,12 @@ import (
 // Prober checks whether a broker at addr serves; an error means it does not.
 type Prober func(ctx context.Context, addr string) error
 
-// HealthProber probes with a gRPC health check over Connect.
-func HealthProber() Prober {
-	hc := rpcserver.HTTPClient()
+// HealthProber probes with a gRPC health check over Connect, dialled with
+// d (h2c, or TLS with the controller's node certificate).
+func HealthProber(d rpcserver.Dialer) Prober {
+	hc := d.HTTPClient()
 	return func(ctx context.Context, addr string) error {
-		resp, err := grpchealth.NewClient(hc, rpcserver.BaseURL(addr)).Check(ctx, &grpchealth.CheckRequest{})
+		resp, err := grpchealth.NewClient(hc, d.BaseURL(addr)).Check(ctx, &grpchealth.CheckRequest{})
 		if err != nil {
 			return err
 		}
@@ -99,7 +100,7 @@ func Run(ctx context.Context, cfg Config, term *leader.Term) error {
 // newLoop is the loop of Run, cfg with its defaults.
 func newLoop(cfg Config, term *leader.Term) *loop {
 	if cfg.Probe == nil {
-		cfg.Probe = HealthProber()
+		cfg.Probe = HealthProber(rpcserver.Dialer{})
 	}
 	if cfg.Resync <= 0 {
 		cfg.Resync = time.Second

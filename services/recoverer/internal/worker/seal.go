@@ -93,7 +93,7 @@ func (t *term) seal(ctx context.Context, snap snapshot, node string) sealResult 
 		return sealResult{node: node, err: errNotRegistered}
 	}
 	rec := snap.recovery
-	client := strandv1connect.NewReplicationServiceClient(t.w.cfg.HTTPClient, rpcserver.BaseURL(addr), rpcserver.WithPeerToken(t.w.cfg.PeerToken))
+	client := strandv1connect.NewReplicationServiceClient(t.w.cfg.HTTPClient, t.w.cfg.Dialer.BaseURL(addr), rpcserver.WithPeerToken(t.w.cfg.PeerToken))
 	resp, err := client.Seal(ctx, connect.NewRequest(&strandv1.SealRequest{
 		Stream:       snap.stream,
 		FenceEpoch:   rec.FenceEpoch,

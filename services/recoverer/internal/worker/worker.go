@@ -72,7 +72,11 @@ type Config struct {
 	// attempt (read, seal round, commit) waits for a slot; a recovery
 	// waiting between attempts holds none.
 	MaxInFlight int
-	// HTTPClient reaches the brokers' ReplicationService (h2c).
+	// Dialer says how brokers are reached: h2c, or TLS with the
+	// recoverer's node certificate.
+	Dialer rpcserver.Dialer
+	// HTTPClient reaches the brokers' ReplicationService (default:
+	// Dialer's).
 	HTTPClient connect.HTTPClient
 	// PeerToken goes with every Seal (rpcserver.PeerTokenEnv): brokers
 	// with a token refuse a Seal without it.
@@ -102,7 +106,7 @@ func (c *Config) fill() {
 		c.MaxInFlight = DefaultMaxInFlight
 	}
 	if c.HTTPClient == nil {
-		c.HTTPClient = rpcserver.HTTPClient()
+		c.HTTPClient = c.Dialer.HTTPClient()
 	}
 }
 
