@@ -17,7 +17,6 @@ import (
 
 	strandv1 "github.com/strandhq/strand/api/strand/v1"
 	"github.com/strandhq/strand/api/strand/v1/strandv1connect"
-	"github.com/strandhq/strand/internal/auth"
 	"github.com/strandhq/strand/internal/rpcserver"
 )
 
@@ -222,7 +221,7 @@ func New(cfg Config) (*Client, error) {
 	idPrefix := cfg.ProducerID
 	cfg.ProducerID = newProducerID(idPrefix)
 	if cfg.Token != "" {
-		cfg.Options = append(slices.Clone(cfg.Options), auth.WithBearer(cfg.Token))
+		cfg.Options = append(slices.Clone(cfg.Options), rpcserver.WithBearer(cfg.Token))
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	c := &Client{

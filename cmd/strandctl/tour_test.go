@@ -41,7 +41,7 @@ type tourStep struct {
 var tourSteps = map[string]tourStep{
 	"bin/strandctl brokers": {check: func(out, _ string) error {
 		for i := 1; i <= 3; i++ {
-			if !regexp.MustCompile(`(?m)^` + devcluster.BrokerNode(i) + `\s+127\.0\.0\.1:\d+\s+yes\s`).MatchString(out) {
+			if !regexp.MustCompile(`(?m)^` + devcluster.BrokerNode(i) + `\s+127\.0\.0\.1:\d+\s+\S+\s+yes\s`).MatchString(out) {
 				return fmt.Errorf("no live %s row", devcluster.BrokerNode(i))
 			}
 		}

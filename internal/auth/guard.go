@@ -5,6 +5,7 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"github.com/strandhq/strand/internal/rpcserver"
 	"github.com/strandhq/strand/internal/tlsconfig"
 	"net/http"
 	"strings"
@@ -399,36 +400,9 @@ func ConnState(ctx context.Context) *tls.ConnectionState {
 	return s
 }
 
-// WithBearer sends secret as a bearer token (Authorization: Bearer SECRET)
-// on every call of a Connect client; empty sends nothing.
-func WithBearer(secret string) connect.ClientOption {
-	return connect.WithInterceptors(bearer(secret))
-}
-
-type bearer string
-
-func (b bearer) WrapUnary(next connect.UnaryFunc) connect.UnaryFunc {
-	return func(ctx context.Context, req connect.AnyRequest) (connect.AnyResponse, error) {
-		if b != "" && req.Spec().IsClient {
-			req.Header().Set("Authorization", "Bearer "+string(b))
-		}
-		return next(ctx, req)
-	}
-}
-
-func (b bearer) WrapStreamingClient(next connect.StreamingClientFunc) connect.StreamingClientFunc {
-	return func(ctx context.Context, spec connect.Spec) connect.StreamingClientConn {
-		conn := next(ctx, spec)
-		if b != "" {
-			conn.RequestHeader().Set("Authorization", "Bearer "+string(b))
-		}
-		return conn
-	}
-}
-
-func (b bearer) WrapStreamingHandler(next connect.StreamingHandlerFunc) connect.StreamingHandlerFunc {
-	return next
-}
+// WithBearer is rpcserver.WithBearer, the client side of the guard's
+// bearer tokens.
+func WithBearer(secret string) connect.ClientOption { return rpcserver.WithBearer(secret) }
 
 // CertPrincipal is the TransportPrincipal of a TLS listener: the principal
 // a verified client certificate names (tlsconfig.PeerIdentity; a

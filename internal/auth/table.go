@@ -84,11 +84,16 @@ var Rules = map[string]Rule{
 	strandv1connect.AdminServiceGrantPermissionProcedure:  onCluster(Admin),
 	strandv1connect.AdminServiceRevokePermissionProcedure: onCluster(Admin),
 	strandv1connect.AdminServiceListPermissionsProcedure:  onCluster(Admin),
+	// Drains and owner moves change where every stream lives.
+	strandv1connect.AdminServiceDrainBrokerProcedure:      onCluster(Admin),
+	strandv1connect.AdminServiceUndrainBrokerProcedure:    onCluster(Admin),
+	strandv1connect.AdminServiceGetRebalancePlanProcedure: onCluster(Admin),
 
-	// Broker, strand.v1.ReplicationService: peers only. Follow and Seal are
-	// authorised by node identity (the peer token, and a node certificate
+	// Broker, strand.v1.ReplicationService: peers only. Follow, Seal and
+	// Handover (the controller pausing an owner) are authorised by node identity (the peer token, and a node certificate
 	// once TLS is on), never by a client's grants: a grant could otherwise
 	// let a client fence copies (docs/operating.md, "Peer token").
-	strandv1connect.ReplicationServiceFollowProcedure: {Scope: Peer},
-	strandv1connect.ReplicationServiceSealProcedure:   {Scope: Peer},
+	strandv1connect.ReplicationServiceFollowProcedure:   {Scope: Peer},
+	strandv1connect.ReplicationServiceSealProcedure:     {Scope: Peer},
+	strandv1connect.ReplicationServiceHandoverProcedure: {Scope: Peer},
 }
