@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
 
@@ -33,8 +34,31 @@ type brokerHistograms map[string]histogram
 
 const brokerMetricPrefix = "strand_broker_"
 
-// scrapeHistograms reads addr's /metrics.
+// scrapeHistograms reads addr's /metrics histograms.
 func scrapeHistograms(ctx context.Context, hc *http.Client, addr string) (brokerHistograms, error) {
+	fams, err := scrapeFamilies(ctx, hc, addr)
+	if err != nil {
+		return nil, err
+	}
+	out := brokerHistograms{}
+	for name, f := range fams {
+		if !strings.HasPrefix(name, brokerMetricPrefix) {
+			continue
+		}
+		var h histogram
+		for _, m := range f.GetMetric() {
+			if hm := m.GetHistogram(); hm != nil {
+				h.sum += hm.GetSampleSum()
+				h.count += hm.GetSampleCount()
+			}
+		}
+		out[strings.TrimPrefix(name, brokerMetricPrefix)] = h
+	}
+	return out, nil
+}
+
+// scrapeFamilies reads addr's /metrics, by metric name.
+func scrapeFamilies(ctx context.Context, hc *http.Client, addr string) (map[string]*dto.MetricFamily, error) {
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, rpcserver.BaseURL(addr)+"/metrics", nil)
@@ -54,21 +78,7 @@ func scrapeHistograms(ctx context.Context, hc *http.Client, addr string) (broker
 	if err != nil {
 		return nil, fmt.Errorf("%s/metrics: %w", addr, err)
 	}
-	out := brokerHistograms{}
-	for name, f := range fams {
-		if !strings.HasPrefix(name, brokerMetricPrefix) {
-			continue
-		}
-		var h histogram
-		for _, m := range f.GetMetric() {
-			if hm := m.GetHistogram(); hm != nil {
-				h.sum += hm.GetSampleSum()
-				h.count += hm.GetSampleCount()
-			}
-		}
-		out[strings.TrimPrefix(name, brokerMetricPrefix)] = h
-	}
-	return out, nil
+	return fams, nil
 }
 
 // stageMeans turns the histograms read before and after the window into
