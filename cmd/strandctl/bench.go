@@ -32,6 +32,7 @@ type benchFlags struct {
 	duration      time.Duration
 	warmup        time.Duration
 	killAt        float64
+	restartAfter  float64
 	handoverAt    float64
 	killSignal    string
 	plot          string
@@ -57,6 +58,7 @@ func (b *benchFlags) register(fs *flag.FlagSet) {
 	fs.DurationVar(&b.warmup, "warmup", 0, "publish this long first, outside the measurement: records/s, latencies, CPU and stages cover --duration after it (confirmed, stored, failed and dedupe hits count it; every record is verified)")
 	fs.Float64Var(&b.handoverAt, "handover-at-secs", 0, "hand the (first) stream over to a follower this many seconds in (strandctl failover --to), and report handover_unavailable_ms: the longest stretch without a confirm around it (0: no handover)")
 	fs.Float64Var(&b.killAt, "kill-owner-at-secs", 0, "kill the stream's owner this many seconds in (with --streams, the broker owning the most of them; 0: no kill)")
+	fs.Float64Var(&b.restartAfter, "restart-owner-after-secs", 0, "start the killed owner again this many seconds after the kill, while publishing goes on (0: after the run), and report records_missed (its tail gap at the restart), bytes_rereplicated (what the brokers stored from Follow from the restart until it caught up), rejoin_caught_up_ms and spare_copies (copies on brokers that held none of the stream: 0 within the controller's --replace-after)")
 	fs.StringVar(&b.killSignal, "kill-signal", bench.DefaultKillSignal, "KILL, STOP or TERM")
 	fs.StringVar(&b.plot, "plot", "", "write an SVG timeline of confirms to this file")
 	fs.IntVar(&b.brokers, "brokers", 3, "brokers in the bench's own cluster")
@@ -73,10 +75,14 @@ func (b *benchFlags) config(external bool) (bench.Config, error) {
 	if b.killAt < 0 || math.IsNaN(b.killAt) || math.IsInf(b.killAt, 0) {
 		return bench.Config{}, usagef("--kill-owner-at-secs must be a positive number of seconds, got %v", b.killAt)
 	}
+	if b.restartAfter < 0 || math.IsNaN(b.restartAfter) || math.IsInf(b.restartAfter, 0) {
+		return bench.Config{}, usagef("--restart-owner-after-secs must be a positive number of seconds, got %v", b.restartAfter)
+	}
 	cfg := bench.Config{
 		Stream: b.stream, Streams: b.streams, IdleWindow: b.idleWindow, Copies: b.copies, Policy: b.policy, Nodes: b.nodes, Size: b.size, Inflight: b.inflight, NoProducerIDs: b.noProducerIDs, Lanes: b.lanes, Linger: b.linger, Publishers: b.publishers,
 		Duration: b.duration, Warmup: b.warmup, KillAt: time.Duration(b.killAt * float64(time.Second)), HandoverAt: time.Duration(b.handoverAt * float64(time.Second)), KillSignal: b.killSignal,
-		Plot: b.plot, Brokers: b.brokers, External: external,
+		RestartAfter: time.Duration(b.restartAfter * float64(time.Second)),
+		Plot:         b.plot, Brokers: b.brokers, External: external,
 	}
 	if err := cfg.Validate(); err != nil {
 		return cfg, usageError{strings.TrimPrefix(err.Error(), "bench: ")}

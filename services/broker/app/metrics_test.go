@@ -104,12 +104,18 @@ func TestMetricsShowWhereAPublishWaits(t *testing.T) {
 		if n := histogramCount(f, "strand_broker_follow_apply_seconds", "", ""); n < 1 {
 			t.Errorf("follower %s: follow_apply_seconds has %d samples, want at least 1", node, n)
 		}
+		if v := counterValue(f, "strand_broker_follow_stored_bytes_total"); v <= 0 {
+			t.Errorf("follower %s: follow_stored_bytes_total = %v, want the replicated records' bytes", node, v)
+		}
 		if n := histogramCount(f, "strand_broker_commit_sync_seconds", "", ""); n < 1 {
 			t.Errorf("follower %s: commit_sync_seconds has %d samples, want at least 1", node, n)
 		}
 		if n := histogramCount(f, "strand_broker_publish_confirm_seconds", "", ""); n != 0 {
 			t.Errorf("follower %s: publish_confirm_seconds has %d samples, want 0", node, n)
 		}
+	}
+	if v := counterValue(owner, "strand_broker_follow_stored_bytes_total"); v != 0 {
+		t.Errorf("owner b1: follow_stored_bytes_total = %v, want 0: it follows nothing", v)
 	}
 	if v := counterValue(owner, "strand_broker_publish_confirm_timeouts_total"); v != 0 {
 		t.Errorf("owner b1: publish_confirm_timeouts_total = %v, want 0: every publish confirmed", v)

@@ -2,6 +2,7 @@ package bench
 
 import (
 	"bytes"
+	"encoding/json"
 	"encoding/xml"
 	"errors"
 	"io"
@@ -9,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -76,6 +78,12 @@ func TestValidate(t *testing.T) {
 		{"negative idle window", func(c *Config) { c.IdleWindow = -time.Second }, "--idle-window"},
 		{"kill on an external cluster", func(c *Config) { c.External = true }, "drop --controller/--broker"},
 		{"kill a single copy", func(c *Config) { c.Copies = 1 }, "--copies 2 or more"},
+		{"restart mid-run", func(c *Config) { c.RestartAfter = 3 * time.Second }, ""},
+		{"restart after a TERM", func(c *Config) { c.RestartAfter, c.KillSignal = 3*time.Second, "TERM" }, ""},
+		{"restart after a STOP", func(c *Config) { c.RestartAfter, c.KillSignal = 3*time.Second, "STOP" }, "--kill-signal KILL or TERM"},
+		{"restart without a kill", func(c *Config) { c.RestartAfter, c.KillAt = 3*time.Second, 0 }, "needs --kill-owner-at-secs"},
+		{"restart at the end", func(c *Config) { c.RestartAfter = c.Duration - c.KillAt }, "--restart-owner-after-secs"},
+		{"negative restart", func(c *Config) { c.RestartAfter = -time.Second }, "--restart-owner-after-secs"},
 	} {
 		cfg := validConfig()
 		c.mutate(&cfg)
@@ -423,5 +431,101 @@ func TestHandoverUnavailable(t *testing.T) {
 				t.Fatalf("got %v, %v; want %dms, %v", got, ok, c.want, c.ok)
 			}
 		})
+	}
+}
+
+func TestRecordsMissed(t *testing.T) {
+	c := func(stream uint32, offset, epoch uint64, doneMs int) Confirm {
+		return Confirm{Stream: stream, Offset: offset, Epoch: epoch, Done: time.Duration(doneMs) * time.Millisecond}
+	}
+	// Stream 0: the killed owner confirmed offsets 0..9 at epoch 1; the
+	// new owner 10..24 at epoch 2, 10..19 of them by the restart at 500ms.
+	var s0 []Confirm
+	for o := range uint64(10) {
+		s0 = append(s0, c(0, o, 1, 10+int(o)))
+	}
+	for o := uint64(10); o < 25; o++ {
+		s0 = append(s0, c(0, o, 2, 300+int(o-10)*30)) // 10..19 done by 570, 16 by 480
+	}
+	cases := []struct {
+		name      string
+		confirms  []Confirm
+		epochs    map[int]uint64
+		restartMs int
+		want      int64
+	}{
+		{"the gap up to the restart", s0, map[int]uint64{0: 1}, 480, 7},
+		{"nothing confirmed since the kill", s0[:10], map[int]uint64{0: 1}, 480, 0},
+		{"a restart before the new owner confirmed", s0, map[int]uint64{0: 1}, 100, 0},
+		{"streams the killed broker did not own are left out", append(slices.Clone(s0), c(1, 50, 1, 20)), map[int]uint64{0: 1}, 480, 7},
+		{"summed over the streams it owned", append(slices.Clone(s0), c(1, 3, 4, 20), c(1, 8, 5, 400)), map[int]uint64{0: 1, 1: 4}, 480, 12},
+	}
+	for _, tc := range cases {
+		if got := RecordsMissed(tc.confirms, tc.epochs, time.Duration(tc.restartMs)*time.Millisecond); got != tc.want {
+			t.Errorf("%s: %d records missed, want %d", tc.name, got, tc.want)
+		}
+	}
+}
+
+func TestCounterGrowth(t *testing.T) {
+	before := map[string]float64{"b2": 1000, "b3": 500, "b4": 0}
+	after := map[string]float64{"b1": 300, "b2": 1400, "b3": 500, "b4": 0}
+	total, on := CounterGrowth(before, after, "b1")
+	if total != 700 || on != 300 {
+		t.Errorf("growth %d, %d on b1; want 700 (b2 400, the restarted b1 300 from 0), 300", total, on)
+	}
+	if total, on := CounterGrowth(before, after, "b4"); total != 700 || on != 0 {
+		t.Errorf("growth %d, %d on b4; want 700, 0", total, on)
+	}
+}
+
+func TestSpareCopies(t *testing.T) {
+	before := map[string][]string{"a": {"b1", "b2", "b3"}, "b": {"b2", "b3", "b4"}}
+	for _, tc := range []struct {
+		name  string
+		after map[string][]string
+		want  int
+	}{
+		{"the same members", before, 0},
+		{"an owner moved among its members", map[string][]string{"a": {"b2", "b1", "b3"}, "b": {"b4", "b3", "b2"}}, 0},
+		{"a missing copy replaced on the spare broker", map[string][]string{"a": {"b2", "b3", "b4"}, "b": {"b2", "b3", "b4"}}, 1},
+		{"both streams grew a copy", map[string][]string{"a": {"b1", "b2", "b3", "b4"}, "b": {"b1", "b2", "b3", "b4"}}, 2},
+	} {
+		if got := SpareCopies(before, tc.after); got != tc.want {
+			t.Errorf("%s: %d spare copies, want %d", tc.name, got, tc.want)
+		}
+	}
+}
+
+// TestRestartFields checks the restart's JSON fields: present with a
+// restart, spare_copies and records_missed even at 0 (the figure the run
+// is for), absent without one.
+func TestRestartFields(t *testing.T) {
+	decode := func(r Result) map[string]any {
+		t.Helper()
+		b, err := json.Marshal(r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var m map[string]any
+		if err := json.Unmarshal(b, &m); err != nil {
+			t.Fatal(err)
+		}
+		return m
+	}
+	fields := []string{"restart_after_s", "records_missed", "bytes_rereplicated", "bytes_returning_copy", "rejoin_caught_up_ms", "spare_copies"}
+	plain := decode(Result{})
+	for _, f := range fields {
+		if v, ok := plain[f]; ok {
+			t.Errorf("a run without a restart reports %s = %v", f, v)
+		}
+	}
+	missed, rerep, returning, spare, caught := int64(0), int64(123456), int64(100000), 0, 42.5
+	got := decode(Result{RestartAfterS: 3, RecordsMissed: &missed, BytesRereplicated: &rerep, BytesReturningCopy: &returning, SpareCopies: &spare, RejoinCaughtUpMs: &caught})
+	want := map[string]float64{"restart_after_s": 3, "records_missed": 0, "bytes_rereplicated": 123456, "bytes_returning_copy": 100000, "rejoin_caught_up_ms": 42.5, "spare_copies": 0}
+	for _, f := range fields {
+		if v, ok := got[f].(float64); !ok || v != want[f] {
+			t.Errorf("%s = %v, want %v", f, got[f], want[f])
+		}
 	}
 }

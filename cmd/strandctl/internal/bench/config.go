@@ -58,6 +58,11 @@ type Config struct {
 	// (or negative) means no kill: a plain throughput and latency bench.
 	KillAt     time.Duration
 	KillSignal string
+	// RestartAfter starts the killed owner again this long after the kill,
+	// while publishing goes on (0: only after the run). Within the
+	// controller's --replace-after the copy rejoins from its own tail;
+	// the run reports records_missed, bytes_rereplicated and spare_copies.
+	RestartAfter time.Duration
 	// HandoverAt is when to hand the (first) stream over to a follower
 	// with a failover to it (docs/protocol.md, "Handover"), from the start
 	// of publishing; 0 means none. It reports handover_unavailable_ms.
@@ -125,6 +130,20 @@ func (c Config) Validate() error {
 	}
 	if c.KillAt > 0 && c.KillAt >= c.Duration {
 		return bad("--kill-owner-at-secs %v is not before the end of --duration %v", c.KillAt.Seconds(), c.Duration)
+	}
+	if c.RestartAfter < 0 {
+		return bad("--restart-owner-after-secs must be 0 (restart after the run) or more, got %v", c.RestartAfter.Seconds())
+	}
+	if c.RestartAfter > 0 {
+		switch {
+		case c.KillAt <= 0:
+			return bad("--restart-owner-after-secs needs --kill-owner-at-secs: it restarts the killed owner")
+		case c.KillAt+c.RestartAfter >= c.Duration:
+			return bad("--kill-owner-at-secs %v plus --restart-owner-after-secs %v is not before the end of --duration %v",
+				c.KillAt.Seconds(), c.RestartAfter.Seconds(), c.Duration)
+		case c.KillSignal == "STOP" || c.KillSignal == "SIGSTOP":
+			return bad("--restart-owner-after-secs restarts a process that exited: use --kill-signal KILL or TERM")
+		}
 	}
 	if c.HandoverAt > 0 {
 		switch {

@@ -66,8 +66,23 @@ type Result struct {
 	OldOwner           string  `json:"old_owner"`
 	NewOwner           string  `json:"new_owner"`
 	RejoinedAsFollower bool    `json:"rejoined_as_follower"`
-	Recoveries         int     `json:"recoveries"`
-	BrokerPeakRSSMB    float64 `json:"broker_peak_rss_mb"`
+	// The restart within --replace-after (--restart-owner-after-secs):
+	// RecordsMissed is the killed copies' tail gap at the restart
+	// (RecordsMissed); BytesRereplicated what every broker stored from
+	// Follow from the restart until the returning copy reached the tail
+	// the stream had at the restart (with the records published meanwhile
+	// that every follower stored), BytesReturningCopy the part the
+	// returning copy stored, RejoinCaughtUpMs how long that took;
+	// SpareCopies the copies at the end on brokers that held none of the
+	// stream at its creation (SpareCopies: 0 when nothing was replaced).
+	RestartAfterS      float64  `json:"restart_after_s,omitempty"`
+	RecordsMissed      *int64   `json:"records_missed,omitempty"`
+	BytesRereplicated  *int64   `json:"bytes_rereplicated,omitempty"`
+	BytesReturningCopy *int64   `json:"bytes_returning_copy,omitempty"`
+	RejoinCaughtUpMs   *float64 `json:"rejoin_caught_up_ms,omitempty"`
+	SpareCopies        *int     `json:"spare_copies,omitempty"`
+	Recoveries         int      `json:"recoveries"`
+	BrokerPeakRSSMB    float64  `json:"broker_peak_rss_mb"`
 	// BrokerPeakAnonMB is the largest anonymous resident memory seen in a
 	// broker (heap, stacks): RSS less the file pages Badger maps, which the
 	// kernel can reclaim.
@@ -179,15 +194,18 @@ type Result struct {
 	HandoverUnavailableMs *float64 `json:"handover_unavailable_ms,omitempty"`
 	HandoverFrom          string   `json:"handover_from,omitempty"`
 	HandoverTo            string   `json:"handover_to,omitempty"`
-	KillSignal            string   `json:"kill_signal,omitempty"`
-	Stream                string   `json:"stream"`
-	Copies                int      `json:"copies"`
-	Policy                string   `json:"policy"`
-	Size                  int      `json:"size"`
-	Inflight              int      `json:"inflight"`
-	Publishers            string   `json:"publishers"`
-	ProducerIDs           bool     `json:"producer_ids"`
-	Problems              []string `json:"problems,omitempty"`
+	// HandoverAttempts counts the Failover calls made: refusals
+	// (FailedPrecondition) are asked again for up to 5 s.
+	HandoverAttempts int      `json:"handover_attempts,omitempty"`
+	KillSignal       string   `json:"kill_signal,omitempty"`
+	Stream           string   `json:"stream"`
+	Copies           int      `json:"copies"`
+	Policy           string   `json:"policy"`
+	Size             int      `json:"size"`
+	Inflight         int      `json:"inflight"`
+	Publishers       string   `json:"publishers"`
+	ProducerIDs      bool     `json:"producer_ids"`
+	Problems         []string `json:"problems,omitempty"`
 }
 
 // Run runs the bench. It cleans up the processes and temp dir it made, also
@@ -300,6 +318,11 @@ type runner struct {
 	phaseStream int
 	// handoverFrom and handoverTo bound the handover call (since start).
 	handoverFrom, handoverTo time.Duration
+	// restartAt is when the killed owner was started again mid-run
+	// (RestartAfter; 0: not yet); membersBefore every stream's members
+	// at its creation, for spare_copies.
+	restartAt     time.Duration
+	membersBefore map[string][]string
 }
 
 func (r *runner) since() time.Duration { return time.Since(r.start) }
@@ -454,9 +477,12 @@ func (r *runner) run(ctx context.Context) error {
 	} else {
 		close(warmedUp)
 	}
-	var killErr error
+	var killErr, restartErr error
 	if o.KillAt > 0 {
 		bgWG.Go(func() { killErr = r.kill(bg) })
+	}
+	if o.RestartAfter > 0 {
+		bgWG.Go(func() { restartErr = r.restartMidRun(bg, ctx) })
 	}
 	if o.HandoverAt > 0 {
 		bgWG.Go(func() {
@@ -508,6 +534,9 @@ func (r *runner) run(ctx context.Context) error {
 	if killErr != nil {
 		return killErr
 	}
+	if restartErr != nil {
+		return restartErr
+	}
 
 	all := slices.Concat(confirms...)
 	slices.SortFunc(all, func(a, b Confirm) int { return cmp.Compare(a.ID, b.ID) })
@@ -535,6 +564,18 @@ func (r *runner) run(ctx context.Context) error {
 		historyAfter += len(a.GetHistory())
 	}
 	r.res.Recoveries = historyAfter - historyBefore
+	if o.RestartAfter > 0 {
+		spare := SpareCopies(r.membersBefore, members(after))
+		r.res.SpareCopies = &spare
+		r.res.RestartAfterS = round(o.RestartAfter.Seconds())
+		r.mu.Lock()
+		restartAt, epochs := r.restartAt, r.killEpochs
+		r.mu.Unlock()
+		if restartAt > 0 {
+			missed := RecordsMissed(slices.Concat(confirms...), epochs, restartAt)
+			r.res.RecordsMissed = &missed
+		}
+	}
 	if o.KillAt > 0 {
 		r.mu.Lock()
 		if r.newOwner == "" && r.phaseStream >= 0 {
@@ -559,7 +600,9 @@ func (r *runner) run(ctx context.Context) error {
 	}
 	v := Verify(all, stored)
 	r.res.Confirmed, r.res.Lost, r.res.Duplicates, r.res.OffsetMismatches = v.Confirmed, v.Lost, v.Duplicates, v.OffsetMismatches
-	r.res.UnconfirmedStored, r.res.Stored, r.res.Problems, r.res.OK = v.UnconfirmedStored, len(stored), v.Examples, v.OK()
+	// Problems raised during the run (a handover refused) stay.
+	r.res.UnconfirmedStored, r.res.Stored, r.res.OK = v.UnconfirmedStored, len(stored), v.OK()
+	r.res.Problems = append(r.res.Problems, v.Examples...)
 	// Rates are over the publishing window: publishes still in flight
 	// at its end (retrying through a stuck recovery) are not time the
 	// cluster was offered new work.
@@ -622,6 +665,10 @@ func (r *runner) run(ctx context.Context) error {
 				r.res.Problems = append(r.res.Problems, "no publish was confirmed after the handover began")
 			}
 			marks = append(marks, Mark{At: from, Label: "handover " + r.res.HandoverFrom + " to " + r.res.HandoverTo, Color: "#2980b9"})
+		} else {
+			// Asked for and not made: there is no figure, and the run
+			// must not read as one that measured it.
+			r.res.OK = false
 		}
 	}
 	if o.Warmup > 0 {
@@ -761,6 +808,7 @@ func (r *runner) createStreams(ctx context.Context) (int, error) {
 	}
 	r.owner = before[0].GetAssignment().GetOwner()
 	r.res.OldOwner = r.owner
+	r.membersBefore = members(before)
 	history := 0
 	for _, b := range before {
 		history += len(b.GetHistory())
@@ -916,13 +964,38 @@ func (r *runner) handover(ctx context.Context) error {
 		return fmt.Errorf("bench: handover: %s has no follower", stream)
 	}
 	to := a.GetFollowers()[0]
-	from := r.since()
-	resp, err := r.c.Admin().Failover(ctx, connect.NewRequest(&strandv1.FailoverRequest{Stream: stream, To: to, Who: "strandctl bench", Why: "--handover-at-secs"}))
-	end := r.since()
-	if err != nil {
-		return fmt.Errorf("bench: handover of %s to %s: %w", stream, to, err)
+	// A refused handover writes nothing (docs/protocol.md, "Handover",
+	// step 1), so a refusal is asked again for a while: under load the
+	// target can read as lagging by the tails its last heartbeat
+	// published. The stretch measured is the accepted call's.
+	var (
+		from, end time.Duration
+		resp      *connect.Response[strandv1.FailoverResponse]
+		attempts  int
+	)
+	deadline := time.Now().Add(handoverRetryFor)
+	for {
+		attempts++
+		from = r.since()
+		resp, err = r.c.Admin().Failover(ctx, connect.NewRequest(&strandv1.FailoverRequest{Stream: stream, To: to, Who: "strandctl bench", Why: "--handover-at-secs"}))
+		end = r.since()
+		if err == nil {
+			break
+		}
+		if connect.CodeOf(err) != connect.CodeFailedPrecondition || time.Now().After(deadline) {
+			r.mu.Lock()
+			r.res.HandoverAttempts = attempts
+			r.mu.Unlock()
+			return fmt.Errorf("bench: handover of %s to %s (%d attempts): %w", stream, to, attempts, err)
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(handoverRetryEvery):
+		}
 	}
 	r.mu.Lock()
+	r.res.HandoverAttempts = attempts
 	r.handoverFrom, r.handoverTo = from, end
 	r.res.HandoverFrom, r.res.HandoverTo = a.GetOwner(), resp.Msg.GetAssignment().GetOwner()
 	if o := resp.Msg.GetAssignment().GetOwner(); o != "" {
@@ -940,6 +1013,13 @@ func dashIfEmpty(s string) string {
 	}
 	return s
 }
+
+// How long and how often the bench asks again for a handover refused with
+// FailedPrecondition.
+const (
+	handoverRetryFor   = 5 * time.Second
+	handoverRetryEvery = 100 * time.Millisecond
+)
 
 // kill kills, at KillAt, the broker that owns the most of the streams, and
 // watches for the new assignment of the first of them (the phase stream).
@@ -1033,11 +1113,14 @@ func (r *runner) waitNewAssignment(ctx context.Context) {
 // until every stream it owned lists it as a live follower.
 func (r *runner) restartOldOwner(ctx context.Context) error {
 	node := r.res.OldOwner
-	if r.o.KillSignal == "STOP" || r.o.KillSignal == "SIGSTOP" {
+	switch {
+	case r.o.RestartAfter > 0:
+		// Started again mid-run (restartMidRun).
+	case r.o.KillSignal == "STOP" || r.o.KillSignal == "SIGSTOP":
 		if err := r.cl.Kill(node, syscall.SIGCONT); err != nil {
 			return err
 		}
-	} else {
+	default:
 		wctx, cancel := context.WithTimeout(ctx, 20*time.Second)
 		err := r.cl.Wait(wctx, node)
 		cancel()

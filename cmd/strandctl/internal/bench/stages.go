@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
 )
@@ -31,8 +32,31 @@ type brokerHistograms map[string]histogram
 
 const brokerMetricPrefix = "strand_broker_"
 
-// scrapeHistograms reads the /metrics of the broker at base (its URL).
+// scrapeHistograms reads the /metrics histograms of the broker at base (its URL).
 func scrapeHistograms(ctx context.Context, hc *http.Client, base string) (brokerHistograms, error) {
+	fams, err := scrapeFamilies(ctx, hc, base)
+	if err != nil {
+		return nil, err
+	}
+	out := brokerHistograms{}
+	for name, f := range fams {
+		if !strings.HasPrefix(name, brokerMetricPrefix) {
+			continue
+		}
+		var h histogram
+		for _, m := range f.GetMetric() {
+			if hm := m.GetHistogram(); hm != nil {
+				h.sum += hm.GetSampleSum()
+				h.count += hm.GetSampleCount()
+			}
+		}
+		out[strings.TrimPrefix(name, brokerMetricPrefix)] = h
+	}
+	return out, nil
+}
+
+// scrapeFamilies reads the /metrics at base (a broker's URL), by metric name.
+func scrapeFamilies(ctx context.Context, hc *http.Client, base string) (map[string]*dto.MetricFamily, error) {
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+"/metrics", nil)
@@ -52,21 +76,7 @@ func scrapeHistograms(ctx context.Context, hc *http.Client, base string) (broker
 	if err != nil {
 		return nil, fmt.Errorf("%s/metrics: %w", base, err)
 	}
-	out := brokerHistograms{}
-	for name, f := range fams {
-		if !strings.HasPrefix(name, brokerMetricPrefix) {
-			continue
-		}
-		var h histogram
-		for _, m := range f.GetMetric() {
-			if hm := m.GetHistogram(); hm != nil {
-				h.sum += hm.GetSampleSum()
-				h.count += hm.GetSampleCount()
-			}
-		}
-		out[strings.TrimPrefix(name, brokerMetricPrefix)] = h
-	}
-	return out, nil
+	return fams, nil
 }
 
 // stageMeans turns the histograms read before and after the window into

@@ -13,6 +13,8 @@
 //	strand_broker_follow_ack_seconds         owner: a batch sent to a follower to its
 //	                                         acknowledgement, by follower
 //	strand_broker_follow_apply_seconds       follower: a batch received to durable here
+//	strand_broker_follow_stored_bytes_total  follower: record bytes received on Follow and
+//	                                         stored here (what a rejoin re-replicates)
 //	strand_broker_follow_calls_total         owner: Follow calls served (one per follower
 //	                                         broker while its call holds; each carries
 //	                                         every stream the two brokers share)
@@ -61,6 +63,7 @@ type Broker struct {
 	confirmTimeout prometheus.Counter
 	followAck      *prometheus.HistogramVec
 	followApply    prometheus.Histogram
+	followStored   prometheus.Counter
 	followCalls    prometheus.Counter
 	followCallsNow prometheus.Gauge
 	followsNow     prometheus.Gauge
@@ -95,6 +98,8 @@ func New() *Broker {
 			Help: "Owner: time from sending a batch of records to a follower to the follower acknowledging it durable.",
 		}, []string{"follower"}),
 		followApply: hist("follow_apply_seconds", "Follower: time from receiving a batch of records from the owner to holding it durably."),
+		followStored: prometheus.NewCounter(prometheus.CounterOpts{Namespace: "strand", Subsystem: "broker", Name: "follow_stored_bytes_total",
+			Help: "Follower: bytes of records received from owners on Follow and stored here durably (record segments as sent)."}),
 		followCalls: prometheus.NewCounter(prometheus.CounterOpts{Namespace: "strand", Subsystem: "broker", Name: "follow_calls_total",
 			Help: "Owner: Follow calls served; a follower broker holds one call here for every stream the two share."}),
 		followCallsNow: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: "strand", Subsystem: "broker", Name: "follow_calls",
@@ -106,7 +111,7 @@ func New() *Broker {
 		orphanBytes: prometheus.NewCounter(prometheus.CounterOpts{Namespace: "strand", Subsystem: "broker", Name: "orphan_bytes_reclaimed_total",
 			Help: "Retained record bytes the deleted orphan copies held (the disk the value log GC gets back)."}),
 	}
-	b.registry.MustRegister(b.commitWrite, b.commitSync, b.publishDurable, b.publishConfirm, b.confirmTimeout, b.followAck, b.followApply,
+	b.registry.MustRegister(b.commitWrite, b.commitSync, b.publishDurable, b.publishConfirm, b.confirmTimeout, b.followAck, b.followApply, b.followStored,
 		b.followCalls, b.followCallsNow, b.followsNow, b.orphanDeleted, b.orphanBytes,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return b
@@ -232,10 +237,11 @@ func (b *Broker) FollowAcked(follower string) func(sent time.Time) {
 }
 
 // FollowApplied records a batch durable on this follower, received at
-// received.
-func (b *Broker) FollowApplied(received time.Time) {
+// received, whose record segment was bytes long.
+func (b *Broker) FollowApplied(received time.Time, bytes int) {
 	if b != nil {
 		b.followApply.Observe(time.Since(received).Seconds())
+		b.followStored.Add(float64(bytes))
 	}
 }
 

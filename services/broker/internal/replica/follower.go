@@ -112,6 +112,9 @@ func (c *Copy) followOnce(ctx context.Context, owner string, epoch uint64) error
 		storage.Pending
 		at   time.Time // when the batch arrived (follow_apply_seconds)
 		recs bool      // whether it held records
+		// bytes is the batch's record segment as the owner sent it
+		// (follow_stored_bytes_total).
+		bytes int
 	}
 	pending := make(chan receivedBatch, followInflightBatches)
 	ackErr := make(chan error, 1)
@@ -151,7 +154,7 @@ func (c *Copy) followOnce(ctx context.Context, owner string, epoch uint64) error
 				return
 			}
 			if p.recs {
-				c.m.cfg.Metrics.FollowApplied(p.at)
+				c.m.cfg.Metrics.FollowApplied(p.at, p.bytes)
 			}
 			t := c.st.Tails()
 			applyWatermark(0)
@@ -222,7 +225,7 @@ func (c *Copy) followOnce(ctx context.Context, owner string, epoch uint64) error
 			}
 			queued = true
 			select {
-			case pending <- receivedBatch{Pending: p, at: arrived, recs: len(recs) > 0}:
+			case pending <- receivedBatch{Pending: p, at: arrived, recs: len(recs) > 0, bytes: len(resp.GetRecordSegment())}:
 			case <-ctx.Done():
 				return ctx.Err()
 			}
