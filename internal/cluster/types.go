@@ -125,14 +125,20 @@ type Recovery struct {
 	OldFollowers  []string `json:"old_followers"`
 	ProposedOwner string   `json:"proposed_owner"`
 	AddedMembers  []string `json:"added_members,omitempty"`
-	// RemovedMembers are old members the recovered assignment leaves out,
-	// answered or not: a member missing past --replace-after (or at once
-	// when the stream cannot confirm without it), or a draining broker's
-	// copy (docs/protocol.md, "Replacing a missing copy"). They are sealed
-	// like every old copy, so removing one after the seal keeps every
-	// confirmed record on the promoted copy. Every other old copy is kept,
-	// answered or not, and rejoins when its broker returns.
+	// RemovedMembers are old copies the recovered assignment leaves out
+	// unless they answer their seal: members missing past --replace-after,
+	// or at once when the stream cannot confirm without them
+	// (docs/protocol.md, "Replacing a missing copy"). A removed copy that
+	// answers after all stays, and the copy bound leaves its replacement
+	// out. Every other old copy is kept, answered or not, and rejoins when
+	// its broker returns.
 	RemovedMembers []string `json:"removed_members,omitempty"`
+	// DrainedMembers are old copies the recovered assignment leaves out
+	// even when they answer their seal: a draining broker's copies, moved
+	// elsewhere (docs/operating.md, "Draining a broker"). They are sealed
+	// like every old copy, so leaving one out after the seal keeps every
+	// confirmed record on the promoted copy.
+	DrainedMembers []string `json:"drained_members,omitempty"`
 	// Copies is how many copies the recovered assignment keeps at most
 	// when it adds members: added members replace removed copies, and a
 	// removed copy that answers its seal after all needs no replacement.

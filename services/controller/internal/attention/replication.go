@@ -222,7 +222,7 @@ func describeCopy(c Copy, a cluster.Assignment) string {
 func underReplicatedAction(s *state.Snapshot, a cluster.Assignment, r Replication, mem *Memory) string {
 	var replacing []string
 	if rec, ok := s.Recoveries[a.Stream]; ok {
-		replacing = rec.Value.RemovedMembers
+		replacing = append(slices.Clone(rec.Value.RemovedMembers), rec.Value.DrainedMembers...)
 	}
 	replace := replaceAction(s, a, mem, replacing)
 	if rec, ok := s.Recoveries[a.Stream]; ok {

@@ -187,7 +187,7 @@ func (m *Mover) Replace(ctx context.Context, term *leader.Term, s *state.Snapsho
 	rec := transition.Stamp(cluster.Recovery{
 		Stream: stream, FromEpoch: a.Epoch, FenceEpoch: a.Epoch + 1,
 		OldOwner: a.Owner, OldFollowers: slices.Clone(a.Followers),
-		ProposedOwner: a.Owner, AddedMembers: added, RemovedMembers: []string{member},
+		ProposedOwner: a.Owner, AddedMembers: added, DrainedMembers: []string{member},
 		Copies: a.Copies(), Policy: policy, Reason: ReasonDrain,
 	}, m.now())
 	if err := (transition.Committer{Term: term, Schema: m.Schema}).WriteRecovery(ctx, av.ModRev, rec); err != nil {

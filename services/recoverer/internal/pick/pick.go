@@ -187,7 +187,8 @@ func DecidePreferring(old cluster.Assignment, history cluster.HistoryStarts, ans
 
 // Followers are the new assignment's followers: every old copy but the
 // pick, in the old assignment's order, sealed or not, except those the
-// proposal removes (RemovedMembers), answered or not; then
+// proposal removes (RemovedMembers) that did not answer their seal, and
+// those it drains (DrainedMembers), answered or not; then
 // the members the proposal added that held no copy, in the proposal's
 // order, while the assignment has fewer than rec.Copies copies (when set).
 //
@@ -197,20 +198,22 @@ func DecidePreferring(old cluster.Assignment, history cluster.HistoryStarts, ans
 // tail"), instead of the stream re-replicating onto another broker. The
 // controller replaces it only once it has been missing for --replace-after
 // (docs/protocol.md, "Replacing a missing copy"), through a recovery that
-// removes it. A removed copy is left out even when it answered its seal
-// (a drained broker's copy, or a missing one that came back just too late:
-// its replacement is already chosen, and its copy is deleted as an orphan).
-// The copy bound keeps the stream from growing past its copy count, and W
-// with it. Zero Copies lets every added member join: a change that grows
-// the stream.
+// removes it. A removed copy that answered its seal after all stays, and
+// the copy bound then leaves its replacement out: the stream never grows
+// past its copy count, and W with it. A drained copy is left out even when
+// it answered: its broker is being emptied. Zero Copies lets every added
+// member join: a change that grows the stream.
 func Followers(old cluster.Assignment, rec cluster.Recovery, d Decision) []string {
 	followers := []string{}
 	add := func(node string) {
-		if node != d.Pick.Node && !slices.Contains(followers, node) && !slices.Contains(rec.RemovedMembers, node) {
+		if node != d.Pick.Node && !slices.Contains(followers, node) && !slices.Contains(rec.DrainedMembers, node) {
 			followers = append(followers, node)
 		}
 	}
 	for _, node := range old.Members() {
+		if slices.Contains(rec.RemovedMembers, node) && !slices.Contains(d.Sealed, node) {
+			continue
+		}
 		add(node)
 	}
 	for _, node := range rec.AddedMembers {

@@ -251,7 +251,7 @@ func TestFollowersTable(t *testing.T) {
 		// needed (4 copies would raise W to 3). Tied with n3 at the
 		// furthest tails, the proposed owner n1 keeps the stream.
 		{"a removed copy that answered stays and needs no replacement", majority(), []string{"n4"}, []string{"n1"}, 3, []Answer{{Node: "n2", RecordTail: 5}, {Node: "n3", RecordTail: 6}, {Node: "n1", RecordTail: 6}}, []string{"n2", "n3"}},
-		{"a removed copy is left out though it answered, and replaced", majority(), []string{"n4"}, []string{"n1"}, 3, []Answer{{Node: "n2", RecordTail: 5}, {Node: "n3", RecordTail: 6}, {Node: "n1", RecordTail: 4}}, []string{"n2", "n4"}},
+		{"a removed copy that answered behind stays as a follower", majority(), []string{"n4"}, []string{"n1"}, 3, []Answer{{Node: "n2", RecordTail: 5}, {Node: "n3", RecordTail: 6}, {Node: "n1", RecordTail: 4}}, []string{"n1", "n2"}},
 		{"a removed follower is left out when the owner stays", majority(), []string{"n4"}, []string{"n3"}, 3, []Answer{{Node: "n1", RecordTail: 6}, {Node: "n2", RecordTail: 6}}, []string{"n2", "n4"}},
 		{"replacements stop at the copy count", majority(), []string{"n4", "n5"}, []string{"n1"}, 3, []Answer{{Node: "n2", RecordTail: 5}, {Node: "n3", RecordTail: 6}}, []string{"n2", "n4"}},
 		{"no replacement found: the stream shrinks", cluster.Policy{Name: cluster.LocalDurable}, nil, []string{"n1"}, 3, []Answer{{Node: "n2", RecordTail: 5}, {Node: "n3", RecordTail: 6}}, []string{"n2"}},
@@ -420,17 +420,21 @@ func TestDecidePreferringTable(t *testing.T) {
 	}
 }
 
-// A replacement's removed member is left out even when it answered its
-// seal; the member added in its place joins.
-func TestFollowersLeaveOutRemovedMembers(t *testing.T) {
+// A drain's member is left out even when it answered its seal; the member
+// added in its place joins. A removed member that answered stays instead.
+func TestFollowersLeaveOutDrainedMembers(t *testing.T) {
 	old := assignment(3, majority())
 	rec := cluster.Recovery{Stream: "orders", FromEpoch: 4, FenceEpoch: 5, OldOwner: "n1", OldFollowers: []string{"n2", "n3"},
-		ProposedOwner: "n1", AddedMembers: []string{"n4"}, RemovedMembers: []string{"n3"}, Copies: 3}
+		ProposedOwner: "n1", AddedMembers: []string{"n4"}, DrainedMembers: []string{"n3"}, Copies: 3}
 	d := DecidePreferring(old, nil, []Answer{{Node: "n1", RecordTail: 9}, {Node: "n2", RecordTail: 9}, {Node: "n3", RecordTail: 9}}, rec.ProposedOwner)
 	if d.Verdict != Promote || d.Pick.Node != "n1" {
 		t.Fatalf("verdict %v pick %s, want promote n1", d.Verdict, d.Pick.Node)
 	}
 	if got := Followers(old, rec, d); !slices.Equal(got, []string{"n2", "n4"}) {
 		t.Fatalf("followers %v, want [n2 n4]", got)
+	}
+	rec.RemovedMembers, rec.DrainedMembers = rec.DrainedMembers, nil
+	if got := Followers(old, rec, d); !slices.Equal(got, []string{"n2", "n3"}) {
+		t.Fatalf("removed, not drained: followers %v, want [n2 n3]", got)
 	}
 }
