@@ -45,7 +45,7 @@ func (l *loop) decideReplacement(ctx context.Context, s *state.Snapshot, a clust
 	}
 	var down, cands []string
 	for range maxPlacementRounds {
-		cands = transition.ReplacementCandidates(s, l.load, a, due, down)
+		cands = transition.ReplacementCandidates(s, l.placementLoad(s), a, due, down)
 		failed := l.probePicks(ctx, s, cands)
 		if len(failed) == 0 {
 			break
