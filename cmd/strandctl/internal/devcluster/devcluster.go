@@ -29,8 +29,8 @@ import (
 	"go.uber.org/zap/zapcore"
 
 	"github.com/strandhq/strand/client"
-	"github.com/strandhq/strand/internal/cluster"
 	"github.com/strandhq/strand/internal/auth"
+	"github.com/strandhq/strand/internal/cluster"
 	"github.com/strandhq/strand/internal/etcdcfg"
 	"github.com/strandhq/strand/internal/rpcserver"
 	"github.com/strandhq/strand/internal/tlsconfig"
