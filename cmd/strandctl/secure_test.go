@@ -64,6 +64,15 @@ func TestDevSecure(t *testing.T) {
 	if out := mustCtl(t, dir, "", "cursor", "get", "sec", "billing"); strings.TrimSpace(out) != "1" {
 		t.Fatalf("cursor get: %q", out)
 	}
+	// acl bootstrap reaches the https etcd with the admin's files: the
+	// grant is there already, and is kept.
+	if out := mustCtl(t, dir, "", "acl", "bootstrap", tlsconfig.DefaultUser, "--etcd", info.Etcd[0],
+		"--etcd-cacert", info.TLS.CA, "--etcd-cert", info.TLS.Cert, "--etcd-key", info.TLS.Key); !strings.Contains(out, "granted admin admin on *") {
+		t.Fatalf("acl bootstrap over etcd TLS: %q", out)
+	}
+	if r := ctl(t, dir, "", "acl", "bootstrap", tlsconfig.DefaultUser, "--etcd", info.Etcd[0], "--timeout", "3s"); r.code == 0 {
+		t.Fatalf("acl bootstrap reached an etcd that wants client certificates without any: %s", r.stdout)
+	}
 	mustCtl(t, dir, "", "stream", "get", "sec")
 	mustCtl(t, dir, "", "stream", "list")
 	// A token of a principal with read only on sec reads it and is refused
