@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"flag"
 	"fmt"
@@ -15,6 +16,8 @@ import (
 	"github.com/strandhq/strand/api/strand/v1/strandv1connect"
 	"github.com/strandhq/strand/internal/auth"
 	"github.com/strandhq/strand/internal/cluster"
+	"github.com/strandhq/strand/internal/etcdcfg"
+	"github.com/strandhq/strand/internal/tlsconfig"
 )
 
 // authCommands manage bearer tokens and permissions (docs/operating.md,
@@ -26,14 +29,24 @@ func authCommands() []*command {
 		etcd      string
 		prefix    string
 		principal string
+		etcdTLS   tlsconfig.Files
 	)
+	// etcdFlags are the flags of the commands that write straight to
+	// etcd: the first admin, which no one can create through the
+	// controller.
+	etcdFlags := func(fs *flag.FlagSet, with string) {
+		fs.StringVar(&etcd, "etcd", "http://127.0.0.1:2379", with+"etcd endpoints, comma separated")
+		fs.StringVar(&prefix, "prefix", cluster.DefaultPrefix, with+"etcd key prefix")
+		fs.StringVar(&etcdTLS.CAFile, "etcd-cacert", "", with+"CA bundle of the etcd servers (for https:// endpoints)")
+		fs.StringVar(&etcdTLS.CertFile, "etcd-cert", "", with+"client certificate for etcd")
+		fs.StringVar(&etcdTLS.KeyFile, "etcd-key", "", with+"client key for etcd")
+	}
 	return []*command{
 		{
 			name: "token create", args: "PRINCIPAL", summary: "make a bearer token for PRINCIPAL (its secret is shown once)",
 			flags: func(fs *flag.FlagSet) {
 				fs.BoolVar(&bootstrap, "bootstrap", false, "write the token, and admin on \"*\" for PRINCIPAL, straight to etcd: the cluster's first admin")
-				fs.StringVar(&etcd, "etcd", "http://127.0.0.1:2379", "with --bootstrap: etcd endpoints, comma separated")
-				fs.StringVar(&prefix, "prefix", cluster.DefaultPrefix, "with --bootstrap: etcd key prefix")
+				etcdFlags(fs, "with --bootstrap: ")
 			},
 			run: func(ctx context.Context, e *env, _ *flag.FlagSet, args []string) error {
 				if err := needArgs(args, 1, 1, "PRINCIPAL"); err != nil {
@@ -44,7 +57,7 @@ func authCommands() []*command {
 				}
 				var res *strandv1.CreateTokenResponse
 				if bootstrap {
-					r, err := bootstrapToken(ctx, e, etcd, prefix, args[0])
+					r, err := bootstrapToken(ctx, e, etcd, etcdTLS, prefix, args[0])
 					if err != nil {
 						return err
 					}
@@ -162,6 +175,35 @@ func authCommands() []*command {
 			},
 		},
 		{
+			name: "acl bootstrap", args: "PRINCIPAL", summary: "grant PRINCIPAL admin on * straight in etcd: the first admin, calling with its client certificate (no token)",
+			flags: func(fs *flag.FlagSet) { etcdFlags(fs, "") },
+			run: func(ctx context.Context, e *env, _ *flag.FlagSet, args []string) error {
+				if err := needArgs(args, 1, 1, "PRINCIPAL"); err != nil {
+					return err
+				}
+				if err := auth.ValidatePrincipal(args[0]); err != nil {
+					return usagef("%v", err)
+				}
+				cli, err := etcdClient(etcd, etcdTLS)
+				if err != nil {
+					return err
+				}
+				defer func() { _ = cli.Close() }()
+				ctx, cancel := e.withTimeout(ctx)
+				defer cancel()
+				st := &auth.Store{KV: cli, Schema: cluster.NewSchema(prefix), Txn: auth.PlainTxn(cli)}
+				g, err := st.BootstrapPrincipal(ctx, args[0])
+				if err != nil {
+					return err
+				}
+				if e.g.json {
+					return printMessage(e.stdout, &strandv1.Grant{Principal: g.Principal, Permission: string(g.Permission), Streams: g.Streams, Created: timestamppb.New(g.Created)})
+				}
+				fmt.Fprintf(e.stdout, "granted %s %s on %s\n", g.Principal, g.Permission, g.Streams)
+				return nil
+			},
+		},
+		{
 			name: "acl list", args: "[PRINCIPAL]", summary: "list grants",
 			run: func(ctx context.Context, e *env, _ *flag.FlagSet, args []string) error {
 				if err := needArgs(args, 0, 1, "[PRINCIPAL]"); err != nil {
@@ -199,10 +241,10 @@ func created(ts *timestamppb.Timestamp) string {
 // bootstrapToken writes the first admin straight to etcd: no principal
 // can call the controller's CreateToken before one exists. It refuses once
 // someone holds admin on "*" (auth.Store.Bootstrap).
-func bootstrapToken(ctx context.Context, e *env, endpoints, prefix, principal string) (*strandv1.CreateTokenResponse, error) {
-	cli, err := clientv3.New(clientv3.Config{Endpoints: splitList(endpoints), DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+func bootstrapToken(ctx context.Context, e *env, endpoints string, files tlsconfig.Files, prefix, principal string) (*strandv1.CreateTokenResponse, error) {
+	cli, err := etcdClient(endpoints, files)
 	if err != nil {
-		return nil, fmt.Errorf("etcd: %w", err)
+		return nil, err
 	}
 	defer func() { _ = cli.Close() }()
 	ctx, cancel := e.withTimeout(ctx)
@@ -213,4 +255,22 @@ func bootstrapToken(ctx context.Context, e *env, endpoints, prefix, principal st
 		return nil, err
 	}
 	return &strandv1.CreateTokenResponse{Token: &strandv1.Token{Id: rec.ID, Principal: rec.Principal, Created: timestamppb.New(rec.Created)}, Secret: secret}, nil
+}
+
+// etcdClient is a client of etcd at endpoints, with TLS when files name a
+// CA (a secure cluster's etcd wants a client certificate the CA signed).
+func etcdClient(endpoints string, files tlsconfig.Files) (*clientv3.Client, error) {
+	var cfg *tls.Config
+	if files.CAFile != "" || files.CertFile != "" {
+		c, err := etcdcfg.FilesTLS(files)
+		if err != nil {
+			return nil, usagef("--etcd-cacert, --etcd-cert, --etcd-key: %v", err)
+		}
+		cfg = c
+	}
+	cli, err := clientv3.New(clientv3.Config{Endpoints: splitList(endpoints), DialTimeout: 5 * time.Second, Logger: zap.NewNop(), TLS: cfg})
+	if err != nil {
+		return nil, fmt.Errorf("etcd: %w", err)
+	}
+	return cli, nil
 }

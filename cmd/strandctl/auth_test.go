@@ -103,3 +103,46 @@ func TestTokenAndACLCommands(t *testing.T) {
 		return nil
 	})
 }
+
+// acl bootstrap grants a certificate principal admin on "*" straight in
+// etcd: on a secure cluster whose admin grant is gone, the admin
+// certificate is refused admin calls until it runs, and creates a stream
+// after; a second principal is refused once one holds the grant.
+func TestACLBootstrapCertificatePrincipal(t *testing.T) {
+	t.Parallel()
+	c := onebox.Start(t, onebox.Options{Brokers: []string{"b1"}, Controllers: 1, Secure: true})
+	etcd := strings.Join(c.Etcd.Endpoints, ",")
+	secure := func(args ...string) (int, string, string) {
+		return inProcess(t, c, append(args, "--certs-dir", c.CertsDir())...)
+	}
+	if _, err := c.Cli.Delete(c.Ctx(), c.Schema.GrantsDir(), clientv3.WithPrefix()); err != nil {
+		t.Fatal(err)
+	}
+	clustertest.Eventually(t, 10*time.Second, "the admin certificate refused once its grant is gone", func() error {
+		code, _, stderr := secure("acl", "list")
+		if code == 1 && strings.Contains(stderr, "permission_denied") {
+			return nil
+		}
+		return fmt.Errorf("acl list: exit %d, %q", code, stderr)
+	})
+	code, out, stderr := inProcess(t, c, "acl", "bootstrap", "admin", "--etcd", etcd)
+	if code != 0 || !strings.Contains(out, "granted admin admin on *") {
+		t.Fatalf("acl bootstrap: exit %d, %q, %q", code, out, stderr)
+	}
+	if code, _, stderr := inProcess(t, c, "acl", "bootstrap", "admin", "--etcd", etcd); code != 0 {
+		t.Fatalf("acl bootstrap again for the same principal: exit %d, %q", code, stderr)
+	}
+	if code, _, stderr := inProcess(t, c, "acl", "bootstrap", "other", "--etcd", etcd); code != 1 || !strings.Contains(stderr, "already has an admin") {
+		t.Fatalf("acl bootstrap of a second principal: exit %d, %q", code, stderr)
+	}
+	clustertest.Eventually(t, 10*time.Second, "the admin certificate creates a stream once bootstrapped", func() error {
+		code, _, stderr := secure("stream", "create", "s1", "--copies", "1")
+		if code != 0 {
+			return fmt.Errorf("stream create: exit %d, %q", code, stderr)
+		}
+		return nil
+	})
+	if code, _, stderr := inProcess(t, c, "acl", "bootstrap", "admin", "--etcd", etcd, "--etcd-cert", "x.crt"); code != 2 {
+		t.Fatalf("--etcd-cert without --etcd-cacert: exit %d, %q", code, stderr)
+	}
+}

@@ -259,7 +259,41 @@ func TestReadmeTour(t *testing.T) {
 	if t.Failed() {
 		t.FailNow()
 	}
+	runReadmeTour(t, root, cmds)
+}
 
+// TestReadmeTourSecure runs every strandctl command of the README's tour,
+// in order, against `strandctl dev --secure`: TLS and authentication on,
+// and still no flags, as the admin certificate's principal (dev
+// bootstrapped its admin grant). The tour's curl, grpcurl and etcdctl
+// lines are the insecure cluster's, and are left out.
+func TestReadmeTourSecure(t *testing.T) {
+	if buildErr != nil {
+		t.Fatalf("building the binaries: %v", buildErr)
+	}
+	_, file, _, _ := runtime.Caller(0)
+	root := filepath.Join(filepath.Dir(file), "..", "..")
+	readme, err := os.ReadFile(filepath.Join(root, "README.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var cmds []string
+	for _, c := range readmeTour(t, string(readme)) {
+		if strings.HasPrefix(c, "bin/strandctl ") || strings.Contains(c, "| bin/strandctl ") {
+			cmds = append(cmds, c)
+		}
+	}
+	if len(cmds) < 10 {
+		t.Fatalf("only %d strandctl commands in the README's tour: %q", len(cmds), cmds)
+	}
+	t.Logf("%d strandctl commands of the tour", len(cmds))
+	runReadmeTour(t, root, cmds, "--secure")
+}
+
+// runReadmeTour runs cmds, each with its tourStep, against a dev cluster
+// of three brokers started with devArgs.
+func runReadmeTour(t *testing.T, root string, cmds []string, devArgs ...string) {
+	t.Helper()
 	work := t.TempDir()
 	for _, l := range []struct{ name, target string }{
 		{"bin", binDir},
@@ -278,7 +312,7 @@ func TestReadmeTour(t *testing.T) {
 	const brokers = 3
 	dir := filepath.Join(work, devcluster.DefaultDir)
 	port := freePortBase(t, brokers)
-	dev := startDev(t, dir, port, brokers)
+	dev := startDev(t, dir, port, brokers, devArgs...)
 	info, err := devcluster.ReadInfo(dir)
 	if err != nil {
 		t.Fatal(err)
@@ -313,7 +347,8 @@ func TestReadmeTour(t *testing.T) {
 // 2379) onto the test cluster's, from the addresses its cluster.json names.
 func tourPorts(t *testing.T, info devcluster.Info, base int) *strings.Replacer {
 	t.Helper()
-	addrs := append([]string{strings.TrimPrefix(info.Etcd[0], "http://"), info.Controller, info.Recoverer}, info.BrokerAddresses()...)
+	etcd := strings.TrimPrefix(strings.TrimPrefix(info.Etcd[0], "http://"), "https://")
+	addrs := append([]string{etcd, info.Controller, info.Recoverer}, info.BrokerAddresses()...)
 	var pairs []string
 	for _, a := range addrs {
 		host, p, err := net.SplitHostPort(a)

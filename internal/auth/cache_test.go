@@ -140,3 +140,38 @@ func TestBootstrapOnce(t *testing.T) {
 		t.Fatalf("tokens after a refused bootstrap: %v, %v", toks, err)
 	}
 }
+
+// BootstrapPrincipal grants a certificate principal admin on "*" and no
+// token; again for the same principal it keeps the grant, and for another
+// it refuses.
+func TestBootstrapPrincipal(t *testing.T) {
+	e := etcdtest.Start(t)
+	cli := e.Client(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	st := &Store{KV: cli, Schema: cluster.NewSchema(""), Txn: PlainTxn(cli)}
+	first, err := st.BootstrapPrincipal(ctx, "admin")
+	if err != nil {
+		t.Fatal(err)
+	}
+	again, err := st.BootstrapPrincipal(ctx, "admin")
+	if err != nil || again != first {
+		t.Fatalf("second bootstrap of the same principal: %+v, %v; want %+v", again, err, first)
+	}
+	if _, err := st.BootstrapPrincipal(ctx, "other"); !errors.Is(err, ErrBootstrapped) {
+		t.Fatalf("bootstrap of another principal: %v, want ErrBootstrapped", err)
+	}
+	if _, _, err := st.Bootstrap(ctx, "other"); !errors.Is(err, ErrBootstrapped) {
+		t.Fatalf("token bootstrap after a certificate one: %v, want ErrBootstrapped", err)
+	}
+	grants, err := st.Grants(ctx, "")
+	if err != nil || len(grants) != 1 || grants[0].Principal != "admin" || grants[0].Permission != Admin || grants[0].Streams != All {
+		t.Fatalf("grants: %v, %v", grants, err)
+	}
+	if toks, err := st.Tokens(ctx, ""); err != nil || len(toks) != 0 {
+		t.Fatalf("tokens: %v, %v", toks, err)
+	}
+	if _, err := st.BootstrapPrincipal(ctx, "bad/name"); err == nil {
+		t.Fatal("a bad principal was granted")
+	}
+}

@@ -110,6 +110,28 @@ func (s *Store) Bootstrap(ctx context.Context, principal string) (TokenRecord, s
 	return rec, secret, nil
 }
 
+// BootstrapPrincipal is Bootstrap for a principal that authenticates with a
+// client certificate (strand://client/PRINCIPAL, CertPrincipal): it grants
+// principal admin on "*" and creates no token. It refuses with
+// ErrBootstrapped once another principal holds admin on "*", and keeps the
+// grant (reporting it) when principal holds it already, so a dev cluster
+// that starts again over its own data bootstraps again harmlessly.
+func (s *Store) BootstrapPrincipal(ctx context.Context, principal string) (GrantRecord, error) {
+	if err := ValidatePrincipal(principal); err != nil {
+		return GrantRecord{}, err
+	}
+	grants, err := s.Grants(ctx, "")
+	if err != nil {
+		return GrantRecord{}, err
+	}
+	for _, g := range grants {
+		if g.Permission == Admin && g.Streams == All && g.Principal != principal {
+			return GrantRecord{}, fmt.Errorf("%w (%s holds it)", ErrBootstrapped, g.Principal)
+		}
+	}
+	return s.Grant(ctx, principal, Admin, All)
+}
+
 // RevokeTokens deletes the token id, or every token of principal (exactly
 // one of them non-empty), and returns those it deleted.
 func (s *Store) RevokeTokens(ctx context.Context, id, principal string) ([]TokenRecord, error) {

@@ -79,7 +79,9 @@ type Options struct {
 	Zones map[string]string
 	// Auth is the brokers' and controllers' auth.Options. Enabled, Start
 	// bootstraps an admin (AdminToken, admin on "*") that Client, Admin
-	// and Streams use.
+	// and Streams use. Secure turns it on by itself, with the admin
+	// client certificate's principal (tlsconfig.DefaultUser) as the admin
+	// and no AdminToken.
 	Auth auth.Options
 	// ReplaceAfter is the controllers' --replace-after (their default,
 	// 10m, when zero).
@@ -91,7 +93,8 @@ type Options struct {
 	// service (named as the service: the broker's node id, controller-N,
 	// recoverer-N) and an admin client certificate, made in the test's
 	// temp dir (CertsDir), and every client of the cluster dials TLS.
-	// Without it every service is started insecure, explicitly.
+	// It enables Auth too, as --certs-dir does for the binaries. Without
+	// it every service is started insecure, explicitly.
 	Secure bool
 }
 
@@ -153,8 +156,18 @@ func Start(t testing.TB, opts Options) *Cluster {
 	if opts.Secure {
 		c.makeCerts()
 	}
-	if opts.Auth.Enabled {
-		st := &auth.Store{KV: c.Cli, Schema: c.Schema, Txn: auth.PlainTxn(c.Cli)}
+	st := &auth.Store{KV: c.Cli, Schema: c.Schema, Txn: auth.PlainTxn(c.Cli)}
+	switch {
+	case opts.Secure:
+		// TLS brings authentication, as the service binaries do
+		// (docs/operating.md, "Security"): the admin client certificate's
+		// principal holds admin on "*", and the cluster's clients call as
+		// it through their certificate, with no token.
+		c.opts.Auth.Enabled = true
+		if _, err := st.BootstrapPrincipal(ctx, tlsconfig.DefaultUser); err != nil {
+			t.Fatalf("onebox: bootstrap admin %s: %v", tlsconfig.DefaultUser, err)
+		}
+	case opts.Auth.Enabled:
 		_, secret, err := st.Bootstrap(ctx, "onebox-admin")
 		if err != nil {
 			t.Fatalf("onebox: bootstrap admin: %v", err)

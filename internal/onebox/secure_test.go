@@ -14,6 +14,7 @@ import (
 
 	strandv1 "github.com/strandhq/strand/api/strand/v1"
 	"github.com/strandhq/strand/api/strand/v1/strandv1connect"
+	"github.com/strandhq/strand/internal/auth"
 	"github.com/strandhq/strand/internal/rpcserver"
 	"github.com/strandhq/strand/internal/tlsconfig"
 )
@@ -168,4 +169,72 @@ func TestSecureRenewedCertificateServedWithoutRestart(t *testing.T) {
 func TestSecureMassFailover(t *testing.T) {
 	r := massFailover(t, 20, true)
 	t.Logf("TLS: killed %s owning %d of 20 streams: all serving within %s", r.killed, r.affected, slices.Max(r.serving))
+}
+
+// TLS brings authentication (docs/operating.md, "Security"): the admin
+// certificate's principal was bootstrapped with admin on "*" and creates
+// the stream; a certificate of principal reader, granted read on orders.*,
+// reads orders.a and is refused publish to it and stream creation; a
+// client with neither a certificate nor a token is unauthenticated; and a
+// token still names its principal beside any certificate, winning over it.
+func TestSecureCertificatePrincipals(t *testing.T) {
+	t.Parallel()
+	c := Start(t, Options{Brokers: []string{"b1"}, Controllers: 1, Secure: true})
+	if c.AdminToken != "" {
+		t.Fatal("a secure cluster's admin uses its certificate, yet a token was made")
+	}
+	const stream = "orders.a"
+	c.CreateStream(stream, 1, majority)
+	c.Publish("b1", stream, "first")
+
+	if _, err := tlsconfig.CreateClient(c.CertsDir(), "", "reader", time.Hour, false); err != nil {
+		t.Fatal(err)
+	}
+	readerTLS, err := tlsconfig.New(tlsconfig.ClientFiles(c.CertsDir(), "reader"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	reader := rpcserver.Dialer{TLS: readerTLS}
+	readerStreams := strandv1connect.NewStreamServiceClient(reader.HTTPClient(), reader.BaseURL(c.Addr("b1")))
+	readerAdmin := strandv1connect.NewAdminServiceClient(reader.HTTPClient(), reader.BaseURL(c.ControllerAddr()))
+	ctx := c.Ctx()
+	_, err = read(ctx, readerStreams, stream)
+	wantCode(t, "reader before its grant", err, connect.CodePermissionDenied)
+	c.grant(t, "reader", "read", "orders.*")
+	clustertest.Eventually(t, authWait, "reader reads orders.a once granted", func() error {
+		recs, err := read(ctx, readerStreams, stream)
+		if err == nil && len(recs) != 1 {
+			return fmt.Errorf("%d records, want 1", len(recs))
+		}
+		return err
+	})
+	err = publish(ctx, readerStreams, stream, []byte("denied"))
+	wantCode(t, "reader publishes", err, connect.CodePermissionDenied)
+	_, err = readerAdmin.CreateStream(ctx, connect.NewRequest(&strandv1.CreateStreamRequest{Name: "orders.b", Copies: 1}))
+	wantCode(t, "reader creates a stream", err, connect.CodePermissionDenied)
+
+	// TLS with the CA only: no client certificate, no token.
+	anonTLS, err := tlsconfig.New(tlsconfig.Files{CAFile: tlsconfig.ClientFiles(c.CertsDir(), "reader").CAFile})
+	if err != nil {
+		t.Fatal(err)
+	}
+	anon := rpcserver.Dialer{TLS: anonTLS}
+	_, err = read(ctx, strandv1connect.NewStreamServiceClient(anon.HTTPClient(), anon.BaseURL(c.Addr("b1"))), stream)
+	wantCode(t, "no certificate, no token: read", err, connect.CodeUnauthenticated)
+	_, err = strandv1connect.NewAdminServiceClient(anon.HTTPClient(), anon.BaseURL(c.ControllerAddr())).
+		ListStreams(ctx, connect.NewRequest(&strandv1.ListStreamsRequest{}))
+	wantCode(t, "no certificate, no token: list streams", err, connect.CodeUnauthenticated)
+
+	// A token of a publisher: alone, and beside the reader's certificate.
+	_, secret := c.token(t, "publisher", "publish orders.*")
+	tokenOnly := strandv1connect.NewStreamServiceClient(anon.HTTPClient(), anon.BaseURL(c.Addr("b1")), auth.WithBearer(secret))
+	clustertest.Eventually(t, authWait, "the publisher's token publishes", func() error {
+		return publish(ctx, tokenOnly, stream, []byte("by-token"))
+	})
+	withCert := strandv1connect.NewStreamServiceClient(reader.HTTPClient(), reader.BaseURL(c.Addr("b1")), auth.WithBearer(secret))
+	if err := publish(ctx, withCert, stream, []byte("token-beside-cert")); err != nil {
+		t.Fatalf("a token beside the reader's certificate: %v", err)
+	}
+	_, err = read(ctx, withCert, stream)
+	wantCode(t, "the publisher's token reads (the token wins over the reader's certificate)", err, connect.CodePermissionDenied)
 }

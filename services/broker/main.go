@@ -46,9 +46,8 @@ func main() {
 	fs.IntVar(&cfg.DedupeWindow, "dedupe-window", storage.DefaultProducerWindow, "idempotent publish: records per producer kept for duplicate detection")
 	fs.IntVar(&cfg.DedupeBatches, "dedupe-batches", storage.DefaultProducerBatches, "idempotent publish: batches per producer kept for duplicate detection (a producer's consecutive batches count as one)")
 	fs.DurationVar(&cfg.OrphanGrace, "orphan-grace", replica.DefaultOrphanGrace, "how long a copy no assignment includes is kept before it is deleted (a pending recovery that names this broker keeps it longer)")
-	fs.BoolVar(&cfg.Auth.Enabled, "auth", false, "check client credentials and permissions on StreamService (docs/operating.md, \"Security\")")
-	fs.IntVar(&cfg.Auth.PublishBytesPerSecond, "principal-publish-bytes-per-second", auth.DefaultPublishBytesPerSecond, "with --auth: publish request bytes per second per principal (a one-second token bucket)")
-	fs.IntVar(&cfg.Auth.MaxSubscriptions, "principal-max-subscriptions", auth.DefaultMaxSubscriptions, "with --auth: concurrent subscriptions per principal on this broker")
+	fs.IntVar(&cfg.Auth.PublishBytesPerSecond, "principal-publish-bytes-per-second", auth.DefaultPublishBytesPerSecond, "with TLS (--certs-dir): publish request bytes per second per principal (a one-second token bucket)")
+	fs.IntVar(&cfg.Auth.MaxSubscriptions, "principal-max-subscriptions", auth.DefaultMaxSubscriptions, "with TLS (--certs-dir): concurrent subscriptions per principal on this broker")
 	fs.StringVar(&cfg.LogLevel, "log-level", "info", "debug, info, warn or error")
 	cfg.TLS.Flags(fs)
 	debugAddr := fs.String("debug-addr", "", "serve net/http/pprof here (off when empty)")
@@ -59,6 +58,9 @@ func main() {
 		debug.SetMemoryLimit(*memLimit << 20)
 	}
 	cfg.Etcd = strings.Split(etcd, ",")
+	// Secure by default (docs/operating.md, "Security"): TLS and
+	// authentication go together, and --insecure turns both off.
+	cfg.Auth.Enabled = !cfg.TLS.Insecure
 	cfg.PeerToken = rpcserver.PeerToken()
 	cfg.PeerTokensAccepted = rpcserver.PeerTokensAccepted()
 	if *debugAddr != "" {

@@ -37,7 +37,6 @@ func run(args []string) error {
 	fs.StringVar(&cfg.Prefix, "prefix", cluster.DefaultPrefix, "etcd key prefix")
 	fs.StringVar(&policy, "default-policy", cluster.MajorityDurable, "cluster assignment policy: local_durable, majority_durable, or replica_durable:N / replica_accepted:N (also NAME(N))")
 	fs.DurationVar(&cfg.OwnerProbeGrace, "owner-probe-grace", 300*time.Millisecond, "how long the probe of a suspected owner may take")
-	fs.BoolVar(&cfg.Auth.Enabled, "auth", false, "check client credentials and permissions on AdminService (docs/operating.md, \"Security\")")
 	fs.DurationVar(&cfg.ReplaceAfter, "replace-after", 10*time.Minute, "how long a stream's copy may be missing (its broker not live) before the controller replaces it on another broker; a stream that cannot confirm without it is replaced at once")
 	fs.StringVar(&cfg.LogLevel, "log-level", "info", "debug, info, warn or error")
 	cfg.HTTPLimits.RegisterFlags(fs)
@@ -56,6 +55,9 @@ func run(args []string) error {
 		return err
 	}
 	cfg.DefaultPolicy = p
+	// Secure by default (docs/operating.md, "Security"): TLS and
+	// authentication go together, and --insecure turns both off.
+	cfg.Auth.Enabled = !cfg.TLS.Insecure
 	cfg.PeerToken = rpcserver.PeerToken()
 	for _, e := range strings.Split(etcd, ",") {
 		if e = strings.TrimSpace(e); e != "" {

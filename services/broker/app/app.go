@@ -184,8 +184,13 @@ func Start(ctx context.Context, cfg Config) (*App, error) {
 	if err != nil {
 		return nil, fmt.Errorf("broker: etcd: %w", err)
 	}
-	if certs == nil {
-		log.Warn().Msg("insecure (--insecure): no TLS on any port; any client that reaches this broker can read, publish and, without a peer token, follow and seal")
+	switch {
+	case certs == nil && !cfg.Auth.Enabled:
+		log.Warn().Msg("insecure (--insecure): no TLS on any port and no authentication; any client that reaches this broker can read, publish and, without a peer token, follow and seal")
+	case certs == nil:
+		log.Warn().Msg("insecure (--insecure): no TLS on any port; tokens cross the network in the clear, and without a peer token any client can follow and seal")
+	case !cfg.Auth.Enabled:
+		log.Warn().Msg("authentication off: any client that reaches this broker over TLS can read and publish")
 	}
 	dial := rpcserver.Dialer{TLS: certs}
 	ln, err := rpcserver.Listen(cfg.Listen)

@@ -189,9 +189,15 @@ func Start(ctx context.Context, cfg Config) (*App, error) {
 		return nil, fmt.Errorf("controller: etcd: %w", err)
 	}
 	var serveOpts []rpcserver.ServeOption
-	if certs == nil {
-		log.Warn().Msg("insecure (--insecure): no TLS; any client that reaches this controller can create, change and delete streams")
-	} else {
+	switch {
+	case certs == nil && !cfg.Auth.Enabled:
+		log.Warn().Msg("insecure (--insecure): no TLS and no authentication; any client that reaches this controller can create, change and delete streams")
+	case certs == nil:
+		log.Warn().Msg("insecure (--insecure): no TLS; tokens cross the network in the clear")
+	case !cfg.Auth.Enabled:
+		log.Warn().Msg("authentication off: any client that reaches this controller over TLS can create, change and delete streams")
+	}
+	if certs != nil {
 		serveOpts = append(serveOpts, rpcserver.WithTLS(certs.ServerConfig(cfg.TLS.RequireClientCert)))
 	}
 	if cfg.Probe == nil {

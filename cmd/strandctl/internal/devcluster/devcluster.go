@@ -29,6 +29,7 @@ import (
 	"go.uber.org/zap/zapcore"
 
 	"github.com/strandhq/strand/client"
+	"github.com/strandhq/strand/internal/auth"
 	"github.com/strandhq/strand/internal/cluster"
 	"github.com/strandhq/strand/internal/etcdcfg"
 	"github.com/strandhq/strand/internal/rpcserver"
@@ -257,6 +258,18 @@ func Start(ctx context.Context, opts Options) (*Cluster, error) {
 			_ = c.Close()
 		}
 	}()
+	if opts.Secure {
+		// With TLS the services authenticate every call (docs/operating.md,
+		// "Security"): the admin client certificate's principal gets admin
+		// on "*" here, straight in etcd, so strandctl needs no token.
+		st := &auth.Store{KV: c.etcdCl, Schema: c.schema, Txn: auth.PlainTxn(c.etcdCl)}
+		bctx, bcancel := context.WithTimeout(ctx, opts.ReadyTimeout)
+		_, err := st.BootstrapPrincipal(bctx, tlsconfig.DefaultUser)
+		bcancel()
+		if err != nil {
+			return nil, fmt.Errorf("devcluster: admin grant of %s: %w", tlsconfig.DefaultUser, err)
+		}
+	}
 	etcdURL := c.EtcdEndpoints()[0]
 	common := func(name string) []string {
 		tls := []string{"--insecure"}

@@ -18,7 +18,7 @@ import (
 // other admin write, so a deposed leader changes nothing; the brokers'
 // and controllers' credential caches pick the change up from their watch.
 // They work whether or not the cluster checks credentials yet, so tokens
-// and grants can be made before --auth is turned on.
+// and grants can be made while a cluster still runs --insecure.
 
 // authStore returns the store writing through the current term, or the
 // Unavailable a non-leader answers.
