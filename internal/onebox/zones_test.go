@@ -15,11 +15,13 @@ import (
 
 // Six brokers in three zones. Load and node id alone would put a stream's
 // three copies in two zones and replace a lost owner in the wrong one: the
-// copies go one per zone, and the copy replacing a lost owner goes to the
-// zone it leaves uncovered, past less loaded brokers of covered zones.
+// copies go one per zone, and the copy replacing a lost owner (once it has
+// been missing for --replace-after) goes to the zone it leaves uncovered,
+// past less loaded brokers of covered zones.
 func TestZonesSpreadCopiesAndReplacementsKeepTheSpread(t *testing.T) {
 	zones := map[string]string{"a1": "za", "a2": "za", "b1": "zb", "b2": "zb", "c1": "zc", "c2": "zc"}
-	c := Start(t, Options{Brokers: []string{"a1", "a2", "b1", "b2", "c1", "c2"}, Controllers: 1, Recoverers: 1, Zones: zones})
+	c := Start(t, Options{Brokers: []string{"a1", "a2", "b1", "b2", "c1", "c2"}, Controllers: 1, Recoverers: 1, Zones: zones,
+		ReplaceAfter: 2 * time.Second})
 
 	res, err := c.Admin().ListBrokers(c.Ctx(), connect.NewRequest(&strandv1.ListBrokersRequest{}))
 	if err != nil {
@@ -47,10 +49,12 @@ func TestZonesSpreadCopiesAndReplacementsKeepTheSpread(t *testing.T) {
 	c.WaitApplied(a)
 	c.Publish(a.Owner, "s", "r0", "r1")
 
-	// The owner stops: the recovery replaces it with a1, in the zone no
-	// live member covers, not with b2 or c2 (fewer copies, covered zones).
+	// The owner stops: a recovery moves the stream to a live copy and
+	// keeps a2 as a missing member; past --replace-after the replacement
+	// is a1, in the zone no live member covers, not b2 or c2 (fewer
+	// copies, covered zones).
 	c.StopBroker(a.Owner)
-	next := c.WaitAssignment("s", 60*time.Second, "s recovered without a2", func(n cluster.Assignment) error {
+	next := c.WaitAssignment("s", 60*time.Second, "a2 replaced", func(n cluster.Assignment) error {
 		if n.Includes("a2") || n.Copies() != 3 {
 			return fmt.Errorf("assignment %+v", n)
 		}
