@@ -39,7 +39,22 @@ type Cache struct {
 	// changed is closed and replaced at every applied revision (tests wait
 	// on it through Until).
 	changed chan struct{}
+
+	// known memoises Authenticate: secret to principal, for secrets that
+	// matched a token. Every call of a client carries its secret, and the
+	// broker checks it twice per call (Guard.Precheck, then the
+	// interceptor); the memo spares both the SHA-256. It is emptied under
+	// mu whenever any token is put or deleted (applyLocked, load), so a
+	// revoked token stops authenticating as soon as the watch delivers the
+	// revoke, exactly as without it. Only hits are kept, at most
+	// knownMax, so unknown secrets sent by anyone cannot grow it.
+	knownMu sync.Mutex
+	known   map[string]string
 }
+
+// knownMax bounds Cache.known: far more live secrets than a broker's
+// clients hold; reaching it empties the memo, which costs one hash each.
+const knownMax = 1024
 
 // NewCache returns a cache of schema's credentials; Run fills it.
 func NewCache(cli *clientv3.Client, schema cluster.Schema, log zerolog.Logger) *Cache {
@@ -90,6 +105,7 @@ func (c *Cache) load(ctx context.Context) (int64, error) {
 	defer c.mu.Unlock()
 	c.tokens = map[string]TokenRecord{}
 	c.grants = map[string]map[string]GrantRecord{}
+	c.forgetLocked()
 	for _, kv := range resp.Kvs {
 		c.applyLocked(string(kv.Key), kv)
 	}
@@ -144,6 +160,7 @@ func (c *Cache) watch(ctx context.Context, rev int64) {
 // decode counts as absent: it admits no one.
 func (c *Cache) applyLocked(key string, kv *mvccpb.KeyValue) {
 	if id, ok := strings.CutPrefix(key, c.schema.TokensDir()); ok {
+		c.forgetLocked()
 		delete(c.tokens, id)
 		if kv == nil {
 			return
@@ -181,9 +198,32 @@ func (c *Cache) applyLocked(key string, kv *mvccpb.KeyValue) {
 	c.grants[principal][key] = g
 }
 
+// forgetLocked empties the Authenticate memo; c.mu is held for writing,
+// so no Authenticate can be between its token lookup and its memo store
+// with a token this change removes.
+func (c *Cache) forgetLocked() {
+	c.knownMu.Lock()
+	c.known = nil
+	c.knownMu.Unlock()
+}
+
 func (c *Cache) notifyLocked() {
 	close(c.changed)
 	c.changed = make(chan struct{})
+}
+
+// Current reports whether the cache is current now (Wait would return
+// at once).
+func (c *Cache) Current() bool {
+	c.mu.RLock()
+	ch := c.loaded
+	c.mu.RUnlock()
+	select {
+	case <-ch:
+		return true
+	default:
+		return false
+	}
 }
 
 // Wait returns once the cache is current, or ctx's error.
@@ -204,15 +244,29 @@ func (c *Cache) Authenticate(secret string) (string, bool) {
 	if !strings.HasPrefix(secret, TokenPrefix) {
 		return "", false
 	}
-	hash := HashSecret(secret)
+	// Read locked: a token change (which empties the memo) waits for this
+	// call to finish, and this call's memo store cannot outlive it.
 	c.mu.RLock()
+	defer c.mu.RUnlock()
+	c.knownMu.Lock()
+	p, ok := c.known[secret]
+	c.knownMu.Unlock()
+	if ok {
+		return p, true
+	}
+	hash := HashSecret(secret)
 	rec, ok := c.tokens[TokenID(hash)]
-	c.mu.RUnlock()
 	// The id is 64 bits of the hash; the rest must match as well. Compared
 	// in constant time, though what it hides is a hash of a secret.
 	if !ok || subtle.ConstantTimeCompare([]byte(rec.SHA256), []byte(hash)) != 1 {
 		return "", false
 	}
+	c.knownMu.Lock()
+	if c.known == nil || len(c.known) >= knownMax {
+		c.known = make(map[string]string)
+	}
+	c.known[secret] = rec.Principal
+	c.knownMu.Unlock()
 	return rec.Principal, true
 }
 

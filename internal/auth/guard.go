@@ -95,6 +95,10 @@ const loadWait = 5 * time.Second
 
 // wait waits for the cache, or answers Unavailable.
 func (g *Guard) wait(ctx context.Context) error {
+	// The cache is current nearly always: spare the timer of a deadline.
+	if g.cache.Current() {
+		return nil
+	}
 	wctx, cancel := context.WithTimeout(ctx, loadWait)
 	defer cancel()
 	if err := g.cache.Wait(wctx); err != nil {
