@@ -3,8 +3,6 @@ package bench
 import (
 	"context"
 	"fmt"
-	"github.com/strandhq/strand/internal/rpcserver"
-	"net/http"
 	"slices"
 	"time"
 
@@ -85,13 +83,7 @@ func members(states []*strandv1.GetStreamResponse) map[string][]string {
 // answers, by node (a killed broker does not; a restarted one counts from
 // 0).
 func (r *runner) followStoredBytes(ctx context.Context) map[string]float64 {
-	hc := &http.Client{Timeout: 5 * time.Second}
-	baseURL := rpcserver.BaseURL
-	if r.o.TLS != nil {
-		hc = rpcserver.HTTPClientTLS(r.o.TLS)
-		hc.Timeout = 5 * time.Second
-		baseURL = rpcserver.BaseURLTLS
-	}
+	hc, baseURL := r.metricsClient()
 	out := map[string]float64{}
 	for _, b := range r.cl.Info().Brokers {
 		fams, err := scrapeFamilies(ctx, hc, baseURL(b.Address))

@@ -1290,13 +1290,7 @@ func (r *runner) brokerHistograms(ctx context.Context) map[string]brokerHistogra
 	}
 	// A broker's /metrics that stalls must not hold the bench (this runs
 	// at the end of a warm-up too, under load): no figures then.
-	hc := &http.Client{Timeout: 5 * time.Second}
-	baseURL := rpcserver.BaseURL
-	if r.o.TLS != nil {
-		hc = rpcserver.HTTPClientTLS(r.o.TLS)
-		hc.Timeout = 5 * time.Second
-		baseURL = rpcserver.BaseURLTLS
-	}
+	hc, baseURL := r.metricsClient()
 	out := map[string]brokerHistograms{}
 	for _, b := range r.cl.Info().Brokers {
 		h, err := scrapeHistograms(ctx, hc, baseURL(b.Address))
@@ -1367,3 +1361,15 @@ func (r *runner) plot(all []Confirm, elapsed time.Duration, marks []Mark) error 
 // ErrNotOK is returned when verification found lost, duplicated or moved
 // confirmed records.
 var ErrNotOK = errors.New("bench: verification failed")
+
+// metricsClient is how the bench reads the brokers' /metrics: a client
+// that gives up after 5 s (a stalled broker must not hold the bench) and
+// the broker URL form, both over TLS when the bench's cluster is secure.
+func (r *runner) metricsClient() (*http.Client, func(addr string) string) {
+	if r.o.TLS == nil {
+		return &http.Client{Timeout: 5 * time.Second}, rpcserver.BaseURL
+	}
+	hc := rpcserver.HTTPClientTLS(r.o.TLS)
+	hc.Timeout = 5 * time.Second
+	return hc, rpcserver.BaseURLTLS
+}

@@ -83,17 +83,12 @@ func (s *Service) waitCommitted(ctx context.Context, rec cluster.Recovery) (clus
 	}
 }
 
+// validateNode checks a drain's node and its operator note.
 func validateNode(node, who, why string) error {
 	if err := cluster.ValidateNodeName(node); err != nil {
 		return rpcerr.InvalidArgument("node", "%v", err)
 	}
-	if len(who) > maxOperatorNote {
-		return rpcerr.InvalidArgument("who", "at most %d bytes, got %d", maxOperatorNote, len(who))
-	}
-	if len(why) > maxOperatorNote {
-		return rpcerr.InvalidArgument("why", "at most %d bytes, got %d", maxOperatorNote, len(why))
-	}
-	return nil
+	return validateNote(who, why)
 }
 
 // DrainBroker marks a broker draining (docs/operating.md, "Draining a

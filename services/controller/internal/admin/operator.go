@@ -107,10 +107,15 @@ func validateOperator(stream, node, who, why string) error {
 			return rpcerr.InvalidArgument("node", "%v", err)
 		}
 	}
-	// Who and why go into logs and, for a failover, into the stored
-	// recovery that every controller pass reads: bounded, so a long note
-	// is refused here rather than by etcd's request limit (which would
-	// answer Unavailable, and a retry would never pass).
+	return validateNote(who, why)
+}
+
+// validateNote bounds an operator action's who and why. They go into logs
+// and, for a failover or a drain, into a stored value that every
+// controller pass reads: bounded, so a long note is refused here rather
+// than by etcd's request limit (which would answer Unavailable, and a
+// retry would never pass).
+func validateNote(who, why string) error {
 	if len(who) > maxOperatorNote {
 		return rpcerr.InvalidArgument("who", "at most %d bytes, got %d", maxOperatorNote, len(who))
 	}
