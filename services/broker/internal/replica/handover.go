@@ -89,10 +89,17 @@ func (m *Manager) Handover(ctx context.Context, stream string, epoch uint64, tar
 	// the gate shared until its write is handed to storage: once the gate
 	// is ours, the owner's tails only move by the lazy cursor events the
 	// Sync below makes durable (followers are sent events once durable).
-	c.gate.Lock()
-	c.gate.Unlock() //nolint:staticcheck // an empty critical section: waiting out the writers under way is the point
 	wctx, cancel := context.WithTimeout(ctx, catchUp)
 	defer cancel()
+	if err := c.waitOutWriters(wctx); err != nil {
+		if ctx.Err() != nil {
+			return HandoverResult{}, ctx.Err()
+		}
+		m.log.Info().Str(logging.Stream, stream).Str(logging.Node, target).Dur("catch_up", catchUp).
+			Msg("handover abandoned: writes under way did not reach storage within the catch-up bound; the owner resumes")
+		s := c.st.State()
+		return HandoverResult{RecordTail: s.RecordTail, CursorEventTail: s.CursorEventTail}, nil
+	}
 	if err := c.st.Sync(wctx); err != nil && wctx.Err() == nil {
 		return HandoverResult{}, err
 	}
@@ -135,6 +142,32 @@ func (m *Manager) Handover(ctx context.Context, stream string, epoch uint64, tar
 	m.log.Info().Str(logging.Stream, stream).Str(logging.Node, target).Uint64(logging.RecordTail, s.RecordTail).
 		Uint64(logging.CursorEventTail, s.CursorEventTail).Msg("handover: owner paused and the target caught up; waiting for the seal")
 	return res, nil
+}
+
+// waitOutWriters returns once every append and cursor commit that passed
+// its pause check has handed its write to storage (each holds the gate
+// shared until then), or when ctx ends first: a write stuck behind a
+// stalled committer must not hold a handover past its bounds. The
+// exclusive gate is only taken to be released: new writers are held off
+// by the pause, not by the gate.
+func (c *Copy) waitOutWriters(ctx context.Context) error {
+	locked := make(chan struct{})
+	go func() {
+		c.gate.Lock()
+		close(locked)
+	}()
+	select {
+	case <-locked:
+		c.gate.Unlock()
+		return nil
+	case <-ctx.Done():
+		// The Lock still completes once the writers leave; release it then.
+		go func() {
+			<-locked
+			c.gate.Unlock()
+		}()
+		return ctx.Err()
+	}
 }
 
 // ResumeHandover ends the pause of stream's owner copy here, if any.
