@@ -110,8 +110,23 @@ generate: ## Regenerate code from proto/ (buf, protoc-gen-go, protoc-gen-connect
 	$(GO) tool buf generate
 
 .PHONY: check-generate
-check-generate: generate ## Fail if generated code is out of date.
+check-generate: generate check-badger ## Fail if generated code is out of date, or third_party/badger is not upstream plus its patches.
 	@test -z "$$(git status --porcelain -- api)" || { git status --porcelain -- api; echo "generated code differs: run make generate"; exit 1; }
+
+# third_party/badger is Badger at go.mod's required version, trimmed, with
+# third_party/badger-patches applied in order (third_party/badger.sh; the
+# tree's README says why and how to upgrade).
+.PHONY: badger
+badger: ## Regenerate third_party/badger: Badger at go.mod's version plus third_party/badger-patches.
+	@GO=$(GO) third_party/badger.sh third_party/badger
+
+.PHONY: check-badger
+check-badger: ## Fail, showing the diff, if third_party/badger differs from Badger at go.mod's version plus its patches.
+	@tmp=$$(mktemp -d); trap 'rm -rf "$$tmp"' EXIT; \
+	GO=$(GO) third_party/badger.sh "$$tmp/badger" || exit 1; \
+	diff -ruN "$$tmp/badger" third_party/badger || { \
+		echo "third_party/badger differs (+ lines) from Badger at go.mod's version plus third_party/badger-patches:"; \
+		echo "make a change to it a patch in third_party/badger-patches, then run make badger"; exit 1; }
 
 .PHONY: lint
 lint: ## go vet, buf lint, buf format, gofmt and golangci-lint (.golangci.yml; pinned in go.mod as a Go tool).

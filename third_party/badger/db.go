@@ -4,7 +4,7 @@
  */
 
 // Modified by Strand: DB.Sync syncs the memtable log and the value log at
-// once (see third_party/badger/README.md).
+// once (third_party/badger-patches/0002-sync-logs-at-once.patch).
 
 package badger
 
@@ -740,10 +740,11 @@ func (db *DB) Sync() error {
 	                    :: of data and then the machine shuts down or the disk failure happens,
 						:: this will result in partial writes. [[This case needs verification]]
 	*/
-	// Strand: the two logs are synced at once (third_party/badger/README.md):
-	// each sync writes its file's pages and flushes the device's cache, and
-	// two in flight together take little longer than one. Sync returns
-	// only once both are done, as before.
+	// Strand: the two logs are synced at once
+	// (third_party/badger-patches/0002-sync-logs-at-once.patch): each sync
+	// writes its file's pages and flushes the device's cache, and two in
+	// flight together take little longer than one. Sync returns only once
+	// both are done, as before.
 	var vLogSyncError error
 	vlogDone := make(chan struct{})
 	go func() {

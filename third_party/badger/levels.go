@@ -375,7 +375,7 @@ type targets struct {
 //     compacted into an *empty* level above a non-empty one: doing so makes that level non-empty
 //     and drags Lbase one level up on every compaction until it collapses to L1, forcing all
 //     data to cascade through every intermediate level (massive write-amplification, see
-//     github.com/dgraph-io/badger/issues/2327).
+//     issue #2327).
 func (s *levelsController) levelTargets() targets {
 	adjust := func(sz int64) int64 {
 		if sz < s.kv.opt.BaseLevelSize {

@@ -4,8 +4,10 @@
  */
 
 // Modified by Strand: valueLog.write writes with pwrite instead of copying
-// into the file mapping, a failed write gives its offset back, and its
-// encoding buffer is kept between calls (see third_party/badger/README.md).
+// into the file mapping, and a failed write gives its offset back
+// (third_party/badger-patches/0001-value-log-pwrite.patch); its encoding
+// buffer is kept between calls
+// (third_party/badger-patches/0003-value-log-keep-encode-buffer.patch).
 
 package badger
 
@@ -874,12 +876,12 @@ func (vlog *valueLog) write(reqs []*request) error {
 
 		start := int(endOffset - n)
 		// Strand: written with pwrite, not copied through the mapping
-		// (third_party/badger/README.md). A store that appends and syncs
-		// small batches paid, for every new page, a page fault and, at
-		// the msync, a write-protect with a TLB shootdown on every CPU the
-		// process ran on. The page cache is the same either way, so reads
-		// through curlf.Data see these bytes, and curlf.Sync (msync of the
-		// file's range) writes them back as before.
+		// (third_party/badger-patches/0001-value-log-pwrite.patch). A store
+		// that appends and syncs small batches paid, for every new page, a
+		// page fault and, at the msync, a write-protect with a TLB
+		// shootdown on every CPU the process ran on. The page cache is the
+		// same either way, so reads through curlf.Data see these bytes, and
+		// curlf.Sync (msync of the file's range) writes them back as before.
 		if _, err := curlf.Fd.WriteAt(buf.Bytes(), int64(start)); err != nil {
 			return fail(fmt.Errorf("while writing value log file %q: %w", curlf.path, err))
 		}
@@ -905,9 +907,10 @@ func (vlog *valueLog) write(reqs []*request) error {
 	}
 
 	// Strand: one buffer for every write, not a new one per call
-	// (third_party/badger/README.md). The buffer grew from empty to the
-	// size of the largest entry at each call, allocating and copying about
-	// twice what was written; only this goroutine writes the value log.
+	// (third_party/badger-patches/0003-value-log-keep-encode-buffer.patch).
+	// The buffer grew from empty to the size of the largest entry at each
+	// call, allocating and copying about twice what was written; only this
+	// goroutine writes the value log.
 	buf := vlog.writeBuf
 	if buf == nil {
 		buf = new(bytes.Buffer)

@@ -182,7 +182,7 @@ func (w *WaterMark) process(closer *z.Closer) {
 		}
 
 		if until-doneUntil <= uint64(len(waiters)) {
-			// github.com/dgraph-io/badger/issues/908 showed that if doneUntil is close to 2^60, while until is zero, this loop
+			// Issue #908 showed that if doneUntil is close to 2^60, while until is zero, this loop
 			// can hog up CPU just iterating over integers creating a busy-wait loop. So, only do
 			// this path if until - doneUntil is less than the number of waiters.
 			for idx := doneUntil + 1; idx <= until; idx++ {
