@@ -82,7 +82,9 @@ func ParsePolicy(s string) (Policy, error) {
 	p := Policy{Name: name}
 	if counted {
 		n, err := strconv.ParseUint(count, 10, 32)
-		if err != nil {
+		if err != nil || n == 0 {
+			// A written count is a count of copies: 0 is never one, and
+			// on a policy that takes no count it is still a count.
 			return Policy{}, fmt.Errorf("%w: %q: nodes count %q is not a number from 1 to %d", ErrInvalidPolicy, s, count, uint32(1<<32-1))
 		}
 		p.Nodes = int(n)

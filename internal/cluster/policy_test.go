@@ -88,7 +88,6 @@ func TestParsePolicyTable(t *testing.T) {
 		{"replica_durable(3)", Policy{Name: ReplicaDurable, Nodes: 3}},
 		{"replica_accepted(1)", Policy{Name: ReplicaAccepted, Nodes: 1}},
 		{"replica_durable:4294967295", Policy{Name: ReplicaDurable, Nodes: 1<<32 - 1}},
-		{"local_durable:0", Policy{Name: LocalDurable}},
 	} {
 		got, err := ParsePolicy(c.in)
 		if err != nil || got != c.want {
@@ -99,7 +98,7 @@ func TestParsePolicyTable(t *testing.T) {
 		"", "bogus", ":2", "(2)",
 		"replica_durable", "replica_durable:", "replica_durable:0", "replica_durable:x", "replica_durable:-1", "replica_durable:+2",
 		"replica_durable(2", "replica_durable(2))", "replica_durable:2)", "replica_durable:4294967296",
-		"majority_durable:2", "local_durable(1)", "Majority_Durable", " majority_durable",
+		"majority_durable:2", "local_durable(1)", "local_durable:0", "majority_durable(0)", "Majority_Durable", " majority_durable",
 	} {
 		if got, err := ParsePolicy(bad); !errors.Is(err, ErrInvalidPolicy) {
 			t.Errorf("ParsePolicy(%q) = %v, %v; want ErrInvalidPolicy", bad, got, err)

@@ -44,7 +44,11 @@ type CopyTails struct {
 // still be in sync (the controller's attention judges by it). Brokers
 // publish moving tails by it too: a move of less than half of it waits
 // until it adds up or the copy goes quiet (docs/etcd-schema.md, "Heartbeat
-// shards"), so the judgement tolerates published tails that trail.
+// shards"), so the judgement tolerates published tails that trail: under
+// steady load a follower that keeps up reads a little behind the watermark
+// its owner published later, and without the slack it would flap in and
+// out of sync with every publish. It holds even below the owner's confirm
+// watermark.
 const InSyncSlack = 1000
 
 // Heartbeat is stored at HeartbeatKey, bound to the broker's lease: the

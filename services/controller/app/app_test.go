@@ -209,7 +209,7 @@ func TestCreateGetListDelete(t *testing.T) {
 	}
 
 	// The second follower is below the owner's confirm watermark by more
-	// than the slack of published tails (attention.InSyncSlack).
+	// than the slack of published tails (cluster.InSyncSlack).
 	h.heartbeat(asg.Owner, map[string]cluster.CopyTails{"orders": {Epoch: 1, Role: cluster.RoleOwner, RecordTail: 2010, ConfirmWatermark: 2008}})
 	h.heartbeat(asg.Followers[0], map[string]cluster.CopyTails{"orders": {Epoch: 1, Role: cluster.RoleFollower, RecordTail: 2008}})
 	h.heartbeat(asg.Followers[1], map[string]cluster.CopyTails{"orders": {Epoch: 1, Role: cluster.RoleFollower, RecordTail: 5}})

@@ -19,17 +19,6 @@ const (
 	Missing = "missing"
 )
 
-// InSyncSlack is how many records a live follower at the assignment's epoch
-// may be behind the owner's record tail and still be in sync, even below
-// the owner's confirm watermark. Both tails are as last published, and a
-// broker publishes a moving tail only once it moved by half the slack, or
-// went quiet, and at most once per --heartbeat (docs/etcd-schema.md), so
-// under steady load a follower that keeps up reads a little behind the
-// watermark its owner published later; without the slack it would flap in
-// and out of sync with every publish. The value is the brokers' too
-// (cluster.InSyncSlack).
-const InSyncSlack = cluster.InSyncSlack
-
 // Copy is one copy's standing in a stream's replication.
 type Copy struct {
 	// Node is empty for a missing copy the controller cannot name.
@@ -77,7 +66,7 @@ func (r Replication) Under() bool { return r.Copies > 1 && r.InSync < r.Copies }
 //
 // A member is in sync when its broker is registered, it published tails at
 // the assignment's epoch (or sealed past it), and, for a follower, its record tail reaches the
-// owner's published confirm watermark or is within InSyncSlack of the
+// owner's published confirm watermark or is within cluster.InSyncSlack of the
 // owner's record tail: it then holds (nearly) every confirmed record. A
 // follower whose owner published nothing is taken as in sync: its lag
 // cannot be measured, and the owner's own state says what is wrong.
@@ -150,7 +139,7 @@ func judgeMember(s *state.Snapshot, a cluster.Assignment, node string, owner clu
 		// for the recovery that takes the seal over, and attention
 		// reports the wait itself.
 		c.State = Lagging
-	case node == a.Owner || !ownerOK || c.Tails.RecordTail >= owner.ConfirmWatermark || c.Lag <= InSyncSlack:
+	case node == a.Owner || !ownerOK || c.Tails.RecordTail >= owner.ConfirmWatermark || c.Lag <= cluster.InSyncSlack:
 		c.State = InSync
 	default:
 		c.State = Lagging
