@@ -35,6 +35,7 @@ func adminCommands() []*command {
 		failoverTo string
 		catchUp    time.Duration
 		drainWait  bool
+		drainLimit time.Duration
 		dryRun     bool
 	)
 	return []*command{
@@ -168,6 +169,7 @@ func adminCommands() []*command {
 			name: "broker", args: "drain|undrain NODE", summary: "drain a broker (its streams and copies move elsewhere), or end a drain",
 			flags: func(fs *flag.FlagSet) {
 				fs.BoolVar(&drainWait, "wait", false, "drain: return once the broker holds no copy and no stream is under-replicated")
+				fs.DurationVar(&drainLimit, "wait-timeout", 15*time.Minute, "drain --wait: give up waiting after this long and exit 1 with what is left (the drain itself goes on)")
 				fs.StringVar(&why, "why", "", "reason, recorded with who ran it")
 			},
 			run: func(ctx context.Context, e *env, _ *flag.FlagSet, args []string) error {
@@ -177,13 +179,16 @@ func adminCommands() []*command {
 				var b *strandv1.Broker
 				switch args[0] {
 				case "drain":
+					if drainWait && drainLimit <= 0 {
+						return usagef("--wait-timeout must be above 0")
+					}
 					res, err := adminCall(ctx, e, strandv1connect.AdminServiceClient.DrainBroker, &strandv1.DrainBrokerRequest{Node: args[1], Who: who(), Why: why})
 					if err != nil {
 						return err
 					}
 					b = res.GetBroker()
 					if drainWait {
-						if b, err = waitDrained(ctx, e, args[1]); err != nil {
+						if b, err = waitDrained(ctx, e, args[1], drainLimit); err != nil {
 							return err
 						}
 					}
@@ -274,45 +279,62 @@ func printFailover(w io.Writer, stream, to string, res *strandv1.FailoverRespons
 }
 
 // waitDrained polls the brokers and the attention list until node holds no
-// copy and no stream is under-replicated.
-func waitDrained(ctx context.Context, e *env, node string) (*strandv1.Broker, error) {
+// copy and no stream is under-replicated, for at most limit. Past it, the
+// error says what was still left at the last look: the drain goes on in
+// the controller, only the wait ends.
+func waitDrained(ctx context.Context, e *env, node string, limit time.Duration) (*strandv1.Broker, error) {
+	wctx, cancel := context.WithTimeout(ctx, limit)
+	defer cancel()
 	tick := time.NewTicker(250 * time.Millisecond)
 	defer tick.Stop()
+	left := "no answer yet"
 	for {
-		res, err := adminCall(ctx, e, strandv1connect.AdminServiceClient.ListBrokers, &strandv1.ListBrokersRequest{})
-		if err != nil {
+		b, under, err := drainState(wctx, e, node)
+		switch {
+		case err != nil && wctx.Err() == nil:
 			return nil, err
-		}
-		var b *strandv1.Broker
-		for _, x := range res.GetBrokers() {
-			if x.GetNode() == node {
-				b = x
+		case err == nil && (b == nil || b.GetDrained()) && under == 0:
+			if b == nil {
+				b = &strandv1.Broker{Node: node, Draining: true, Drained: true}
 			}
-		}
-		if b == nil || b.GetDrained() {
-			att, err := adminCall(ctx, e, strandv1connect.AdminServiceClient.ListAttention, &strandv1.ListAttentionRequest{})
-			if err != nil {
-				return nil, err
-			}
-			under := false
-			for _, a := range att.GetEntries() {
-				if a.GetKind() == "under_replicated" {
-					under = true
-				}
-			}
-			if !under {
-				if b == nil {
-					b = &strandv1.Broker{Node: node, Draining: true, Drained: true}
-				}
-				return b, nil
-			}
+			return b, nil
+		case err == nil:
+			left = fmt.Sprintf("%d copies on it, %d streams under-replicated", b.GetCopies(), under)
 		}
 		select {
 		case <-ctx.Done():
 			return nil, ctx.Err()
+		case <-wctx.Done():
+			return nil, fmt.Errorf("broker %s not drained after %s (%s); the drain goes on: run broker drain %s --wait again, or broker undrain %s to end it", node, limit, left, node, node)
 		case <-tick.C:
 		}
 	}
+}
+
+// drainState is node's broker entry (nil once it is gone from the list) and
+// how many streams attention lists as under-replicated.
+func drainState(ctx context.Context, e *env, node string) (*strandv1.Broker, int, error) {
+	res, err := adminCall(ctx, e, strandv1connect.AdminServiceClient.ListBrokers, &strandv1.ListBrokersRequest{})
+	if err != nil {
+		return nil, 0, err
+	}
+	var b *strandv1.Broker
+	for _, x := range res.GetBrokers() {
+		if x.GetNode() == node {
+			b = x
+		}
+	}
+	att, err := adminCall(ctx, e, strandv1connect.AdminServiceClient.ListAttention, &strandv1.ListAttentionRequest{})
+	if err != nil {
+		return nil, 0, err
+	}
+	under := 0
+	for _, a := range att.GetEntries() {
+		if a.GetKind() == "under_replicated" {
+			under++
+		}
+	}
+	return b, under, nil
 }
 
 func printAttention(w io.Writer, entries []*strandv1.AttentionEntry, withStream bool) {

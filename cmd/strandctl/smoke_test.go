@@ -273,6 +273,24 @@ func TestCLISmoke(t *testing.T) {
 	if r := ctl(t, dir, "", "stream", "create"); r.code != 2 {
 		t.Fatalf("stream create without a name: exit %d, want 2 (%s)", r.code, r.stderr)
 	}
+
+	// broker drain --wait, before any stream exists: a bound of 0 is a
+	// usage error and drains nothing; a bound that passed before the first
+	// look gives up with exit 1 and leaves the drain on; without one the
+	// wait ends at once (broker-1 holds no copy) and undrain ends it.
+	if r := ctl(t, dir, "", "broker", "drain", "broker-1", "--wait", "--wait-timeout", "0"); r.code != 2 {
+		t.Fatalf("drain --wait-timeout 0: exit %d, want 2 (%s)", r.code, r.stderr)
+	}
+	if out := mustCtl(t, dir, "", "brokers"); strings.Contains(out, "drain") {
+		t.Fatalf("a refused drain drained broker-1:\n%s", out)
+	}
+	if r := ctl(t, dir, "", "broker", "drain", "broker-1", "--wait", "--wait-timeout", "1ns"); r.code != 1 || !strings.Contains(r.stderr, "not drained after 1ns") {
+		t.Fatalf("drain --wait-timeout 1ns: exit %d, want 1 with what is left (%s)", r.code, r.stderr)
+	}
+	if out := mustCtl(t, dir, "", "broker", "drain", "broker-1", "--wait"); !strings.Contains(out, "drained") {
+		t.Fatalf("drain --wait of a broker with no copy: %q, want it drained", out)
+	}
+	mustCtl(t, dir, "", "broker", "undrain", "broker-1")
 	if r := ctl(t, dir, "", "stream", "create", "x", "--policy", "bogus"); r.code != 2 {
 		t.Fatalf("unknown policy: exit %d, want 2 (%s)", r.code, r.stderr)
 	}
