@@ -6,10 +6,10 @@ import (
 )
 
 // Brokers and controllers must agree on a stream's shard: the hash is
-// pinned (FNV-1a 32 of the name, modulo 16, computed apart from this
+// pinned (FNV-1a 32 of the name, modulo 128, computed apart from this
 // code), and spreads names over every shard.
 func TestHeartbeatShard(t *testing.T) {
-	for name, want := range map[string]int{"orders": 12, "a": 12, "s1": 9, "orders.eu-1": 14} {
+	for name, want := range map[string]int{"orders": 108, "a": 44, "s1": 73, "orders.eu-1": 110} {
 		if got := HeartbeatShard(name); got != want {
 			t.Errorf("HeartbeatShard(%q) = %d, want %d", name, got, want)
 		}
@@ -32,11 +32,16 @@ func TestHeartbeatKeyRoundTrip(t *testing.T) {
 			t.Errorf("ParseHeartbeatKey(%q) = %q, %d, %v", key, node, got, err)
 		}
 	}
+	// Two digits, as brokers wrote them with 16 shards, are read too.
+	if node, got, err := s.ParseHeartbeatKey("/x/heartbeats/broker-1/15"); err != nil || node != "broker-1" || got != 15 {
+		t.Errorf("ParseHeartbeatKey of a two-digit shard = %q, %d, %v", node, got, err)
+	}
 	for _, key := range []string{
 		"/x/heartbeats/broker-1",       // the unsharded key of old brokers
 		"/x/heartbeats/broker-1/",      // no shard
-		"/x/heartbeats/broker-1/7",     // not two digits
-		"/x/heartbeats/broker-1/16",    // past the last shard
+		"/x/heartbeats/broker-1/7",     // not three (or two) digits
+		"/x/heartbeats/broker-1/0007",  // four digits
+		"/x/heartbeats/broker-1/128",   // past the last shard
 		"/x/heartbeats/broker-1/0a",    // not a number
 		"/x/heartbeats/broker-1/01/02", // deeper
 		"/x/heartbeats//01",            // no node

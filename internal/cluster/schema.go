@@ -66,12 +66,17 @@ func (s Schema) DrainingKey(node string) string     { return s.DrainingDir() + n
 // HeartbeatShards is how many keys a broker's copy statuses are spread
 // over. A broker rewrites only the shards whose statuses changed, so one
 // change costs a value of about 1/HeartbeatShards of its copies, and a
-// broker's shards fit in one transaction (HeartbeatShards is well under
-// etcd's default --max-txn-ops of 128). Changing it moves streams between
+// broker's shards fit in one transaction (HeartbeatShards is at most
+// etcd's default --max-txn-ops of 128). Under publish load every shard
+// holding a busy copy is rewritten about once per tail step, so what etcd
+// keeps as history grows with the size of a shard: 128 shards keep a
+// shard at about 8 copies (under 1 KB) for 1,000 streams on three brokers,
+// where 16 shards made it 7 KB and the history of a 5-minute retention
+// about 150 MB (docs/etcd.md, "Sizing"). Changing it moves streams between
 // shards: readers take every shard key under a broker's directory, so a
 // broker restarted with another count is read correctly once its old
 // lease (and with it its old shards) is gone.
-const HeartbeatShards = 16
+const HeartbeatShards = 128
 
 // HeartbeatShard is the shard of a broker's heartbeat that carries the
 // status of its copy of stream: a stable hash of the name (FNV-1a), the
@@ -87,7 +92,7 @@ func (s Schema) HeartbeatDir(node string) string { return s.HeartbeatsDir() + no
 
 // HeartbeatKey is the key of one shard of node's heartbeat.
 func (s Schema) HeartbeatKey(node string, shard int) string {
-	return s.HeartbeatDir(node) + fmt.Sprintf("%02d", shard)
+	return s.HeartbeatDir(node) + fmt.Sprintf("%03d", shard)
 }
 
 // ParseHeartbeatKey returns the node and shard of a heartbeat shard key.
@@ -97,12 +102,14 @@ func (s Schema) ParseHeartbeatKey(key string) (node string, shard int, err error
 		return "", 0, fmt.Errorf("%w: %q under %q", ErrNotInDir, key, s.HeartbeatsDir())
 	}
 	node, num, ok := strings.Cut(rest, "/")
-	if !ok || node == "" || len(num) != 2 {
+	// Three digits; two are read as well, as brokers wrote them when there
+	// were 16 shards, so a controller reads a broker not yet upgraded.
+	if !ok || node == "" || (len(num) != 3 && len(num) != 2) {
 		return "", 0, fmt.Errorf("%w: %q is not <node>/<shard> under %q", ErrNotInDir, key, s.HeartbeatsDir())
 	}
 	shard, err = strconv.Atoi(num)
 	if err != nil || shard < 0 || shard >= HeartbeatShards {
-		return "", 0, fmt.Errorf("%w: %q: shard %q outside 00..%02d", ErrNotInDir, key, num, HeartbeatShards-1)
+		return "", 0, fmt.Errorf("%w: %q: shard %q outside 000..%03d", ErrNotInDir, key, num, HeartbeatShards-1)
 	}
 	return node, shard, nil
 }
