@@ -238,6 +238,22 @@ func (c *Copy) reconcile(ctx context.Context) (dropped bool, err error) {
 		// "Copies with a longer tail"; storage.FenceBelow).
 		c.st.FenceBelow(a.Epoch)
 		c.endRole("")
+		// The cut is decided on the tails after the fence: a write the
+		// old role had admitted (its offset assigned) may still be on its
+		// way to disk, and State reports durable tails. Decided on the
+		// tails read above, such a record (an owner's publish no follower
+		// took, so never confirmed) would escape the cut, the advance
+		// would make it part of the new epoch's history at an offset the
+		// new owner gives to another record, and the copies would no
+		// longer hold prefixes of each other: a later pick among copies
+		// tied on their tails could then promote the one without a
+		// confirmed record (docs/protocol.md, "Copies with a longer
+		// tail"). Once every write handed to the committer before the
+		// fence is durable, State has them all.
+		if err := c.st.Sync(ctx); err != nil {
+			return false, fmt.Errorf("sync before the cut: %w", err)
+		}
+		state = c.st.State()
 		if err := c.bringOntoHistory(ctx, state, a.Epoch); err != nil {
 			return false, err
 		}
