@@ -220,6 +220,15 @@ func Open(opts Options) (*DB, error) {
 	// tables in memory, so deeper levels with larger tables would make
 	// its peak memory grow with the store.
 	bo.TableSizeMultiplier = 1
+	// Before either Badger open below (the recovery's and the store's).
+	removed, err := repairLogFiles(opts.Dir)
+	if err != nil {
+		return nil, err
+	}
+	if len(removed) > 0 {
+		opts.Logger.Warn().Strs(logging.Files, removed).
+			Msg("removed log files a power loss left shorter than their header: they held no synced entry")
+	}
 	bootIDPath := opts.BootIDPath
 	if bootIDPath == "" {
 		bootIDPath = BootIDPath

@@ -84,6 +84,10 @@
 //     entries. Entries past a durable tail (a crash inside a split batch)
 //     are deleted when the stream is opened. Badger truncates a torn WAL
 //     tail on open.
+//   - Open opens from every state a power loss can leave Badger's log files
+//     in: a write-ahead log or value log file shorter than its header (one
+//     Badger created and nothing synced yet) holds no synced entry and is
+//     removed before Badger opens, which it otherwise refuses to (repair.go).
 //
 // # Ordering invariants
 //
