@@ -7,7 +7,7 @@ import (
 	"fmt"
 	"slices"
 
-	"github.com/dgraph-io/badger/v4"
+	"github.com/strandhq/strand/services/broker/internal/storage/engine"
 
 	"github.com/strandhq/strand/internal/logging"
 )
@@ -164,8 +164,8 @@ func (s *Stream) loadProducers(ctx context.Context, rebuild bool) error {
 		named[g.Gen] = true
 	}
 	var stale [][]byte
-	err := s.db.bdb.View(func(txn *badger.Txn) error {
-		it := txn.NewIterator(badger.IteratorOptions{Prefix: s.prodPrefix})
+	err := s.db.eng.View(func(txn *engine.Txn) error {
+		it := txn.NewIterator(engine.IterOptions{Prefix: s.prodPrefix})
 		defer it.Close()
 		for it.Rewind(); it.Valid(); it.Next() {
 			k := it.Item().Key()
@@ -213,7 +213,7 @@ func (s *Stream) rebuildProducers(gens []producerGen, head, at uint64) (*produce
 			continue
 		}
 		if err := s.readProducerGen(t, g); err != nil {
-			if !errors.Is(err, ErrCorrupt) && !errors.Is(err, badger.ErrKeyNotFound) {
+			if !errors.Is(err, ErrCorrupt) && !errors.Is(err, engine.ErrNotFound) {
 				return nil, 0, err
 			}
 			// A checkpoint that cannot be read (a value log GC rewrite
@@ -234,7 +234,7 @@ func (s *Stream) rebuildProducers(gens []producerGen, head, at uint64) (*produce
 
 // readProducerGen decodes checkpoint g into t.
 func (s *Stream) readProducerGen(t *producerTable, g producerGen) error {
-	err := s.db.bdb.View(func(txn *badger.Txn) error {
+	err := s.db.eng.View(func(txn *engine.Txn) error {
 		for c := range g.Chunks {
 			item, err := txn.Get(s.producerChunkKey(g.Gen, c))
 			if err != nil {
@@ -257,7 +257,7 @@ func (s *Stream) replayProducers(t *producerTable, from, to uint64) error {
 	if from >= to {
 		return nil
 	}
-	err := s.db.bdb.View(func(txn *badger.Txn) error {
+	err := s.db.eng.View(func(txn *engine.Txn) error {
 		return s.scanRecords(txn, from, to, false, ErrCorrupt, func(rec Record, _ int) bool {
 			if sequenced(&rec) {
 				t.apply(rec.ProducerID, rec.Sequence, rec.Offset)
@@ -273,25 +273,5 @@ func (s *Stream) replayProducers(t *producerTable, from, to uint64) error {
 
 // deletePrefix deletes every key under prefix, in bounded batches.
 func (db *DB) deletePrefix(ctx context.Context, prefix []byte) error {
-	for {
-		var keys [][]byte
-		err := db.bdb.View(func(txn *badger.Txn) error {
-			it := txn.NewIterator(badger.IteratorOptions{Prefix: prefix})
-			defer it.Close()
-			for it.Rewind(); it.Valid() && len(keys) < 1024; it.Next() {
-				keys = append(keys, it.Item().KeyCopy(nil))
-			}
-			return nil
-		})
-		if err != nil || len(keys) == 0 {
-			return err
-		}
-		o := &op{}
-		for _, k := range keys {
-			o.del(k)
-		}
-		if err := db.do(ctx, o); err != nil {
-			return err
-		}
-	}
+	return db.eng.DeleteRange(ctx, prefix, prefix, nil)
 }

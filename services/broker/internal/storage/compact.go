@@ -6,7 +6,7 @@ import (
 	"fmt"
 	"maps"
 
-	"github.com/dgraph-io/badger/v4"
+	"github.com/strandhq/strand/services/broker/internal/storage/engine"
 
 	"github.com/strandhq/strand/internal/logging"
 )
@@ -177,8 +177,8 @@ func (s *Stream) compactCursorEvents(ctx context.Context) error {
 			return nil
 		}
 		var keys [][]byte
-		err := s.db.bdb.View(func(txn *badger.Txn) error {
-			it := txn.NewIterator(badger.IteratorOptions{Prefix: s.eventPrefix})
+		err := s.db.eng.View(func(txn *engine.Txn) error {
+			it := txn.NewIterator(engine.IterOptions{Prefix: s.eventPrefix})
 			defer it.Close()
 			for it.Seek(offsetKey(s.eventPrefix, from)); it.Valid() && len(keys) < compactBatch; it.Next() {
 				k := it.Item().KeyCopy(nil)

@@ -90,7 +90,7 @@ func TestOpenAfterAPowerLossBeforeTheFirstWrite(t *testing.T) {
 		changes []change
 	}{
 		{"empty .mem", []change{{mem, truncate(0)}}},
-		{"short .mem", []change{{mem, truncate(logHeaderBytes - 1)}}},
+		{"short .mem", []change{{mem, truncate(badgerLogHeaderBytes - 1)}}},
 		{"zero-filled .mem", []change{{mem, zero}}},
 		{"missing .mem", []change{{mem, remove}}},
 		{"empty .vlog", []change{{vlog, truncate(0)}}},

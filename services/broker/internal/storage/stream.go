@@ -10,7 +10,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/dgraph-io/badger/v4"
+	"github.com/strandhq/strand/services/broker/internal/storage/engine"
 )
 
 // Record is one record as the log holds it.
@@ -194,9 +194,9 @@ func (db *DB) loadStream(name string) (*Stream, error) {
 		snapSize int
 		found    bool
 	)
-	err := db.bdb.View(func(txn *badger.Txn) error {
+	err := db.eng.View(func(txn *engine.Txn) error {
 		item, err := txn.Get(s.metaKey)
-		if errors.Is(err, badger.ErrKeyNotFound) {
+		if errors.Is(err, engine.ErrNotFound) {
 			return nil
 		}
 		if err != nil {
@@ -210,7 +210,7 @@ func (db *DB) loadStream(name string) (*Stream, error) {
 			return err
 		}
 		item, err = txn.Get(s.snapKey)
-		if errors.Is(err, badger.ErrKeyNotFound) {
+		if errors.Is(err, engine.ErrNotFound) {
 			return nil
 		}
 		if err != nil {
@@ -922,7 +922,7 @@ func (s *Stream) read(from uint64, maxRecords, maxBytes int, written bool) ([]Re
 		out   []Record
 		bytes int
 	)
-	err := s.db.bdb.View(func(txn *badger.Txn) error {
+	err := s.db.eng.View(func(txn *engine.Txn) error {
 		return s.scanRecords(txn, from, end, true, ErrOutOfRange, func(rec Record, size int) bool {
 			if maxBytes > 0 && len(out) > 0 && bytes+size > maxBytes {
 				return false
@@ -952,7 +952,7 @@ func (s *Stream) read(from uint64, maxRecords, maxBytes int, written bool) ([]Re
 // recordChain reads the chain value stored with record off.
 func (s *Stream) recordChain(off uint64) (uint64, error) {
 	var chain uint64
-	err := s.db.bdb.View(func(txn *badger.Txn) error {
+	err := s.db.eng.View(func(txn *engine.Txn) error {
 		return s.scanRecords(txn, off, off+1, false, ErrCorrupt, func(r Record, _ int) bool {
 			chain = r.Chain
 			return true
@@ -1001,8 +1001,8 @@ func (s *Stream) scanEvents(from, to uint64, fn func(CursorEvent) bool) error {
 	if from >= to {
 		return nil
 	}
-	return s.db.bdb.View(func(txn *badger.Txn) error {
-		it := txn.NewIterator(badger.IteratorOptions{PrefetchValues: true, PrefetchSize: 64, Prefix: s.eventPrefix})
+	return s.db.eng.View(func(txn *engine.Txn) error {
+		it := txn.NewIterator(engine.IterOptions{Prefetch: 64, Prefix: s.eventPrefix})
 		defer it.Close()
 		next := from
 		for it.Seek(offsetKey(s.eventPrefix, from)); it.Valid() && next < to; it.Next() {
@@ -1033,37 +1033,5 @@ func (s *Stream) scanEvents(from, to uint64, fn func(CursorEvent) bool) error {
 // deleteRange deletes the keys under prefix with offsets in [from, to), in
 // bounded batches, waiting for each.
 func (db *DB) deleteRange(ctx context.Context, prefix []byte, from, to uint64) error {
-	const batch = 1024
-	for {
-		var keys [][]byte
-		err := db.bdb.View(func(txn *badger.Txn) error {
-			it := txn.NewIterator(badger.IteratorOptions{Prefix: prefix})
-			defer it.Close()
-			for it.Seek(offsetKey(prefix, from)); it.Valid() && len(keys) < batch; it.Next() {
-				k := it.Item().KeyCopy(nil)
-				if keyOffset(k) >= to {
-					break
-				}
-				keys = append(keys, k)
-			}
-			return nil
-		})
-		if err != nil {
-			return err
-		}
-		if len(keys) == 0 {
-			return nil
-		}
-		o := &op{}
-		for _, k := range keys {
-			o.del(k)
-		}
-		if err := db.do(ctx, o); err != nil {
-			return err
-		}
-		if len(keys) < batch {
-			return nil
-		}
-		from = keyOffset(keys[len(keys)-1]) + 1
-	}
+	return db.eng.DeleteRange(ctx, prefix, offsetKey(prefix, from), offsetKey(prefix, to))
 }

@@ -1,4 +1,4 @@
-package storage
+package engine
 
 import (
 	"errors"
@@ -32,8 +32,8 @@ import (
 // as unreadable, like one past a file's end. Badger handles every other
 // state such a file can be left in: a missing file (it creates the next
 // one), a zero-filled or short one (an empty header means no encryption,
-// and the replay stops at the first entry that does not check out).
-const logHeaderBytes = 20 // Badger's vlogHeaderSize: key id (8) and IV (12)
+// and the replay stops at the first entry that does not check out). The
+// header is the same in both kinds of file (vlogFileHeaderSize).
 
 // repairLogFiles removes every memtable write-ahead log and value log file
 // in dir that is shorter than its header, and syncs dir if it removed any.
@@ -59,7 +59,7 @@ func repairLogFiles(dir string) (removed []string, err error) {
 		if err != nil {
 			return removed, fmt.Errorf("storage: reading the size of %s: %w", name, err)
 		}
-		if info.Size() >= logHeaderBytes {
+		if info.Size() >= vlogFileHeaderSize {
 			continue
 		}
 		if err := os.Remove(filepath.Join(dir, name)); err != nil {
