@@ -26,7 +26,7 @@ import (
 //     counts its events (or, in a batch split at Badger's transaction
 //     bound, before it: the open then lowers its boundary to the tail).
 //     Nothing is deleted before that transaction is synced, so a torn one,
-//     which Open rolls back (torn.go), has lost no events.
+//     which Open rolls back (engine/torn.go), has lost no events.
 //  2. The events in [CursorEventsPurged, boundary) are deleted in bounded
 //     batches; each batch and the purge mark it advances are one
 //     transaction. A delete repeated finds nothing and only moves the mark.

@@ -263,7 +263,7 @@ func (db *DB) Close() error {
 // MayHaveLostWritten reports that the last stop of this store was unclean
 // and the machine has rebooted since (or that cannot be told): records that
 // were written but not yet synced then, which an owner may already have
-// shipped to followers, may be missing (boot.go).
+// shipped to followers, may be missing (engine/boot.go).
 func (db *DB) MayHaveLostWritten() bool { return db.eng.Recovery().MayHaveLostWritten }
 
 // Open returns the stream copy called name, creating it (empty, epoch 0) if

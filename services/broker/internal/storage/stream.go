@@ -439,7 +439,7 @@ func addLogEpoch(les []LogEpoch, e LogEpoch) []LogEpoch {
 // Append appends recs as the owner at epoch: offsets from the record tail,
 // the epoch stamped, PublishTime set to now where zero, the chain computed.
 // It returns the stored records once they are fsynced. Concurrent appends
-// share fsyncs (commit.go). If ctx ends while waiting, the records may
+// share fsyncs (engine/commit.go). If ctx ends while waiting, the records may
 // still become durable; the caller cannot tell, as with any lost reply.
 //
 // Records with a producer id and a sequence are deduplicated as

@@ -165,10 +165,13 @@ type Engine struct {
 	// gate orders enqueueing against Close: senders hold it shared while
 	// they send, Close takes it exclusively to stop them, so the committer
 	// sees every batch that was accepted.
-	gate     sync.RWMutex
-	closed   bool
-	stopMu   sync.Mutex
-	stopped2 bool
+	gate   sync.RWMutex
+	closed bool
+	// stopMu orders starting the value log GC (Settle) against stopping
+	// it (StopWrites), and Close against itself; writesStopped is set by
+	// StopWrites.
+	stopMu        sync.Mutex
+	writesStopped bool
 
 	// failed is the first write error; the committer refuses all later work.
 	failMu sync.Mutex
@@ -342,7 +345,7 @@ func (e *Engine) Settle() error {
 	e.recovery.Pending, e.recovery.ValuesLost = false, false
 	e.stopMu.Lock()
 	defer e.stopMu.Unlock()
-	if !e.stopped2 {
+	if !e.writesStopped {
 		e.gcStarted = true
 		go e.gcLoop()
 	}
@@ -376,7 +379,7 @@ func (e *Engine) StopWrites() {
 	e.closed = true
 	e.gate.Unlock()
 	e.stopMu.Lock()
-	e.stopped2 = true
+	e.writesStopped = true
 	started := e.gcStarted
 	e.stopMu.Unlock()
 	close(e.stop)
