@@ -115,9 +115,9 @@ func opDone(b *engine.Batch, err error) {
 // every entry of the group, so a group split by Badger's transaction bound
 // may leave entries past a durable tail (ignored and cleaned on open),
 // never a tail past its entries. It runs on the committer only, which owns
-// the streams' cm fields.
-func groupMeta(group []*engine.Batch) []engine.Entry {
-	var touched []*Stream
+// the streams' cm fields and db.cm.
+func (db *DB) groupMeta(group []*engine.Batch) []engine.Entry {
+	touched := db.cm.touched[:0]
 	for _, b := range group {
 		o, ok := b.Tag.(*op)
 		if !ok {
@@ -142,10 +142,9 @@ func groupMeta(group []*engine.Batch) []engine.Entry {
 			s.cmMeta, s.cmVersion = o.meta, o.version
 		}
 	}
-	if len(touched) == 0 {
-		return nil
-	}
-	out := make([]engine.Entry, 0, len(touched))
+	// Both slices are the committer's, kept between groups: the engine is
+	// done with the entries of a group before it asks for the next.
+	out := db.cm.entries[:0]
 	for _, s := range touched {
 		s.cmTouched = false
 		if s.cmMeta == nil {
@@ -155,5 +154,7 @@ func groupMeta(group []*engine.Batch) []engine.Entry {
 		m.ConfirmWatermark = s.persistedWatermark(m.RecordTail)
 		out = append(out, engine.Entry{Key: s.metaKey, Value: encodeMeta(&m)})
 	}
+	clear(touched)
+	db.cm.touched, db.cm.entries = touched, out
 	return out
 }

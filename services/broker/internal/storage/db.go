@@ -90,6 +90,11 @@ type DB struct {
 	hooks *engine.Hooks
 	// onFail is Options.OnFail; tests set it after Open.
 	onFail func(error)
+	// cm is the committer's scratch for groupMeta.
+	cm struct {
+		touched []*Stream
+		entries []engine.Entry
+	}
 
 	// closed is set by Close, under closeMu.
 	closeMu sync.Mutex
@@ -168,7 +173,7 @@ func Open(opts Options) (*DB, error) {
 		OnCommit:          opts.OnCommit,
 		OnFail:            db.failed,
 		WriteFault:        opts.WriteFault,
-		OnGroup:           groupMeta,
+		OnGroup:           db.groupMeta,
 		OnWritten:         opWritten,
 		OnDone:            opDone,
 		Recover:           markUnsure,
