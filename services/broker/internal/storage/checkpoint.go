@@ -6,10 +6,10 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-
-	"github.com/strandhq/strand/services/broker/internal/storage/engine"
+	"sync"
 
 	"github.com/strandhq/strand/internal/logging"
+	"github.com/strandhq/strand/services/broker/internal/storage/engine"
 )
 
 // Producer table checkpoints (doc.go, "Idempotent publish"). A checkpoint is
@@ -57,9 +57,7 @@ func (s *Stream) producerCheckpointDueLocked() bool {
 // to give back if o is not enqueued.
 func (s *Stream) addProducerCheckpointLocked(o *op, t *producerTable, boundary uint64, keep func(producerGen) bool, collect bool) (dropped, taken []producerGen) {
 	if collect {
-		s.gcMu.Lock()
-		taken, s.prodGarbage = s.prodGarbage, nil
-		s.gcMu.Unlock()
+		taken = s.prodGarbage.take()
 		for _, g := range taken {
 			for c := range g.Chunks {
 				o.del(s.producerChunkKey(g.Gen, c))
@@ -92,14 +90,35 @@ func (s *Stream) addProducerCheckpointLocked(o *op, t *producerTable, boundary u
 
 // retireProducerGens queues checkpoints that a durable meta no longer names
 // for deletion with the next checkpoint. It runs on the committer (op
-// apply), so it takes only gcMu.
+// apply), so it takes only prodGarbage's leaf lock.
 func (s *Stream) retireProducerGens(gens []producerGen) {
 	if len(gens) == 0 {
 		return
 	}
-	s.gcMu.Lock()
-	s.prodGarbage = append(s.prodGarbage, gens...)
-	s.gcMu.Unlock()
+	s.prodGarbage.add(gens)
+}
+
+// checkpointGarbage holds producer checkpoints that no durable meta names
+// any more, whose chunks the next checkpoint deletes. Its lock is a leaf,
+// so the committer may take it under anything.
+type checkpointGarbage struct {
+	mu   sync.Mutex
+	gens []producerGen
+}
+
+func (g *checkpointGarbage) add(gens []producerGen) {
+	g.mu.Lock()
+	g.gens = append(g.gens, gens...)
+	g.mu.Unlock()
+}
+
+// take returns every checkpoint held and holds none.
+func (g *checkpointGarbage) take() []producerGen {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	gens := g.gens
+	g.gens = nil
+	return gens
 }
 
 func keepAll(producerGen) bool { return true }

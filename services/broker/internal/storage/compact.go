@@ -6,9 +6,8 @@ import (
 	"fmt"
 	"maps"
 
-	"github.com/strandhq/strand/services/broker/internal/storage/engine"
-
 	"github.com/strandhq/strand/internal/logging"
+	"github.com/strandhq/strand/services/broker/internal/storage/engine"
 )
 
 // Cursor event log compaction. A copy's cursor state is its cursor snapshot
