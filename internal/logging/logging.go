@@ -47,6 +47,8 @@ const (
 	Keys = "keys"
 	// WritesHeld is how long writes waited on a value log GC rewrite.
 	WritesHeld = "writes_held"
+	// Files names the files a repair before Badger's open removed.
+	Files = "files"
 )
 
 // Millisecond timestamps: failover phases are measured from these logs. Set

@@ -6,10 +6,10 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-
-	"github.com/dgraph-io/badger/v4"
+	"sync"
 
 	"github.com/strandhq/strand/internal/logging"
+	"github.com/strandhq/strand/services/broker/internal/storage/engine"
 )
 
 // Producer table checkpoints (doc.go, "Idempotent publish"). A checkpoint is
@@ -57,9 +57,7 @@ func (s *Stream) producerCheckpointDueLocked() bool {
 // to give back if o is not enqueued.
 func (s *Stream) addProducerCheckpointLocked(o *op, t *producerTable, boundary uint64, keep func(producerGen) bool, collect bool) (dropped, taken []producerGen) {
 	if collect {
-		s.gcMu.Lock()
-		taken, s.prodGarbage = s.prodGarbage, nil
-		s.gcMu.Unlock()
+		taken = s.prodGarbage.take()
 		for _, g := range taken {
 			for c := range g.Chunks {
 				o.del(s.producerChunkKey(g.Gen, c))
@@ -92,14 +90,35 @@ func (s *Stream) addProducerCheckpointLocked(o *op, t *producerTable, boundary u
 
 // retireProducerGens queues checkpoints that a durable meta no longer names
 // for deletion with the next checkpoint. It runs on the committer (op
-// apply), so it takes only gcMu.
+// apply), so it takes only prodGarbage's leaf lock.
 func (s *Stream) retireProducerGens(gens []producerGen) {
 	if len(gens) == 0 {
 		return
 	}
-	s.gcMu.Lock()
-	s.prodGarbage = append(s.prodGarbage, gens...)
-	s.gcMu.Unlock()
+	s.prodGarbage.add(gens)
+}
+
+// checkpointGarbage holds producer checkpoints that no durable meta names
+// any more, whose chunks the next checkpoint deletes. Its lock is a leaf,
+// so the committer may take it under anything.
+type checkpointGarbage struct {
+	mu   sync.Mutex
+	gens []producerGen
+}
+
+func (g *checkpointGarbage) add(gens []producerGen) {
+	g.mu.Lock()
+	g.gens = append(g.gens, gens...)
+	g.mu.Unlock()
+}
+
+// take returns every checkpoint held and holds none.
+func (g *checkpointGarbage) take() []producerGen {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	gens := g.gens
+	g.gens = nil
+	return gens
 }
 
 func keepAll(producerGen) bool { return true }
@@ -164,8 +183,8 @@ func (s *Stream) loadProducers(ctx context.Context, rebuild bool) error {
 		named[g.Gen] = true
 	}
 	var stale [][]byte
-	err := s.db.bdb.View(func(txn *badger.Txn) error {
-		it := txn.NewIterator(badger.IteratorOptions{Prefix: s.prodPrefix})
+	err := s.db.eng.View(func(txn *engine.Txn) error {
+		it := txn.NewIterator(engine.IterOptions{Prefix: s.prodPrefix})
 		defer it.Close()
 		for it.Rewind(); it.Valid(); it.Next() {
 			k := it.Item().Key()
@@ -213,7 +232,7 @@ func (s *Stream) rebuildProducers(gens []producerGen, head, at uint64) (*produce
 			continue
 		}
 		if err := s.readProducerGen(t, g); err != nil {
-			if !errors.Is(err, ErrCorrupt) && !errors.Is(err, badger.ErrKeyNotFound) {
+			if !errors.Is(err, ErrCorrupt) && !errors.Is(err, engine.ErrNotFound) {
 				return nil, 0, err
 			}
 			// A checkpoint that cannot be read (a value log GC rewrite
@@ -234,7 +253,7 @@ func (s *Stream) rebuildProducers(gens []producerGen, head, at uint64) (*produce
 
 // readProducerGen decodes checkpoint g into t.
 func (s *Stream) readProducerGen(t *producerTable, g producerGen) error {
-	err := s.db.bdb.View(func(txn *badger.Txn) error {
+	err := s.db.eng.View(func(txn *engine.Txn) error {
 		for c := range g.Chunks {
 			item, err := txn.Get(s.producerChunkKey(g.Gen, c))
 			if err != nil {
@@ -257,7 +276,7 @@ func (s *Stream) replayProducers(t *producerTable, from, to uint64) error {
 	if from >= to {
 		return nil
 	}
-	err := s.db.bdb.View(func(txn *badger.Txn) error {
+	err := s.db.eng.View(func(txn *engine.Txn) error {
 		return s.scanRecords(txn, from, to, false, ErrCorrupt, func(rec Record, _ int) bool {
 			if sequenced(&rec) {
 				t.apply(rec.ProducerID, rec.Sequence, rec.Offset)
@@ -273,25 +292,5 @@ func (s *Stream) replayProducers(t *producerTable, from, to uint64) error {
 
 // deletePrefix deletes every key under prefix, in bounded batches.
 func (db *DB) deletePrefix(ctx context.Context, prefix []byte) error {
-	for {
-		var keys [][]byte
-		err := db.bdb.View(func(txn *badger.Txn) error {
-			it := txn.NewIterator(badger.IteratorOptions{Prefix: prefix})
-			defer it.Close()
-			for it.Rewind(); it.Valid() && len(keys) < 1024; it.Next() {
-				keys = append(keys, it.Item().KeyCopy(nil))
-			}
-			return nil
-		})
-		if err != nil || len(keys) == 0 {
-			return err
-		}
-		o := &op{}
-		for _, k := range keys {
-			o.del(k)
-		}
-		if err := db.do(ctx, o); err != nil {
-			return err
-		}
-	}
+	return db.eng.DeleteRange(ctx, prefix, prefix, nil)
 }

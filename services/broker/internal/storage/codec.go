@@ -303,7 +303,7 @@ type meta struct {
 	ProducerTables []producerGen `json:"producer_tables,omitempty"`
 	ProducerGen    uint64        `json:"producer_gen,omitempty"`
 	// UnsureEpoch is the epoch the copy was at when its store was opened
-	// after a stop that may have lost written records (boot.go); 0 when
+	// after a stop that may have lost written records (engine/boot.go); 0 when
 	// none. It is cleared when the copy moves to a later epoch
 	// (AdvanceEpoch) or ClearUnsure says the copy may go on.
 	UnsureEpoch uint64 `json:"unsure_epoch,omitempty"`

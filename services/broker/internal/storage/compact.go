@@ -6,9 +6,8 @@ import (
 	"fmt"
 	"maps"
 
-	"github.com/dgraph-io/badger/v4"
-
 	"github.com/strandhq/strand/internal/logging"
+	"github.com/strandhq/strand/services/broker/internal/storage/engine"
 )
 
 // Cursor event log compaction. A copy's cursor state is its cursor snapshot
@@ -26,7 +25,7 @@ import (
 //     counts its events (or, in a batch split at Badger's transaction
 //     bound, before it: the open then lowers its boundary to the tail).
 //     Nothing is deleted before that transaction is synced, so a torn one,
-//     which Open rolls back (torn.go), has lost no events.
+//     which Open rolls back (engine/torn.go), has lost no events.
 //  2. The events in [CursorEventsPurged, boundary) are deleted in bounded
 //     batches; each batch and the purge mark it advances are one
 //     transaction. A delete repeated finds nothing and only moves the mark.
@@ -177,8 +176,8 @@ func (s *Stream) compactCursorEvents(ctx context.Context) error {
 			return nil
 		}
 		var keys [][]byte
-		err := s.db.bdb.View(func(txn *badger.Txn) error {
-			it := txn.NewIterator(badger.IteratorOptions{Prefix: s.eventPrefix})
+		err := s.db.eng.View(func(txn *engine.Txn) error {
+			it := txn.NewIterator(engine.IterOptions{Prefix: s.eventPrefix})
 			defer it.Close()
 			for it.Seek(offsetKey(s.eventPrefix, from)); it.Valid() && len(keys) < compactBatch; it.Next() {
 				k := it.Item().KeyCopy(nil)

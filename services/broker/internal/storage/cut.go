@@ -6,7 +6,7 @@ import (
 	"fmt"
 	"maps"
 
-	"github.com/dgraph-io/badger/v4"
+	"github.com/strandhq/strand/services/broker/internal/storage/engine"
 )
 
 // Cut brings a copy with a longer tail back onto the history of a new epoch
@@ -151,7 +151,7 @@ func (s *Stream) CursorEventTailAfterCut(cursorEventTail uint64) uint64 {
 
 // cutPoint returns the chain at newRT and the encoded bytes of [newRT, rt).
 func (s *Stream) cutPoint(head, newRT, rt uint64) (chain, bytes uint64, err error) {
-	err = s.db.bdb.View(func(txn *badger.Txn) error {
+	err = s.db.eng.View(func(txn *engine.Txn) error {
 		if newRT == head {
 			s.mu.Lock()
 			chain = s.m.HeadChain
@@ -289,9 +289,9 @@ func cutLogEpochs(les []LogEpoch, rt, et uint64) []LogEpoch {
 
 func (s *Stream) readSnapshot() (snapshot, error) {
 	var snap snapshot
-	err := s.db.bdb.View(func(txn *badger.Txn) error {
+	err := s.db.eng.View(func(txn *engine.Txn) error {
 		item, err := txn.Get(s.snapKey)
-		if errors.Is(err, badger.ErrKeyNotFound) {
+		if errors.Is(err, engine.ErrNotFound) {
 			return nil
 		}
 		if err != nil {

@@ -5,16 +5,13 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
-	"github.com/dgraph-io/badger/v4"
-	"github.com/dgraph-io/badger/v4/options"
 	"github.com/rs/zerolog"
 
-	"github.com/strandhq/strand/internal/logging"
+	"github.com/strandhq/strand/services/broker/internal/storage/engine"
 )
 
 // Options configures one broker's Badger store.
@@ -49,7 +46,7 @@ type Options struct {
 	// bytes written since it grew it, which DB.Sync (the new file only)
 	// does not cover either.
 	ValueLogFileBytes int64
-	// BootIDPath is read for the id of the running boot (boot.go);
+	// BootIDPath is read for the id of the running boot (engine/boot.go);
 	// empty means BootIDPath. Tests point it at a file of their own.
 	BootIDPath string
 	// OnCommit, when set, is called on the committer after every batch it
@@ -66,77 +63,54 @@ type Options struct {
 	// error fails the batch as a failed Badger write or fsync would. For
 	// fault tests of what a failed disk does.
 	WriteFault func() error
+
+	// hooks, when set (tests only), are the engine's.
+	hooks *engine.Hooks
 }
 
-// Memory defaults, for a broker that stays near 512 MiB RSS under load: two
-// 16 MiB memtables, 4 MiB tables, 16 MiB block and 8 MiB index caches, two
-// compactors, no block compression (payloads are the clients' bytes; Snappy
-// doubled the allocation rate of compaction for little gain).
-const (
-	defaultMemTableBytes = 16 << 20
-	defaultCacheBytes    = 16 << 20
-	numMemtables         = 2
-	valueLogFileBytes    = 64 << 20
-)
+// BootIDPath is where Linux publishes the id of the running boot.
+const BootIDPath = engine.BootIDPath
 
-// DB is one broker's store: one Badger database holding every stream copy
-// the broker has, and the single committer that writes to it (commit.go).
+// DB is one broker's store: every stream copy the broker has, in one log
+// engine (engine.Engine), whose committer writes every op (commit.go).
 type DB struct {
-	bdb *badger.DB
+	eng *engine.Engine
 	log zerolog.Logger
 
-	// maxEntryBytes bounds one encoded record: Badger refuses a transaction
-	// above 15% of the memtable, and one record must fit one transaction.
+	// maxEntryBytes bounds one encoded record: half the engine's
+	// transaction bound (engine.TxnBytes), which one record must fit.
 	maxEntryBytes int
 
 	// Producer table limits (Options).
 	maxProducers, producerWindow, producerBatches, producerCheckpointEvery int
 
-	dir string
-	// mayHaveLostWritten: the last stop was unclean and the machine
-	// rebooted since (boot.go).
-	mayHaveLostWritten bool
 	// checkAll: loadStream reads every segment back (torn.go).
 	checkAll bool
-	// pin, while a recovery is not done (unsureFile), is a read
-	// transaction that keeps compaction from dropping the versions a
-	// roll back after another crash would need (torn.go, settle).
-	pin *badger.Txn
+	// hooks are the engine's (tests only: Options.hooks).
+	hooks *engine.Hooks
+	// onFail is Options.OnFail; tests set it after Open.
+	onFail func(error)
+	// cm is the committer's scratch for groupMeta.
+	cm struct {
+		touched []*Stream
+		entries []engine.Entry
+	}
+
+	// closed is set by Close, under closeMu.
+	closeMu sync.Mutex
+	closed  bool
 
 	// Tail cache bounds (Options) and the bytes all streams' caches hold.
 	tailCacheBytes int
 	tailCacheLimit int64
 	tailCacheUsed  atomic.Int64
 
-	ops     chan *op
-	stop    chan struct{}
-	stopped chan struct{}
-	// gcDone is closed when the value log GC loop has returned.
-	gcDone chan struct{}
-
-	// gate orders enqueueing against Close: senders hold it shared while
-	// they send, Close takes it exclusively to stop them, so the committer
-	// sees every op that was accepted.
-	gate   sync.RWMutex
-	closed bool
-
-	// failed is the first write error; the committer refuses all later work.
-	failMu sync.Mutex
-	failed error
-
-	// writeMu is held by the committer from a batch's commit through its
-	// fsync, and by the value log GC from its rewrite through the flush
-	// that makes the rewrite durable (vlog.go): Badger's two writers never
-	// interleave.
-	writeMu sync.Mutex
+	// stop is closed by Close, after the engine stopped taking writes,
+	// to stop the loops below.
+	stop chan struct{}
 
 	mu      sync.Mutex
 	streams map[string]*Stream
-
-	// vlogMu orders the value log GC against the committer's mapping
-	// advice (mappings_linux.go); advisor is the committer's.
-	vlogMu  sync.Mutex
-	advisor *mapAdvisor
 
 	// Streams whose raised watermark waits for the next flush (wait.go).
 	wmMu    sync.Mutex
@@ -160,17 +134,6 @@ type DB struct {
 	// and the cursor event log cut; an error aborts the cut there, leaving
 	// the intent for the next open to complete.
 	afterRecordCut func() error
-	// beforeSync, when set (tests only), runs on the committer between a
-	// batch's Badger commit and its fsync: the batch is written, not yet
-	// durable.
-	beforeSync func()
-	// afterGCRewrite, when set (tests only), runs in the value log GC after
-	// Badger rewrote a file, before the rewrite is made durable.
-	afterGCRewrite func()
-	// onCommit, onFail and writeFault are the Options'.
-	onCommit   func(write, sync time.Duration, synced bool)
-	onFail     func(error)
-	writeFault func() error
 }
 
 // Open opens (or creates) the store in opts.Dir. Pending drops are completed
@@ -180,129 +143,80 @@ func Open(opts Options) (*DB, error) {
 	if opts.Dir == "" {
 		return nil, fmt.Errorf("%w: empty Dir", ErrInvalidArgument)
 	}
-	mem := opts.MemTableBytes
-	if mem <= 0 {
-		mem = defaultMemTableBytes
-	}
-	cache := opts.CacheBytes
-	if cache <= 0 {
-		cache = defaultCacheBytes
-	}
-	maxBatch := mem * 15 / 100 // Badger's own transaction bound
-	// Payloads above 512 bytes go to the value log, written once and
-	// sequentially; the LSM tree then holds only pointers, so compaction
-	// does not rewrite record bytes at every level. Measured with the
-	// cluster bench: +15% records/s and half the peak RSS of inline values.
-	threshold := min(int64(512), maxBatch/2)
-	bo := badger.DefaultOptions(opts.Dir).
-		WithLogger(badgerLogger{opts.Logger}).
-		WithSyncWrites(false). // the committer fsyncs once per batch (commit.go)
-		WithDetectConflicts(false).
-		WithMetricsEnabled(false).
-		WithMemTableSize(mem).
-		WithNumMemtables(numMemtables).
-		WithNumLevelZeroTables(3).
-		WithNumLevelZeroTablesStall(8).
-		WithBaseTableSize(4 << 20).
-		WithBaseLevelSize(16 << 20).
-		WithBlockCacheSize(cache).
-		WithIndexCacheSize(cache / 2).
-		WithValueLogFileSize(orDefault(opts.ValueLogFileBytes, valueLogFileBytes)).
-		WithValueThreshold(threshold).
-		// A value log read checks the value's checksum: a value torn by
-		// a machine crash (torn.go) or rotted on disk is an error, not
-		// bytes that look like records.
-		WithVerifyValueChecksum(true).
-		WithNumCompactors(2).
-		WithCompression(options.None).
-		WithNumGoroutines(2)
-	// Every level's tables the same size: a compaction builds its output
-	// tables in memory, so deeper levels with larger tables would make
-	// its peak memory grow with the store.
-	bo.TableSizeMultiplier = 1
-	bootIDPath := opts.BootIDPath
-	if bootIDPath == "" {
-		bootIDPath = BootIDPath
-	}
-	if bootLost(opts.Dir, bootIDPath) && fileExists(opts.Dir, badger.ManifestFilename) {
-		// Written records may be missing: recover first (torn.go). A
-		// new store has nothing to recover.
-		if _, err := recoverStore(bo, opts.Dir, bootIDPath, opts.Logger); err != nil {
-			return nil, err
-		}
-	}
-	bdb, err := badger.Open(bo)
-	if err != nil {
-		return nil, fmt.Errorf("storage: opening badger in %s: %w", opts.Dir, err)
-	}
-	// After Badger's open (which holds the directory lock), before any
-	// write. After a recovery, only its unsureFile says lost.
-	lost, rec, err := checkBoot(opts.Dir, bootIDPath, bdb.MaxVersion)
-	if err != nil {
-		_ = bdb.Close()
-		return nil, err
-	}
 	db := &DB{
-		bdb:                     bdb,
-		dir:                     opts.Dir,
-		mayHaveLostWritten:      lost,
 		log:                     opts.Logger,
-		maxEntryBytes:           int(maxBatch / 2),
 		maxProducers:            orDefault(opts.MaxProducers, DefaultMaxProducers),
 		producerWindow:          orDefault(opts.ProducerWindow, DefaultProducerWindow),
 		producerBatches:         orDefault(opts.ProducerBatches, DefaultProducerBatches),
 		producerCheckpointEvery: orDefault(opts.ProducerCheckpointRecords, DefaultProducerCheckpointRecords),
 		tailCacheBytes:          cacheBound(opts.TailCacheBytes, DefaultTailCacheBytes),
 		tailCacheLimit:          cacheBound(opts.TailCacheTotalBytes, DefaultTailCacheTotalBytes),
-		onCommit:                opts.OnCommit,
-		onFail:                  opts.OnFail,
-		writeFault:              opts.WriteFault,
-		ops:                     make(chan *op, 4096),
 		stop:                    make(chan struct{}),
-		stopped:                 make(chan struct{}),
-		gcDone:                  make(chan struct{}),
 		wmDone:                  make(chan struct{}),
 		compactQ:                make(map[*Stream]struct{}),
 		compactWake:             make(chan struct{}, 1),
 		compactDone:             make(chan struct{}),
 		streams:                 make(map[string]*Stream),
 	}
-	db.checkAll = lost && rec.CheckAll
-	if lost {
-		db.pin = bdb.NewTransaction(false)
+	db.hooks = opts.hooks
+	db.onFail = opts.OnFail
+	if db.hooks == nil {
+		db.hooks = &engine.Hooks{}
 	}
-	db.advisor = newMapAdvisor(opts.Dir)
-	go db.commitLoop()
+	eng, err := engine.Open(engine.Options{
+		Dir:               opts.Dir,
+		Logger:            opts.Logger,
+		MemTableBytes:     opts.MemTableBytes,
+		CacheBytes:        opts.CacheBytes,
+		ValueLogFileBytes: opts.ValueLogFileBytes,
+		BootIDPath:        opts.BootIDPath,
+		OnCommit:          opts.OnCommit,
+		OnFail:            db.failed,
+		WriteFault:        opts.WriteFault,
+		OnGroup:           db.groupMeta,
+		OnWritten:         opWritten,
+		OnDone:            opDone,
+		Recover:           markUnsure,
+		Hooks:             db.hooks,
+	})
+	if err != nil {
+		return nil, err
+	}
+	db.eng = eng
+	db.maxEntryBytes = int(eng.TxnBytes() / 2)
+	rec := eng.Recovery()
+	db.checkAll = rec.ValuesLost
 	// Until the loops below start, Close must not wait for them.
 	fail := func(err error) (*DB, error) {
-		close(db.gcDone)
 		close(db.wmDone)
 		close(db.compactDone)
 		_ = db.Close()
 		return nil, err
 	}
-	if !lost && fileExists(opts.Dir, gcMarkerFile) {
-		// A GC marker without a reboot: the page cache kept every write
-		// of the rewrite, nothing to repair. (Checked first: the removal
-		// syncs the directory, which every clean open would pay.)
-		if err := removeFileSync(opts.Dir, gcMarkerFile); err != nil {
-			return fail(err)
-		}
-	}
 	if err := db.finishDrops(); err != nil {
 		return fail(err)
 	}
-	if lost {
-		if err := db.settle(rec); err != nil {
-			return fail(err)
-		}
+	if err := db.settle(); err != nil {
+		return fail(err)
 	}
-	// The value log GC starts once the recovery is done: it must not
-	// delete a file the recovery reads, nor its marker.
-	go db.every(valueLogGCInterval, db.gcDone, db.valueLogGC)
 	go db.every(watermarkPersistInterval, db.wmDone, func() { db.flushWatermarks(false) })
 	go db.compactLoop()
 	return db, nil
+}
+
+// every runs fn every interval until the DB closes, then closes done.
+func (db *DB) every(interval time.Duration, done chan struct{}, fn func()) {
+	defer close(done)
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-db.stop:
+			return
+		case <-t.C:
+			fn()
+		}
+	}
 }
 
 // cacheBound reads a cache bound: 0 is the default, negative is off.
@@ -330,21 +244,17 @@ func (db *DB) Close() error {
 	// every op queued before it stops, and this flush waits for room in
 	// the queue rather than leave one for a next flush that never comes.
 	db.flushWatermarks(true)
-	db.gate.Lock()
+	db.closeMu.Lock()
+	defer db.closeMu.Unlock()
 	if db.closed {
-		db.gate.Unlock()
 		return nil
 	}
 	db.closed = true
-	db.gate.Unlock()
+	// The committer writes every op accepted before this.
+	db.eng.StopWrites()
 	close(db.stop)
-	<-db.stopped
-	<-db.gcDone
 	<-db.wmDone
 	<-db.compactDone
-	if db.pin != nil {
-		db.pin.Discard()
-	}
 
 	db.mu.Lock()
 	for _, s := range db.streams {
@@ -352,26 +262,14 @@ func (db *DB) Close() error {
 	}
 	db.streams = map[string]*Stream{}
 	db.mu.Unlock()
-
-	if err := db.bdb.Close(); err != nil {
-		return fmt.Errorf("storage: closing badger: %w", err)
-	}
-	db.failMu.Lock()
-	failed := db.failed
-	db.failMu.Unlock()
-	if failed != nil {
-		return nil
-	}
-	// Badger synced everything on close: the next open may trust the
-	// written records whatever the boot.
-	return markClean(db.dir)
+	return db.eng.Close()
 }
 
 // MayHaveLostWritten reports that the last stop of this store was unclean
 // and the machine has rebooted since (or that cannot be told): records that
 // were written but not yet synced then, which an owner may already have
-// shipped to followers, may be missing (boot.go).
-func (db *DB) MayHaveLostWritten() bool { return db.mayHaveLostWritten }
+// shipped to followers, may be missing (engine/boot.go).
+func (db *DB) MayHaveLostWritten() bool { return db.eng.Recovery().MayHaveLostWritten }
 
 // Open returns the stream copy called name, creating it (empty, epoch 0) if
 // it does not exist. Every call for a name returns the same *Stream until it
@@ -402,7 +300,7 @@ func (db *DB) Streams() ([]string, error) {
 		return nil, err
 	}
 	var names []string
-	err := eachMeta(db.bdb, func(name string, _ []byte, m meta) {
+	err := eachMeta(db.eng, func(name string, _ []byte, m meta) {
 		if !m.Dropping {
 			names = append(names, name)
 		}
@@ -438,9 +336,9 @@ func (db *DB) drop(name string) error {
 	mk := streamKey(kindMeta, name)
 	var m meta
 	found := false
-	err := db.bdb.View(func(txn *badger.Txn) error {
+	err := db.eng.View(func(txn *engine.Txn) error {
 		item, err := txn.Get(mk)
-		if errors.Is(err, badger.ErrKeyNotFound) {
+		if errors.Is(err, engine.ErrNotFound) {
 			return nil
 		}
 		if err != nil {
@@ -460,7 +358,9 @@ func (db *DB) drop(name string) error {
 	}
 	if !m.Dropping {
 		m.Dropping = true
-		if err := db.do(ctx, &op{kvs: []kv{{key: mk, val: encodeMeta(&m)}}}); err != nil {
+		o := &op{}
+		o.add(mk, encodeMeta(&m))
+		if err := db.do(ctx, o); err != nil {
 			return fmt.Errorf("storage: drop %q: %w", name, err)
 		}
 	}
@@ -472,19 +372,27 @@ func (db *DB) drop(name string) error {
 	if err := db.deletePrefix(ctx, streamKey(kindProducers, name)); err != nil {
 		return fmt.Errorf("storage: drop %q: %w", name, err)
 	}
-	last := &op{kvs: []kv{{key: streamKey(kindSnapshot, name), del: true}, {key: mk, del: true}}}
+	last := &op{}
+	last.del(streamKey(kindSnapshot, name))
+	last.del(mk)
 	if err := db.do(ctx, last); err != nil {
 		return fmt.Errorf("storage: drop %q: %w", name, err)
 	}
 	return nil
 }
 
+// viewer is what eachMeta reads: the engine, or the store a recovery
+// works on (engine.Recovering).
+type viewer interface {
+	View(fn func(*engine.Txn) error) error
+}
+
 // eachMeta calls fn with every stream copy's name, meta key and meta, in
 // key order. A meta that does not decode stops it with an error naming the
 // stream.
-func eachMeta(bdb *badger.DB, fn func(name string, key []byte, m meta)) error {
-	return bdb.View(func(txn *badger.Txn) error {
-		it := txn.NewIterator(badger.IteratorOptions{Prefix: []byte{kindMeta}})
+func eachMeta(v viewer, fn func(name string, key []byte, m meta)) error {
+	return v.View(func(txn *engine.Txn) error {
+		it := txn.NewIterator(engine.IterOptions{Prefix: []byte{kindMeta}})
 		defer it.Close()
 		for it.Rewind(); it.Valid(); it.Next() {
 			item := it.Item()
@@ -508,7 +416,7 @@ func eachMeta(bdb *badger.DB, fn func(name string, key []byte, m meta)) error {
 // finishDrops completes drops that a crash interrupted.
 func (db *DB) finishDrops() error {
 	var pending []string
-	err := eachMeta(db.bdb, func(name string, _ []byte, m meta) {
+	err := eachMeta(db.eng, func(name string, _ []byte, m meta) {
 		if m.Dropping {
 			pending = append(pending, name)
 		}
@@ -524,33 +432,13 @@ func (db *DB) finishDrops() error {
 	return nil
 }
 
+// failed is the engine's OnFail: the first write error, after which the
+// store refuses every write until it is opened again.
+func (db *DB) failed(err error) {
+	if db.onFail != nil {
+		db.onFail(err)
+	}
+}
+
 // usable reports ErrClosed once the DB is closed or a write failed.
-func (db *DB) usable() error {
-	db.gate.RLock()
-	closed := db.closed
-	db.gate.RUnlock()
-	if closed {
-		return fmt.Errorf("%w: db", ErrClosed)
-	}
-	db.failMu.Lock()
-	defer db.failMu.Unlock()
-	if db.failed != nil {
-		return fmt.Errorf("%w: db stopped after a write failure: %w", ErrClosed, db.failed)
-	}
-	return nil
-}
-
-// badgerLogger routes Badger's log to zerolog: errors and warnings only;
-// Badger's info and debug lines are noise at a broker's level.
-type badgerLogger struct{ l zerolog.Logger }
-
-func (b badgerLogger) Errorf(f string, a ...any) {
-	b.l.Error().Str(logging.Detail, strings.TrimSpace(fmt.Sprintf(f, a...))).Msg("badger error")
-}
-
-func (b badgerLogger) Warningf(f string, a ...any) {
-	b.l.Warn().Str(logging.Detail, strings.TrimSpace(fmt.Sprintf(f, a...))).Msg("badger warning")
-}
-
-func (b badgerLogger) Infof(string, ...any)  {}
-func (b badgerLogger) Debugf(string, ...any) {}
+func (db *DB) usable() error { return db.eng.Err() }

@@ -174,7 +174,7 @@ func TestDropInterruptedAfterAQueuedOpIsFinishedOnOpen(t *testing.T) {
 	}
 	var hold atomic.Bool
 	inSync, release := make(chan struct{}), make(chan struct{})
-	db.beforeSync = func() {
+	db.hooks.BeforeSync = func() {
 		if hold.CompareAndSwap(true, false) {
 			close(inSync)
 			<-release
@@ -201,7 +201,7 @@ func TestDropInterruptedAfterAQueuedOpIsFinishedOnOpen(t *testing.T) {
 	dropped := make(chan error, 1)
 	go func() { dropped <- db.Drop("x") }()
 	clustertest.Eventually(t, 10*time.Second, "the cursor commit and the drop's marker queued", func() bool {
-		return len(db.ops) == 2
+		return db.eng.Queued() == 2
 	})
 	// Then the drop is cut short after it deleted the records: the writes
 	// after the batch with its marker and the record delete fail, as a

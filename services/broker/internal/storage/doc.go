@@ -1,8 +1,25 @@
 // Package storage is a broker's durable store: every stream copy the broker
-// holds, in one Badger database. A copy is a record log, a cursor event log
+// holds, in one log engine. A copy is a record log, a cursor event log
 // and metadata (epochs, seal, retained head, confirm watermark, cursor
 // snapshot). The failover rules it serves are in docs/protocol.md;
 // the section names below refer to it.
+//
+// # Layers
+//
+// Two packages, one on the other:
+//
+//   - package engine (engine/doc.go) owns Badger: its options and logger,
+//     the committer and group commit, fsync, the repair of log files a
+//     power loss left short, the roll back of a torn newest transaction,
+//     the value log GC, the advice on Badger's mappings and the boot
+//     record that tells whether written data may be lost. Its API is
+//     batches of keyed entries, key range reads and deletes, and what an
+//     open learned from a recovery.
+//   - this package is the stream-copy model, written against that API
+//     only (no file of it imports Badger, TestModelDoesNotImportBadger):
+//     the key layout, epochs, seal, cut, cursors and snapshots, producers,
+//     retention, the confirm watermark, the segment codec, the tail cache
+//     and incarnations.
 //
 // # Key layout
 //
@@ -26,8 +43,9 @@
 //	p | len | name | gen | chunk
 //	                          producer table checkpoint chunk (producers.go:
 //	                          8-byte generation, 4-byte chunk, both big-endian)
-//	g                         never written: the value log GC drops it to
-//	                          flush Badger's memtables (vlog.go)
+//	g                         never written (engine.ReservedKeyByte): the
+//	                          value log GC drops it to flush Badger's
+//	                          memtables (engine/vlog.go)
 //
 // # Logs, tails and the chain
 //
@@ -42,15 +60,13 @@
 //
 // # Durability
 //
-// All writes go through one committer goroutine per DB (commit.go). It
-// drains every queued op, writes them in one Badger transaction (split only
-// at Badger's transaction bound) with SyncWrites off, and then calls
-// DB.Sync, which fsyncs the active memtable WAL and the value log (verified
-// in badger v4.9.6 db.go). Because it syncs after every transaction, and
-// the one other writer, Badger's value log GC, runs only between a sync and
-// the next commit (vlog.go), a memtable Badger rotates out never holds
-// unsynced data of the committer. This is the group commit: concurrent appends to any streams share
-// one fsync.
+// All writes are ops (commit.go) handed to the engine's one committer
+// goroutine (engine/commit.go). It drains every queued op, writes them in
+// one Badger transaction (split only at Badger's transaction bound) with
+// SyncWrites off, each stream's newest metadata after all of them
+// (groupMeta), and then fsyncs the memtable WAL and the value log. This is
+// the group commit: concurrent appends to any streams share one fsync. The
+// engine's durability contract is in engine/doc.go.
 //
 //   - Append, AppendReplicated, Seal, AdvanceEpoch, ResetTo, Cut, Snapshot,
 //     InstallCursorSnapshot, Drop and retention return only after their
@@ -62,16 +78,17 @@
 //     followers from there so their fsyncs overlap its own; nothing counts
 //     toward W or is shown to readers before it is durable. Whether the
 //     last stop was unclean on an earlier boot, so that written records
-//     may be gone, is kept in two files next to Badger's (boot.go,
+//     may be gone, is kept in two files next to Badger's (engine/boot.go,
 //     DB.MayHaveLostWritten).
 //   - A machine crash between a commit and its fsync can leave keys and
 //     metadata on disk whose values in the value log are not (two files,
 //     written back in any order). Only the newest transaction
 //     can be torn so, since every batch is synced before the next. After
-//     such a stop, Open rolls that transaction back if any of its values
-//     cannot be read, and marks every copy unsure of its epoch
-//     (State.UnsureEpoch), before it trusts the boot again (torn.go,
-//     boot.go). Every value log read checks the value's checksum.
+//     such a stop, the engine rolls that transaction back if any of its
+//     values cannot be read (engine/torn.go), and the model marks every
+//     copy unsure of its epoch (State.UnsureEpoch, torn.go), before the
+//     boot is trusted again (engine/boot.go). Every value log read checks
+//     the value's checksum.
 //   - CommitCursor returns before the fsync (docs/protocol.md, "Cursors": no per-commit
 //     fsync); the event is synced with the next batch. A crash may lose
 //     returned cursor commits, never records.
@@ -84,6 +101,11 @@
 //     entries. Entries past a durable tail (a crash inside a split batch)
 //     are deleted when the stream is opened. Badger truncates a torn WAL
 //     tail on open.
+//   - Open opens from every state a power loss can leave Badger's log files
+//     in: a write-ahead log or value log file shorter than its header (one
+//     Badger created and nothing synced yet) holds no synced entry and is
+//     removed before Badger opens, which it otherwise refuses to
+//     (engine/repair.go).
 //
 // # Ordering invariants
 //
@@ -150,8 +172,8 @@
 //   - The snapshot goes in the transaction of the metadata that counts its
 //     events (or before it, in a split batch: the boundary read on open is
 //     capped at the tail). Nothing is deleted before it is synced, so a
-//     torn snapshot transaction, rolled back on open (torn.go), lost no
-//     event.
+//     torn snapshot transaction, rolled back on open (engine/torn.go),
+//     lost no event.
 //   - Then a loop off the committer deletes [purge mark, boundary) in
 //     batches of compactBatch keys, each in one transaction with the purge
 //     mark it moves; repeating a batch finds nothing. Open finishes a
@@ -248,21 +270,21 @@
 //
 // Badger runs with two 16 MiB memtables (Options.MemTableBytes), 4 MiB
 // tables, a 16 MiB block cache and 8 MiB index cache (Options.CacheBytes),
-// 64 MiB value log files, two compactors and no block compression. Values
-// up to 512 bytes stay in the LSM tree; larger ones go to the value log,
-// written once and sequentially, so compaction moves only pointers. A
-// background loop (vlog.go) asks Badger every minute to rewrite value log
-// files that retention, cuts and drops left at least half garbage; appends
-// wait while one file is rewritten, because the rewrite is made durable
-// (synced, memtables flushed) before Badger may delete the old file, and
-// no commit may sit unsynced in a memtable the rewrite rotates out. A
-// rewrite that holds writes past 30 s fails the store (the broker stops,
-// its streams fail over). A power loss during a rewrite, before its sync,
-// can leave a moved value torn at its new place; a marker file kept while
-// a rewrite is not durable makes the next open read the moved values back
-// from the old file, which is kept until then, and cut a copy below any
-// found nowhere (torn.go, vlog.go).
-// Badger maps its tables and logs into memory, so
-// RSS also counts file pages the kernel can reclaim; the Go heap is bounded
-// by the settings above times GOGC, which a broker caps with GOMEMLIMIT.
+// 64 MiB value log files, two compactors and no block compression (set in
+// package engine). Values up to 512 bytes stay in the LSM tree; larger ones
+// go to the value log, written once and sequentially, so compaction moves
+// only pointers. A background loop (engine/vlog.go) asks Badger every
+// minute to rewrite value log files that retention, cuts and drops left at
+// least half garbage; appends wait while one file is rewritten, because the
+// rewrite is made durable (synced, memtables flushed) before Badger may
+// delete the old file, and no commit may sit unsynced in a memtable the
+// rewrite rotates out. A rewrite that holds writes past 30 s fails the
+// store (the broker stops, its streams fail over). A power loss during a
+// rewrite, before its sync, can leave a moved value torn at its new place;
+// a marker file kept while a rewrite is not durable makes the next open
+// read the moved values back from the old file, which is kept until then
+// (engine/torn.go, engine/vlog.go), and cut a copy below any found nowhere
+// (torn.go). Badger maps its tables and logs into memory, so RSS also
+// counts file pages the kernel can reclaim; the Go heap is bounded by the
+// settings above times GOGC, which a broker caps with GOMEMLIMIT.
 package storage

@@ -3,6 +3,8 @@ package storage
 import (
 	"errors"
 	"fmt"
+
+	"github.com/strandhq/strand/services/broker/internal/storage/engine"
 )
 
 // Sentinel errors. Every error the package returns wraps one of them with %w
@@ -28,7 +30,8 @@ var (
 	ErrOutOfRange = errors.New("storage: offset out of range")
 	// ErrClosed: the DB or the stream is closed (or dropped), or the DB
 	// stopped after a write failure.
-	ErrClosed = errors.New("storage: closed")
+	// It is the engine's: a write the engine refused is this too.
+	ErrClosed = engine.ErrClosed
 	// ErrInvalidArgument: malformed input (an empty or oversized cursor
 	// name, a bad stream name, an oversized producer id).
 	ErrInvalidArgument = errors.New("storage: invalid argument")

@@ -9,8 +9,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/dgraph-io/badger/v4"
 	"github.com/rs/zerolog"
+
+	"github.com/strandhq/strand/services/broker/internal/storage/engine"
 )
 
 func openDB(t testing.TB, dir string) *DB {
@@ -128,8 +129,8 @@ func sameRecord(a, b Record) error {
 
 // scanKeys calls fn for every key under prefix.
 func (s *Stream) scanKeys(prefix []byte, fn func(k []byte)) error {
-	return s.db.bdb.View(func(txn *badger.Txn) error {
-		it := txn.NewIterator(badger.IteratorOptions{Prefix: prefix})
+	return s.db.eng.View(func(txn *engine.Txn) error {
+		it := txn.NewIterator(engine.IterOptions{Prefix: prefix})
 		defer it.Close()
 		for it.Rewind(); it.Valid(); it.Next() {
 			fn(it.Item().KeyCopy(nil))
@@ -141,8 +142,8 @@ func (s *Stream) scanKeys(prefix []byte, fn func(k []byte)) error {
 // storedSegments returns the record segments stored for s, in key order:
 // the key's last offset and the offsets of the records in it.
 func (s *Stream) storedSegments() (lasts []uint64, offs [][]uint64, err error) {
-	err = s.db.bdb.View(func(txn *badger.Txn) error {
-		it := txn.NewIterator(badger.IteratorOptions{Prefix: s.recPrefix})
+	err = s.db.eng.View(func(txn *engine.Txn) error {
+		it := txn.NewIterator(engine.IterOptions{Prefix: s.recPrefix})
 		defer it.Close()
 		for it.Rewind(); it.Valid(); it.Next() {
 			var in []uint64
@@ -188,7 +189,7 @@ func holdNextSync(db *DB) (inSync <-chan struct{}, release chan struct{}) {
 	reached := make(chan struct{})
 	release = make(chan struct{})
 	var held atomic.Bool
-	db.beforeSync = func() {
+	db.hooks.BeforeSync = func() {
 		if held.CompareAndSwap(false, true) {
 			close(reached)
 			<-release

@@ -17,9 +17,8 @@ const (
 	// p | len | name | generation | chunk -> producer table checkpoint
 	// chunk (checkpoint.go, producers.go)
 	kindProducers byte = 'p'
-	// g: never written. The value log GC drops it to make Badger flush its
-	// rotated memtables (vlog.go).
-	kindGCFlush byte = 'g'
+	// g: never written, the engine's (engine.ReservedKeyByte): its value
+	// log GC drops it to make Badger flush its rotated memtables.
 )
 
 // maxStreamName bounds a stream name so its length fits the one-byte prefix.

@@ -10,7 +10,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/dgraph-io/badger/v4"
 	"github.com/rs/zerolog"
 )
 
@@ -664,7 +663,9 @@ func TestUnreadableProducerCheckpointFallsBackToAnEarlierOne(t *testing.T) {
 		t.Fatalf("checkpoints %+v: the test needs two", gens)
 	}
 	newest := gens[len(gens)-1]
-	if err := db.bdb.Update(func(txn *badger.Txn) error { return txn.Delete(s.producerChunkKey(newest.Gen, 0)) }); err != nil {
+	gone := &op{}
+	gone.del(s.producerChunkKey(newest.Gen, 0))
+	if err := db.do(context.Background(), gone); err != nil {
 		t.Fatal(err)
 	}
 	if err := db.Close(); err != nil {

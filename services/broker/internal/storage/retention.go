@@ -6,7 +6,7 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/dgraph-io/badger/v4"
+	"github.com/strandhq/strand/services/broker/internal/storage/engine"
 )
 
 // Retention bounds the retained log; zero fields are unbounded.
@@ -62,7 +62,7 @@ func (s *Stream) ApplyRetention(ctx context.Context, r Retention, now time.Time)
 			dropped   uint64
 			headChain uint64
 		)
-		err := s.db.bdb.View(func(txn *badger.Txn) error {
+		err := s.db.eng.View(func(txn *engine.Txn) error {
 			return s.scanRecords(txn, head, end, false, ErrCorrupt, func(rec Record, size int) bool {
 				drop := newHead < byCount ||
 					(r.MaxBytes > 0 && bytes-dropped > r.MaxBytes) ||
@@ -117,8 +117,8 @@ func (s *Stream) purge(ctx context.Context) error {
 			return nil
 		}
 		var keys [][]byte
-		err := s.db.bdb.View(func(txn *badger.Txn) error {
-			it := txn.NewIterator(badger.IteratorOptions{Prefix: s.recPrefix})
+		err := s.db.eng.View(func(txn *engine.Txn) error {
+			it := txn.NewIterator(engine.IterOptions{Prefix: s.recPrefix})
 			defer it.Close()
 			for it.Seek(offsetKey(s.recPrefix, from)); it.Valid() && len(keys) < 1024; it.Next() {
 				k := it.Item().KeyCopy(nil)

@@ -6,7 +6,7 @@ import (
 	"fmt"
 	"math"
 
-	"github.com/dgraph-io/badger/v4"
+	"github.com/strandhq/strand/services/broker/internal/storage/engine"
 )
 
 // Records are stored in segments: one Badger entry per appended batch (or
@@ -177,7 +177,7 @@ func recordOffset(enc []byte) (uint64, error) {
 // only when payload is set. A record of the range that is not stored is
 // reported with missing (ErrCorrupt or ErrOutOfRange, whichever the caller
 // takes it for).
-func (s *Stream) scanRecords(txn *badger.Txn, from, to uint64, payload bool, missing error, fn func(rec Record, size int) bool) error {
+func (s *Stream) scanRecords(txn *engine.Txn, from, to uint64, payload bool, missing error, fn func(rec Record, size int) bool) error {
 	if from >= to {
 		return nil
 	}
@@ -185,7 +185,7 @@ func (s *Stream) scanRecords(txn *badger.Txn, from, to uint64, payload bool, mis
 	if payload {
 		mode = payloadCopy
 	}
-	it := txn.NewIterator(badger.IteratorOptions{Prefix: s.recPrefix})
+	it := txn.NewIterator(engine.IterOptions{Prefix: s.recPrefix})
 	defer it.Close()
 	next := from
 	done := false
@@ -238,8 +238,8 @@ func (s *Stream) truncateRecords(ctx context.Context, from uint64) error {
 	for {
 		o := &op{}
 		n := 0
-		err := s.db.bdb.View(func(txn *badger.Txn) error {
-			it := txn.NewIterator(badger.IteratorOptions{Prefix: s.recPrefix})
+		err := s.db.eng.View(func(txn *engine.Txn) error {
+			it := txn.NewIterator(engine.IterOptions{Prefix: s.recPrefix})
 			defer it.Close()
 			for it.Seek(offsetKey(s.recPrefix, from)); it.Valid() && n < batch; it.Next() {
 				item := it.Item()

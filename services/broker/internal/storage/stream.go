@@ -10,7 +10,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/dgraph-io/badger/v4"
+	"github.com/strandhq/strand/services/broker/internal/storage/engine"
 )
 
 // Record is one record as the log holds it.
@@ -61,12 +61,14 @@ func (st State) Sealed() bool { return st.SealEpoch != 0 }
 
 // Stream is one stream copy. Its methods are safe for concurrent use.
 //
-// Two views of the copy are kept. The assigned view (mu) is the metadata
-// after every op handed to the committer: the next offsets to assign, the
-// epochs, the cursor state. The durable view (dmu) is what the committer has
-// synced: the tails State reports, readers are bounded by and waiters watch.
-// Lock order: admin, then mu, then dmu. The committer only takes dmu, so a
-// caller may block on a full queue while holding mu.
+// Two views of the copy are kept. The assigned view (mu, in Stream) is the
+// metadata after every op handed to the committer: the next offsets to
+// assign, the epochs, the cursor state, the producer table. The durable
+// view (dmu, in the embedded durableView) is what the committer has
+// synced: the tails State reports, readers are bounded by and waiters
+// watch. Lock order: admin, then mu, then dmu; prodGarbage's lock is a
+// leaf. The committer only takes dmu (and the leaf), so a caller may block
+// on a full queue while holding mu.
 type Stream struct {
 	db   *DB
 	name string
@@ -102,12 +104,24 @@ type Stream struct {
 	// below it are refused. In memory only.
 	roleFence uint64
 
-	// gcMu guards prodGarbage: checkpoints no durable meta names any more,
-	// whose chunks the next checkpoint deletes. A leaf lock, so the
-	// committer may take it.
-	gcMu        sync.Mutex
-	prodGarbage []producerGen
+	// prodGarbage: checkpoints no durable meta names any more, whose
+	// chunks the next checkpoint deletes (its own leaf lock).
+	prodGarbage checkpointGarbage
 
+	// The durable and written views, under dmu.
+	durableView
+
+	// Owned by the committer goroutine.
+	cmMeta    *meta
+	cmVersion uint64
+	cmTouched bool
+}
+
+// durableView is a copy's durable view (what the committer has synced) and
+// written view (what Badger has taken), with the lock that guards them,
+// dmu: the tails State reports, readers are bounded by and waiters watch.
+// It is embedded in Stream; the committer takes only dmu.
+type durableView struct {
 	dmu    sync.Mutex
 	dTail  uint64
 	dChain uint64
@@ -133,11 +147,6 @@ type Stream struct {
 	waiters     map[waitKey]chan struct{}
 	// tail holds the newest written records (tailcache.go).
 	tail tailCache
-
-	// Owned by the committer goroutine.
-	cmMeta    *meta
-	cmVersion uint64
-	cmTouched bool
 }
 
 // Name returns the stream's name.
@@ -177,8 +186,10 @@ func (db *DB) newStream(name string) *Stream {
 		prodPrefix:  streamKey(kindProducers, name),
 		producers:   newProducerTable(db.maxProducers, db.producerWindow, db.producerBatches),
 		cursors:     map[string]uint64{},
-		waiters:     map[waitKey]chan struct{}{},
-		tail:        tailCache{max: db.tailCacheBytes, total: &db.tailCacheUsed, limit: db.tailCacheLimit},
+		durableView: durableView{
+			waiters: map[waitKey]chan struct{}{},
+			tail:    tailCache{max: db.tailCacheBytes, total: &db.tailCacheUsed, limit: db.tailCacheLimit},
+		},
 	}
 }
 
@@ -194,9 +205,9 @@ func (db *DB) loadStream(name string) (*Stream, error) {
 		snapSize int
 		found    bool
 	)
-	err := db.bdb.View(func(txn *badger.Txn) error {
+	err := db.eng.View(func(txn *engine.Txn) error {
 		item, err := txn.Get(s.metaKey)
-		if errors.Is(err, badger.ErrKeyNotFound) {
+		if errors.Is(err, engine.ErrNotFound) {
 			return nil
 		}
 		if err != nil {
@@ -210,7 +221,7 @@ func (db *DB) loadStream(name string) (*Stream, error) {
 			return err
 		}
 		item, err = txn.Get(s.snapKey)
-		if errors.Is(err, badger.ErrKeyNotFound) {
+		if errors.Is(err, engine.ErrNotFound) {
 			return nil
 		}
 		if err != nil {
@@ -439,7 +450,7 @@ func addLogEpoch(les []LogEpoch, e LogEpoch) []LogEpoch {
 // Append appends recs as the owner at epoch: offsets from the record tail,
 // the epoch stamped, PublishTime set to now where zero, the chain computed.
 // It returns the stored records once they are fsynced. Concurrent appends
-// share fsyncs (commit.go). If ctx ends while waiting, the records may
+// share fsyncs (engine/commit.go). If ctx ends while waiting, the records may
 // still become durable; the caller cannot tell, as with any lost reply.
 //
 // Records with a producer id and a sequence are deduplicated as
@@ -806,43 +817,43 @@ const maxOffset = ^uint64(0)
 
 // advanceWritten moves the written record tail over recs (committer, once
 // Badger took them, before the sync) and keeps them in the tail cache.
-func (s *Stream) advanceWritten(tail, chain uint64, recs []Record) {
-	s.dmu.Lock()
-	defer s.dmu.Unlock()
-	if tail > s.wTail {
-		if !s.dclosed {
-			s.tail.add(recs)
+func (d *durableView) advanceWritten(tail, chain uint64, recs []Record) {
+	d.dmu.Lock()
+	defer d.dmu.Unlock()
+	if tail > d.wTail {
+		if !d.dclosed {
+			d.tail.add(recs)
 		}
-		s.wTail, s.wChain = tail, chain
-		s.wakeLocked()
+		d.wTail, d.wChain = tail, chain
+		d.wakeLocked()
 	}
 }
 
 // advanceDurable moves the durable record tail (committer, after sync).
 // The written step of the same op (advanceWritten) ran before it, so the
 // written view is already at or past tail.
-func (s *Stream) advanceDurable(tail, chain uint64) {
-	s.dmu.Lock()
-	defer s.dmu.Unlock()
-	if tail > s.dTail {
-		s.dTail, s.dChain = tail, chain
-		s.wakeLocked()
+func (d *durableView) advanceDurable(tail, chain uint64) {
+	d.dmu.Lock()
+	defer d.dmu.Unlock()
+	if tail > d.dTail {
+		d.dTail, d.dChain = tail, chain
+		d.wakeLocked()
 	}
 }
 
 // advanceDurableEvents moves the durable cursor event tail.
-func (s *Stream) advanceDurableEvents(tail uint64) {
-	s.dmu.Lock()
-	defer s.dmu.Unlock()
-	if tail > s.dEvTail {
-		s.dEvTail = tail
-		s.wakeLocked()
+func (d *durableView) advanceDurableEvents(tail uint64) {
+	d.dmu.Lock()
+	defer d.dmu.Unlock()
+	if tail > d.dEvTail {
+		d.dEvTail = tail
+		d.wakeLocked()
 		// WaitTail also wakes on new durable cursor events, so a sender
 		// shipping both logs can wait on it alone.
-		for k, ch := range s.waiters {
+		for k, ch := range d.waiters {
 			if k.what == waitRecordTail {
 				close(ch)
-				delete(s.waiters, k)
+				delete(d.waiters, k)
 			}
 		}
 	}
@@ -850,18 +861,18 @@ func (s *Stream) advanceDurableEvents(tail uint64) {
 
 // setDurable replaces the durable view (after Cut and ResetTo, which lower
 // it) and wakes every waiter so readers re-check.
-func (s *Stream) setDurable(tail, chain, evTail, watermark uint64) {
-	s.dmu.Lock()
-	defer s.dmu.Unlock()
-	s.dTail, s.dChain, s.dEvTail = tail, chain, evTail
-	s.dEvHead = min(s.dEvHead, evTail)
-	s.wTail, s.wChain = tail, chain
-	s.watermark = min(watermark, tail)
-	s.wmPersisted = min(s.wmPersisted, s.watermark)
+func (d *durableView) setDurable(tail, chain, evTail, watermark uint64) {
+	d.dmu.Lock()
+	defer d.dmu.Unlock()
+	d.dTail, d.dChain, d.dEvTail = tail, chain, evTail
+	d.dEvHead = min(d.dEvHead, evTail)
+	d.wTail, d.wChain = tail, chain
+	d.watermark = min(watermark, tail)
+	d.wmPersisted = min(d.wmPersisted, d.watermark)
 	// The log changed under the cached records: the tail cache holds only
 	// what the log holds at each offset.
-	s.tail.clear()
-	s.wakeAllLocked()
+	d.tail.clear()
+	d.wakeAllLocked()
 }
 
 // bounds returns the retained head and the durable record tail.
@@ -922,7 +933,7 @@ func (s *Stream) read(from uint64, maxRecords, maxBytes int, written bool) ([]Re
 		out   []Record
 		bytes int
 	)
-	err := s.db.bdb.View(func(txn *badger.Txn) error {
+	err := s.db.eng.View(func(txn *engine.Txn) error {
 		return s.scanRecords(txn, from, end, true, ErrOutOfRange, func(rec Record, size int) bool {
 			if maxBytes > 0 && len(out) > 0 && bytes+size > maxBytes {
 				return false
@@ -952,7 +963,7 @@ func (s *Stream) read(from uint64, maxRecords, maxBytes int, written bool) ([]Re
 // recordChain reads the chain value stored with record off.
 func (s *Stream) recordChain(off uint64) (uint64, error) {
 	var chain uint64
-	err := s.db.bdb.View(func(txn *badger.Txn) error {
+	err := s.db.eng.View(func(txn *engine.Txn) error {
 		return s.scanRecords(txn, off, off+1, false, ErrCorrupt, func(r Record, _ int) bool {
 			chain = r.Chain
 			return true
@@ -1001,8 +1012,8 @@ func (s *Stream) scanEvents(from, to uint64, fn func(CursorEvent) bool) error {
 	if from >= to {
 		return nil
 	}
-	return s.db.bdb.View(func(txn *badger.Txn) error {
-		it := txn.NewIterator(badger.IteratorOptions{PrefetchValues: true, PrefetchSize: 64, Prefix: s.eventPrefix})
+	return s.db.eng.View(func(txn *engine.Txn) error {
+		it := txn.NewIterator(engine.IterOptions{Prefetch: 64, Prefix: s.eventPrefix})
 		defer it.Close()
 		next := from
 		for it.Seek(offsetKey(s.eventPrefix, from)); it.Valid() && next < to; it.Next() {
@@ -1033,37 +1044,5 @@ func (s *Stream) scanEvents(from, to uint64, fn func(CursorEvent) bool) error {
 // deleteRange deletes the keys under prefix with offsets in [from, to), in
 // bounded batches, waiting for each.
 func (db *DB) deleteRange(ctx context.Context, prefix []byte, from, to uint64) error {
-	const batch = 1024
-	for {
-		var keys [][]byte
-		err := db.bdb.View(func(txn *badger.Txn) error {
-			it := txn.NewIterator(badger.IteratorOptions{Prefix: prefix})
-			defer it.Close()
-			for it.Seek(offsetKey(prefix, from)); it.Valid() && len(keys) < batch; it.Next() {
-				k := it.Item().KeyCopy(nil)
-				if keyOffset(k) >= to {
-					break
-				}
-				keys = append(keys, k)
-			}
-			return nil
-		})
-		if err != nil {
-			return err
-		}
-		if len(keys) == 0 {
-			return nil
-		}
-		o := &op{}
-		for _, k := range keys {
-			o.del(k)
-		}
-		if err := db.do(ctx, o); err != nil {
-			return err
-		}
-		if len(keys) < batch {
-			return nil
-		}
-		from = keyOffset(keys[len(keys)-1]) + 1
-	}
+	return db.eng.DeleteRange(ctx, prefix, offsetKey(prefix, from), offsetKey(prefix, to))
 }

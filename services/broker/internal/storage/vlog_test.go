@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/dgraph-io/badger/v4"
+	"github.com/rs/zerolog"
 )
 
 // vlogFiles lists the value log files in dir.
@@ -81,15 +81,29 @@ func liveGarbage(t *testing.T, db *DB) (*Stream, uint64, []Record) {
 // key flushes the active one too) and everything is compacted now.
 func countGarbage(t *testing.T, db *DB) {
 	t.Helper()
-	if err := db.bdb.Update(func(txn *badger.Txn) error { return txn.Set([]byte("x"), nil) }); err != nil {
+	if err := db.eng.FlushAndCompact(); err != nil {
 		t.Fatal(err)
 	}
-	if err := db.bdb.DropPrefix([]byte("x")); err != nil {
+}
+
+// valueLogDB opens a store with value log files of fileBytes and appends
+// batches of 256 KiB (64 records of 4 KiB, all in the value log) to an
+// owned stream "s".
+func valueLogDB(t *testing.T, fileBytes int64, batches int) (string, *DB, *Stream) {
+	t.Helper()
+	dir := t.TempDir()
+	db, err := Open(Options{Dir: dir, Logger: zerolog.Nop(), MemTableBytes: 8 << 20, CacheBytes: 4 << 20, ValueLogFileBytes: fileBytes})
+	if err != nil {
 		t.Fatal(err)
 	}
-	if err := db.bdb.Flatten(1); err != nil {
-		t.Fatal(err)
+	s := ownerStream(t, db, "s", 1)
+	for i := range batches {
+		if _, err := s.Append(context.Background(), 1, sizedRecs(fmt.Sprint("a", i), 64, 4096)); err != nil {
+			_ = db.Close()
+			t.Fatal(err)
+		}
 	}
+	return dir, db, s
 }
 
 // The value log GC rewrites a file that retention left mostly garbage, and
@@ -104,16 +118,13 @@ func TestValueLogGCKeepsTheOldFileUntilTheRewriteIsDurable(t *testing.T) {
 	before := vlogFiles(t, dir)
 	hooked := false
 	var during []string
-	db.afterGCRewrite = func() {
+	// That the committer is kept out until the rewrite is durable is
+	// engine.TestValueLogGCKeepsTheCommitterOut.
+	db.hooks.AfterGCRewrite = func() {
 		hooked = true
 		during = vlogFiles(t, dir)
-		// The committer is kept out until the rewrite is durable.
-		if db.writeMu.TryLock() {
-			db.writeMu.Unlock()
-			t.Error("the GC rewrote a file without keeping the committer out")
-		}
 	}
-	if err := db.rewriteValueLogFile(); err != nil {
+	if err := db.eng.RunValueLogGC(); err != nil {
 		_ = db.Close()
 		t.Fatalf("value log GC: %v (files %v)", err, before)
 	}
@@ -165,15 +176,13 @@ func TestValueLogGCKeepsTheOldFileUntilTheRewriteIsDurable(t *testing.T) {
 func TestValueLogGCThatHoldsWritesTooLongFailsTheStore(t *testing.T) {
 	_, db, s, _, _ := garbageDB(t)
 	defer db.Close()
-	limit := gcStallLimit
-	gcStallLimit = 100 * time.Millisecond
-	defer func() { gcStallLimit = limit }()
+	db.hooks.GCStallLimit = 100 * time.Millisecond
 	failed := make(chan error, 1)
 	db.onFail = func(err error) { failed <- err }
 	release := make(chan struct{})
-	db.afterGCRewrite = func() { <-release }
+	db.hooks.AfterGCRewrite = func() { <-release }
 	done := make(chan error, 1)
-	go func() { done <- db.rewriteValueLogFile() }()
+	go func() { done <- db.eng.RunValueLogGC() }()
 	select {
 	case err := <-failed:
 		if err == nil {

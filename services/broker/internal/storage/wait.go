@@ -94,54 +94,54 @@ func (s *Stream) Tails() Tails {
 // The committer asks it for every op it writes: an atomic, not dmu.
 func (s *Stream) Closed() bool { return s.closedFlag.Load() }
 
-func (s *Stream) wait(k waitKey) <-chan struct{} {
-	s.dmu.Lock()
-	defer s.dmu.Unlock()
-	if s.dclosed || s.satisfiedLocked(k) {
+func (d *durableView) wait(k waitKey) <-chan struct{} {
+	d.dmu.Lock()
+	defer d.dmu.Unlock()
+	if d.dclosed || d.satisfiedLocked(k) {
 		return closedCh
 	}
-	ch, ok := s.waiters[k]
+	ch, ok := d.waiters[k]
 	if !ok {
 		ch = make(chan struct{})
-		s.waiters[k] = ch
+		d.waiters[k] = ch
 	}
 	return ch
 }
 
-func (s *Stream) satisfiedLocked(k waitKey) bool {
+func (d *durableView) satisfiedLocked(k waitKey) bool {
 	switch k.what {
 	case waitConfirmed:
-		return s.watermark > k.after
+		return d.watermark > k.after
 	case waitCursorEventTail:
-		return s.dEvTail > k.after
+		return d.dEvTail > k.after
 	case waitWrittenTail:
-		return s.wTail > k.after
+		return d.wTail > k.after
 	}
-	return s.dTail > k.after
+	return d.dTail > k.after
 }
 
 // wakeLocked closes the channels whose condition now holds. Callers hold dmu.
-func (s *Stream) wakeLocked() {
-	for k, ch := range s.waiters {
-		if s.satisfiedLocked(k) {
+func (d *durableView) wakeLocked() {
+	for k, ch := range d.waiters {
+		if d.satisfiedLocked(k) {
 			close(ch)
-			delete(s.waiters, k)
+			delete(d.waiters, k)
 		}
 	}
 }
 
 // wakeAllLocked closes every waiter's channel. Callers hold dmu.
-func (s *Stream) wakeAllLocked() {
-	for k, ch := range s.waiters {
+func (d *durableView) wakeAllLocked() {
+	for k, ch := range d.waiters {
 		close(ch)
-		delete(s.waiters, k)
+		delete(d.waiters, k)
 	}
 }
 
-func (s *Stream) wakeAll() {
-	s.dmu.Lock()
-	s.wakeAllLocked()
-	s.dmu.Unlock()
+func (d *durableView) wakeAll() {
+	d.dmu.Lock()
+	d.wakeAllLocked()
+	d.dmu.Unlock()
 }
 
 // SetConfirmWatermark raises the confirm watermark to w, capped at the
@@ -170,11 +170,11 @@ func (s *Stream) SetConfirmWatermark(w uint64) {
 
 // persistedWatermark is the watermark the committer writes with metadata
 // whose record tail is tail.
-func (s *Stream) persistedWatermark(tail uint64) uint64 {
-	s.dmu.Lock()
-	defer s.dmu.Unlock()
-	wm := min(s.watermark, tail)
-	s.wmPersisted = max(s.wmPersisted, wm)
+func (d *durableView) persistedWatermark(tail uint64) uint64 {
+	d.dmu.Lock()
+	defer d.dmu.Unlock()
+	wm := min(d.watermark, tail)
+	d.wmPersisted = max(d.wmPersisted, wm)
 	return wm
 }
 

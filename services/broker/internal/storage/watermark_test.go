@@ -5,8 +5,8 @@ import (
 	"fmt"
 	"testing"
 
-	"github.com/dgraph-io/badger/v4"
 	"github.com/strandhq/strand/internal/clustertest"
+	"github.com/strandhq/strand/services/broker/internal/storage/engine"
 )
 
 // storedWatermark reads the confirm watermark in s's metadata as Badger
@@ -14,7 +14,7 @@ import (
 func storedWatermark(t *testing.T, s *Stream) uint64 {
 	t.Helper()
 	var m meta
-	err := s.db.bdb.View(func(txn *badger.Txn) error {
+	err := s.db.eng.View(func(txn *engine.Txn) error {
 		item, err := txn.Get(s.metaKey)
 		if err != nil {
 			return err
@@ -24,7 +24,7 @@ func storedWatermark(t *testing.T, s *Stream) uint64 {
 			return err
 		})
 	})
-	if err != nil && !errors.Is(err, badger.ErrKeyNotFound) {
+	if err != nil && !errors.Is(err, engine.ErrNotFound) {
 		t.Fatal(err)
 	}
 	return m.ConfirmWatermark

@@ -140,9 +140,16 @@ func TestMayHaveLostWritten(t *testing.T) {
 
 	// A failed write forgets the boot: even the same boot is unsure next.
 	setBoot("boot-9")
-	db = open()
-	forgetBoot(dir)
-	unclean(db)
+	db, err := Open(Options{Dir: dir, Logger: zerolog.Nop(), MemTableBytes: 8 << 20, CacheBytes: 4 << 20, BootIDPath: boot,
+		WriteFault: func() error { return errors.New("injected: failed write") }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.Open("failing"); err == nil {
+		t.Fatal("a stream's first metadata write was taken by a failing disk")
+	}
+	// A store whose write failed leaves no clean mark on close.
+	_ = db.Close()
 	db = open()
 	defer db.Close()
 	if !db.MayHaveLostWritten() {

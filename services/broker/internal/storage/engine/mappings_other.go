@@ -1,6 +1,6 @@
 //go:build !linux
 
-package storage
+package engine
 
 // mapAdvisor advises Badger's file mappings on Linux (mappings_linux.go);
 // elsewhere it does nothing.

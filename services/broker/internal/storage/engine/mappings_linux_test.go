@@ -1,4 +1,4 @@
-package storage
+package engine
 
 import (
 	"bufio"
@@ -22,24 +22,40 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// valueLogDB opens a store with value log files of fileBytes and appends
-// batches of 256 KiB (64 records of 4 KiB, all in the value log) to an
-// owned stream "s".
-func valueLogDB(t *testing.T, fileBytes int64, batches int) (string, *DB, *Stream) {
+// valueLogDB opens an engine with value log files of fileBytes and writes
+// batches of 256 KiB (64 values of 4 KiB, all in the value log) through
+// the committer; the returned function writes one more small batch.
+func valueLogDB(t *testing.T, fileBytes int64, batches int) (string, *Engine, func()) {
 	t.Helper()
 	dir := t.TempDir()
-	db, err := Open(Options{Dir: dir, Logger: zerolog.Nop(), MemTableBytes: 8 << 20, CacheBytes: 4 << 20, ValueLogFileBytes: fileBytes})
+	e, err := Open(Options{Dir: dir, Logger: zerolog.Nop(), MemTableBytes: 8 << 20, CacheBytes: 4 << 20, ValueLogFileBytes: fileBytes})
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := ownerStream(t, db, "s", 1)
+	if err := e.Settle(); err != nil {
+		t.Fatal(err)
+	}
 	for i := range batches {
-		if _, err := s.Append(context.Background(), 1, sizedRecs(fmt.Sprint("a", i), 64, 4096)); err != nil {
-			_ = db.Close()
+		b := &Batch{}
+		for j := range 64 {
+			b.Set([]byte(fmt.Sprintf("r%06d-%02d", i, j)), bytes.Repeat([]byte{byte(i), byte(j)}, 2048))
+		}
+		if err := e.Do(context.Background(), b); err != nil {
+			_ = e.Close()
 			t.Fatal(err)
 		}
 	}
-	return dir, db, s
+	n := 0
+	more := func() {
+		t.Helper()
+		n++
+		b := &Batch{}
+		b.Set([]byte(fmt.Sprintf("tick%06d", n)), []byte("x"))
+		if err := e.Do(context.Background(), b); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return dir, e, more
 }
 
 type smapsEntry struct {
@@ -88,12 +104,9 @@ func smaps(t *testing.T, dir string) []smapsEntry {
 // Badger no longer appends to leave the resident set.
 func TestMappingsAdvised(t *testing.T) {
 	// About 4 MiB of value log: several 1 MiB files.
-	dir, db, s := valueLogDB(t, 1<<20, 16)
+	dir, db, more := valueLogDB(t, 1<<20, 16)
 	defer db.Close()
-	ctx := context.Background()
-	i := 0
 	clustertest.Eventually(t, 3*trimEvery, "value log mappings advised", func() error {
-		i++
 		var problems []string
 		vlogs := 0
 		for _, m := range smaps(t, dir) {
@@ -130,9 +143,7 @@ func TestMappingsAdvised(t *testing.T) {
 			return nil
 		}
 		// Advice is given by the committer between writes: keep writing.
-		if _, err := s.Append(ctx, 1, recs(fmt.Sprint("tick", i), 1)); err != nil {
-			t.Fatal(err)
-		}
+		more()
 		return errors.New(strings.Join(problems, "; "))
 	})
 }

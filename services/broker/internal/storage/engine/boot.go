@@ -1,4 +1,4 @@
-package storage
+package engine
 
 import (
 	"encoding/json"

@@ -1,4 +1,4 @@
-package storage
+package engine
 
 import (
 	"errors"
@@ -16,28 +16,27 @@ const valueLogGCInterval = time.Minute
 
 // gcStallLimit bounds how long one file's rewrite may hold every write
 // (rewriteValueLogFile) before the store fails.
-var gcStallLimit = 30 * time.Second
+const gcStallLimit = 30 * time.Second
 
-// gcFlushPrefix is a key prefix nothing is ever written under (doc.go,
-// kind 'g'). Dropping it makes Badger flush every rotated memtable into a
+// gcFlushPrefix is a key prefix nothing is ever written under (ReservedKeyByte). Dropping it makes Badger flush every rotated memtable into a
 // synced table and write nothing else: the one way Badger offers to do
 // that on demand.
-var gcFlushPrefix = []byte{kindGCFlush}
+var gcFlushPrefix = []byte{ReservedKeyByte}
 
 // valueLogGC reclaims value log space. Payloads above the value threshold
-// live in the value log (db.go), which Badger only shrinks when asked: a file
+// live in the value log (e.go), which Badger only shrinks when asked: a file
 // at least half garbage is rewritten. Each round rewrites at most a few
 // files, one at a time, so appends wait for one file's rewrite at most.
-func (db *DB) valueLogGC() {
+func (e *Engine) valueLogGC() {
 	for range 4 {
-		err := db.rewriteValueLogFile()
+		err := e.rewriteValueLogFile()
 		if err == nil {
 			continue
 		}
-		if !errors.Is(err, badger.ErrNoRewrite) && !errors.Is(err, badger.ErrRejected) && db.usable() == nil {
+		if !errors.Is(err, badger.ErrNoRewrite) && !errors.Is(err, badger.ErrRejected) && e.Err() == nil {
 			// The marker could not be written or removed; a failed
-			// rewrite stopped the DB, and fail logged it.
-			db.log.Warn().Err(err).Msg("value log GC failed; will retry next round")
+			// rewrite stopped the engine, and fail logged it.
+			e.log.Warn().Err(err).Msg("value log GC failed; will retry next round")
 		}
 		break
 	}
@@ -63,10 +62,10 @@ func (db *DB) valueLogGC() {
 //     and dropping gcFlushPrefix flushes every rotated memtable into a
 //     synced table; only then is the iterator closed and the file deleted.
 //
-// If making the rewrite durable fails, the DB stops as after a failed write
+// If making the rewrite durable fails, the engine stops as after a failed write
 // and the iterator is left open, so the old file stays until restart. If
 // the rewrite and its flush take longer than gcStallLimit (Badger retries a
-// failed memtable flush for ever), the DB stops too: every write waits on
+// failed memtable flush for ever), the engine stops too: every write waits on
 // writeMu meanwhile, and a store that takes none must fail, so the broker
 // stops and its streams fail over, rather than keep its lease.
 //
@@ -77,43 +76,47 @@ func (db *DB) valueLogGC() {
 // gcMarkerFile is written (and synced) before the rewrite and removed only
 // once it is durable; an open after such a power loss finds it and reads
 // the moved values back from the old file (repairValueLogGC, torn.go).
-func (db *DB) rewriteValueLogFile() error {
-	if err := writeFileSync(db.dir, gcMarkerFile, nil); err != nil {
+func (e *Engine) rewriteValueLogFile() error {
+	if err := writeFileSync(e.dir, gcMarkerFile, nil); err != nil {
 		return err
 	}
-	err := db.rewriteValueLogFileMarked()
-	if db.usable() != nil && !errors.Is(err, badger.ErrNoRewrite) && !errors.Is(err, badger.ErrRejected) {
+	err := e.rewriteValueLogFileMarked()
+	if e.Err() != nil && !errors.Is(err, badger.ErrNoRewrite) && !errors.Is(err, badger.ErrRejected) {
 		// The store failed part way: whether the rewrite is durable is not
 		// known, so the marker stays for the next open.
 		return err
 	}
-	if rerr := removeFileSync(db.dir, gcMarkerFile); rerr != nil && err == nil {
+	if rerr := removeFileSync(e.dir, gcMarkerFile); rerr != nil && err == nil {
 		err = rerr
 	}
 	return err
 }
 
-func (db *DB) rewriteValueLogFileMarked() error {
-	db.writeMu.Lock()
-	defer db.writeMu.Unlock()
+func (e *Engine) rewriteValueLogFileMarked() error {
+	e.writeMu.Lock()
+	defer e.writeMu.Unlock()
 	start := time.Now()
-	stall := time.AfterFunc(gcStallLimit, func() {
-		db.fail(fmt.Errorf("storage: the value log GC has held every write for %s", gcStallLimit))
+	limit := gcStallLimit
+	if e.hooks.GCStallLimit > 0 {
+		limit = e.hooks.GCStallLimit
+	}
+	stall := time.AfterFunc(limit, func() {
+		e.fail(fmt.Errorf("storage: the value log GC has held every write for %s", limit))
 	})
 	defer stall.Stop()
 	// vlogMu: the GC deletes and maps value log files (mappings_linux.go).
-	db.vlogMu.Lock()
-	defer db.vlogMu.Unlock()
-	if err := db.usable(); err != nil {
+	e.vlogMu.Lock()
+	defer e.vlogMu.Unlock()
+	if err := e.Err(); err != nil {
 		return err
 	}
-	txn := db.bdb.NewTransaction(false)
+	txn := e.bdb.NewTransaction(false)
 	pin := txn.NewIterator(badger.IteratorOptions{Prefix: gcFlushPrefix})
 	release := func() {
 		pin.Close()
 		txn.Discard()
 	}
-	if err := db.bdb.RunValueLogGC(0.5); err != nil {
+	if err := e.bdb.RunValueLogGC(0.5); err != nil {
 		if errors.Is(err, badger.ErrNoRewrite) || errors.Is(err, badger.ErrRejected) {
 			// Nothing rewritten: nothing to make durable.
 			release()
@@ -122,44 +125,59 @@ func (db *DB) rewriteValueLogFileMarked() error {
 		// A rewrite that failed part way (a write that failed, a full
 		// disk, an entry it could not read) may have moved some values
 		// without syncing them, and what a failed write left on disk is
-		// not known: the DB stops as after a failed write. The iterator
+		// not known: the engine stops as after a failed write. The iterator
 		// stays open, so Badger keeps the old file, and so does the
 		// marker, for the next open.
 		err = fmt.Errorf("storage: value log GC: %w", err)
-		db.fail(err)
+		e.fail(err)
 		return err
 	}
-	if hook := db.afterGCRewrite; hook != nil {
+	if hook := e.hooks.AfterGCRewrite; hook != nil {
 		hook()
 	}
-	if err := db.bdb.Sync(); err != nil {
+	if err := e.bdb.Sync(); err != nil {
 		err = fmt.Errorf("storage: syncing value log GC rewrite: %w", err)
-		db.fail(err)
+		e.fail(err)
 		return err
 	}
-	if err := db.bdb.DropPrefix(gcFlushPrefix); err != nil {
+	if err := e.bdb.DropPrefix(gcFlushPrefix); err != nil {
 		err = fmt.Errorf("storage: flushing memtables after value log GC: %w", err)
-		db.fail(err)
+		e.fail(err)
 		return err
 	}
 	release()
 	// Every write waited this long: an operator sees why (docs/operating.md,
 	// "Metrics").
-	db.log.Info().Dur(logging.WritesHeld, time.Since(start)).Msg("value log GC rewrote a file")
+	e.log.Info().Dur(logging.WritesHeld, time.Since(start)).Msg("value log GC rewrote a file")
 	return nil
 }
 
-// every runs fn every interval until the DB stops, then closes done.
-func (db *DB) every(interval time.Duration, done chan struct{}, fn func()) {
-	defer close(done)
-	t := time.NewTicker(interval)
+// gcLoop runs the value log GC every valueLogGCInterval until the engine
+// stops writes, then closes gcDone.
+func (e *Engine) gcLoop() {
+	defer close(e.gcDone)
+	t := time.NewTicker(valueLogGCInterval)
 	defer t.Stop()
 	for {
 		select {
-		case <-db.stop:
+		case <-e.stop:
 			return
 		case <-t.C:
-			fn()
+			e.valueLogGC()
 		}
 	}
 }
+
+// RunValueLogGC rewrites one value log file now, if one is at least half
+// garbage, as the GC loop does every valueLogGCInterval. It returns
+// ErrNoRewrite when none is. For tests and tools.
+func (e *Engine) RunValueLogGC() error {
+	err := e.rewriteValueLogFile()
+	if errors.Is(err, badger.ErrNoRewrite) || errors.Is(err, badger.ErrRejected) {
+		return fmt.Errorf("%w: %w", ErrNoRewrite, err)
+	}
+	return err
+}
+
+// ErrNoRewrite: RunValueLogGC found no value log file to rewrite.
+var ErrNoRewrite = errors.New("storage: no value log file to rewrite")
