@@ -47,6 +47,8 @@ type publishSender struct {
 	// single is set once the broker answered PublishMany Unimplemented (a
 	// broker older than it): every attempt is then a Publish of its own.
 	single atomic.Bool
+	// many counts the PublishMany calls answered (tests read it).
+	many atomic.Int64
 
 	mu       sync.Mutex
 	queue    []*sendEntry
@@ -211,6 +213,7 @@ func (s *publishSender) send(batch []*sendEntry) {
 		}
 		return
 	}
+	s.many.Add(1)
 	results := res.Msg.GetResults()
 	if len(results) != len(batch) {
 		err := connect.NewError(connect.CodeInternal, fmt.Errorf("client: publish many answered %d results for %d entries", len(results), len(batch)))
