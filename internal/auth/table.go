@@ -61,10 +61,10 @@ func onCluster(perm Permission) Rule { return Rule{Scope: OnCluster, Perms: []Pe
 // without someone deciding who may call it.
 var Rules = map[string]Rule{
 	// Broker, strand.v1.StreamService.
-	strandv1connect.StreamServicePublishProcedure:      {Scope: OnStream, Perms: []Permission{Publish}, Field: "stream", Limit: PublishBytes},
+	strandv1connect.StreamServicePublishProcedure: {Scope: OnStream, Perms: []Permission{Publish}, Field: "stream", Limit: PublishBytes},
 	// Each entry as a Publish of its stream (CheckEntry).
-	strandv1connect.StreamServicePublishManyProcedure: {Scope: OnEntries, Perms: []Permission{Publish}, Limit: PublishBytes},
-	strandv1connect.StreamServiceReadProcedure:        onStream("stream", Read),
+	strandv1connect.StreamServicePublishManyProcedure:  {Scope: OnEntries, Perms: []Permission{Publish}, Limit: PublishBytes},
+	strandv1connect.StreamServiceReadProcedure:         onStream("stream", Read),
 	strandv1connect.StreamServiceSubscribeProcedure:    {Scope: OnStream, Perms: []Permission{Read}, Field: "stream", Limit: Subscriptions},
 	strandv1connect.StreamServiceCommitCursorProcedure: onStream("stream", Read),
 	strandv1connect.StreamServiceGetCursorProcedure:    onStream("stream", Read),
