@@ -121,7 +121,10 @@ type Config struct {
 	// confirms, twice as many after each such wait, up to 64. Only a
 	// single lane lingers: with several, a released caller may come back
 	// on any lane. Zero means DefaultLinger;
-	// negative never waits. See producer.linger for why.
+	// negative never waits. See producer.linger for why. It also bounds
+	// how long a batch ready for a broker whose two requests in flight are
+	// unanswered waits to be gathered with other streams' batches into one
+	// PublishMany (docs/api.md, "PublishMany").
 	Linger time.Duration
 	// StreamIdle is how long the client keeps what it holds for a stream
 	// (its cached owner, its lanes with their producer ids and sequences)

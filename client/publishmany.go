@@ -80,19 +80,7 @@ func (s *publishSender) publish(ctx context.Context, req *strandv1.PublishReques
 	e := &sendEntry{ctx: ctx, req: req, bytes: recordsBytes(req.GetRecords()), res: make(chan sendResult, 1)}
 	s.mu.Lock()
 	s.queue = append(s.queue, e)
-	switch {
-	case s.inFlight < maxManyInFlight:
-		s.inFlight++
-		batch := s.takeLocked()
-		go s.run(batch, true)
-	case !s.lingering && s.c.cfg.Linger > 0:
-		s.lingering = true
-		time.AfterFunc(s.c.cfg.Linger, s.lingered)
-	case !s.lingering:
-		// Linger negative: never held back.
-		batch := s.takeLocked()
-		go s.run(batch, false)
-	}
+	s.kickLocked()
 	s.mu.Unlock()
 	select {
 	case r := <-e.res:
@@ -102,21 +90,55 @@ func (s *publishSender) publish(ctx context.Context, req *strandv1.PublishReques
 	}
 }
 
+// kickLocked starts sending what is queued: at once on a free slot, else
+// once it has waited Config.Linger (at once with Linger negative, which
+// never holds a batch back). s.mu must be held.
+func (s *publishSender) kickLocked() {
+	s.slotsLocked()
+	switch {
+	case len(s.queue) == 0 || s.lingering:
+	case s.c.cfg.Linger < 0:
+		s.sendAllLocked()
+	default:
+		s.lingering = true
+		time.AfterFunc(s.c.cfg.Linger, s.lingered)
+	}
+}
+
 // lingered sends what waited Config.Linger for a slot, without one.
 func (s *publishSender) lingered() {
 	s.mu.Lock()
+	defer s.mu.Unlock()
 	s.lingering = false
-	batch := s.takeLocked()
-	s.mu.Unlock()
-	if len(batch) > 0 {
-		s.run(batch, false)
+	s.slotsLocked()
+	s.sendAllLocked()
+}
+
+// slotsLocked sends what is queued on the free slots. s.mu must be held.
+func (s *publishSender) slotsLocked() {
+	for len(s.queue) > 0 && s.inFlight < maxManyInFlight {
+		s.inFlight++
+		go s.run(s.takeLocked(), true)
+	}
+}
+
+// sendAllLocked sends everything queued, without slots. Each take removes
+// at least one entry (it sends the first live one, answers the ended), so
+// the loop ends. s.mu must be held.
+func (s *publishSender) sendAllLocked() {
+	for len(s.queue) > 0 {
+		go s.run(s.takeLocked(), false)
 	}
 }
 
 // run sends batch and, while it holds a slot, what queued meanwhile.
+// A take may hold no entry to send (every one had ended): the slot is
+// given back all the same.
 func (s *publishSender) run(batch []*sendEntry, slot bool) {
-	for len(batch) > 0 {
-		s.send(batch)
+	for {
+		if len(batch) > 0 {
+			s.send(batch)
+		}
 		if !slot {
 			return
 		}
@@ -124,6 +146,8 @@ func (s *publishSender) run(batch []*sendEntry, slot bool) {
 		batch = s.takeLocked()
 		if len(batch) == 0 {
 			s.inFlight--
+			s.mu.Unlock()
+			return
 		}
 		s.mu.Unlock()
 	}
