@@ -28,7 +28,7 @@ func (f *manyBroker) PublishMany(ctx context.Context, req *connect.Request[stran
 	out := &strandv1.PublishManyResponse{}
 	for i, p := range req.Msg.GetPublishes() {
 		streams = append(streams, p.GetStream())
-		res, err := f.fakeBroker.Publish(ctx, connect.NewRequest(p))
+		res, err := f.Publish(ctx, connect.NewRequest(p))
 		if err != nil {
 			out.Results = append(out.Results, &strandv1.PublishResult{Outcome: &strandv1.PublishResult_Error{Error: rpcerr.ToEntry(err, rpcerr.EntryPrefix("publishes", i))}})
 			continue
