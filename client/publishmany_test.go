@@ -2,6 +2,7 @@ package client
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"testing"
@@ -181,4 +182,43 @@ func startMany(t *testing.T) *manyBroker {
 	path, h := strandv1connect.NewStreamServiceHandler(f)
 	f.addr = clustertest.Serve(t, path, h).Addr()
 	return f
+}
+
+// An attempt whose ctx ends while it waits at the sender is answered with
+// its ctx's error and never sent, and the slots are given back once the
+// requests holding them are answered.
+func TestPublishManyDropsEndedAttempts(t *testing.T) {
+	f := startFake(t, &fakeBroker{})
+	f.locate = ownedBy(f.addr)
+	release := heldPublishes(f, maxManyInFlight)
+	// Linger an hour: what waits for a slot goes only when one frees.
+	c := newTestClient(t, Config{Brokers: []string{f.addr}, Linger: time.Hour})
+	held := publishStreams(c, maxManyInFlight)
+	sender := c.stream(f.addr).pub
+	clustertest.Eventually(t, 10*time.Second, "both slots held", func() bool {
+		sender.mu.Lock()
+		defer sender.mu.Unlock()
+		return sender.inFlight == maxManyInFlight
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	if _, err := c.Publish(ctx, "late", recs("x")); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("a publish whose deadline passed while it waited: %v, want DeadlineExceeded", err)
+	}
+	close(release)
+	for i, err := range <-held {
+		if err != nil {
+			t.Fatalf("held publish %d: %v", i, err)
+		}
+	}
+	clustertest.Eventually(t, 10*time.Second, "the slots given back", func() bool {
+		sender.mu.Lock()
+		defer sender.mu.Unlock()
+		return sender.inFlight == 0 && len(sender.queue) == 0
+	})
+	for _, r := range f.requests() {
+		if r.GetStream() == "late" {
+			t.Fatalf("the ended attempt was sent: %v", r)
+		}
+	}
 }
