@@ -121,7 +121,10 @@ type Config struct {
 	// confirms, twice as many after each such wait, up to 64. Only a
 	// single lane lingers: with several, a released caller may come back
 	// on any lane. Zero means DefaultLinger;
-	// negative never waits. See producer.linger for why.
+	// negative never waits. See producer.linger for why. It also bounds
+	// how long a batch ready for a broker whose two requests in flight are
+	// unanswered waits to be gathered with other streams' batches into one
+	// PublishMany (docs/api.md, "PublishMany").
 	Linger time.Duration
 	// StreamIdle is how long the client keeps what it holds for a stream
 	// (its cached owner, its lanes with their producer ids and sequences)
@@ -164,8 +167,9 @@ type Client struct {
 	// next rotates the first one Locate asks.
 	brokers []string
 	next    int
-	// streams holds a StreamService client per broker address.
-	streams map[string]strandv1connect.StreamServiceClient
+	// streams holds a StreamService client, and its publish sender, per
+	// broker address.
+	streams map[string]*brokerConn
 	// perStream holds what the client keeps per stream; sweep frees the
 	// entries idle for Config.StreamIdle. sweeping is set while a
 	// sweepIdle goroutine runs: one per client, and none while there is
@@ -232,7 +236,7 @@ func New(cfg Config) (*Client, error) {
 		idempotent: cfg.Idempotent == nil || *cfg.Idempotent,
 		ctx:        ctx,
 		cancel:     cancel,
-		streams:    make(map[string]strandv1connect.StreamServiceClient),
+		streams:    make(map[string]*brokerConn),
 		perStream:  make(map[string]*streamState),
 	}
 	for _, b := range cfg.Brokers {
@@ -284,16 +288,24 @@ func randomID() string {
 	return hex.EncodeToString(b[:])
 }
 
+// brokerConn is the client's StreamService client of one broker, with the
+// sender that gathers the publishes ready for it at once (publishSender).
+type brokerConn struct {
+	strandv1connect.StreamServiceClient
+	pub *publishSender
+}
+
 // stream returns the StreamService client for a broker address.
-func (c *Client) stream(addr string) strandv1connect.StreamServiceClient {
+func (c *Client) stream(addr string) *brokerConn {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	sc, ok := c.streams[addr]
+	b, ok := c.streams[addr]
 	if !ok {
-		sc = strandv1connect.NewStreamServiceClient(c.httpClient, c.baseURL(addr), c.cfg.Options...)
-		c.streams[addr] = sc
+		b = &brokerConn{StreamServiceClient: strandv1connect.NewStreamServiceClient(c.httpClient, c.baseURL(addr), c.cfg.Options...)}
+		b.pub = &publishSender{c: c, sc: b.StreamServiceClient}
+		c.streams[addr] = b
 	}
-	return sc
+	return b
 }
 
 func (c *Client) learnBroker(addr string) {

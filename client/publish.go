@@ -9,7 +9,6 @@ import (
 	"connectrpc.com/connect"
 
 	strandv1 "github.com/strandhq/strand/api/strand/v1"
-	"github.com/strandhq/strand/api/strand/v1/strandv1connect"
 	"github.com/strandhq/strand/internal/rpcerr"
 )
 
@@ -133,15 +132,17 @@ func (c *Client) PublishAsync(ctx context.Context, stream string, records []*str
 // publishBatch sends one publish request with retries.
 func (c *Client) publishBatch(ctx context.Context, stream string, records []*strandv1.Record) (*strandv1.PublishResponse, error) {
 	var out *strandv1.PublishResponse
-	err := c.call(ctx, "publish", stream, func(ctx context.Context, sc strandv1connect.StreamServiceClient) error {
-		res, err := sc.Publish(ctx, connect.NewRequest(&strandv1.PublishRequest{Stream: stream, Records: records}))
+	err := c.call(ctx, "publish", stream, func(ctx context.Context, sc *brokerConn) error {
+		// Alone, or with the other streams' publishes ready for the same
+		// broker at once, in one PublishMany (publishSender).
+		res, err := sc.pub.publish(ctx, &strandv1.PublishRequest{Stream: stream, Records: records})
 		if err != nil {
 			return err
 		}
-		if n := len(res.Msg.GetOffsets()); n != len(records) {
+		if n := len(res.GetOffsets()); n != len(records) {
 			return connect.NewError(connect.CodeInternal, fmt.Errorf("client: publish answered %d offsets for %d records", n, len(records)))
 		}
-		out = res.Msg
+		out = res
 		return nil
 	})
 	return out, err

@@ -12,7 +12,6 @@ import (
 
 	"connectrpc.com/connect"
 
-	"github.com/strandhq/strand/api/strand/v1/strandv1connect"
 	"github.com/strandhq/strand/internal/rpcerr"
 )
 
@@ -45,7 +44,7 @@ func (c *Client) withBudget(ctx context.Context) (context.Context, context.Cance
 // error a retry cannot fix, or ctx (bounded by the retry budget) ends. fn
 // must build its request afresh on every call: a Connect request is not
 // reusable across attempts.
-func (c *Client) call(ctx context.Context, op, stream string, fn func(context.Context, strandv1connect.StreamServiceClient) error) error {
+func (c *Client) call(ctx context.Context, op, stream string, fn func(context.Context, *brokerConn) error) error {
 	ctx, cancel := c.withBudget(ctx)
 	defer cancel()
 	start := time.Now()
@@ -135,7 +134,7 @@ func giveUp(op, stream string, attempts int, ctx context.Context, last error) er
 // runs longer than ProbeAfter, other brokers are asked who owns the stream;
 // if the owner moved (a stopped owner answers nothing, not even an error) the
 // attempt is abandoned.
-func (c *Client) attempt(ctx context.Context, stream, addr string, fn func(context.Context, strandv1connect.StreamServiceClient) error) error {
+func (c *Client) attempt(ctx context.Context, stream, addr string, fn func(context.Context, *brokerConn) error) error {
 	actx, cancel := context.WithTimeoutCause(ctx, c.cfg.AttemptTimeout, errAttemptTimeout)
 	defer cancel()
 	done := make(chan error, 1)

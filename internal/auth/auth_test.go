@@ -135,7 +135,7 @@ func TestRulesCoverEveryProcedure(t *testing.T) {
 			t.Errorf("Rules row %s names no procedure of the generated services", p)
 		}
 		switch r.Scope {
-		case OnStream, OnCluster:
+		case OnStream, OnCluster, OnEntries:
 			if len(r.Perms) == 0 {
 				t.Errorf("%s: no permission", p)
 			}
@@ -165,6 +165,7 @@ func TestRulesCoverEveryProcedure(t *testing.T) {
 func TestRulesTable(t *testing.T) {
 	want := map[string]string{
 		"/strand.v1.StreamService/Publish":         "stream:publish",
+		"/strand.v1.StreamService/PublishMany":     "entries:publish",
 		"/strand.v1.StreamService/Read":            "stream:read",
 		"/strand.v1.StreamService/Subscribe":       "stream:read",
 		"/strand.v1.StreamService/CommitCursor":    "stream:read",
@@ -199,8 +200,9 @@ func TestRulesTable(t *testing.T) {
 			t.Errorf("%s needs %s, want %s", p, got, w)
 		}
 	}
-	if Rules["/strand.v1.StreamService/Publish"].Limit != PublishBytes || Rules["/strand.v1.StreamService/Subscribe"].Limit != Subscriptions {
-		t.Error("Publish must count publish bytes and Subscribe subscriptions")
+	if Rules["/strand.v1.StreamService/Publish"].Limit != PublishBytes || Rules["/strand.v1.StreamService/PublishMany"].Limit != PublishBytes ||
+		Rules["/strand.v1.StreamService/Subscribe"].Limit != Subscriptions {
+		t.Error("Publish and PublishMany must count publish bytes and Subscribe subscriptions")
 	}
 }
 
@@ -214,6 +216,8 @@ func describe(r Rule) string {
 		return r.Field + ":" + strings.Join(perms, "|")
 	case OnCluster:
 		return "*:" + strings.Join(perms, "|")
+	case OnEntries:
+		return "entries:" + strings.Join(perms, "|")
 	case Authenticated:
 		return "authenticated"
 	default:

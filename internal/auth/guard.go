@@ -303,6 +303,11 @@ func (g *Guard) WrapUnary(next connect.UnaryFunc) connect.UnaryFunc {
 		if err != nil {
 			return nil, err
 		}
+		if rule.Scope == OnEntries {
+			// Set on every such call, before its handler runs: CheckEntry
+			// refuses nothing without it, as with auth off.
+			return next(context.WithValue(ctx, entryKey{}, &entryGuard{g: g, rule: rule, principal: principal}), req)
+		}
 		if err := g.authorize(rule, principal, req.Any()); err != nil {
 			return nil, err
 		}
@@ -317,6 +322,38 @@ func (g *Guard) WrapUnary(next connect.UnaryFunc) connect.UnaryFunc {
 		}
 		return next(ctx, req)
 	}
+}
+
+type entryKey struct{}
+
+// entryGuard checks the entries of an OnEntries call for its principal.
+type entryGuard struct {
+	g         *Guard
+	rule      Rule
+	principal string
+}
+
+// CheckEntry checks one entry of an OnEntries call (PublishMany), entry
+// being the request it stands for (a PublishRequest) and stream the stream
+// it names: the permission a call of that request alone needs on stream,
+// then its size against the principal's limit, as WrapUnary checks a
+// Publish, so an entry is refused exactly when that Publish would be. On
+// a service without a guard (auth off) it refuses nothing; the guard sets
+// what it reads on every OnEntries call.
+func CheckEntry(ctx context.Context, stream string, entry proto.Message) error {
+	eg, ok := ctx.Value(entryKey{}).(*entryGuard)
+	if !ok {
+		return nil
+	}
+	for _, p := range eg.rule.Perms {
+		if eg.g.cache.Allowed(eg.principal, p, stream) {
+			if eg.rule.Limit == PublishBytes {
+				return eg.g.publish(eg.principal, proto.Size(entry))
+			}
+			return nil
+		}
+	}
+	return Denied(eg.principal, eg.rule.Perms, stream)
 }
 
 // WrapStreamingClient leaves client streams alone.

@@ -18,6 +18,11 @@ const (
 	// Peer: not a client call at all; authorised by node identity (the
 	// peer token, rpcserver.RequirePeerToken), never by grants.
 	Peer
+	// OnEntries: a call carrying several requests, each naming its own
+	// stream (PublishMany). The guard authenticates the call and leaves
+	// each entry's permission on its stream, and its limit, to the
+	// handler (CheckEntry), so one entry refused fails alone.
+	OnEntries
 )
 
 // Limit is the per-principal limit a procedure counts against (broker).
@@ -38,7 +43,8 @@ type Rule struct {
 	Scope Scope
 	// Perms: any one of them suffices (OnStream, OnCluster).
 	Perms []Permission
-	// Field names the request field holding the stream (OnStream).
+	// Field names the request field holding the stream (OnStream; with
+	// OnEntries, each entry's is "stream").
 	Field string
 	Limit Limit
 }
@@ -55,7 +61,9 @@ func onCluster(perm Permission) Rule { return Rule{Scope: OnCluster, Perms: []Pe
 // without someone deciding who may call it.
 var Rules = map[string]Rule{
 	// Broker, strand.v1.StreamService.
-	strandv1connect.StreamServicePublishProcedure:      {Scope: OnStream, Perms: []Permission{Publish}, Field: "stream", Limit: PublishBytes},
+	strandv1connect.StreamServicePublishProcedure: {Scope: OnStream, Perms: []Permission{Publish}, Field: "stream", Limit: PublishBytes},
+	// Each entry as a Publish of its stream (CheckEntry).
+	strandv1connect.StreamServicePublishManyProcedure:  {Scope: OnEntries, Perms: []Permission{Publish}, Limit: PublishBytes},
 	strandv1connect.StreamServiceReadProcedure:         onStream("stream", Read),
 	strandv1connect.StreamServiceSubscribeProcedure:    {Scope: OnStream, Perms: []Permission{Read}, Field: "stream", Limit: Subscriptions},
 	strandv1connect.StreamServiceCommitCursorProcedure: onStream("stream", Read),

@@ -511,3 +511,65 @@ func TestAuthTransportPrincipal(t *testing.T) {
 	_, err = read(c.Ctx(), c.streamsAs(bogus), stream)
 	wantCode(t, "an unknown token with a transport principal", err, connect.CodeUnauthenticated)
 }
+
+// Each entry of a PublishMany needs publish on its own stream: a principal
+// that only reads one of two streams has that entry refused with
+// PermissionDenied naming the permission and the stream, and stores
+// nothing there, while its entry of the stream it may publish to is
+// stored. The entries count against its publish bytes as their Publishes
+// would.
+func TestAuthPublishManyChecksEachEntry(t *testing.T) {
+	t.Parallel()
+	c := startAuth(t)
+	const mine, theirs = "mine.a", "theirs.b"
+	c.CreateStream(mine, 1, majority)
+	c.CreateStream(theirs, 1, majority)
+	c.Publish("b1", theirs, "first")
+	_, secret := c.token(t, "writer", "publish mine.*", "read mine.*", "read theirs.*")
+	w := c.streamsAs(secret)
+	req := &strandv1.PublishManyRequest{Publishes: []*strandv1.PublishRequest{
+		{Stream: mine, Records: []*strandv1.Record{{Payload: []byte("mine")}}},
+		{Stream: theirs, Records: []*strandv1.Record{{Payload: []byte("not allowed")}}},
+	}}
+	var res *connect.Response[strandv1.PublishManyResponse]
+	clustertest.Eventually(t, authWait, "the writer's grants reach the broker", func() error {
+		var err error
+		res, err = w.PublishMany(c.Ctx(), connect.NewRequest(req))
+		if err != nil {
+			return err
+		}
+		if res.Msg.GetResults()[0].GetResponse() == nil {
+			return fmt.Errorf("entry 0: %v", res.Msg.GetResults()[0])
+		}
+		return nil
+	})
+	pe := res.Msg.GetResults()[1].GetError()
+	if connect.Code(pe.GetCode()) != connect.CodePermissionDenied || !strings.Contains(pe.GetMessage(), "publish") || !strings.Contains(pe.GetMessage(), theirs) {
+		t.Fatalf("the entry of %s answered %v, want PermissionDenied naming publish and the stream", theirs, res.Msg.GetResults()[1])
+	}
+	for stream, want := range map[string]string{mine: "mine", theirs: "first"} {
+		recs, err := read(c.Ctx(), w, stream)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := []string{}
+		for _, r := range recs {
+			got = append(got, string(r.GetPayload()))
+		}
+		if len(got) < 1 || got[len(got)-1] != want || (stream == theirs && len(got) != 1) {
+			t.Fatalf("%s holds %q, want it to end with %q (and %s nothing new)", stream, got, want, theirs)
+		}
+	}
+	// An entry above the principal's publish bytes per second is refused
+	// alone, as its Publish would be.
+	big := &strandv1.PublishManyRequest{Publishes: []*strandv1.PublishRequest{
+		{Stream: mine, Records: []*strandv1.Record{{Payload: make([]byte, authRate+1)}}},
+	}}
+	res, err := w.PublishMany(c.Ctx(), connect.NewRequest(big))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if pe := res.Msg.GetResults()[0].GetError(); connect.Code(pe.GetCode()) != connect.CodeResourceExhausted {
+		t.Fatalf("an entry above the publish limit answered %v, want ResourceExhausted", res.Msg.GetResults()[0])
+	}
+}

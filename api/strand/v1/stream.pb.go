@@ -9,6 +9,7 @@ package strandv1
 import (
 	protoreflect "google.golang.org/protobuf/reflect/protoreflect"
 	protoimpl "google.golang.org/protobuf/runtime/protoimpl"
+	anypb "google.golang.org/protobuf/types/known/anypb"
 	timestamppb "google.golang.org/protobuf/types/known/timestamppb"
 	reflect "reflect"
 	sync "sync"
@@ -262,6 +263,246 @@ func (x *PublishResponse) GetDuplicate() []bool {
 	return nil
 }
 
+type PublishManyRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// publishes are the entries, each a Publish of its own stream: at most
+	// 1024, no stream twice.
+	Publishes     []*PublishRequest `protobuf:"bytes,1,rep,name=publishes,proto3" json:"publishes,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PublishManyRequest) Reset() {
+	*x = PublishManyRequest{}
+	mi := &file_strand_v1_stream_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PublishManyRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PublishManyRequest) ProtoMessage() {}
+
+func (x *PublishManyRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_strand_v1_stream_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PublishManyRequest.ProtoReflect.Descriptor instead.
+func (*PublishManyRequest) Descriptor() ([]byte, []int) {
+	return file_strand_v1_stream_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *PublishManyRequest) GetPublishes() []*PublishRequest {
+	if x != nil {
+		return x.Publishes
+	}
+	return nil
+}
+
+type PublishManyResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// results[i] is the outcome of publishes[i].
+	Results       []*PublishResult `protobuf:"bytes,1,rep,name=results,proto3" json:"results,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PublishManyResponse) Reset() {
+	*x = PublishManyResponse{}
+	mi := &file_strand_v1_stream_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PublishManyResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PublishManyResponse) ProtoMessage() {}
+
+func (x *PublishManyResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_strand_v1_stream_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PublishManyResponse.ProtoReflect.Descriptor instead.
+func (*PublishManyResponse) Descriptor() ([]byte, []int) {
+	return file_strand_v1_stream_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *PublishManyResponse) GetResults() []*PublishResult {
+	if x != nil {
+		return x.Results
+	}
+	return nil
+}
+
+// PublishResult is one entry's outcome: what a Publish of it would have
+// answered.
+type PublishResult struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Types that are valid to be assigned to Outcome:
+	//
+	//	*PublishResult_Response
+	//	*PublishResult_Error
+	Outcome       isPublishResult_Outcome `protobuf_oneof:"outcome"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PublishResult) Reset() {
+	*x = PublishResult{}
+	mi := &file_strand_v1_stream_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PublishResult) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PublishResult) ProtoMessage() {}
+
+func (x *PublishResult) ProtoReflect() protoreflect.Message {
+	mi := &file_strand_v1_stream_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PublishResult.ProtoReflect.Descriptor instead.
+func (*PublishResult) Descriptor() ([]byte, []int) {
+	return file_strand_v1_stream_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *PublishResult) GetOutcome() isPublishResult_Outcome {
+	if x != nil {
+		return x.Outcome
+	}
+	return nil
+}
+
+func (x *PublishResult) GetResponse() *PublishResponse {
+	if x != nil {
+		if x, ok := x.Outcome.(*PublishResult_Response); ok {
+			return x.Response
+		}
+	}
+	return nil
+}
+
+func (x *PublishResult) GetError() *PublishError {
+	if x != nil {
+		if x, ok := x.Outcome.(*PublishResult_Error); ok {
+			return x.Error
+		}
+	}
+	return nil
+}
+
+type isPublishResult_Outcome interface {
+	isPublishResult_Outcome()
+}
+
+type PublishResult_Response struct {
+	Response *PublishResponse `protobuf:"bytes,1,opt,name=response,proto3,oneof"`
+}
+
+type PublishResult_Error struct {
+	Error *PublishError `protobuf:"bytes,2,opt,name=error,proto3,oneof"`
+}
+
+func (*PublishResult_Response) isPublishResult_Outcome() {}
+
+func (*PublishResult_Error) isPublishResult_Outcome() {}
+
+// PublishError is the error a Publish of the entry would have answered,
+// as Connect carries one: its code, its message and its details (OwnerHint,
+// google.rpc.BadRequest, ...), with every field it names prefixed by the
+// entry's ("publishes[2].records[0].sequence").
+type PublishError struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// code is the Connect (and gRPC) code number: 9 FailedPrecondition, ...
+	Code          uint32       `protobuf:"varint,1,opt,name=code,proto3" json:"code,omitempty"`
+	Message       string       `protobuf:"bytes,2,opt,name=message,proto3" json:"message,omitempty"`
+	Details       []*anypb.Any `protobuf:"bytes,3,rep,name=details,proto3" json:"details,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PublishError) Reset() {
+	*x = PublishError{}
+	mi := &file_strand_v1_stream_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PublishError) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PublishError) ProtoMessage() {}
+
+func (x *PublishError) ProtoReflect() protoreflect.Message {
+	mi := &file_strand_v1_stream_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PublishError.ProtoReflect.Descriptor instead.
+func (*PublishError) Descriptor() ([]byte, []int) {
+	return file_strand_v1_stream_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *PublishError) GetCode() uint32 {
+	if x != nil {
+		return x.Code
+	}
+	return 0
+}
+
+func (x *PublishError) GetMessage() string {
+	if x != nil {
+		return x.Message
+	}
+	return ""
+}
+
+func (x *PublishError) GetDetails() []*anypb.Any {
+	if x != nil {
+		return x.Details
+	}
+	return nil
+}
+
 // StoredRecord is a record as the log holds it.
 type StoredRecord struct {
 	state       protoimpl.MessageState `protogen:"open.v1"`
@@ -281,7 +522,7 @@ type StoredRecord struct {
 
 func (x *StoredRecord) Reset() {
 	*x = StoredRecord{}
-	mi := &file_strand_v1_stream_proto_msgTypes[3]
+	mi := &file_strand_v1_stream_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -293,7 +534,7 @@ func (x *StoredRecord) String() string {
 func (*StoredRecord) ProtoMessage() {}
 
 func (x *StoredRecord) ProtoReflect() protoreflect.Message {
-	mi := &file_strand_v1_stream_proto_msgTypes[3]
+	mi := &file_strand_v1_stream_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -306,7 +547,7 @@ func (x *StoredRecord) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StoredRecord.ProtoReflect.Descriptor instead.
 func (*StoredRecord) Descriptor() ([]byte, []int) {
-	return file_strand_v1_stream_proto_rawDescGZIP(), []int{3}
+	return file_strand_v1_stream_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *StoredRecord) GetOffset() uint64 {
@@ -384,7 +625,7 @@ type ReadRequest struct {
 
 func (x *ReadRequest) Reset() {
 	*x = ReadRequest{}
-	mi := &file_strand_v1_stream_proto_msgTypes[4]
+	mi := &file_strand_v1_stream_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -396,7 +637,7 @@ func (x *ReadRequest) String() string {
 func (*ReadRequest) ProtoMessage() {}
 
 func (x *ReadRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_strand_v1_stream_proto_msgTypes[4]
+	mi := &file_strand_v1_stream_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -409,7 +650,7 @@ func (x *ReadRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadRequest.ProtoReflect.Descriptor instead.
 func (*ReadRequest) Descriptor() ([]byte, []int) {
-	return file_strand_v1_stream_proto_rawDescGZIP(), []int{4}
+	return file_strand_v1_stream_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *ReadRequest) GetStream() string {
@@ -462,7 +703,7 @@ type ReadResponse struct {
 
 func (x *ReadResponse) Reset() {
 	*x = ReadResponse{}
-	mi := &file_strand_v1_stream_proto_msgTypes[5]
+	mi := &file_strand_v1_stream_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -474,7 +715,7 @@ func (x *ReadResponse) String() string {
 func (*ReadResponse) ProtoMessage() {}
 
 func (x *ReadResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_strand_v1_stream_proto_msgTypes[5]
+	mi := &file_strand_v1_stream_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -487,7 +728,7 @@ func (x *ReadResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadResponse.ProtoReflect.Descriptor instead.
 func (*ReadResponse) Descriptor() ([]byte, []int) {
-	return file_strand_v1_stream_proto_rawDescGZIP(), []int{5}
+	return file_strand_v1_stream_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *ReadResponse) GetRecords() []*StoredRecord {
@@ -534,7 +775,7 @@ type SubscribeRequest struct {
 
 func (x *SubscribeRequest) Reset() {
 	*x = SubscribeRequest{}
-	mi := &file_strand_v1_stream_proto_msgTypes[6]
+	mi := &file_strand_v1_stream_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -546,7 +787,7 @@ func (x *SubscribeRequest) String() string {
 func (*SubscribeRequest) ProtoMessage() {}
 
 func (x *SubscribeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_strand_v1_stream_proto_msgTypes[6]
+	mi := &file_strand_v1_stream_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -559,7 +800,7 @@ func (x *SubscribeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SubscribeRequest.ProtoReflect.Descriptor instead.
 func (*SubscribeRequest) Descriptor() ([]byte, []int) {
-	return file_strand_v1_stream_proto_rawDescGZIP(), []int{6}
+	return file_strand_v1_stream_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *SubscribeRequest) GetStream() string {
@@ -607,7 +848,7 @@ type SubscribeResponse struct {
 
 func (x *SubscribeResponse) Reset() {
 	*x = SubscribeResponse{}
-	mi := &file_strand_v1_stream_proto_msgTypes[7]
+	mi := &file_strand_v1_stream_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -619,7 +860,7 @@ func (x *SubscribeResponse) String() string {
 func (*SubscribeResponse) ProtoMessage() {}
 
 func (x *SubscribeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_strand_v1_stream_proto_msgTypes[7]
+	mi := &file_strand_v1_stream_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -632,7 +873,7 @@ func (x *SubscribeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SubscribeResponse.ProtoReflect.Descriptor instead.
 func (*SubscribeResponse) Descriptor() ([]byte, []int) {
-	return file_strand_v1_stream_proto_rawDescGZIP(), []int{7}
+	return file_strand_v1_stream_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *SubscribeResponse) GetRecords() []*StoredRecord {
@@ -661,7 +902,7 @@ type CommitCursorRequest struct {
 
 func (x *CommitCursorRequest) Reset() {
 	*x = CommitCursorRequest{}
-	mi := &file_strand_v1_stream_proto_msgTypes[8]
+	mi := &file_strand_v1_stream_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -673,7 +914,7 @@ func (x *CommitCursorRequest) String() string {
 func (*CommitCursorRequest) ProtoMessage() {}
 
 func (x *CommitCursorRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_strand_v1_stream_proto_msgTypes[8]
+	mi := &file_strand_v1_stream_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -686,7 +927,7 @@ func (x *CommitCursorRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CommitCursorRequest.ProtoReflect.Descriptor instead.
 func (*CommitCursorRequest) Descriptor() ([]byte, []int) {
-	return file_strand_v1_stream_proto_rawDescGZIP(), []int{8}
+	return file_strand_v1_stream_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *CommitCursorRequest) GetStream() string {
@@ -722,7 +963,7 @@ type CommitCursorResponse struct {
 
 func (x *CommitCursorResponse) Reset() {
 	*x = CommitCursorResponse{}
-	mi := &file_strand_v1_stream_proto_msgTypes[9]
+	mi := &file_strand_v1_stream_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -734,7 +975,7 @@ func (x *CommitCursorResponse) String() string {
 func (*CommitCursorResponse) ProtoMessage() {}
 
 func (x *CommitCursorResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_strand_v1_stream_proto_msgTypes[9]
+	mi := &file_strand_v1_stream_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -747,7 +988,7 @@ func (x *CommitCursorResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CommitCursorResponse.ProtoReflect.Descriptor instead.
 func (*CommitCursorResponse) Descriptor() ([]byte, []int) {
-	return file_strand_v1_stream_proto_rawDescGZIP(), []int{9}
+	return file_strand_v1_stream_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *CommitCursorResponse) GetOffset() uint64 {
@@ -774,7 +1015,7 @@ type GetCursorRequest struct {
 
 func (x *GetCursorRequest) Reset() {
 	*x = GetCursorRequest{}
-	mi := &file_strand_v1_stream_proto_msgTypes[10]
+	mi := &file_strand_v1_stream_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -786,7 +1027,7 @@ func (x *GetCursorRequest) String() string {
 func (*GetCursorRequest) ProtoMessage() {}
 
 func (x *GetCursorRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_strand_v1_stream_proto_msgTypes[10]
+	mi := &file_strand_v1_stream_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -799,7 +1040,7 @@ func (x *GetCursorRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetCursorRequest.ProtoReflect.Descriptor instead.
 func (*GetCursorRequest) Descriptor() ([]byte, []int) {
-	return file_strand_v1_stream_proto_rawDescGZIP(), []int{10}
+	return file_strand_v1_stream_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *GetCursorRequest) GetStream() string {
@@ -826,7 +1067,7 @@ type GetCursorResponse struct {
 
 func (x *GetCursorResponse) Reset() {
 	*x = GetCursorResponse{}
-	mi := &file_strand_v1_stream_proto_msgTypes[11]
+	mi := &file_strand_v1_stream_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -838,7 +1079,7 @@ func (x *GetCursorResponse) String() string {
 func (*GetCursorResponse) ProtoMessage() {}
 
 func (x *GetCursorResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_strand_v1_stream_proto_msgTypes[11]
+	mi := &file_strand_v1_stream_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -851,7 +1092,7 @@ func (x *GetCursorResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetCursorResponse.ProtoReflect.Descriptor instead.
 func (*GetCursorResponse) Descriptor() ([]byte, []int) {
-	return file_strand_v1_stream_proto_rawDescGZIP(), []int{11}
+	return file_strand_v1_stream_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *GetCursorResponse) GetOffset() uint64 {
@@ -877,7 +1118,7 @@ type LocateRequest struct {
 
 func (x *LocateRequest) Reset() {
 	*x = LocateRequest{}
-	mi := &file_strand_v1_stream_proto_msgTypes[12]
+	mi := &file_strand_v1_stream_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -889,7 +1130,7 @@ func (x *LocateRequest) String() string {
 func (*LocateRequest) ProtoMessage() {}
 
 func (x *LocateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_strand_v1_stream_proto_msgTypes[12]
+	mi := &file_strand_v1_stream_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -902,7 +1143,7 @@ func (x *LocateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LocateRequest.ProtoReflect.Descriptor instead.
 func (*LocateRequest) Descriptor() ([]byte, []int) {
-	return file_strand_v1_stream_proto_rawDescGZIP(), []int{12}
+	return file_strand_v1_stream_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *LocateRequest) GetStream() string {
@@ -923,7 +1164,7 @@ type LocateResponse struct {
 
 func (x *LocateResponse) Reset() {
 	*x = LocateResponse{}
-	mi := &file_strand_v1_stream_proto_msgTypes[13]
+	mi := &file_strand_v1_stream_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -935,7 +1176,7 @@ func (x *LocateResponse) String() string {
 func (*LocateResponse) ProtoMessage() {}
 
 func (x *LocateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_strand_v1_stream_proto_msgTypes[13]
+	mi := &file_strand_v1_stream_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -948,7 +1189,7 @@ func (x *LocateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LocateResponse.ProtoReflect.Descriptor instead.
 func (*LocateResponse) Descriptor() ([]byte, []int) {
-	return file_strand_v1_stream_proto_rawDescGZIP(), []int{13}
+	return file_strand_v1_stream_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *LocateResponse) GetOwner() *OwnerHint {
@@ -986,7 +1227,7 @@ type OwnerHint struct {
 
 func (x *OwnerHint) Reset() {
 	*x = OwnerHint{}
-	mi := &file_strand_v1_stream_proto_msgTypes[14]
+	mi := &file_strand_v1_stream_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -998,7 +1239,7 @@ func (x *OwnerHint) String() string {
 func (*OwnerHint) ProtoMessage() {}
 
 func (x *OwnerHint) ProtoReflect() protoreflect.Message {
-	mi := &file_strand_v1_stream_proto_msgTypes[14]
+	mi := &file_strand_v1_stream_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1011,7 +1252,7 @@ func (x *OwnerHint) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OwnerHint.ProtoReflect.Descriptor instead.
 func (*OwnerHint) Descriptor() ([]byte, []int) {
-	return file_strand_v1_stream_proto_rawDescGZIP(), []int{14}
+	return file_strand_v1_stream_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *OwnerHint) GetStream() string {
@@ -1057,7 +1298,7 @@ type LeaderHint struct {
 
 func (x *LeaderHint) Reset() {
 	*x = LeaderHint{}
-	mi := &file_strand_v1_stream_proto_msgTypes[15]
+	mi := &file_strand_v1_stream_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1069,7 +1310,7 @@ func (x *LeaderHint) String() string {
 func (*LeaderHint) ProtoMessage() {}
 
 func (x *LeaderHint) ProtoReflect() protoreflect.Message {
-	mi := &file_strand_v1_stream_proto_msgTypes[15]
+	mi := &file_strand_v1_stream_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1082,7 +1323,7 @@ func (x *LeaderHint) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LeaderHint.ProtoReflect.Descriptor instead.
 func (*LeaderHint) Descriptor() ([]byte, []int) {
-	return file_strand_v1_stream_proto_rawDescGZIP(), []int{15}
+	return file_strand_v1_stream_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *LeaderHint) GetAddress() string {
@@ -1106,7 +1347,7 @@ type ConfirmPolicy struct {
 
 func (x *ConfirmPolicy) Reset() {
 	*x = ConfirmPolicy{}
-	mi := &file_strand_v1_stream_proto_msgTypes[16]
+	mi := &file_strand_v1_stream_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1118,7 +1359,7 @@ func (x *ConfirmPolicy) String() string {
 func (*ConfirmPolicy) ProtoMessage() {}
 
 func (x *ConfirmPolicy) ProtoReflect() protoreflect.Message {
-	mi := &file_strand_v1_stream_proto_msgTypes[16]
+	mi := &file_strand_v1_stream_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1131,7 +1372,7 @@ func (x *ConfirmPolicy) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ConfirmPolicy.ProtoReflect.Descriptor instead.
 func (*ConfirmPolicy) Descriptor() ([]byte, []int) {
-	return file_strand_v1_stream_proto_rawDescGZIP(), []int{16}
+	return file_strand_v1_stream_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *ConfirmPolicy) GetName() string {
@@ -1152,7 +1393,7 @@ var File_strand_v1_stream_proto protoreflect.FileDescriptor
 
 const file_strand_v1_stream_proto_rawDesc = "" +
 	"\n" +
-	"\x16strand/v1/stream.proto\x12\tstrand.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xd5\x01\n" +
+	"\x16strand/v1/stream.proto\x12\tstrand.v1\x1a\x19google/protobuf/any.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xd5\x01\n" +
 	"\x06Record\x12\x18\n" +
 	"\apayload\x18\x01 \x01(\fR\apayload\x128\n" +
 	"\aheaders\x18\x02 \x03(\v2\x1e.strand.v1.Record.HeadersEntryR\aheaders\x12\x1f\n" +
@@ -1168,7 +1409,19 @@ const file_strand_v1_stream_proto_rawDesc = "" +
 	"\x0fPublishResponse\x12\x18\n" +
 	"\aoffsets\x18\x01 \x03(\x04R\aoffsets\x12\x14\n" +
 	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\x12\x1c\n" +
-	"\tduplicate\x18\x03 \x03(\bR\tduplicate\"\xe4\x02\n" +
+	"\tduplicate\x18\x03 \x03(\bR\tduplicate\"M\n" +
+	"\x12PublishManyRequest\x127\n" +
+	"\tpublishes\x18\x01 \x03(\v2\x19.strand.v1.PublishRequestR\tpublishes\"I\n" +
+	"\x13PublishManyResponse\x122\n" +
+	"\aresults\x18\x01 \x03(\v2\x18.strand.v1.PublishResultR\aresults\"\x85\x01\n" +
+	"\rPublishResult\x128\n" +
+	"\bresponse\x18\x01 \x01(\v2\x1a.strand.v1.PublishResponseH\x00R\bresponse\x12/\n" +
+	"\x05error\x18\x02 \x01(\v2\x17.strand.v1.PublishErrorH\x00R\x05errorB\t\n" +
+	"\aoutcome\"l\n" +
+	"\fPublishError\x12\x12\n" +
+	"\x04code\x18\x01 \x01(\rR\x04code\x12\x18\n" +
+	"\amessage\x18\x02 \x01(\tR\amessage\x12.\n" +
+	"\adetails\x18\x03 \x03(\v2\x14.google.protobuf.AnyR\adetails\"\xe4\x02\n" +
 	"\fStoredRecord\x12\x16\n" +
 	"\x06offset\x18\x01 \x01(\x04R\x06offset\x12\x14\n" +
 	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\x12\x18\n" +
@@ -1240,9 +1493,10 @@ const file_strand_v1_stream_proto_rawDesc = "" +
 	"\x17START_POSITION_EARLIEST\x10\x01\x12\x19\n" +
 	"\x15START_POSITION_LATEST\x10\x02\x12\x19\n" +
 	"\x15START_POSITION_OFFSET\x10\x03\x12\x19\n" +
-	"\x15START_POSITION_CURSOR\x10\x042\xb8\x03\n" +
+	"\x15START_POSITION_CURSOR\x10\x042\x88\x04\n" +
 	"\rStreamService\x12B\n" +
-	"\aPublish\x12\x19.strand.v1.PublishRequest\x1a\x1a.strand.v1.PublishResponse\"\x00\x129\n" +
+	"\aPublish\x12\x19.strand.v1.PublishRequest\x1a\x1a.strand.v1.PublishResponse\"\x00\x12N\n" +
+	"\vPublishMany\x12\x1d.strand.v1.PublishManyRequest\x1a\x1e.strand.v1.PublishManyResponse\"\x00\x129\n" +
 	"\x04Read\x12\x16.strand.v1.ReadRequest\x1a\x17.strand.v1.ReadResponse\"\x00\x12J\n" +
 	"\tSubscribe\x12\x1b.strand.v1.SubscribeRequest\x1a\x1c.strand.v1.SubscribeResponse\"\x000\x01\x12Q\n" +
 	"\fCommitCursor\x12\x1e.strand.v1.CommitCursorRequest\x1a\x1f.strand.v1.CommitCursorResponse\"\x00\x12H\n" +
@@ -1262,57 +1516,69 @@ func file_strand_v1_stream_proto_rawDescGZIP() []byte {
 }
 
 var file_strand_v1_stream_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_strand_v1_stream_proto_msgTypes = make([]protoimpl.MessageInfo, 19)
+var file_strand_v1_stream_proto_msgTypes = make([]protoimpl.MessageInfo, 23)
 var file_strand_v1_stream_proto_goTypes = []any{
 	(StartPosition)(0),            // 0: strand.v1.StartPosition
 	(*Record)(nil),                // 1: strand.v1.Record
 	(*PublishRequest)(nil),        // 2: strand.v1.PublishRequest
 	(*PublishResponse)(nil),       // 3: strand.v1.PublishResponse
-	(*StoredRecord)(nil),          // 4: strand.v1.StoredRecord
-	(*ReadRequest)(nil),           // 5: strand.v1.ReadRequest
-	(*ReadResponse)(nil),          // 6: strand.v1.ReadResponse
-	(*SubscribeRequest)(nil),      // 7: strand.v1.SubscribeRequest
-	(*SubscribeResponse)(nil),     // 8: strand.v1.SubscribeResponse
-	(*CommitCursorRequest)(nil),   // 9: strand.v1.CommitCursorRequest
-	(*CommitCursorResponse)(nil),  // 10: strand.v1.CommitCursorResponse
-	(*GetCursorRequest)(nil),      // 11: strand.v1.GetCursorRequest
-	(*GetCursorResponse)(nil),     // 12: strand.v1.GetCursorResponse
-	(*LocateRequest)(nil),         // 13: strand.v1.LocateRequest
-	(*LocateResponse)(nil),        // 14: strand.v1.LocateResponse
-	(*OwnerHint)(nil),             // 15: strand.v1.OwnerHint
-	(*LeaderHint)(nil),            // 16: strand.v1.LeaderHint
-	(*ConfirmPolicy)(nil),         // 17: strand.v1.ConfirmPolicy
-	nil,                           // 18: strand.v1.Record.HeadersEntry
-	nil,                           // 19: strand.v1.StoredRecord.HeadersEntry
-	(*timestamppb.Timestamp)(nil), // 20: google.protobuf.Timestamp
+	(*PublishManyRequest)(nil),    // 4: strand.v1.PublishManyRequest
+	(*PublishManyResponse)(nil),   // 5: strand.v1.PublishManyResponse
+	(*PublishResult)(nil),         // 6: strand.v1.PublishResult
+	(*PublishError)(nil),          // 7: strand.v1.PublishError
+	(*StoredRecord)(nil),          // 8: strand.v1.StoredRecord
+	(*ReadRequest)(nil),           // 9: strand.v1.ReadRequest
+	(*ReadResponse)(nil),          // 10: strand.v1.ReadResponse
+	(*SubscribeRequest)(nil),      // 11: strand.v1.SubscribeRequest
+	(*SubscribeResponse)(nil),     // 12: strand.v1.SubscribeResponse
+	(*CommitCursorRequest)(nil),   // 13: strand.v1.CommitCursorRequest
+	(*CommitCursorResponse)(nil),  // 14: strand.v1.CommitCursorResponse
+	(*GetCursorRequest)(nil),      // 15: strand.v1.GetCursorRequest
+	(*GetCursorResponse)(nil),     // 16: strand.v1.GetCursorResponse
+	(*LocateRequest)(nil),         // 17: strand.v1.LocateRequest
+	(*LocateResponse)(nil),        // 18: strand.v1.LocateResponse
+	(*OwnerHint)(nil),             // 19: strand.v1.OwnerHint
+	(*LeaderHint)(nil),            // 20: strand.v1.LeaderHint
+	(*ConfirmPolicy)(nil),         // 21: strand.v1.ConfirmPolicy
+	nil,                           // 22: strand.v1.Record.HeadersEntry
+	nil,                           // 23: strand.v1.StoredRecord.HeadersEntry
+	(*anypb.Any)(nil),             // 24: google.protobuf.Any
+	(*timestamppb.Timestamp)(nil), // 25: google.protobuf.Timestamp
 }
 var file_strand_v1_stream_proto_depIdxs = []int32{
-	18, // 0: strand.v1.Record.headers:type_name -> strand.v1.Record.HeadersEntry
+	22, // 0: strand.v1.Record.headers:type_name -> strand.v1.Record.HeadersEntry
 	1,  // 1: strand.v1.PublishRequest.records:type_name -> strand.v1.Record
-	19, // 2: strand.v1.StoredRecord.headers:type_name -> strand.v1.StoredRecord.HeadersEntry
-	20, // 3: strand.v1.StoredRecord.publish_time:type_name -> google.protobuf.Timestamp
-	4,  // 4: strand.v1.ReadResponse.records:type_name -> strand.v1.StoredRecord
-	0,  // 5: strand.v1.SubscribeRequest.start:type_name -> strand.v1.StartPosition
-	4,  // 6: strand.v1.SubscribeResponse.records:type_name -> strand.v1.StoredRecord
-	15, // 7: strand.v1.LocateResponse.owner:type_name -> strand.v1.OwnerHint
-	17, // 8: strand.v1.LocateResponse.policy:type_name -> strand.v1.ConfirmPolicy
-	2,  // 9: strand.v1.StreamService.Publish:input_type -> strand.v1.PublishRequest
-	5,  // 10: strand.v1.StreamService.Read:input_type -> strand.v1.ReadRequest
-	7,  // 11: strand.v1.StreamService.Subscribe:input_type -> strand.v1.SubscribeRequest
-	9,  // 12: strand.v1.StreamService.CommitCursor:input_type -> strand.v1.CommitCursorRequest
-	11, // 13: strand.v1.StreamService.GetCursor:input_type -> strand.v1.GetCursorRequest
-	13, // 14: strand.v1.StreamService.Locate:input_type -> strand.v1.LocateRequest
-	3,  // 15: strand.v1.StreamService.Publish:output_type -> strand.v1.PublishResponse
-	6,  // 16: strand.v1.StreamService.Read:output_type -> strand.v1.ReadResponse
-	8,  // 17: strand.v1.StreamService.Subscribe:output_type -> strand.v1.SubscribeResponse
-	10, // 18: strand.v1.StreamService.CommitCursor:output_type -> strand.v1.CommitCursorResponse
-	12, // 19: strand.v1.StreamService.GetCursor:output_type -> strand.v1.GetCursorResponse
-	14, // 20: strand.v1.StreamService.Locate:output_type -> strand.v1.LocateResponse
-	15, // [15:21] is the sub-list for method output_type
-	9,  // [9:15] is the sub-list for method input_type
-	9,  // [9:9] is the sub-list for extension type_name
-	9,  // [9:9] is the sub-list for extension extendee
-	0,  // [0:9] is the sub-list for field type_name
+	2,  // 2: strand.v1.PublishManyRequest.publishes:type_name -> strand.v1.PublishRequest
+	6,  // 3: strand.v1.PublishManyResponse.results:type_name -> strand.v1.PublishResult
+	3,  // 4: strand.v1.PublishResult.response:type_name -> strand.v1.PublishResponse
+	7,  // 5: strand.v1.PublishResult.error:type_name -> strand.v1.PublishError
+	24, // 6: strand.v1.PublishError.details:type_name -> google.protobuf.Any
+	23, // 7: strand.v1.StoredRecord.headers:type_name -> strand.v1.StoredRecord.HeadersEntry
+	25, // 8: strand.v1.StoredRecord.publish_time:type_name -> google.protobuf.Timestamp
+	8,  // 9: strand.v1.ReadResponse.records:type_name -> strand.v1.StoredRecord
+	0,  // 10: strand.v1.SubscribeRequest.start:type_name -> strand.v1.StartPosition
+	8,  // 11: strand.v1.SubscribeResponse.records:type_name -> strand.v1.StoredRecord
+	19, // 12: strand.v1.LocateResponse.owner:type_name -> strand.v1.OwnerHint
+	21, // 13: strand.v1.LocateResponse.policy:type_name -> strand.v1.ConfirmPolicy
+	2,  // 14: strand.v1.StreamService.Publish:input_type -> strand.v1.PublishRequest
+	4,  // 15: strand.v1.StreamService.PublishMany:input_type -> strand.v1.PublishManyRequest
+	9,  // 16: strand.v1.StreamService.Read:input_type -> strand.v1.ReadRequest
+	11, // 17: strand.v1.StreamService.Subscribe:input_type -> strand.v1.SubscribeRequest
+	13, // 18: strand.v1.StreamService.CommitCursor:input_type -> strand.v1.CommitCursorRequest
+	15, // 19: strand.v1.StreamService.GetCursor:input_type -> strand.v1.GetCursorRequest
+	17, // 20: strand.v1.StreamService.Locate:input_type -> strand.v1.LocateRequest
+	3,  // 21: strand.v1.StreamService.Publish:output_type -> strand.v1.PublishResponse
+	5,  // 22: strand.v1.StreamService.PublishMany:output_type -> strand.v1.PublishManyResponse
+	10, // 23: strand.v1.StreamService.Read:output_type -> strand.v1.ReadResponse
+	12, // 24: strand.v1.StreamService.Subscribe:output_type -> strand.v1.SubscribeResponse
+	14, // 25: strand.v1.StreamService.CommitCursor:output_type -> strand.v1.CommitCursorResponse
+	16, // 26: strand.v1.StreamService.GetCursor:output_type -> strand.v1.GetCursorResponse
+	18, // 27: strand.v1.StreamService.Locate:output_type -> strand.v1.LocateResponse
+	21, // [21:28] is the sub-list for method output_type
+	14, // [14:21] is the sub-list for method input_type
+	14, // [14:14] is the sub-list for extension type_name
+	14, // [14:14] is the sub-list for extension extendee
+	0,  // [0:14] is the sub-list for field type_name
 }
 
 func init() { file_strand_v1_stream_proto_init() }
@@ -1320,13 +1586,17 @@ func file_strand_v1_stream_proto_init() {
 	if File_strand_v1_stream_proto != nil {
 		return
 	}
+	file_strand_v1_stream_proto_msgTypes[5].OneofWrappers = []any{
+		(*PublishResult_Response)(nil),
+		(*PublishResult_Error)(nil),
+	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_strand_v1_stream_proto_rawDesc), len(file_strand_v1_stream_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   19,
+			NumMessages:   23,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -35,6 +35,9 @@ const (
 const (
 	// StreamServicePublishProcedure is the fully-qualified name of the StreamService's Publish RPC.
 	StreamServicePublishProcedure = "/strand.v1.StreamService/Publish"
+	// StreamServicePublishManyProcedure is the fully-qualified name of the StreamService's PublishMany
+	// RPC.
+	StreamServicePublishManyProcedure = "/strand.v1.StreamService/PublishMany"
 	// StreamServiceReadProcedure is the fully-qualified name of the StreamService's Read RPC.
 	StreamServiceReadProcedure = "/strand.v1.StreamService/Read"
 	// StreamServiceSubscribeProcedure is the fully-qualified name of the StreamService's Subscribe RPC.
@@ -53,6 +56,12 @@ type StreamServiceClient interface {
 	// Publish appends a batch and returns once the stream's confirm policy
 	// holds for every record in it.
 	Publish(context.Context, *connect.Request[v1.PublishRequest]) (*connect.Response[v1.PublishResponse], error)
+	// PublishMany is several Publish calls to streams this broker owns in
+	// one request: each entry is handled exactly as a Publish of its stream
+	// (validation, permission, limits, dedupe, confirm policy), the entries
+	// run concurrently and independently, and the answer holds one result per
+	// entry, in order, once every entry has one (docs/api.md, "PublishMany").
+	PublishMany(context.Context, *connect.Request[v1.PublishManyRequest]) (*connect.Response[v1.PublishManyResponse], error)
 	// Read returns confirmed records from an offset, bounded by records and bytes.
 	Read(context.Context, *connect.Request[v1.ReadRequest]) (*connect.Response[v1.ReadResponse], error)
 	// Subscribe streams confirmed records from a start position and then the
@@ -81,6 +90,12 @@ func NewStreamServiceClient(httpClient connect.HTTPClient, baseURL string, opts 
 			httpClient,
 			baseURL+StreamServicePublishProcedure,
 			connect.WithSchema(streamServiceMethods.ByName("Publish")),
+			connect.WithClientOptions(opts...),
+		),
+		publishMany: connect.NewClient[v1.PublishManyRequest, v1.PublishManyResponse](
+			httpClient,
+			baseURL+StreamServicePublishManyProcedure,
+			connect.WithSchema(streamServiceMethods.ByName("PublishMany")),
 			connect.WithClientOptions(opts...),
 		),
 		read: connect.NewClient[v1.ReadRequest, v1.ReadResponse](
@@ -119,6 +134,7 @@ func NewStreamServiceClient(httpClient connect.HTTPClient, baseURL string, opts 
 // streamServiceClient implements StreamServiceClient.
 type streamServiceClient struct {
 	publish      *connect.Client[v1.PublishRequest, v1.PublishResponse]
+	publishMany  *connect.Client[v1.PublishManyRequest, v1.PublishManyResponse]
 	read         *connect.Client[v1.ReadRequest, v1.ReadResponse]
 	subscribe    *connect.Client[v1.SubscribeRequest, v1.SubscribeResponse]
 	commitCursor *connect.Client[v1.CommitCursorRequest, v1.CommitCursorResponse]
@@ -129,6 +145,11 @@ type streamServiceClient struct {
 // Publish calls strand.v1.StreamService.Publish.
 func (c *streamServiceClient) Publish(ctx context.Context, req *connect.Request[v1.PublishRequest]) (*connect.Response[v1.PublishResponse], error) {
 	return c.publish.CallUnary(ctx, req)
+}
+
+// PublishMany calls strand.v1.StreamService.PublishMany.
+func (c *streamServiceClient) PublishMany(ctx context.Context, req *connect.Request[v1.PublishManyRequest]) (*connect.Response[v1.PublishManyResponse], error) {
+	return c.publishMany.CallUnary(ctx, req)
 }
 
 // Read calls strand.v1.StreamService.Read.
@@ -161,6 +182,12 @@ type StreamServiceHandler interface {
 	// Publish appends a batch and returns once the stream's confirm policy
 	// holds for every record in it.
 	Publish(context.Context, *connect.Request[v1.PublishRequest]) (*connect.Response[v1.PublishResponse], error)
+	// PublishMany is several Publish calls to streams this broker owns in
+	// one request: each entry is handled exactly as a Publish of its stream
+	// (validation, permission, limits, dedupe, confirm policy), the entries
+	// run concurrently and independently, and the answer holds one result per
+	// entry, in order, once every entry has one (docs/api.md, "PublishMany").
+	PublishMany(context.Context, *connect.Request[v1.PublishManyRequest]) (*connect.Response[v1.PublishManyResponse], error)
 	// Read returns confirmed records from an offset, bounded by records and bytes.
 	Read(context.Context, *connect.Request[v1.ReadRequest]) (*connect.Response[v1.ReadResponse], error)
 	// Subscribe streams confirmed records from a start position and then the
@@ -185,6 +212,12 @@ func NewStreamServiceHandler(svc StreamServiceHandler, opts ...connect.HandlerOp
 		StreamServicePublishProcedure,
 		svc.Publish,
 		connect.WithSchema(streamServiceMethods.ByName("Publish")),
+		connect.WithHandlerOptions(opts...),
+	)
+	streamServicePublishManyHandler := connect.NewUnaryHandler(
+		StreamServicePublishManyProcedure,
+		svc.PublishMany,
+		connect.WithSchema(streamServiceMethods.ByName("PublishMany")),
 		connect.WithHandlerOptions(opts...),
 	)
 	streamServiceReadHandler := connect.NewUnaryHandler(
@@ -221,6 +254,8 @@ func NewStreamServiceHandler(svc StreamServiceHandler, opts ...connect.HandlerOp
 		switch r.URL.Path {
 		case StreamServicePublishProcedure:
 			streamServicePublishHandler.ServeHTTP(w, r)
+		case StreamServicePublishManyProcedure:
+			streamServicePublishManyHandler.ServeHTTP(w, r)
 		case StreamServiceReadProcedure:
 			streamServiceReadHandler.ServeHTTP(w, r)
 		case StreamServiceSubscribeProcedure:
@@ -242,6 +277,10 @@ type UnimplementedStreamServiceHandler struct{}
 
 func (UnimplementedStreamServiceHandler) Publish(context.Context, *connect.Request[v1.PublishRequest]) (*connect.Response[v1.PublishResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("strand.v1.StreamService.Publish is not implemented"))
+}
+
+func (UnimplementedStreamServiceHandler) PublishMany(context.Context, *connect.Request[v1.PublishManyRequest]) (*connect.Response[v1.PublishManyResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("strand.v1.StreamService.PublishMany is not implemented"))
 }
 
 func (UnimplementedStreamServiceHandler) Read(context.Context, *connect.Request[v1.ReadRequest]) (*connect.Response[v1.ReadResponse], error) {

@@ -100,20 +100,41 @@ func (l Limits) publishRequestMaxBytes() int {
 	return min(batch+batch/3+framing+smallRequestMaxBytes, math.MaxInt32)
 }
 
+// entryFraming bounds what one PublishMany entry costs on the wire beyond
+// its records: a stream name (128 bytes) and, in JSON, its key, the
+// records key and the braces and brackets ({"stream":"…","records":[]},),
+// about 30.
+const entryFraming = 128 + 32
+
+// publishManyRequestMaxBytes is the read limit of PublishMany: that of a
+// Publish (its records are bounded as one batch's, in all entries) and
+// the framing of MaxPublishManyEntries entries.
+func (l Limits) publishManyRequestMaxBytes() int {
+	return min(l.publishRequestMaxBytes()+MaxPublishManyEntries*entryFraming, math.MaxInt32)
+}
+
 // Handler serves s as strand.v1.StreamService (path and handler for a
 // ServeMux) with its read limits: Publish reads up to
 // publishRequestMaxBytes and decodes at most MaxBatchRecords+1 records of
 // a request (publishCodecs), so an oversized batch costs the broker no
-// more to refuse than a full one, and publishes hold at most
-// MaxPublishBytesInFlight request bytes together (publishGate); the other
+// more to refuse than a full one, PublishMany likewise (publishManyRequestMaxBytes,
+// MaxPublishManyEntries+1 entries and MaxBatchRecords+1 records in all),
+// and publishes hold at most MaxPublishBytesInFlight request bytes
+// together (publishGate); the other
 // procedures read smallRequestMaxBytes. opts apply to every procedure.
 func (s *StreamService) Handler(opts ...connect.HandlerOption) (string, http.Handler) {
 	publishOpts := append(slices.Clone(opts), rpcserver.ReadLimit(s.limits.publishRequestMaxBytes()))
 	publishOpts = append(publishOpts, publishCodecs(s.limits.MaxBatchRecords+1)...)
 	path, publish := strandv1connect.NewStreamServiceHandler(s, publishOpts...)
+	manyOpts := append(slices.Clone(opts), rpcserver.ReadLimit(s.limits.publishManyRequestMaxBytes()))
+	manyOpts = append(manyOpts, publishCodecs(s.limits.MaxBatchRecords+1)...)
+	_, publishMany := strandv1connect.NewStreamServiceHandler(s, manyOpts...)
 	_, rest := strandv1connect.NewStreamServiceHandler(s, append(slices.Clone(opts), rpcserver.ReadLimit(smallRequestMaxBytes))...)
 	mux := http.NewServeMux()
 	mux.Handle(strandv1connect.StreamServicePublishProcedure, s.gate.wrap(publish))
+	// PublishMany holds its request bytes among the publishes' in flight:
+	// its entries are publishes.
+	mux.Handle(strandv1connect.StreamServicePublishManyProcedure, s.gate.wrap(publishMany))
 	mux.Handle(path, rest)
 	return path, mux
 }

@@ -58,8 +58,11 @@ func (c protoCodec) Unmarshal(data []byte, m any) error {
 	if !ok {
 		return notProto(m)
 	}
-	if _, ok := m.(*strandv1.PublishRequest); ok {
+	switch m.(type) {
+	case *strandv1.PublishRequest:
 		data = protoRecordsPrefix(data, c.keep)
+	case *strandv1.PublishManyRequest:
+		data = protoPublishesPrefix(data, MaxPublishManyEntries+1, c.keep)
 	}
 	if err := proto.Unmarshal(data, pm); err != nil {
 		return fmt.Errorf("unmarshal into %T: %w", m, err)
@@ -119,8 +122,11 @@ func (c jsonCodec) Unmarshal(data []byte, m any) error {
 	if len(data) == 0 {
 		return errors.New("zero-length payload is not a valid JSON object")
 	}
-	if _, ok := m.(*strandv1.PublishRequest); ok {
+	switch m.(type) {
+	case *strandv1.PublishRequest:
 		data = jsonRecordsPrefix(data, c.keep)
+	case *strandv1.PublishManyRequest:
+		data = jsonPublishesPrefix(data, MaxPublishManyEntries+1, c.keep)
 	}
 	// As connect-go: unknown fields are dropped, so clients and servers
 	// need not share one version of the schema.
@@ -142,6 +148,126 @@ func jsonRecordsPrefix(data []byte, keep int) []byte {
 	if bytes.Count(data, []byte{'{'}) <= keep+1 {
 		return data
 	}
+	out, _ := jsonRecordsPrefixN(data, keep)
+	return out
+}
+
+// jsonRecordsPrefixN is jsonRecordsPrefix, also returning how many records
+// the answer holds (of malformed data, how many precede the fault).
+func jsonRecordsPrefixN(data []byte, keep int) ([]byte, int) {
+	dec := json.NewDecoder(bytes.NewReader(data))
+	if t, err := dec.Token(); err != nil || t != json.Delim('{') {
+		return data, 0
+	}
+	var skip json.RawMessage
+	for dec.More() {
+		t, err := dec.Token()
+		if err != nil {
+			return data, 0
+		}
+		if key, _ := t.(string); key != publishRecords.JSONName() && key != string(publishRecords.Name()) {
+			if err := dec.Decode(&skip); err != nil {
+				return data, 0
+			}
+			continue
+		}
+		if t, err := dec.Token(); err != nil || t != json.Delim('[') {
+			return data, 0 // null, or not an array: protojson answers it
+		}
+		n := 0
+		for ; dec.More(); n++ {
+			if n == keep {
+				end := dec.InputOffset()
+				return append(data[:end:end], ']', '}'), n
+			}
+			if err := dec.Decode(&skip); err != nil {
+				return data, n
+			}
+		}
+		// A second records key is a duplicate, which protojson refuses
+		// before it decodes the value.
+		return data, n
+	}
+	return data, 0
+}
+
+// A PublishManyRequest is cut the same way (PublishMany checks its bounds
+// before anything else): after its keepEntries-th entry, or within the
+// entry that brings its records to keepRecords, keepEntries and
+// keepRecords being one past MaxPublishManyEntries and MaxBatchRecords.
+
+// publishManyEntries describes PublishManyRequest.publishes.
+var publishManyEntries = (&strandv1.PublishManyRequest{}).ProtoReflect().Descriptor().Fields().ByName("publishes")
+
+// protoPublishesPrefix cuts a PublishManyRequest in protobuf: data up to
+// the first field past its keepEntries-th entry, or up to the entry that
+// brings the records to keepRecords, that entry cut after its records
+// (protoRecordsPrefix) and framed again. Data within both bounds, and
+// malformed data, is returned whole, as protoRecordsPrefix does.
+func protoPublishesPrefix(data []byte, keepEntries, keepRecords int) []byte {
+	if len(data) < 2*(min(keepEntries, keepRecords)+1) {
+		return data // entries and records are at least 2 bytes each
+	}
+	entries, records := 0, 0
+	for off := 0; off < len(data); {
+		num, typ, tagLen := protowire.ConsumeTag(data[off:])
+		if tagLen < 0 {
+			return data
+		}
+		valLen := protowire.ConsumeFieldValue(num, typ, data[off+tagLen:])
+		if valLen < 0 {
+			return data
+		}
+		if num == publishManyEntries.Number() && typ == protowire.BytesType {
+			if entries == keepEntries {
+				return data[:off]
+			}
+			entries++
+			entry, _ := protowire.ConsumeBytes(data[off+tagLen:])
+			n, ok := protoRecordsCount(entry, keepRecords-records)
+			if !ok {
+				return data // proto.Unmarshal stops within this entry
+			}
+			if records += n; records >= keepRecords {
+				cut := protoRecordsPrefix(entry, n)
+				out := protowire.AppendTag(data[:off:off], publishManyEntries.Number(), protowire.BytesType)
+				return protowire.AppendBytes(out, cut)
+			}
+		}
+		off += tagLen + valLen
+	}
+	return data
+}
+
+// protoRecordsCount counts the records of a PublishRequest in protobuf, up
+// to limit; ok is false for malformed data.
+func protoRecordsCount(data []byte, limit int) (n int, ok bool) {
+	for off := 0; off < len(data) && n < limit; {
+		num, typ, tagLen := protowire.ConsumeTag(data[off:])
+		if tagLen < 0 {
+			return n, false
+		}
+		valLen := protowire.ConsumeFieldValue(num, typ, data[off+tagLen:])
+		if valLen < 0 {
+			return n, false
+		}
+		if num == publishRecords.Number() && typ == protowire.BytesType {
+			n++
+		}
+		off += tagLen + valLen
+	}
+	return n, true
+}
+
+// jsonPublishesPrefix cuts a PublishManyRequest in JSON as
+// protoPublishesPrefix does: rebuilt as {"publishes":[...]} of the entries
+// kept, the last one cut by jsonRecordsPrefixN. Data within both bounds,
+// and malformed data, is returned whole.
+func jsonPublishesPrefix(data []byte, keepEntries, keepRecords int) []byte {
+	// Entries and records are objects, in an object: see jsonRecordsPrefix.
+	if bytes.Count(data, []byte{'{'}) <= min(keepEntries, keepRecords)+1 {
+		return data
+	}
 	dec := json.NewDecoder(bytes.NewReader(data))
 	if t, err := dec.Token(); err != nil || t != json.Delim('{') {
 		return data
@@ -152,29 +278,41 @@ func jsonRecordsPrefix(data []byte, keep int) []byte {
 		if err != nil {
 			return data
 		}
-		if key, _ := t.(string); key != publishRecords.JSONName() && key != string(publishRecords.Name()) {
+		if key, _ := t.(string); key != publishManyEntries.JSONName() && key != string(publishManyEntries.Name()) {
 			if err := dec.Decode(&skip); err != nil {
 				return data
 			}
 			continue
 		}
 		if t, err := dec.Token(); err != nil || t != json.Delim('[') {
-			return data // null, or not an array: protojson answers it
+			return data
 		}
-		for n := 0; dec.More(); n++ {
-			if n == keep {
-				end := dec.InputOffset()
-				return append(data[:end:end], ']', '}')
+		var kept [][]byte
+		records := 0
+		for dec.More() {
+			if len(kept) == keepEntries {
+				return jsonPublishes(kept)
 			}
-			if err := dec.Decode(&skip); err != nil {
+			var entry json.RawMessage
+			if err := dec.Decode(&entry); err != nil {
 				return data
 			}
+			cut, n := jsonRecordsPrefixN(entry, keepRecords-records)
+			kept = append(kept, cut)
+			if records += n; records >= keepRecords {
+				return jsonPublishes(kept)
+			}
 		}
-		// A second records key is a duplicate, which protojson refuses
-		// before it decodes the value.
 		return data
 	}
 	return data
+}
+
+// jsonPublishes is a PublishManyRequest in JSON of the entries given.
+func jsonPublishes(entries [][]byte) []byte {
+	out := []byte(`{"publishes":[`)
+	out = append(out, bytes.Join(entries, []byte{','})...)
+	return append(out, ']', '}')
 }
 
 func notProto(m any) error { return fmt.Errorf("%T doesn't implement proto.Message", m) }

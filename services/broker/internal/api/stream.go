@@ -32,7 +32,7 @@ type StreamService struct {
 func NewStreamService(m *replica.Manager, limits Limits, log zerolog.Logger) *StreamService {
 	limits = limits.withDefaults()
 	return &StreamService{m: m, limits: limits, log: log,
-		gate: newPublishGate(limits.MaxPublishBytesInFlight, limits.publishRequestMaxBytes())}
+		gate: newPublishGate(limits.MaxPublishBytesInFlight, limits.publishManyRequestMaxBytes())}
 }
 
 func validStream(name string) error { return validStreamField("stream", name) }
@@ -74,7 +74,15 @@ func validStreamField(field, name string) error {
 // Any error stores nothing of the batch. Records without a producer_id or
 // without a sequence are never deduplicated.
 func (s *StreamService) Publish(ctx context.Context, req *connect.Request[strandv1.PublishRequest]) (*connect.Response[strandv1.PublishResponse], error) {
-	msg := req.Msg
+	res, err := s.publish(ctx, req.Msg)
+	if err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(res), nil
+}
+
+// publish is Publish of msg: a Publish call's, or a PublishMany entry's.
+func (s *StreamService) publish(ctx context.Context, msg *strandv1.PublishRequest) (*strandv1.PublishResponse, error) {
 	// First: of a batch above the limit, Handler's codecs decode only the
 	// first MaxBatchRecords+1 records (publishcodec.go), so nothing else in
 	// it is known, and what was decoded must never be stored.
@@ -84,18 +92,31 @@ func (s *StreamService) Publish(ctx context.Context, req *connect.Request[strand
 	if err := validStream(msg.GetStream()); err != nil {
 		return nil, err
 	}
-	if len(msg.GetRecords()) == 0 {
+	recs, err := s.validRecords(msg.GetRecords())
+	if err != nil {
+		return nil, err
+	}
+	res, err := s.m.Publish(ctx, msg.GetStream(), recs)
+	if err != nil {
+		return nil, toConnect(err)
+	}
+	return &strandv1.PublishResponse{Epoch: res.Epoch, Offsets: res.Offsets, Duplicate: res.Duplicate}, nil
+}
+
+// validRecords checks a publish's records against the limits and returns
+// them as storage takes them.
+func (s *StreamService) validRecords(records []*strandv1.Record) ([]storage.Record, error) {
+	if len(records) == 0 {
 		return nil, rpcerr.InvalidArgument("records", "a publish needs at least one record")
 	}
 	total := 0
-	recs := make([]storage.Record, 0, len(msg.GetRecords()))
-	for i, r := range msg.GetRecords() {
-		size := len(r.GetPayload())
-		for k, v := range r.GetHeaders() {
+	recs := make([]storage.Record, 0, len(records))
+	for i, r := range records {
+		size := recordBytes(r)
+		for k := range r.GetHeaders() {
 			if k == "" || len(k) > maxHeaderKey {
 				return nil, rpcerr.InvalidArgument(fmt.Sprintf("records[%d].headers", i), "header keys must be 1..%d bytes", maxHeaderKey)
 			}
-			size += len(k) + len(v)
 		}
 		if size > s.limits.MaxRecordBytes {
 			return nil, rpcerr.BadField(connect.CodeResourceExhausted, fmt.Sprintf("records[%d]", i), "%d bytes exceeds the record limit of %d", size, s.limits.MaxRecordBytes)
@@ -112,11 +133,17 @@ func (s *StreamService) Publish(ctx context.Context, req *connect.Request[strand
 	if total > s.limits.MaxBatchBytes {
 		return nil, rpcerr.BadField(connect.CodeResourceExhausted, "records", "batch of %d bytes exceeds the batch limit of %d", total, s.limits.MaxBatchBytes)
 	}
-	res, err := s.m.Publish(ctx, msg.GetStream(), recs)
-	if err != nil {
-		return nil, toConnect(err)
+	return recs, nil
+}
+
+// recordBytes is what a record counts toward the record and batch limits:
+// its payload and header bytes.
+func recordBytes(r *strandv1.Record) int {
+	size := len(r.GetPayload())
+	for k, v := range r.GetHeaders() {
+		size += len(k) + len(v)
 	}
-	return connect.NewResponse(&strandv1.PublishResponse{Epoch: res.Epoch, Offsets: res.Offsets, Duplicate: res.Duplicate}), nil
+	return size
 }
 
 func (s *StreamService) readLimits(maxRecords, maxBytes uint32) (int, int) {
