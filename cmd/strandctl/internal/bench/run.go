@@ -126,6 +126,12 @@ type Result struct {
 	TLS      bool    `json:"tls,omitempty"`
 	CreateMs float64 `json:"create_ms"`
 	ReadyMs  float64 `json:"ready_ms"`
+	// CreateWorkers is the CreateStream calls made at once
+	// (--create-workers); CreateBusyRetries how many of their attempts
+	// the controller refused as busy (Unavailable with a RetryInfo) and
+	// the bench sent again after the delay it named.
+	CreateWorkers     int   `json:"create_workers"`
+	CreateBusyRetries int64 `json:"create_busy_retries"`
 	// The kill with many streams (runs with a kill only): the bench kills
 	// the broker owning the most streams. streams_failed_over is how many
 	// it owned; all_serving_ms the time from the kill until the last of
@@ -137,6 +143,18 @@ type Result struct {
 	AllServingMs      *float64 `json:"all_serving_ms,omitempty"`
 	ServingP50Ms      *float64 `json:"serving_p50_ms,omitempty"`
 	StreamsNotServing int      `json:"streams_not_serving,omitempty"`
+	// The probes after the kill (--probe-workers; runs with a kill
+	// only): probe_workers at once, probes sent (one per stream the
+	// killed broker owned, unless the run ended first), probes_failed of
+	// them not confirmed within --timeout, and streams_served_by_probe of
+	// the streams that served again whose first proof was a probe's
+	// confirm rather than the load's. Probe records count in confirmed,
+	// stored and the verification, not in the load's rates, latencies or
+	// failed.
+	ProbeWorkers         int  `json:"probe_workers,omitempty"`
+	Probes               int  `json:"probes,omitempty"`
+	ProbesFailed         int  `json:"probes_failed,omitempty"`
+	StreamsServedByProbe *int `json:"streams_served_by_probe,omitempty"`
 	// StreamIntervalMs is, with many streams, the mean time between two
 	// publishes to one stream (streams / records_per_s): a stream with
 	// no publish in flight at the kill shows that it serves again only
@@ -260,7 +278,8 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 		defer func() { _ = cli.Close() }()
 		r.etcd = cli
 	}
-	c, err := client.New(client.Config{Controller: o.Controller, Brokers: o.BrokerAddrs, Idempotent: client.Bool(!o.NoProducerIDs), Lanes: o.Lanes, Linger: o.Linger, TLS: o.TLS})
+	c, err := client.New(client.Config{Controller: o.Controller, Brokers: o.BrokerAddrs, Idempotent: client.Bool(!o.NoProducerIDs), Lanes: o.Lanes, Linger: o.Linger, TLS: o.TLS,
+		Options: []connect.ClientOption{connect.WithInterceptors(waitRetryInfo(&r.busyRetries))}})
 	if err != nil {
 		return nil, err
 	}
@@ -291,11 +310,24 @@ type runner struct {
 	names []string
 	index map[string]int
 
-	start     time.Time
+	start time.Time
+	// nextID numbers the records, the load's and the probes' alike, so
+	// every id is unique across the streams (Verify).
+	nextID    atomic.Uint64
 	confirmed atomic.Int64
 	failed    atomic.Int64
 	peakRSS   atomic.Int64 // kB
 	peakAnon  atomic.Int64 // kB
+	// busyRetries counts create attempts refused busy (waitRetryInfo).
+	busyRetries atomic.Int64
+
+	// The probes after the kill (probe): their confirms, how many were
+	// sent and failed, and the wait for the last of them.
+	probeMu      sync.Mutex
+	probes       []Confirm
+	probesSent   atomic.Int64
+	probesFailed atomic.Int64
+	probeWG      sync.WaitGroup
 
 	// watch records the recovery and assignment keys' changes (kill
 	// runs on the bench's own cluster).
@@ -369,7 +401,6 @@ func (r *runner) run(ctx context.Context) error {
 	r.start = time.Now()
 	var (
 		wg     sync.WaitGroup
-		next   atomic.Uint64
 		dedupe atomic.Int64
 		// confirms holds one slice per publisher goroutine (sync), or
 		// chunks that the done callbacks append to under confirmsMu
@@ -397,7 +428,7 @@ func (r *runner) run(ctx context.Context) error {
 		for w := range o.Inflight {
 			wg.Go(func() {
 				for pubCtx.Err() == nil && r.since() < end {
-					id := next.Add(1)
+					id := r.nextID.Add(1)
 					stream := StreamFor(id, len(r.names))
 					sent := r.since()
 					res, err := r.c.Publish(pubCtx, r.names[stream], []*strandv1.Record{{Payload: RecordPayload(id, o.Size)}})
@@ -428,7 +459,7 @@ func (r *runner) run(ctx context.Context) error {
 					<-slots
 					break
 				}
-				id := next.Add(1)
+				id := r.nextID.Add(1)
 				stream := StreamFor(id, len(r.names))
 				sent := r.since()
 				pending.Add(1)
@@ -479,7 +510,7 @@ func (r *runner) run(ctx context.Context) error {
 	}
 	var killErr, restartErr error
 	if o.KillAt > 0 {
-		bgWG.Go(func() { killErr = r.kill(bg) })
+		bgWG.Go(func() { killErr = r.kill(bg, ctx, end) })
 	}
 	if o.RestartAfter > 0 {
 		bgWG.Go(func() { restartErr = r.restartMidRun(bg, ctx) })
@@ -528,6 +559,10 @@ func (r *runner) run(ctx context.Context) error {
 	}
 	stopBg()
 	bgWG.Wait()
+	// The probes end on their own (each within --timeout, none started
+	// after the run's end plus --timeout): their confirms are verified
+	// with the others.
+	r.probeWG.Wait()
 	if err := ctx.Err(); err != nil {
 		return err
 	}
@@ -538,9 +573,17 @@ func (r *runner) run(ctx context.Context) error {
 		return restartErr
 	}
 
-	all := slices.Concat(confirms...)
-	slices.SortFunc(all, func(a, b Confirm) int { return cmp.Compare(a.ID, b.ID) })
-	measured := Measured(all, o.Warmup)
+	// all is every confirm, the probes' too, for the verification and
+	// the failover figures; load is the publishing window's alone, for
+	// the rates and latencies.
+	byID := func(a, b Confirm) int { return cmp.Compare(a.ID, b.ID) }
+	load := slices.Concat(confirms...)
+	slices.SortFunc(load, byID)
+	r.probeMu.Lock()
+	all := slices.Concat(load, r.probes)
+	r.probeMu.Unlock()
+	slices.SortFunc(all, byID)
+	measured := Measured(load, o.Warmup)
 	if cpuAfterOK && cpuOK && o.KillAt <= 0 && len(measured) > 0 {
 		r.res.BrokerCPUUsPerRecord = round(float64(cpuAfter-cpuBefore) / float64(len(measured)) / 1000)
 	}
@@ -548,6 +591,11 @@ func (r *runner) run(ctx context.Context) error {
 	r.res.WarmupS = round(o.Warmup.Seconds())
 	r.res.Failed = int(r.failed.Load())
 	r.res.DedupeHits = int(dedupe.Load())
+	for _, p := range r.probes {
+		if p.Duplicate {
+			r.res.DedupeHits++
+		}
+	}
 
 	// Bring the old owner back and wait for it to rejoin as a follower.
 	if o.KillAt > 0 {
@@ -572,7 +620,7 @@ func (r *runner) run(ctx context.Context) error {
 		restartAt, epochs := r.restartAt, r.killEpochs
 		r.mu.Unlock()
 		if restartAt > 0 {
-			missed := RecordsMissed(slices.Concat(confirms...), epochs, restartAt)
+			missed := RecordsMissed(all, epochs, restartAt)
 			r.res.RecordsMissed = &missed
 		}
 	}
@@ -625,6 +673,7 @@ func (r *runner) run(ctx context.Context) error {
 		r.res.NewOwner = r.newOwner
 		r.mu.Unlock()
 		r.res.KillAtS, r.res.KillSignal = round(killAt.Seconds()), o.KillSignal
+		r.res.ProbeWorkers, r.res.Probes, r.res.ProbesFailed = o.ProbeWorkers, int(r.probesSent.Load()), int(r.probesFailed.Load())
 		// unavailable_ms is over the streams that failed over: with many
 		// streams the others served on through the kill.
 		u, uok := Unavailable(onStreams(all, epochs, len(r.names)), killAt)
@@ -707,6 +756,9 @@ func (r *runner) serving(all []Confirm, killAt time.Duration, epochs map[int]uin
 		want = append(want, i)
 	}
 	s := SummarizeServing(ServedAgain(all, killAt, epochs), want)
+	if r.o.ProbeWorkers > 0 {
+		r.res.StreamsServedByProbe = &s.ByProbe
+	}
 	allMs, p50Ms := -1.0, -1.0
 	if s.AllOK {
 		allMs = round(ms(s.All))
@@ -721,7 +773,8 @@ func (r *runner) serving(all []Confirm, killAt time.Duration, epochs map[int]uin
 	}
 	if s.Missing > 0 && servedAny {
 		// (When none served again, the unavailable_ms problem says so.)
-		r.res.Problems = append(r.res.Problems, fmt.Sprintf("%d of the %d streams the killed broker owned confirmed no publish after the kill", s.Missing, n))
+		r.res.Problems = append(r.res.Problems, fmt.Sprintf("%d of the %d streams the killed broker owned confirmed no publish after the kill (probes sent %d, failed %d)",
+			s.Missing, n, r.probesSent.Load(), r.probesFailed.Load()))
 	}
 }
 
@@ -764,7 +817,7 @@ func (r *runner) phases(killAt, unavailable time.Duration, unavailableOK bool) {
 
 func round(f float64) float64 { return float64(int64(f*100+0.5)) / 100 }
 
-// createStreams creates the streams, streamWorkers at a time, and waits
+// createStreams creates the streams, CreateWorkers at a time, and waits
 // until each has an owner that answers Locate; it returns the length of
 // their histories then, summed, for the recoveries count.
 func (r *runner) createStreams(ctx context.Context) (int, error) {
@@ -772,8 +825,15 @@ func (r *runner) createStreams(ctx context.Context) (int, error) {
 	t0 := time.Now()
 	var created, serving atomic.Int64
 	stop := r.countProgress(ctx, "created", &created)
-	err := forEach(ctx, len(r.names), streamWorkers, func(ctx context.Context, i int) error {
+	workers := cmp.Or(o.CreateWorkers, DefaultCreateWorkers)
+	r.res.CreateWorkers = workers
+	defer func() { r.res.CreateBusyRetries = r.busyRetries.Load() }()
+	err := forEach(ctx, len(r.names), workers, func(ctx context.Context, i int) error {
 		req := &strandv1.CreateStreamRequest{Name: r.names[i], Copies: uint32(o.Copies), Policy: &strandv1.ConfirmPolicy{Name: o.Policy, Nodes: uint32(o.Nodes)}}
+		// One --timeout for the create and its retries, the busy ones
+		// among them (waitRetryInfo counts those in ctx).
+		ctx, cancel := r.withTimeout(withBusyCount(ctx))
+		defer cancel()
 		if _, err := r.c.Admin().CreateStream(ctx, connect.NewRequest(req)); err != nil {
 			if connect.CodeOf(err) == connect.CodeAlreadyExists {
 				return fmt.Errorf("bench: stream %q exists; the bench needs fresh streams (pick another --stream): %w", r.names[i], err)
@@ -1021,9 +1081,11 @@ const (
 	handoverRetryEvery = 100 * time.Millisecond
 )
 
-// kill kills, at KillAt, the broker that owns the most of the streams, and
-// watches for the new assignment of the first of them (the phase stream).
-func (r *runner) kill(ctx context.Context) error {
+// kill kills, at KillAt, the broker that owns the most of the streams,
+// starts the probes of the streams it owned (on runCtx: they outlast the
+// publishing, until end plus --timeout), and watches for the new
+// assignment of the first of them (the phase stream).
+func (r *runner) kill(ctx, runCtx context.Context, end time.Duration) error {
 	sig, _ := ParseSignal(r.o.KillSignal)
 	t := time.NewTimer(time.Until(r.start.Add(r.o.KillAt)))
 	defer t.Stop()
@@ -1070,8 +1132,61 @@ func (r *runner) kill(ctx context.Context) error {
 	}
 	fmt.Fprintf(r.o.Stderr, "bench: %.2fs sent SIG%s to %s (pid %d), the owner of %d of the %d streams\n",
 		at.Seconds(), r.o.KillSignal, owner, r.cl.PID(owner), len(streams), len(r.names))
+	if r.o.ProbeWorkers > 0 {
+		probed := make([]int, len(streams))
+		for j, s := range streams {
+			probed[j] = r.index[s]
+		}
+		r.probeWG.Go(func() { r.probe(runCtx, probed, end+r.timeout()) })
+	}
 	r.waitNewAssignment(ctx)
 	return nil
+}
+
+// probe publishes one probe record to each of the streams (indices), at
+// most ProbeWorkers at once, each with the client's Publish and its
+// retries under --timeout, so that every stream the killed broker owned is
+// asked to serve again within the run however long the load takes to come
+// round to it (stream_interval_ms). A probe still unsent at until (since
+// the start of publishing) is not sent. The confirms are kept with the
+// load's (ServedAgain takes whichever came first) and verified with them.
+func (r *runner) probe(ctx context.Context, streams []int, until time.Duration) {
+	ctx, cancel := context.WithDeadline(ctx, r.start.Add(until))
+	defer cancel()
+	// forEach's error is ctx's: the run ended, or until passed, before
+	// every probe was sent; probes counts the ones that were.
+	_ = forEach(ctx, len(streams), r.o.ProbeWorkers, func(ctx context.Context, j int) error {
+		stream := streams[j]
+		id := r.nextID.Add(1)
+		pctx, cancel := r.withTimeout(ctx)
+		defer cancel()
+		r.probesSent.Add(1)
+		sent := r.since()
+		res, err := r.c.Publish(pctx, r.names[stream], []*strandv1.Record{{Payload: RecordPayload(id, r.o.Size)}})
+		done := r.since()
+		if err != nil {
+			// The outcome is unknown: a probe stored all the same is
+			// an unconfirmed record, as for a failed load publish.
+			r.probesFailed.Add(1)
+			return nil
+		}
+		c := Confirm{ID: id, Offset: res.GetOffsets()[0], Epoch: res.GetEpoch(), Stream: uint32(stream), Sent: sent, Done: done,
+			Duplicate: len(res.GetDuplicate()) > 0 && res.GetDuplicate()[0], Probe: true}
+		r.probeMu.Lock()
+		r.probes = append(r.probes, c)
+		r.probeMu.Unlock()
+		return nil
+	})
+}
+
+// timeout is --timeout, or the client's retry budget when it is 0.
+func (r *runner) timeout() time.Duration {
+	return cmp.Or(r.o.Timeout, client.DefaultRetryBudget)
+}
+
+// withTimeout bounds one create or probe by timeout.
+func (r *runner) withTimeout(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(ctx, r.timeout())
 }
 
 // waitNewAssignment polls the phase stream's assignment until its owner is
