@@ -151,10 +151,24 @@ type Result struct {
 	// confirm rather than the load's. Probe records count in confirmed,
 	// stored and the verification, not in the load's rates, latencies or
 	// failed.
-	ProbeWorkers         int  `json:"probe_workers,omitempty"`
-	Probes               int  `json:"probes,omitempty"`
-	ProbesFailed         int  `json:"probes_failed,omitempty"`
-	StreamsServedByProbe *int `json:"streams_served_by_probe,omitempty"`
+	// The failover of all those streams split as the phase stream's is
+	// (SummarizeMassFailover; runs with a kill on the bench's own
+	// cluster): from the kill until the last of them had its pending
+	// recovery recorded, and the median; until the last had its new
+	// assignment committed, and the median (both as the bench's etcd
+	// watch received them); and per stream from its new assignment to its
+	// first serving confirm, the median and the longest. -1: a stream's
+	// (or the median one's) was not seen.
+	AllRecoveryRecordedMs   *float64 `json:"all_recovery_recorded_ms,omitempty"`
+	RecoveryRecordedP50Ms   *float64 `json:"recovery_recorded_p50_ms,omitempty"`
+	AllAssignedMs           *float64 `json:"all_assigned_ms,omitempty"`
+	AssignedP50Ms           *float64 `json:"assigned_p50_ms,omitempty"`
+	ServeAfterAssignedP50Ms *float64 `json:"serve_after_assigned_p50_ms,omitempty"`
+	ServeAfterAssignedMaxMs *float64 `json:"serve_after_assigned_max_ms,omitempty"`
+	ProbeWorkers            int      `json:"probe_workers,omitempty"`
+	Probes                  int      `json:"probes,omitempty"`
+	ProbesFailed            int      `json:"probes_failed,omitempty"`
+	StreamsServedByProbe    *int     `json:"streams_served_by_probe,omitempty"`
 	// StreamIntervalMs is, with many streams, the mean time between two
 	// publishes to one stream (streams / records_per_s): a stream with
 	// no publish in flight at the kill shows that it serves again only
@@ -330,8 +344,10 @@ type runner struct {
 	probeWG      sync.WaitGroup
 
 	// watch records the recovery and assignment keys' changes (kill
-	// runs on the bench's own cluster).
-	watch *keyWatch
+	// runs on the bench's own cluster), streamsWatch those of every
+	// stream the killed broker owned.
+	watch        *keyWatch
+	streamsWatch *streamsWatch
 
 	mu sync.Mutex
 	// owner and oldEpoch are the phase stream's owner and epoch when it
@@ -373,6 +389,12 @@ func (r *runner) run(ctx context.Context) error {
 		r.mu.Unlock()
 		if w != nil {
 			w.stop()
+		}
+		r.mu.Lock()
+		sw := r.streamsWatch
+		r.mu.Unlock()
+		if sw != nil {
+			sw.stop()
 		}
 	}()
 	if o.IdleWindow > 0 {
@@ -755,7 +777,8 @@ func (r *runner) serving(all []Confirm, killAt time.Duration, epochs map[int]uin
 	for i := range epochs {
 		want = append(want, i)
 	}
-	s := SummarizeServing(ServedAgain(all, killAt, epochs), want)
+	served := ServedAgain(all, killAt, epochs)
+	s := SummarizeServing(served, want)
 	if r.o.ProbeWorkers > 0 {
 		r.res.StreamsServedByProbe = &s.ByProbe
 	}
@@ -767,6 +790,22 @@ func (r *runner) serving(all []Confirm, killAt time.Duration, epochs map[int]uin
 		p50Ms = round(ms(s.P50))
 	}
 	r.res.AllServingMs, r.res.ServingP50Ms = &allMs, &p50Ms
+	r.mu.Lock()
+	sw := r.streamsWatch
+	r.mu.Unlock()
+	if sw != nil {
+		recorded, assigned, err := sw.Seen(r.start)
+		if err != nil {
+			r.res.PhaseNotes = append(r.res.PhaseNotes, "etcd watch of the streams broken: "+err.Error())
+		}
+		m := SummarizeMassFailover(killAt, recorded, assigned, served, want)
+		r.res.AllRecoveryRecordedMs, r.res.RecoveryRecordedP50Ms = msOrNone(m.Recorded.All, m.Recorded.AllOK), msOrNone(m.Recorded.P50, m.Recorded.P50OK)
+		r.res.AllAssignedMs, r.res.AssignedP50Ms = msOrNone(m.Assigned.All, m.Assigned.AllOK), msOrNone(m.Assigned.P50, m.Assigned.P50OK)
+		r.res.ServeAfterAssignedP50Ms, r.res.ServeAfterAssignedMaxMs = msOrNone(m.ServeAfter.P50, m.ServeAfter.P50OK), msOrNone(m.ServeAfter.All, m.ServeAfter.AllOK)
+		fmt.Fprintf(r.o.Stderr, "bench: the %d streams' failover: recovery recorded for all %s (p50 %s), new assignment for all %s (p50 %s), serving after it p50 %s max %s; all serving %s\n",
+			n, msText(r.res.AllRecoveryRecordedMs), msText(r.res.RecoveryRecordedP50Ms), msText(r.res.AllAssignedMs), msText(r.res.AssignedP50Ms),
+			msText(r.res.ServeAfterAssignedP50Ms), msText(r.res.ServeAfterAssignedMaxMs), msText(&allMs))
+	}
 	if s.Missing > 0 {
 		r.res.StreamsNotServing = s.Missing
 		r.res.OK = false
@@ -815,6 +854,17 @@ func (r *runner) phases(killAt, unavailable time.Duration, unavailableOK bool) {
 	}
 }
 
+// msOrNone is d in ms, or -1 when not ok.
+func msOrNone(d time.Duration, ok bool) *float64 {
+	v := -1.0
+	if ok {
+		v = round(ms(d))
+	}
+	return &v
+}
+
+func msText(v *float64) string { return strconv.FormatFloat(*v, 'f', 1, 64) + " ms" }
+
 func round(f float64) float64 { return float64(int64(f*100+0.5)) / 100 }
 
 // createStreams creates the streams, CreateWorkers at a time, and waits
@@ -849,7 +899,9 @@ func (r *runner) createStreams(ctx context.Context) (int, error) {
 	}
 	r.res.CreateMs = round(ms(time.Since(t0)))
 	stop = r.countProgress(ctx, "serving", &serving)
-	err = forEach(ctx, len(r.names), streamWorkers, func(ctx context.Context, i int) error {
+	// Locate asks the brokers, not the controller: as many at once as the
+	// creates.
+	err = forEach(ctx, len(r.names), workers, func(ctx context.Context, i int) error {
 		err := r.waitServing(ctx, r.names[i])
 		serving.Add(1)
 		return err
@@ -1109,12 +1161,21 @@ func (r *runner) kill(ctx, runCtx context.Context, end time.Duration) error {
 	phase := r.index[streams[0]]
 	// The watch starts from the current revision before the signal, so
 	// the recovery and the new assignment cannot be missed.
-	w, err := watchKeys(ctx, r.etcd, cluster.NewSchema(r.cl.Info().Prefix), streams[0])
+	schema := cluster.NewSchema(r.cl.Info().Prefix)
+	w, err := watchKeys(ctx, r.etcd, schema, streams[0])
 	r.mu.Lock()
 	if err != nil {
 		r.res.PhaseNotes = append(r.res.PhaseNotes, err.Error())
 	} else {
 		r.watch = w
+	}
+	r.mu.Unlock()
+	sw, err := watchStreams(ctx, r.etcd, schema, r.index, owned)
+	r.mu.Lock()
+	if err != nil {
+		r.res.PhaseNotes = append(r.res.PhaseNotes, err.Error())
+	} else {
+		r.streamsWatch = sw
 	}
 	r.mu.Unlock()
 	r.samplePeakRSS()

@@ -158,6 +158,49 @@ func SummarizeServing(served map[int]Served, want []int) Serving {
 	return s
 }
 
+// MassFailover splits the failover of the streams the killed broker owned
+// (MassFailover in the result): over those streams, from the kill until
+// each one's pending recovery was recorded (Recorded) and until its new
+// assignment was committed (Assigned), as the etcd watch saw them; and per
+// stream, from its new assignment until it served again (ServeAfter, over
+// the streams with both). Where all_serving_ms is far above Assigned.All
+// the time is in the clients finding the new owners; where Assigned is
+// close to it, in the recoveries.
+type MassFailover struct {
+	Recorded, Assigned, ServeAfter Serving
+}
+
+// SummarizeMassFailover computes MassFailover for the streams want from
+// the watch's times (since the start of publishing), the kill's, and
+// ServedAgain's (since the kill). A stream that served before the watch
+// delivered its new assignment (the watch can lag the commit) counts 0
+// from its assignment to serving.
+func SummarizeMassFailover(killAt time.Duration, recorded, assigned map[int]time.Duration, served map[int]Served, want []int) MassFailover {
+	sinceKill := func(m map[int]time.Duration) map[int]Served {
+		out := make(map[int]Served, len(m))
+		for i, at := range m {
+			out[i] = Served{After: max(at-killAt, 0)}
+		}
+		return out
+	}
+	after := map[int]Served{}
+	var both []int
+	for _, w := range want {
+		a, assignedOK := assigned[w]
+		s, servedOK := served[w]
+		if !assignedOK || !servedOK {
+			continue
+		}
+		both = append(both, w)
+		after[w] = Served{After: max(s.After-(a-killAt), 0)}
+	}
+	return MassFailover{
+		Recorded:   SummarizeServing(sinceKill(recorded), want),
+		Assigned:   SummarizeServing(sinceKill(assigned), want),
+		ServeAfter: SummarizeServing(after, both),
+	}
+}
+
 // forEach calls fn for i in [0, n) on at most workers goroutines. The
 // first error ends the loop: the calls running see ctx cancelled, the ones
 // not started are skipped, and forEach returns that error once the running

@@ -241,6 +241,32 @@ func TestServedAgainAndSummary(t *testing.T) {
 	}
 }
 
+func TestSummarizeMassFailover(t *testing.T) {
+	ms := time.Millisecond
+	kill := 1000 * ms
+	want := []int{1, 2, 3, 4}
+	// Since the start of publishing, as the watch records them.
+	recorded := map[int]time.Duration{1: 1400 * ms, 2: 1500 * ms, 3: 1450 * ms, 4: 1600 * ms}
+	assigned := map[int]time.Duration{1: 1800 * ms, 2: 2500 * ms, 3: 2100 * ms} // 4: not seen
+	// Since the kill, as ServedAgain gives them.
+	served := map[int]Served{
+		1: {After: 1500 * ms},              // 700 ms after its assignment
+		2: {After: 1400 * ms, Probe: true}, // before the watch delivered its assignment: 0
+		3: {After: 1300 * ms},              // 200 ms after
+		4: {After: 2000 * ms},              // no assignment seen: left out of ServeAfter
+	}
+	m := SummarizeMassFailover(kill, recorded, assigned, served, want)
+	check := func(what string, s Serving, all, p50 time.Duration, allOK bool, missing int) {
+		t.Helper()
+		if s.AllOK != allOK || (allOK && s.All != all) || !s.P50OK || s.P50 != p50 || s.Missing != missing {
+			t.Errorf("%s: %+v, want all %v (ok %v) p50 %v missing %d", what, s, all, allOK, p50, missing)
+		}
+	}
+	check("recorded", m.Recorded, 600*ms, 450*ms, true, 0)
+	check("assigned", m.Assigned, 0, 1100*ms, false, 1)
+	check("serve after assigned", m.ServeAfter, 700*ms, 200*ms, true, 0)
+}
+
 func TestCPUPercent(t *testing.T) {
 	t0 := time.Unix(1000, 0)
 	before := cpuSample{at: t0, procs: map[string]procTime{
