@@ -257,6 +257,21 @@ func (w *streamsWatch) consume(wch clientv3.WatchChan, dir string, recovery bool
 	}
 }
 
+// splitAssigned splits streams into those whose new assignment the watch
+// has seen and the rest, each in the order given.
+func (w *streamsWatch) splitAssigned(streams []int) (assigned, rest []int) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for _, i := range streams {
+		if _, ok := w.assigned[i]; ok {
+			assigned = append(assigned, i)
+		} else {
+			rest = append(rest, i)
+		}
+	}
+	return assigned, rest
+}
+
 // stop ends the watch and waits for its goroutines.
 func (w *streamsWatch) stop() {
 	w.cancel()

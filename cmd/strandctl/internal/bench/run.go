@@ -1208,36 +1208,80 @@ func (r *runner) kill(ctx, runCtx context.Context, end time.Duration) error {
 // most ProbeWorkers at once, each with the client's Publish and its
 // retries under --timeout, so that every stream the killed broker owned is
 // asked to serve again within the run however long the load takes to come
-// round to it (stream_interval_ms). A probe still unsent at until (since
-// the start of publishing) is not sent. The confirms are kept with the
-// load's (ServedAgain takes whichever came first) and verified with them.
+// round to it (stream_interval_ms). A stream is probed once the etcd watch
+// saw its new assignment committed (streamsWatch; all at once without the
+// watch): a probe sent before would hold its worker, retrying, while the
+// recovery of that stream runs, and the probes of streams that already
+// have a new owner would queue behind it. A commit comes before the new
+// owner serves, so the gate does not delay a probe past the stream's
+// serving, but for the watch's delivery. A probe still unsent at until
+// (since the start of publishing) is not sent. The confirms are kept with
+// the load's (ServedAgain takes whichever came first) and verified with
+// them.
 func (r *runner) probe(ctx context.Context, streams []int, until time.Duration) {
 	ctx, cancel := context.WithDeadline(ctx, r.start.Add(until))
 	defer cancel()
-	// forEach's error is ctx's: the run ended, or until passed, before
-	// every probe was sent; probes counts the ones that were.
-	_ = forEach(ctx, len(streams), r.o.ProbeWorkers, func(ctx context.Context, j int) error {
-		stream := streams[j]
-		id := r.nextID.Add(1)
-		pctx, cancel := r.withTimeout(ctx)
-		defer cancel()
-		r.probesSent.Add(1)
-		sent := r.since()
-		res, err := r.c.Publish(pctx, r.names[stream], []*strandv1.Record{{Payload: RecordPayload(id, r.o.Size)}})
-		done := r.since()
-		if err != nil {
-			// The outcome is unknown: a probe stored all the same is
-			// an unconfirmed record, as for a failed load publish.
-			r.probesFailed.Add(1)
-			return nil
+	r.mu.Lock()
+	sw := r.streamsWatch
+	r.mu.Unlock()
+	feed := make(chan int)
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		defer close(feed)
+		waiting := slices.Clone(streams)
+		tick := time.NewTicker(20 * time.Millisecond)
+		defer tick.Stop()
+		for len(waiting) > 0 {
+			var ready []int
+			if sw == nil {
+				ready, waiting = waiting, nil
+			} else {
+				ready, waiting = sw.splitAssigned(waiting)
+			}
+			for _, i := range ready {
+				select {
+				case feed <- i:
+				case <-ctx.Done():
+					return
+				}
+			}
+			select {
+			case <-tick.C:
+			case <-ctx.Done():
+				return
+			}
 		}
-		c := Confirm{ID: id, Offset: res.GetOffsets()[0], Epoch: res.GetEpoch(), Stream: uint32(stream), Sent: sent, Done: done,
-			Duplicate: len(res.GetDuplicate()) > 0 && res.GetDuplicate()[0], Probe: true}
-		r.probeMu.Lock()
-		r.probes = append(r.probes, c)
-		r.probeMu.Unlock()
-		return nil
 	})
+	for range r.o.ProbeWorkers {
+		wg.Go(func() {
+			for stream := range feed {
+				r.probeOne(ctx, stream)
+			}
+		})
+	}
+	wg.Wait()
+}
+
+// probeOne publishes the probe of one stream and keeps its confirm.
+func (r *runner) probeOne(ctx context.Context, stream int) {
+	id := r.nextID.Add(1)
+	ctx, cancel := r.withTimeout(ctx)
+	defer cancel()
+	r.probesSent.Add(1)
+	sent := r.since()
+	res, err := r.c.Publish(ctx, r.names[stream], []*strandv1.Record{{Payload: RecordPayload(id, r.o.Size)}})
+	done := r.since()
+	if err != nil {
+		// The outcome is unknown: a probe stored all the same is an
+		// unconfirmed record, as for a failed load publish.
+		r.probesFailed.Add(1)
+		return
+	}
+	c := Confirm{ID: id, Offset: res.GetOffsets()[0], Epoch: res.GetEpoch(), Stream: uint32(stream), Sent: sent, Done: done,
+		Duplicate: len(res.GetDuplicate()) > 0 && res.GetDuplicate()[0], Probe: true}
+	r.probeMu.Lock()
+	r.probes = append(r.probes, c)
+	r.probeMu.Unlock()
 }
 
 // timeout is --timeout, or the client's retry budget when it is 0.
@@ -1251,8 +1295,13 @@ func (r *runner) withTimeout(ctx context.Context) (context.Context, context.Canc
 }
 
 // waitNewAssignment polls the phase stream's assignment until its owner is
-// not the killed one, recording when that was first seen.
+// not the killed one, recording when that was first seen. It reads the
+// assignment's key from etcd (kills run on the bench's own cluster): an
+// admin call reads the whole cluster's state on the controller, which
+// every 20 ms with thousands of streams is load the failover it measures
+// would share.
 func (r *runner) waitNewAssignment(ctx context.Context) {
+	schema := cluster.NewSchema(r.cl.Info().Prefix)
 	tick := time.NewTicker(20 * time.Millisecond)
 	defer tick.Stop()
 	for {
@@ -1263,15 +1312,16 @@ func (r *runner) waitNewAssignment(ctx context.Context) {
 			return
 		}
 		cctx, cancel := context.WithTimeout(ctx, time.Second)
-		res, err := r.c.Admin().GetStream(cctx, connect.NewRequest(&strandv1.GetStreamRequest{Name: r.names[phase]}))
+		res, err := r.etcd.Get(cctx, schema.AssignmentKey(r.names[phase]))
 		cancel()
-		if err == nil {
-			if o := res.Msg.GetAssignment().GetOwner(); o != "" && o != old {
+		if err == nil && len(res.Kvs) == 1 {
+			a, err := cluster.Decode[cluster.Assignment](res.Kvs[0].Value)
+			if o := a.Owner; err == nil && o != "" && o != old {
 				at := r.since()
 				r.mu.Lock()
 				if r.newAt == 0 {
 					r.newAt, r.newOwner = at, o
-					fmt.Fprintf(r.o.Stderr, "bench: %.2fs new assignment: epoch %d, owner %s\n", at.Seconds(), res.Msg.GetAssignment().GetEpoch(), o)
+					fmt.Fprintf(r.o.Stderr, "bench: %.2fs new assignment: epoch %d, owner %s\n", at.Seconds(), a.Epoch, o)
 				}
 				r.mu.Unlock()
 				return

@@ -267,6 +267,19 @@ func TestSummarizeMassFailover(t *testing.T) {
 	check("serve after assigned", m.ServeAfter, 700*ms, 200*ms, true, 0)
 }
 
+// The probes go first to the streams whose new assignment the watch saw,
+// in the order given; the rest wait.
+func TestSplitAssigned(t *testing.T) {
+	w := &streamsWatch{assigned: map[int]time.Time{4: time.Unix(1, 0), 9: time.Unix(2, 0), 2: time.Unix(3, 0)}}
+	assigned, rest := w.splitAssigned([]int{9, 1, 2, 7, 4})
+	if !reflect.DeepEqual(assigned, []int{9, 2, 4}) || !reflect.DeepEqual(rest, []int{1, 7}) {
+		t.Fatalf("splitAssigned = %v, %v; want [9 2 4], [1 7]", assigned, rest)
+	}
+	if assigned, rest := w.splitAssigned(nil); assigned != nil || rest != nil {
+		t.Fatalf("splitAssigned(nil) = %v, %v", assigned, rest)
+	}
+}
+
 func TestCPUPercent(t *testing.T) {
 	t0 := time.Unix(1000, 0)
 	before := cpuSample{at: t0, procs: map[string]procTime{
