@@ -151,6 +151,10 @@ type Result struct {
 	// confirm rather than the load's. Probe records count in confirmed,
 	// stored and the verification, not in the load's rates, latencies or
 	// failed.
+	ProbeWorkers         int  `json:"probe_workers,omitempty"`
+	Probes               int  `json:"probes,omitempty"`
+	ProbesFailed         int  `json:"probes_failed,omitempty"`
+	StreamsServedByProbe *int `json:"streams_served_by_probe,omitempty"`
 	// The failover of all those streams split as the phase stream's is
 	// (SummarizeMassFailover; runs with a kill on the bench's own
 	// cluster): from the kill until the last of them had its pending
@@ -165,10 +169,6 @@ type Result struct {
 	AssignedP50Ms           *float64 `json:"assigned_p50_ms,omitempty"`
 	ServeAfterAssignedP50Ms *float64 `json:"serve_after_assigned_p50_ms,omitempty"`
 	ServeAfterAssignedMaxMs *float64 `json:"serve_after_assigned_max_ms,omitempty"`
-	ProbeWorkers            int      `json:"probe_workers,omitempty"`
-	Probes                  int      `json:"probes,omitempty"`
-	ProbesFailed            int      `json:"probes_failed,omitempty"`
-	StreamsServedByProbe    *int     `json:"streams_served_by_probe,omitempty"`
 	// StreamIntervalMs is, with many streams, the mean time between two
 	// publishes to one stream (streams / records_per_s): a stream with
 	// no publish in flight at the kill shows that it serves again only
@@ -1170,7 +1170,9 @@ func (r *runner) kill(ctx, runCtx context.Context, end time.Duration) error {
 		r.watch = w
 	}
 	r.mu.Unlock()
-	sw, err := watchStreams(ctx, r.etcd, schema, r.index, owned)
+	// On runCtx: the probes wait on it for the assignments, and the
+	// streams' failover may outlast the publishing (bg ends with it).
+	sw, err := watchStreams(runCtx, r.etcd, schema, r.index, owned)
 	r.mu.Lock()
 	if err != nil {
 		r.res.PhaseNotes = append(r.res.PhaseNotes, err.Error())
