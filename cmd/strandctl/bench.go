@@ -18,6 +18,8 @@ type benchFlags struct {
 	secure        bool
 	stream        string
 	streams       int
+	probeWorkers  int
+	createWorkers int
 	idleWindow    time.Duration
 	etcd          string
 	copies        int
@@ -42,7 +44,9 @@ type benchFlags struct {
 
 func (b *benchFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&b.stream, "stream", bench.DefaultStream, "stream to create and publish to; with --streams above 1 the base of the streams' names (durable-0000, durable-0001, ...)")
-	fs.IntVar(&b.streams, "streams", bench.DefaultStreams, "streams to create (16 at a time; create_ms is until all exist, ready_ms until all serve) and spread the --inflight window over, round-robin by record; with --kill-owner-at-secs the broker owning the most of them is killed, and streams_failed_over, all_serving_ms (kill to the last of its streams confirming a publish again) and serving_p50_ms (the median stream) report the failover")
+	fs.IntVar(&b.streams, "streams", bench.DefaultStreams, "streams to create (--create-workers at a time; create_ms is until all exist, ready_ms until all serve) and spread the --inflight window over, round-robin by record; with --kill-owner-at-secs the broker owning the most of them is killed, and streams_failed_over, all_serving_ms (kill to the last of its streams confirming a publish again, from the load or a probe, see --probe-workers) and serving_p50_ms (the median stream) report the failover")
+	fs.IntVar(&b.probeWorkers, "probe-workers", bench.DefaultProbeWorkers, "with --kill-owner-at-secs, from the kill on publish one probe record to each stream the killed broker owned, this many at a time, each once the bench's etcd watch saw the stream's new assignment (the client's Publish with its retries, each within --timeout; none sent after the run's end plus --timeout), so every one is asked to serve again however rarely the load comes round to it; a stream's serving time is its first confirm after the kill, from the load or its probe, whichever is first (streams_served_by_probe: those a probe's was). Probes are ordinary records, read back and verified with the others, counted in confirmed, not in records_per_s or the latencies; probes and probes_failed report them. 0: no probes")
+	fs.IntVar(&b.createWorkers, "create-workers", bench.DefaultCreateWorkers, "CreateStream calls at once (the controller serves 64 admin calls at once and queues 2048); a create the controller refuses as busy (Unavailable with a RetryInfo) is sent again after the delay it names, up to 60 times and within --timeout (create_busy_retries counts them)")
 	fs.DurationVar(&b.idleWindow, "idle-window", bench.DefaultIdleWindow, "watch the cluster this long with the streams created and nothing published, for the _idle figures (etcd_revisions_per_s_idle, the CPU and memory ones); 0: no idle window. controller_cpu_pct, recoverer_cpu_pct, broker_cpu_pct (mean over the brokers that ran the whole window, the killed owner left out; percent of one core) and broker_peak_heap_mb (the brokers' peak anonymous resident memory) come from /proc of the processes the bench started: on a running cluster (--controller/--broker) the bench cannot see them and leaves those fields out")
 	fs.StringVar(&b.etcd, "etcd", "", "etcd endpoints of a running cluster, comma separated, for etcd_revisions_per_s(_idle) and etcd_db_bytes (the bench's own cluster needs none; without it a running cluster's run leaves those fields out)")
 	fs.IntVar(&b.copies, "copies", bench.DefaultCopies, "copies of the stream")
@@ -68,7 +72,7 @@ func (b *benchFlags) register(fs *flag.FlagSet) {
 
 // config turns the flags into a bench config; external says whether the
 // bench targets a running cluster (--controller/--broker).
-func (b *benchFlags) config(external bool) (bench.Config, error) {
+func (b *benchFlags) config(external bool, timeout time.Duration) (bench.Config, error) {
 	if b.handoverAt < 0 || math.IsNaN(b.handoverAt) || math.IsInf(b.handoverAt, 0) {
 		return bench.Config{}, usagef("--handover-at-secs must be a positive number of seconds, got %v", b.handoverAt)
 	}
@@ -79,7 +83,7 @@ func (b *benchFlags) config(external bool) (bench.Config, error) {
 		return bench.Config{}, usagef("--restart-owner-after-secs must be a positive number of seconds, got %v", b.restartAfter)
 	}
 	cfg := bench.Config{
-		Stream: b.stream, Streams: b.streams, IdleWindow: b.idleWindow, Copies: b.copies, Policy: b.policy, Nodes: b.nodes, Size: b.size, Inflight: b.inflight, NoProducerIDs: b.noProducerIDs, Lanes: b.lanes, Linger: b.linger, Publishers: b.publishers,
+		Stream: b.stream, Streams: b.streams, ProbeWorkers: b.probeWorkers, CreateWorkers: b.createWorkers, Timeout: timeout, IdleWindow: b.idleWindow, Copies: b.copies, Policy: b.policy, Nodes: b.nodes, Size: b.size, Inflight: b.inflight, NoProducerIDs: b.noProducerIDs, Lanes: b.lanes, Linger: b.linger, Publishers: b.publishers,
 		Duration: b.duration, Warmup: b.warmup, KillAt: time.Duration(b.killAt * float64(time.Second)), HandoverAt: time.Duration(b.handoverAt * float64(time.Second)), KillSignal: b.killSignal,
 		RestartAfter: time.Duration(b.restartAfter * float64(time.Second)),
 		Plot:         b.plot, Brokers: b.brokers, External: external,
@@ -101,7 +105,7 @@ func benchCommand() *command {
 				return err
 			}
 			external := e.g.controller != "" || e.g.broker != ""
-			cfg, err := b.config(external)
+			cfg, err := b.config(external, e.g.timeout)
 			if err != nil {
 				return err
 			}

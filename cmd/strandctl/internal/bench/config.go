@@ -72,6 +72,19 @@ type Config struct {
 	// created and nothing published, before it publishes: the idle CPU,
 	// memory and etcd revision rate (0: no idle window).
 	IdleWindow time.Duration
+	// ProbeWorkers bounds the probes after a kill (0: none): from the
+	// kill on, the bench publishes one probe record to each stream the
+	// killed broker owned, this many at a time, so every one of them is
+	// asked to serve again within the run however many streams share the
+	// window. A probe is an ordinary record (its id is from the load's
+	// sequence, it is read back and verified with the others).
+	ProbeWorkers int
+	// CreateWorkers bounds the CreateStream calls the bench makes at once
+	// (0: DefaultCreateWorkers).
+	CreateWorkers int
+	// Timeout bounds one create (its retries included) and one probe
+	// (strandctl --timeout); 0 means the client's retry budget.
+	Timeout time.Duration
 	// Brokers is the cluster size when the bench starts its own cluster.
 	Brokers int
 	// External is set when the bench targets a running cluster.
@@ -89,6 +102,17 @@ const (
 	DefaultKillSignal = "KILL"
 	DefaultStreams    = 1
 	DefaultIdleWindow = 10 * time.Second
+	// DefaultProbeWorkers probes 64 streams at once after a kill: a few
+	// thousand streams' probes take a few rounds of publish latency once
+	// they serve, while a probe waiting for its stream's new owner holds
+	// only its worker.
+	DefaultProbeWorkers = 64
+	// DefaultCreateWorkers matches the admin calls the controller serves
+	// at once (docs/errors.md, "AdminService"): more only wait in its
+	// queue, and the bench's other admin calls would wait behind them.
+	DefaultCreateWorkers = 64
+	// MaxWorkers bounds --probe-workers and --create-workers.
+	MaxWorkers = 1024
 )
 
 // The two ways of keeping the window full (Config.Publishers).
@@ -177,6 +201,15 @@ func (c Config) Validate() error {
 	}
 	if c.Publishers != "" && c.Publishers != PublishersAsync && c.Publishers != PublishersSync {
 		return bad("--publishers %q: want async or sync", c.Publishers)
+	}
+	if c.ProbeWorkers < 0 || c.ProbeWorkers > MaxWorkers {
+		return bad("--probe-workers must be 0 (no probes) to %d, got %d", MaxWorkers, c.ProbeWorkers)
+	}
+	if c.CreateWorkers < 0 || c.CreateWorkers > MaxWorkers {
+		return bad("--create-workers must be 1 to %d (0: %d), got %d", MaxWorkers, DefaultCreateWorkers, c.CreateWorkers)
+	}
+	if c.Timeout < 0 {
+		return bad("--timeout must be positive (0: the client's retry budget), got %v", c.Timeout)
 	}
 	if c.Inflight < 1 {
 		return bad("--inflight must be at least 1, got %d", c.Inflight)

@@ -126,6 +126,12 @@ type Result struct {
 	TLS      bool    `json:"tls,omitempty"`
 	CreateMs float64 `json:"create_ms"`
 	ReadyMs  float64 `json:"ready_ms"`
+	// CreateWorkers is the CreateStream calls made at once
+	// (--create-workers); CreateBusyRetries how many of their attempts
+	// the controller refused as busy (Unavailable with a RetryInfo) and
+	// the bench sent again after the delay it named.
+	CreateWorkers     int   `json:"create_workers"`
+	CreateBusyRetries int64 `json:"create_busy_retries"`
 	// The kill with many streams (runs with a kill only): the bench kills
 	// the broker owning the most streams. streams_failed_over is how many
 	// it owned; all_serving_ms the time from the kill until the last of
@@ -137,6 +143,32 @@ type Result struct {
 	AllServingMs      *float64 `json:"all_serving_ms,omitempty"`
 	ServingP50Ms      *float64 `json:"serving_p50_ms,omitempty"`
 	StreamsNotServing int      `json:"streams_not_serving,omitempty"`
+	// The probes after the kill (--probe-workers; runs with a kill
+	// only): probe_workers at once, probes sent (one per stream the
+	// killed broker owned, unless the run ended first), probes_failed of
+	// them not confirmed within --timeout, and streams_served_by_probe of
+	// the streams that served again whose first proof was a probe's
+	// confirm rather than the load's. Probe records count in confirmed,
+	// stored and the verification, not in the load's rates, latencies or
+	// failed.
+	ProbeWorkers         int  `json:"probe_workers,omitempty"`
+	Probes               int  `json:"probes,omitempty"`
+	ProbesFailed         int  `json:"probes_failed,omitempty"`
+	StreamsServedByProbe *int `json:"streams_served_by_probe,omitempty"`
+	// The failover of all those streams split as the phase stream's is
+	// (SummarizeMassFailover; runs with a kill on the bench's own
+	// cluster): from the kill until the last of them had its pending
+	// recovery recorded, and the median; until the last had its new
+	// assignment committed, and the median (both as the bench's etcd
+	// watch received them); and per stream from its new assignment to its
+	// first serving confirm, the median and the longest. -1: a stream's
+	// (or the median one's) was not seen.
+	AllRecoveryRecordedMs   *float64 `json:"all_recovery_recorded_ms,omitempty"`
+	RecoveryRecordedP50Ms   *float64 `json:"recovery_recorded_p50_ms,omitempty"`
+	AllAssignedMs           *float64 `json:"all_assigned_ms,omitempty"`
+	AssignedP50Ms           *float64 `json:"assigned_p50_ms,omitempty"`
+	ServeAfterAssignedP50Ms *float64 `json:"serve_after_assigned_p50_ms,omitempty"`
+	ServeAfterAssignedMaxMs *float64 `json:"serve_after_assigned_max_ms,omitempty"`
 	// StreamIntervalMs is, with many streams, the mean time between two
 	// publishes to one stream (streams / records_per_s): a stream with
 	// no publish in flight at the kill shows that it serves again only
@@ -260,7 +292,8 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 		defer func() { _ = cli.Close() }()
 		r.etcd = cli
 	}
-	c, err := client.New(client.Config{Controller: o.Controller, Brokers: o.BrokerAddrs, Idempotent: client.Bool(!o.NoProducerIDs), Lanes: o.Lanes, Linger: o.Linger, TLS: o.TLS})
+	c, err := client.New(client.Config{Controller: o.Controller, Brokers: o.BrokerAddrs, Idempotent: client.Bool(!o.NoProducerIDs), Lanes: o.Lanes, Linger: o.Linger, TLS: o.TLS,
+		Options: []connect.ClientOption{connect.WithInterceptors(waitRetryInfo(&r.busyRetries))}})
 	if err != nil {
 		return nil, err
 	}
@@ -291,15 +324,30 @@ type runner struct {
 	names []string
 	index map[string]int
 
-	start     time.Time
+	start time.Time
+	// nextID numbers the records, the load's and the probes' alike, so
+	// every id is unique across the streams (Verify).
+	nextID    atomic.Uint64
 	confirmed atomic.Int64
 	failed    atomic.Int64
 	peakRSS   atomic.Int64 // kB
 	peakAnon  atomic.Int64 // kB
+	// busyRetries counts create attempts refused busy (waitRetryInfo).
+	busyRetries atomic.Int64
+
+	// The probes after the kill (probe): their confirms, how many were
+	// sent and failed, and the wait for the last of them.
+	probeMu      sync.Mutex
+	probes       []Confirm
+	probesSent   atomic.Int64
+	probesFailed atomic.Int64
+	probeWG      sync.WaitGroup
 
 	// watch records the recovery and assignment keys' changes (kill
-	// runs on the bench's own cluster).
-	watch *keyWatch
+	// runs on the bench's own cluster), streamsWatch those of every
+	// stream the killed broker owned.
+	watch        *keyWatch
+	streamsWatch *streamsWatch
 
 	mu sync.Mutex
 	// owner and oldEpoch are the phase stream's owner and epoch when it
@@ -342,6 +390,12 @@ func (r *runner) run(ctx context.Context) error {
 		if w != nil {
 			w.stop()
 		}
+		r.mu.Lock()
+		sw := r.streamsWatch
+		r.mu.Unlock()
+		if sw != nil {
+			sw.stop()
+		}
 	}()
 	if o.IdleWindow > 0 {
 		if err := r.idle(ctx); err != nil {
@@ -369,7 +423,6 @@ func (r *runner) run(ctx context.Context) error {
 	r.start = time.Now()
 	var (
 		wg     sync.WaitGroup
-		next   atomic.Uint64
 		dedupe atomic.Int64
 		// confirms holds one slice per publisher goroutine (sync), or
 		// chunks that the done callbacks append to under confirmsMu
@@ -397,7 +450,7 @@ func (r *runner) run(ctx context.Context) error {
 		for w := range o.Inflight {
 			wg.Go(func() {
 				for pubCtx.Err() == nil && r.since() < end {
-					id := next.Add(1)
+					id := r.nextID.Add(1)
 					stream := StreamFor(id, len(r.names))
 					sent := r.since()
 					res, err := r.c.Publish(pubCtx, r.names[stream], []*strandv1.Record{{Payload: RecordPayload(id, o.Size)}})
@@ -428,7 +481,7 @@ func (r *runner) run(ctx context.Context) error {
 					<-slots
 					break
 				}
-				id := next.Add(1)
+				id := r.nextID.Add(1)
 				stream := StreamFor(id, len(r.names))
 				sent := r.since()
 				pending.Add(1)
@@ -479,7 +532,7 @@ func (r *runner) run(ctx context.Context) error {
 	}
 	var killErr, restartErr error
 	if o.KillAt > 0 {
-		bgWG.Go(func() { killErr = r.kill(bg) })
+		bgWG.Go(func() { killErr = r.kill(bg, ctx, end) })
 	}
 	if o.RestartAfter > 0 {
 		bgWG.Go(func() { restartErr = r.restartMidRun(bg, ctx) })
@@ -528,6 +581,10 @@ func (r *runner) run(ctx context.Context) error {
 	}
 	stopBg()
 	bgWG.Wait()
+	// The probes end on their own (each within --timeout, none started
+	// after the run's end plus --timeout): their confirms are verified
+	// with the others.
+	r.probeWG.Wait()
 	if err := ctx.Err(); err != nil {
 		return err
 	}
@@ -538,9 +595,17 @@ func (r *runner) run(ctx context.Context) error {
 		return restartErr
 	}
 
-	all := slices.Concat(confirms...)
-	slices.SortFunc(all, func(a, b Confirm) int { return cmp.Compare(a.ID, b.ID) })
-	measured := Measured(all, o.Warmup)
+	// all is every confirm, the probes' too, for the verification and
+	// the failover figures; load is the publishing window's alone, for
+	// the rates and latencies.
+	byID := func(a, b Confirm) int { return cmp.Compare(a.ID, b.ID) }
+	load := slices.Concat(confirms...)
+	slices.SortFunc(load, byID)
+	r.probeMu.Lock()
+	all := slices.Concat(load, r.probes)
+	r.probeMu.Unlock()
+	slices.SortFunc(all, byID)
+	measured := Measured(load, o.Warmup)
 	if cpuAfterOK && cpuOK && o.KillAt <= 0 && len(measured) > 0 {
 		r.res.BrokerCPUUsPerRecord = round(float64(cpuAfter-cpuBefore) / float64(len(measured)) / 1000)
 	}
@@ -548,6 +613,11 @@ func (r *runner) run(ctx context.Context) error {
 	r.res.WarmupS = round(o.Warmup.Seconds())
 	r.res.Failed = int(r.failed.Load())
 	r.res.DedupeHits = int(dedupe.Load())
+	for _, p := range r.probes {
+		if p.Duplicate {
+			r.res.DedupeHits++
+		}
+	}
 
 	// Bring the old owner back and wait for it to rejoin as a follower.
 	if o.KillAt > 0 {
@@ -572,7 +642,7 @@ func (r *runner) run(ctx context.Context) error {
 		restartAt, epochs := r.restartAt, r.killEpochs
 		r.mu.Unlock()
 		if restartAt > 0 {
-			missed := RecordsMissed(slices.Concat(confirms...), epochs, restartAt)
+			missed := RecordsMissed(all, epochs, restartAt)
 			r.res.RecordsMissed = &missed
 		}
 	}
@@ -625,6 +695,7 @@ func (r *runner) run(ctx context.Context) error {
 		r.res.NewOwner = r.newOwner
 		r.mu.Unlock()
 		r.res.KillAtS, r.res.KillSignal = round(killAt.Seconds()), o.KillSignal
+		r.res.ProbeWorkers, r.res.Probes, r.res.ProbesFailed = o.ProbeWorkers, int(r.probesSent.Load()), int(r.probesFailed.Load())
 		// unavailable_ms is over the streams that failed over: with many
 		// streams the others served on through the kill.
 		u, uok := Unavailable(onStreams(all, epochs, len(r.names)), killAt)
@@ -706,7 +777,11 @@ func (r *runner) serving(all []Confirm, killAt time.Duration, epochs map[int]uin
 	for i := range epochs {
 		want = append(want, i)
 	}
-	s := SummarizeServing(ServedAgain(all, killAt, epochs), want)
+	served := ServedAgain(all, killAt, epochs)
+	s := SummarizeServing(served, want)
+	if r.o.ProbeWorkers > 0 {
+		r.res.StreamsServedByProbe = &s.ByProbe
+	}
 	allMs, p50Ms := -1.0, -1.0
 	if s.AllOK {
 		allMs = round(ms(s.All))
@@ -715,13 +790,30 @@ func (r *runner) serving(all []Confirm, killAt time.Duration, epochs map[int]uin
 		p50Ms = round(ms(s.P50))
 	}
 	r.res.AllServingMs, r.res.ServingP50Ms = &allMs, &p50Ms
+	r.mu.Lock()
+	sw := r.streamsWatch
+	r.mu.Unlock()
+	if sw != nil {
+		recorded, assigned, err := sw.Seen(r.start)
+		if err != nil {
+			r.res.PhaseNotes = append(r.res.PhaseNotes, "etcd watch of the streams broken: "+err.Error())
+		}
+		m := SummarizeMassFailover(killAt, recorded, assigned, served, want)
+		r.res.AllRecoveryRecordedMs, r.res.RecoveryRecordedP50Ms = msOrNone(m.Recorded.All, m.Recorded.AllOK), msOrNone(m.Recorded.P50, m.Recorded.P50OK)
+		r.res.AllAssignedMs, r.res.AssignedP50Ms = msOrNone(m.Assigned.All, m.Assigned.AllOK), msOrNone(m.Assigned.P50, m.Assigned.P50OK)
+		r.res.ServeAfterAssignedP50Ms, r.res.ServeAfterAssignedMaxMs = msOrNone(m.ServeAfter.P50, m.ServeAfter.P50OK), msOrNone(m.ServeAfter.All, m.ServeAfter.AllOK)
+		fmt.Fprintf(r.o.Stderr, "bench: the %d streams' failover: recovery recorded for all %s (p50 %s), new assignment for all %s (p50 %s), serving after it p50 %s max %s; all serving %s\n",
+			n, msText(r.res.AllRecoveryRecordedMs), msText(r.res.RecoveryRecordedP50Ms), msText(r.res.AllAssignedMs), msText(r.res.AssignedP50Ms),
+			msText(r.res.ServeAfterAssignedP50Ms), msText(r.res.ServeAfterAssignedMaxMs), msText(&allMs))
+	}
 	if s.Missing > 0 {
 		r.res.StreamsNotServing = s.Missing
 		r.res.OK = false
 	}
 	if s.Missing > 0 && servedAny {
 		// (When none served again, the unavailable_ms problem says so.)
-		r.res.Problems = append(r.res.Problems, fmt.Sprintf("%d of the %d streams the killed broker owned confirmed no publish after the kill", s.Missing, n))
+		r.res.Problems = append(r.res.Problems, fmt.Sprintf("%d of the %d streams the killed broker owned confirmed no publish after the kill (probes sent %d, failed %d)",
+			s.Missing, n, r.probesSent.Load(), r.probesFailed.Load()))
 	}
 }
 
@@ -762,9 +854,20 @@ func (r *runner) phases(killAt, unavailable time.Duration, unavailableOK bool) {
 	}
 }
 
+// msOrNone is d in ms, or -1 when not ok.
+func msOrNone(d time.Duration, ok bool) *float64 {
+	v := -1.0
+	if ok {
+		v = round(ms(d))
+	}
+	return &v
+}
+
+func msText(v *float64) string { return strconv.FormatFloat(*v, 'f', 1, 64) + " ms" }
+
 func round(f float64) float64 { return float64(int64(f*100+0.5)) / 100 }
 
-// createStreams creates the streams, streamWorkers at a time, and waits
+// createStreams creates the streams, CreateWorkers at a time, and waits
 // until each has an owner that answers Locate; it returns the length of
 // their histories then, summed, for the recoveries count.
 func (r *runner) createStreams(ctx context.Context) (int, error) {
@@ -772,8 +875,15 @@ func (r *runner) createStreams(ctx context.Context) (int, error) {
 	t0 := time.Now()
 	var created, serving atomic.Int64
 	stop := r.countProgress(ctx, "created", &created)
-	err := forEach(ctx, len(r.names), streamWorkers, func(ctx context.Context, i int) error {
+	workers := cmp.Or(o.CreateWorkers, DefaultCreateWorkers)
+	r.res.CreateWorkers = workers
+	defer func() { r.res.CreateBusyRetries = r.busyRetries.Load() }()
+	err := forEach(ctx, len(r.names), workers, func(ctx context.Context, i int) error {
 		req := &strandv1.CreateStreamRequest{Name: r.names[i], Copies: uint32(o.Copies), Policy: &strandv1.ConfirmPolicy{Name: o.Policy, Nodes: uint32(o.Nodes)}}
+		// One --timeout for the create and its retries, the busy ones
+		// among them (waitRetryInfo counts those in ctx).
+		ctx, cancel := r.withTimeout(withBusyCount(ctx))
+		defer cancel()
 		if _, err := r.c.Admin().CreateStream(ctx, connect.NewRequest(req)); err != nil {
 			if connect.CodeOf(err) == connect.CodeAlreadyExists {
 				return fmt.Errorf("bench: stream %q exists; the bench needs fresh streams (pick another --stream): %w", r.names[i], err)
@@ -789,7 +899,9 @@ func (r *runner) createStreams(ctx context.Context) (int, error) {
 	}
 	r.res.CreateMs = round(ms(time.Since(t0)))
 	stop = r.countProgress(ctx, "serving", &serving)
-	err = forEach(ctx, len(r.names), streamWorkers, func(ctx context.Context, i int) error {
+	// Locate asks the brokers, not the controller: as many at once as the
+	// creates.
+	err = forEach(ctx, len(r.names), workers, func(ctx context.Context, i int) error {
 		err := r.waitServing(ctx, r.names[i])
 		serving.Add(1)
 		return err
@@ -1021,9 +1133,11 @@ const (
 	handoverRetryEvery = 100 * time.Millisecond
 )
 
-// kill kills, at KillAt, the broker that owns the most of the streams, and
-// watches for the new assignment of the first of them (the phase stream).
-func (r *runner) kill(ctx context.Context) error {
+// kill kills, at KillAt, the broker that owns the most of the streams,
+// starts the probes of the streams it owned (on runCtx: they outlast the
+// publishing, until end plus --timeout), and watches for the new
+// assignment of the first of them (the phase stream).
+func (r *runner) kill(ctx, runCtx context.Context, end time.Duration) error {
 	sig, _ := ParseSignal(r.o.KillSignal)
 	t := time.NewTimer(time.Until(r.start.Add(r.o.KillAt)))
 	defer t.Stop()
@@ -1047,12 +1161,23 @@ func (r *runner) kill(ctx context.Context) error {
 	phase := r.index[streams[0]]
 	// The watch starts from the current revision before the signal, so
 	// the recovery and the new assignment cannot be missed.
-	w, err := watchKeys(ctx, r.etcd, cluster.NewSchema(r.cl.Info().Prefix), streams[0])
+	schema := cluster.NewSchema(r.cl.Info().Prefix)
+	w, err := watchKeys(ctx, r.etcd, schema, streams[0])
 	r.mu.Lock()
 	if err != nil {
 		r.res.PhaseNotes = append(r.res.PhaseNotes, err.Error())
 	} else {
 		r.watch = w
+	}
+	r.mu.Unlock()
+	// On runCtx: the probes wait on it for the assignments, and the
+	// streams' failover may outlast the publishing (bg ends with it).
+	sw, err := watchStreams(runCtx, r.etcd, schema, r.index, owned)
+	r.mu.Lock()
+	if err != nil {
+		r.res.PhaseNotes = append(r.res.PhaseNotes, err.Error())
+	} else {
+		r.streamsWatch = sw
 	}
 	r.mu.Unlock()
 	r.samplePeakRSS()
@@ -1070,13 +1195,115 @@ func (r *runner) kill(ctx context.Context) error {
 	}
 	fmt.Fprintf(r.o.Stderr, "bench: %.2fs sent SIG%s to %s (pid %d), the owner of %d of the %d streams\n",
 		at.Seconds(), r.o.KillSignal, owner, r.cl.PID(owner), len(streams), len(r.names))
+	if r.o.ProbeWorkers > 0 {
+		probed := make([]int, len(streams))
+		for j, s := range streams {
+			probed[j] = r.index[s]
+		}
+		r.probeWG.Go(func() { r.probe(runCtx, probed, end+r.timeout()) })
+	}
 	r.waitNewAssignment(ctx)
 	return nil
 }
 
+// probe publishes one probe record to each of the streams (indices), at
+// most ProbeWorkers at once, each with the client's Publish and its
+// retries under --timeout, so that every stream the killed broker owned is
+// asked to serve again within the run however long the load takes to come
+// round to it (stream_interval_ms). A stream is probed once the etcd watch
+// saw its new assignment committed (streamsWatch; all at once without the
+// watch): a probe sent before would hold its worker, retrying, while the
+// recovery of that stream runs, and the probes of streams that already
+// have a new owner would queue behind it. A commit comes before the new
+// owner serves, so the gate does not delay a probe past the stream's
+// serving, but for the watch's delivery. A probe still unsent at until
+// (since the start of publishing) is not sent. The confirms are kept with
+// the load's (ServedAgain takes whichever came first) and verified with
+// them.
+func (r *runner) probe(ctx context.Context, streams []int, until time.Duration) {
+	ctx, cancel := context.WithDeadline(ctx, r.start.Add(until))
+	defer cancel()
+	r.mu.Lock()
+	sw := r.streamsWatch
+	r.mu.Unlock()
+	feed := make(chan int)
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		defer close(feed)
+		waiting := slices.Clone(streams)
+		tick := time.NewTicker(20 * time.Millisecond)
+		defer tick.Stop()
+		for len(waiting) > 0 {
+			var ready []int
+			if sw == nil {
+				ready, waiting = waiting, nil
+			} else {
+				ready, waiting = sw.splitAssigned(waiting)
+			}
+			for _, i := range ready {
+				select {
+				case feed <- i:
+				case <-ctx.Done():
+					return
+				}
+			}
+			select {
+			case <-tick.C:
+			case <-ctx.Done():
+				return
+			}
+		}
+	})
+	for range r.o.ProbeWorkers {
+		wg.Go(func() {
+			for stream := range feed {
+				r.probeOne(ctx, stream)
+			}
+		})
+	}
+	wg.Wait()
+}
+
+// probeOne publishes the probe of one stream and keeps its confirm.
+func (r *runner) probeOne(ctx context.Context, stream int) {
+	id := r.nextID.Add(1)
+	ctx, cancel := r.withTimeout(ctx)
+	defer cancel()
+	r.probesSent.Add(1)
+	sent := r.since()
+	res, err := r.c.Publish(ctx, r.names[stream], []*strandv1.Record{{Payload: RecordPayload(id, r.o.Size)}})
+	done := r.since()
+	if err != nil {
+		// The outcome is unknown: a probe stored all the same is an
+		// unconfirmed record, as for a failed load publish.
+		r.probesFailed.Add(1)
+		return
+	}
+	c := Confirm{ID: id, Offset: res.GetOffsets()[0], Epoch: res.GetEpoch(), Stream: uint32(stream), Sent: sent, Done: done,
+		Duplicate: len(res.GetDuplicate()) > 0 && res.GetDuplicate()[0], Probe: true}
+	r.probeMu.Lock()
+	r.probes = append(r.probes, c)
+	r.probeMu.Unlock()
+}
+
+// timeout is --timeout, or the client's retry budget when it is 0.
+func (r *runner) timeout() time.Duration {
+	return cmp.Or(r.o.Timeout, client.DefaultRetryBudget)
+}
+
+// withTimeout bounds one create or probe by timeout.
+func (r *runner) withTimeout(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(ctx, r.timeout())
+}
+
 // waitNewAssignment polls the phase stream's assignment until its owner is
-// not the killed one, recording when that was first seen.
+// not the killed one, recording when that was first seen. It reads the
+// assignment's key from etcd (kills run on the bench's own cluster): an
+// admin call reads the whole cluster's state on the controller, which
+// every 20 ms with thousands of streams is load the failover it measures
+// would share.
 func (r *runner) waitNewAssignment(ctx context.Context) {
+	schema := cluster.NewSchema(r.cl.Info().Prefix)
 	tick := time.NewTicker(20 * time.Millisecond)
 	defer tick.Stop()
 	for {
@@ -1087,15 +1314,16 @@ func (r *runner) waitNewAssignment(ctx context.Context) {
 			return
 		}
 		cctx, cancel := context.WithTimeout(ctx, time.Second)
-		res, err := r.c.Admin().GetStream(cctx, connect.NewRequest(&strandv1.GetStreamRequest{Name: r.names[phase]}))
+		res, err := r.etcd.Get(cctx, schema.AssignmentKey(r.names[phase]))
 		cancel()
-		if err == nil {
-			if o := res.Msg.GetAssignment().GetOwner(); o != "" && o != old {
+		if err == nil && len(res.Kvs) == 1 {
+			a, err := cluster.Decode[cluster.Assignment](res.Kvs[0].Value)
+			if o := a.Owner; err == nil && o != "" && o != old {
 				at := r.since()
 				r.mu.Lock()
 				if r.newAt == 0 {
 					r.newAt, r.newOwner = at, o
-					fmt.Fprintf(r.o.Stderr, "bench: %.2fs new assignment: epoch %d, owner %s\n", at.Seconds(), res.Msg.GetAssignment().GetEpoch(), o)
+					fmt.Fprintf(r.o.Stderr, "bench: %.2fs new assignment: epoch %d, owner %s\n", at.Seconds(), a.Epoch, o)
 				}
 				r.mu.Unlock()
 				return

@@ -106,19 +106,28 @@ func TestServedAgainAndSummary(t *testing.T) {
 	c := func(stream uint32, epoch uint64, sentMs, doneMs int) Confirm {
 		return Confirm{Stream: stream, Epoch: epoch, Sent: time.Duration(sentMs) * ms, Done: time.Duration(doneMs) * ms}
 	}
+	// probe is a probe's confirm: sent after the kill, by the prober.
+	probe := func(stream uint32, epoch uint64, sentMs, doneMs int) Confirm {
+		p := c(stream, epoch, sentMs, doneMs)
+		p.Probe = true
+		return p
+	}
+	load := func(d time.Duration) Served { return Served{After: d} }
+	byProbe := func(d time.Duration) Served { return Served{After: d, Probe: true} }
 	for _, tc := range []struct {
 		name     string
 		confirms []Confirm
 		epochs   map[int]uint64 // the failed-over streams, epoch at the kill
-		served   map[int]time.Duration
+		served   map[int]Served
 		all, p50 float64 // ms; -1: not ok
 		missing  int
+		byProbe  int
 	}{
 		{
 			name:     "one stream, a publish sent after the kill",
 			confirms: []Confirm{c(0, 1, 900, 950), c(0, 1, 1100, 1400), c(0, 2, 1200, 1300)},
 			epochs:   map[int]uint64{0: 1},
-			served:   map[int]time.Duration{0: 300 * ms}, all: 300, p50: 300,
+			served:   map[int]Served{0: load(300 * ms)}, all: 300, p50: 300,
 		},
 		{
 			// Sent before the kill, confirmed after it at a new epoch:
@@ -126,14 +135,14 @@ func TestServedAgainAndSummary(t *testing.T) {
 			name:     "a retried publish at the new epoch counts",
 			confirms: []Confirm{c(0, 2, 990, 1250), c(0, 2, 1300, 1320)},
 			epochs:   map[int]uint64{0: 1},
-			served:   map[int]time.Duration{0: 250 * ms}, all: 250, p50: 250,
+			served:   map[int]Served{0: load(250 * ms)}, all: 250, p50: 250,
 		},
 		{
 			// The old owner may have answered just before the signal.
 			name:     "a confirm at the old epoch of a publish sent before the kill does not",
 			confirms: []Confirm{c(0, 1, 999, 1001), c(0, 2, 1010, 1600)},
 			epochs:   map[int]uint64{0: 1},
-			served:   map[int]time.Duration{0: 600 * ms}, all: 600, p50: 600,
+			served:   map[int]Served{0: load(600 * ms)}, all: 600, p50: 600,
 		},
 		{
 			name: "streams not failed over are ignored",
@@ -142,25 +151,61 @@ func TestServedAgainAndSummary(t *testing.T) {
 				c(1, 4, 1001, 1500), c(2, 3, 1001, 1200), c(3, 8, 1001, 1900),
 			},
 			epochs: map[int]uint64{1: 3, 2: 2, 3: 7},
-			served: map[int]time.Duration{1: 500 * ms, 2: 200 * ms, 3: 900 * ms}, all: 900, p50: 500,
+			served: map[int]Served{1: load(500 * ms), 2: load(200 * ms), 3: load(900 * ms)}, all: 900, p50: 500,
 		},
 		{
 			name:     "a stream that never served again",
 			confirms: []Confirm{c(1, 2, 1001, 1400), c(2, 1, 500, 900)},
 			epochs:   map[int]uint64{1: 1, 2: 1, 3: 1},
-			served:   map[int]time.Duration{1: 400 * ms}, all: -1, p50: -1, missing: 2,
+			served:   map[int]Served{1: load(400 * ms)}, all: -1, p50: -1, missing: 2,
 		},
 		{
 			name:     "the median served though one did not",
 			confirms: []Confirm{c(1, 2, 1001, 1100), c(2, 2, 1001, 1300), c(3, 2, 1001, 1200)},
 			epochs:   map[int]uint64{1: 1, 2: 1, 3: 1, 4: 1},
-			served:   map[int]time.Duration{1: 100 * ms, 2: 300 * ms, 3: 200 * ms}, all: -1, p50: 200, missing: 1,
+			served:   map[int]Served{1: load(100 * ms), 2: load(300 * ms), 3: load(200 * ms)}, all: -1, p50: 200, missing: 1,
 		},
 		{
 			name:     "nothing after the kill",
 			confirms: []Confirm{c(0, 1, 100, 200)},
 			epochs:   map[int]uint64{0: 1},
-			served:   map[int]time.Duration{}, all: -1, p50: -1, missing: 1,
+			served:   map[int]Served{}, all: -1, p50: -1, missing: 1,
+		},
+		{
+			// With many streams the load reaches a stream only every
+			// stream_interval_ms: the probe is what proves most of them.
+			name: "a probe serves the streams the load did not reach",
+			confirms: []Confirm{
+				c(1, 2, 1001, 1300),
+				probe(2, 2, 1001, 1450), probe(3, 2, 1200, 1700),
+				c(4, 1, 400, 500), // before the kill
+			},
+			epochs: map[int]uint64{1: 1, 2: 1, 3: 1, 4: 1},
+			served: map[int]Served{1: load(300 * ms), 2: byProbe(450 * ms), 3: byProbe(700 * ms)}, all: -1, p50: 450, missing: 1, byProbe: 2,
+		},
+		{
+			// Whichever is confirmed first is the stream's time, in
+			// whatever order the confirms are listed.
+			name: "the first of load and probe counts",
+			confirms: []Confirm{
+				probe(1, 2, 1001, 1800), c(1, 2, 1001, 1250),
+				c(2, 2, 1100, 1900), probe(2, 2, 1002, 1400),
+				// stream 3: the load's retry at the new epoch, sent
+				// before the kill, beats the probe.
+				probe(3, 5, 1003, 1600), c(3, 5, 990, 1500),
+			},
+			epochs: map[int]uint64{1: 1, 2: 1, 3: 4},
+			served: map[int]Served{1: load(250 * ms), 2: byProbe(400 * ms), 3: load(500 * ms)}, all: 500, p50: 400, byProbe: 1,
+		},
+		{
+			// A probe confirmed at the old epoch still proves it: it was
+			// sent after the kill, so a broker serving the stream
+			// answered it (a stopped owner that came back, say). A probe
+			// of a stream that did not fail over is ignored.
+			name:     "a probe at the old epoch counts, one of another stream does not",
+			confirms: []Confirm{probe(1, 1, 1001, 1350), probe(7, 1, 1001, 1010), c(2, 1, 998, 1100)},
+			epochs:   map[int]uint64{1: 1, 2: 1},
+			served:   map[int]Served{1: byProbe(350 * ms)}, all: -1, p50: 350, missing: 1, byProbe: 1,
 		},
 	} {
 		served := ServedAgain(tc.confirms, kill, tc.epochs)
@@ -187,9 +232,51 @@ func TestServedAgainAndSummary(t *testing.T) {
 		if s.Missing != tc.missing {
 			t.Errorf("%s: missing %d, want %d", tc.name, s.Missing, tc.missing)
 		}
+		if s.ByProbe != tc.byProbe {
+			t.Errorf("%s: served by probe %d, want %d", tc.name, s.ByProbe, tc.byProbe)
+		}
 	}
-	if s := SummarizeServing(nil, nil); s.AllOK || s.P50OK || s.Missing != 0 {
+	if s := SummarizeServing(nil, nil); s.AllOK || s.P50OK || s.Missing != 0 || s.ByProbe != 0 {
 		t.Errorf("no streams failed over: %+v", s)
+	}
+}
+
+func TestSummarizeMassFailover(t *testing.T) {
+	ms := time.Millisecond
+	kill := 1000 * ms
+	want := []int{1, 2, 3, 4}
+	// Since the start of publishing, as the watch records them.
+	recorded := map[int]time.Duration{1: 1400 * ms, 2: 1500 * ms, 3: 1450 * ms, 4: 1600 * ms}
+	assigned := map[int]time.Duration{1: 1800 * ms, 2: 2500 * ms, 3: 2100 * ms} // 4: not seen
+	// Since the kill, as ServedAgain gives them.
+	served := map[int]Served{
+		1: {After: 1500 * ms},              // 700 ms after its assignment
+		2: {After: 1400 * ms, Probe: true}, // before the watch delivered its assignment: 0
+		3: {After: 1300 * ms},              // 200 ms after
+		4: {After: 2000 * ms},              // no assignment seen: left out of ServeAfter
+	}
+	m := SummarizeMassFailover(kill, recorded, assigned, served, want)
+	check := func(what string, s Serving, all, p50 time.Duration, allOK bool, missing int) {
+		t.Helper()
+		if s.AllOK != allOK || (allOK && s.All != all) || !s.P50OK || s.P50 != p50 || s.Missing != missing {
+			t.Errorf("%s: %+v, want all %v (ok %v) p50 %v missing %d", what, s, all, allOK, p50, missing)
+		}
+	}
+	check("recorded", m.Recorded, 600*ms, 450*ms, true, 0)
+	check("assigned", m.Assigned, 0, 1100*ms, false, 1)
+	check("serve after assigned", m.ServeAfter, 700*ms, 200*ms, true, 0)
+}
+
+// The probes go first to the streams whose new assignment the watch saw,
+// in the order given; the rest wait.
+func TestSplitAssigned(t *testing.T) {
+	w := &streamsWatch{assigned: map[int]time.Time{4: time.Unix(1, 0), 9: time.Unix(2, 0), 2: time.Unix(3, 0)}}
+	assigned, rest := w.splitAssigned([]int{9, 1, 2, 7, 4})
+	if !reflect.DeepEqual(assigned, []int{9, 2, 4}) || !reflect.DeepEqual(rest, []int{1, 7}) {
+		t.Fatalf("splitAssigned = %v, %v; want [9 2 4], [1 7]", assigned, rest)
+	}
+	if assigned, rest := w.splitAssigned(nil); assigned != nil || rest != nil {
+		t.Fatalf("splitAssigned(nil) = %v, %v", assigned, rest)
 	}
 }
 

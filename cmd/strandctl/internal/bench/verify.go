@@ -43,6 +43,10 @@ type Confirm struct {
 	Sent, Done time.Duration
 	// Duplicate is the broker saying an earlier attempt had stored it.
 	Duplicate bool
+	// Probe marks a probe record (Config.ProbeWorkers): sent after the
+	// kill to a stream the killed broker owned, verified like the load's
+	// records but left out of the load's rates and latencies.
+	Probe bool
 }
 
 // Stored is one record read back from the stream.
