@@ -47,16 +47,27 @@ func TestMain(m *testing.M) {
 func buildBinaries(dir string) error {
 	_, file, _, _ := runtime.Caller(0)
 	root := filepath.Join(filepath.Dir(file), "..", "..")
-	for _, b := range []struct{ name, pkg string }{
+	bins := []struct{ name, pkg string }{
 		{devcluster.BrokerBin, "./services/broker"},
 		{devcluster.ControllerBin, "./services/controller"},
 		{devcluster.RecovererBin, "./services/recoverer"},
 		{"strandctl", "./cmd/strandctl"},
-	} {
-		cmd := exec.Command("go", "build", "-o", filepath.Join(dir, b.name), b.pkg)
-		cmd.Dir = root
-		if out, err := cmd.CombinedOutput(); err != nil {
-			return fmt.Errorf("go build %s: %v\n%s", b.pkg, err, out)
+	}
+	// One go build for all four: it loads the packages once and links
+	// the binaries side by side, where one build each links them one
+	// after the other. It names each after its package's directory.
+	args := []string{"build", "-o", dir + string(filepath.Separator)}
+	for _, b := range bins {
+		args = append(args, b.pkg)
+	}
+	cmd := exec.Command("go", args...)
+	cmd.Dir = root
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("go build: %v\n%s", err, out)
+	}
+	for _, b := range bins {
+		if err := os.Rename(filepath.Join(dir, filepath.Base(b.pkg)), filepath.Join(dir, b.name)); err != nil {
+			return err
 		}
 	}
 	return nil
