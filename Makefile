@@ -26,13 +26,11 @@ run: build ## Start a local cluster (embedded etcd, controller, recoverer, 3 bro
 
 .PHONY: test
 test: ## Run every test suite with -race (unit, integration, CLI smoke, e2e), then each fuzz target briefly.
-	@# Compile every test binary in parallel, then run the packages one at a
-	@# time: the process, in-process and container clusters run on short
-	@# leases and must not starve each other's etcd on a 2-core machine.
-	@echo "compiling test binaries with -race (the first time takes several minutes)..."
-	@out=$$(mktemp); $(GO) test -race -count=1 -run '^$$' ./... >$$out 2>&1 || { cat $$out; rm -f $$out; exit 1; }; rm -f $$out
-	@echo "running the test packages one at a time..."
-	$(GO) test -race -count=1 -p 1 -timeout 25m ./...
+	@# Build and link every test binary once, in parallel, then run the
+	@# packages one at a time: the process, in-process and container
+	@# clusters run on short leases and must not starve each other's etcd
+	@# on a 2-core machine (scripts/test.sh says why not go test -p 1).
+	@GO=$(GO) TEST_TIMEOUT=25m scripts/test.sh
 	@echo "fuzzing each target for $(FUZZ_SHORT) inputs (seeds ran above)..."
 	@GO=$(GO) scripts/fuzz.sh $(FUZZ_SHORT)
 
@@ -47,7 +45,7 @@ fuzz: ## Run every Go fuzz target for FUZZTIME (30s) each, one at a time; failin
 
 .PHONY: test-short
 test-short: ## Run the unit and integration tests without the e2e suite.
-	$(GO) test -race -count=1 -p 1 -timeout 20m $$($(GO) list ./... | grep -v /e2e)
+	@GO=$(GO) TEST_TIMEOUT=20m scripts/test.sh $$($(GO) list ./... | grep -v /e2e)
 
 # Container images (deploy/docker): static binaries built on the host with the
 # Go build cache, then `docker build` FROM scratch with a context holding only
