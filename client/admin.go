@@ -122,7 +122,7 @@ func adminRetry[Req, Res any](ctx context.Context, a *adminClient, name string, 
 		// have gone, and the configured one names the next.
 		a.setLeader(a.c.cfg.Controller)
 		redirects = 0
-		if !a.c.sleep(ctx, b.next()) {
+		if !a.c.sleep(ctx, b.after(err)) {
 			if a.c.ctx.Err() != nil {
 				return nil, earlierMayHaveApplied, ErrClosed
 			}

@@ -101,7 +101,7 @@ func (c *Client) call(ctx context.Context, op, stream string, fn func(context.Co
 			return err
 		}
 		redirects = 0
-		if !c.sleep(ctx, b.next()) {
+		if !c.sleep(ctx, b.after(err)) {
 			if c.ctx.Err() != nil {
 				return ErrClosed
 			}
@@ -215,6 +215,18 @@ func connectionError(err error) bool {
 // backoff is jittered exponential backoff between min and max.
 type backoff struct {
 	min, max, cur time.Duration
+}
+
+// after is the wait before the retry of a call that failed with err: the
+// next backoff step, or longer when err's RetryInfo names a later time
+// (a controller refusing a call for load says when it has room; asking
+// sooner only queues the call behind the others again).
+func (b *backoff) after(err error) time.Duration {
+	d := b.next()
+	if named, ok := rpcerr.RetryDelay(err); ok {
+		d = max(d, named)
+	}
+	return d
 }
 
 func (c *Client) newBackoff() *backoff {

@@ -19,6 +19,7 @@ package rpcerr
 import (
 	"errors"
 	"fmt"
+	"time"
 
 	"connectrpc.com/connect"
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
@@ -81,6 +82,19 @@ func LeaderHint(err error) (*strandv1.LeaderHint, bool) {
 	}
 	h, ok := detail[*strandv1.LeaderHint](err)
 	return h, ok && h.GetAddress() != ""
+}
+
+// RetryDelay is the delay a RetryInfo detail of err names: when a service
+// that refused a call for load (the controller's admission, a principal's
+// byte budget) says to ask again. ok is false when err carries none, or a
+// negative one.
+func RetryDelay(err error) (time.Duration, bool) {
+	ri, ok := detail[*errdetails.RetryInfo](err)
+	if !ok || ri.GetRetryDelay() == nil {
+		return 0, false
+	}
+	d := ri.GetRetryDelay().AsDuration()
+	return d, d >= 0
 }
 
 // InvalidArgument refuses a request field's value: the message names the

@@ -4,8 +4,11 @@ import (
 	"errors"
 	"fmt"
 	"testing"
+	"time"
 
 	"connectrpc.com/connect"
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	"google.golang.org/protobuf/types/known/durationpb"
 )
 
 // Each builder's detail is read back through wrapping, and only the reader
@@ -42,5 +45,23 @@ func TestDetailsReadBack(t *testing.T) {
 	}
 	if _, ok := OwnerHint(NotLeader("x:1")); ok {
 		t.Error("a leader hint read as an owner hint")
+	}
+}
+
+func TestRetryDelay(t *testing.T) {
+	withInfo := connect.NewError(connect.CodeUnavailable, errors.New("busy"))
+	d, err := connect.NewErrorDetail(&errdetails.RetryInfo{RetryDelay: durationpb.New(250 * time.Millisecond)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	withInfo.AddDetail(d)
+	if got, ok := RetryDelay(withInfo); !ok || got != 250*time.Millisecond {
+		t.Fatalf("RetryDelay = %v, %v; want 250ms", got, ok)
+	}
+	if got, ok := RetryDelay(connect.NewError(connect.CodeUnavailable, errors.New("down"))); ok {
+		t.Fatalf("RetryDelay without a RetryInfo = %v, want none", got)
+	}
+	if got, ok := RetryDelay(errors.New("plain")); ok {
+		t.Fatalf("RetryDelay of a non-Connect error = %v, want none", got)
 	}
 }

@@ -119,21 +119,3 @@ func TestCreateRefusedBusyGivesUpAfterMaxAttempts(t *testing.T) {
 		t.Fatalf("gave up by the deadline, not by the attempt bound")
 	}
 }
-
-func TestRetryDelay(t *testing.T) {
-	withInfo := connect.NewError(connect.CodeUnavailable, errors.New("busy"))
-	d, err := connect.NewErrorDetail(&errdetails.RetryInfo{RetryDelay: durationpb.New(250 * time.Millisecond)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	withInfo.AddDetail(d)
-	if got, ok := RetryDelay(withInfo); !ok || got != 250*time.Millisecond {
-		t.Fatalf("RetryDelay = %v, %v; want 250ms", got, ok)
-	}
-	if got, ok := RetryDelay(connect.NewError(connect.CodeUnavailable, errors.New("down"))); ok {
-		t.Fatalf("RetryDelay without a RetryInfo = %v, want none", got)
-	}
-	if got, ok := RetryDelay(errors.New("plain")); ok {
-		t.Fatalf("RetryDelay of a non-Connect error = %v, want none", got)
-	}
-}
