@@ -298,6 +298,8 @@ func waitDrained(ctx context.Context, e *env, node string, limit time.Duration) 
 				b = &strandv1.Broker{Node: node, Draining: true, Drained: true}
 			}
 			return b, nil
+		case err == nil && under < 0:
+			left = fmt.Sprintf("%d copies on it", b.GetCopies())
 		case err == nil:
 			left = fmt.Sprintf("%d copies on it, %d streams under-replicated", b.GetCopies(), under)
 		}
@@ -312,7 +314,9 @@ func waitDrained(ctx context.Context, e *env, node string, limit time.Duration) 
 }
 
 // drainState is node's broker entry (nil once it is gone from the list) and
-// how many streams attention lists as under-replicated.
+// how many streams attention lists as under-replicated. The attention list
+// (a walk of every stream on the controller) is asked for only once the
+// broker is drained; before, under is -1.
 func drainState(ctx context.Context, e *env, node string) (*strandv1.Broker, int, error) {
 	res, err := adminCall(ctx, e, strandv1connect.AdminServiceClient.ListBrokers, &strandv1.ListBrokersRequest{})
 	if err != nil {
@@ -323,6 +327,9 @@ func drainState(ctx context.Context, e *env, node string) (*strandv1.Broker, int
 		if x.GetNode() == node {
 			b = x
 		}
+	}
+	if b != nil && !b.GetDrained() {
+		return b, -1, nil
 	}
 	att, err := adminCall(ctx, e, strandv1connect.AdminServiceClient.ListAttention, &strandv1.ListAttentionRequest{})
 	if err != nil {
