@@ -46,7 +46,7 @@ func (s *Stream) producerChunkKey(gen uint64, chunk int) []byte {
 // interval and at least the table's size in runs, so writing checkpoints
 // costs O(1) per record however large the table grows.
 func (s *Stream) producerCheckpointDueLocked() bool {
-	return s.m.RecordTail-min(s.prodBoundary, s.m.RecordTail) >= max(uint64(s.db.producerCheckpointEvery), uint64(s.producers.runs))
+	return s.assigned.m.RecordTail-min(s.assigned.prodBoundary, s.assigned.m.RecordTail) >= max(uint64(s.db.producerCheckpointEvery), uint64(s.assigned.producers.runs))
 }
 
 // addProducerCheckpointLocked adds to o a checkpoint of t at boundary and
@@ -64,14 +64,14 @@ func (s *Stream) addProducerCheckpointLocked(o *op, t *producerTable, boundary u
 			}
 		}
 	}
-	s.m.ProducerGen++
+	s.assigned.m.ProducerGen++
 	chunks := t.encode(producerChunkBytes)
-	g := producerGen{Gen: s.m.ProducerGen, Boundary: boundary, Chunks: len(chunks)}
+	g := producerGen{Gen: s.assigned.m.ProducerGen, Boundary: boundary, Chunks: len(chunks)}
 	for c, v := range chunks {
 		o.add(s.producerChunkKey(g.Gen, c), v)
 	}
 	var kept []producerGen
-	for _, old := range s.m.ProducerTables {
+	for _, old := range s.assigned.m.ProducerTables {
 		if keep(old) {
 			kept = append(kept, old)
 		} else {
@@ -83,8 +83,8 @@ func (s *Stream) addProducerCheckpointLocked(o *op, t *producerTable, boundary u
 		kept = kept[n-1:]
 	}
 	// A new slice: op snapshots of the meta share the old one.
-	s.m.ProducerTables = append(slices.Clone(kept), g)
-	s.prodBoundary = boundary
+	s.assigned.m.ProducerTables = append(slices.Clone(kept), g)
+	s.assigned.prodBoundary = boundary
 	return dropped, taken
 }
 
@@ -130,13 +130,13 @@ func (s *Stream) maybeCheckpointProducersLocked(ctx context.Context) {
 	if !s.producerCheckpointDueLocked() {
 		return
 	}
-	prev, prevBoundary := s.m, s.prodBoundary
+	prev, prevBoundary := s.assigned.m, s.assigned.prodBoundary
 	o := &op{s: s}
-	dropped, taken := s.addProducerCheckpointLocked(o, s.producers, s.m.RecordTail, keepAll, true)
-	o.meta, o.version = s.snapshotMeta()
+	dropped, taken := s.addProducerCheckpointLocked(o, s.assigned.producers, s.assigned.m.RecordTail, keepAll, true)
+	o.meta, o.version = s.assigned.snapshotMeta()
 	o.apply = func() { s.retireProducerGens(dropped) }
 	if err := s.enqueueLocked(ctx, o, prev); err != nil {
-		s.prodBoundary = prevBoundary
+		s.assigned.prodBoundary = prevBoundary
 		s.retireProducerGens(taken)
 	}
 }
@@ -145,31 +145,31 @@ func (s *Stream) maybeCheckpointProducersLocked(ctx context.Context) {
 // Retention calls it before moving the head there, so the newest checkpoint
 // never lies below the head, where the records to replay after it are gone.
 func (s *Stream) ensureProducerCheckpoint(ctx context.Context, atLeast uint64) error {
-	s.mu.Lock()
-	if s.closed {
-		s.mu.Unlock()
+	s.assigned.mu.Lock()
+	if s.assigned.closed {
+		s.assigned.mu.Unlock()
 		return s.closedErr()
 	}
-	if n := len(s.m.ProducerTables); n > 0 && s.m.ProducerTables[n-1].Boundary >= atLeast {
-		s.mu.Unlock()
+	if n := len(s.assigned.m.ProducerTables); n > 0 && s.assigned.m.ProducerTables[n-1].Boundary >= atLeast {
+		s.assigned.mu.Unlock()
 		return nil
 	}
-	if s.m.Cut != nil {
-		s.mu.Unlock()
+	if s.assigned.m.Cut != nil {
+		s.assigned.mu.Unlock()
 		return fmt.Errorf("%w: stream %q: cut in progress", ErrFenced, s.name)
 	}
-	prev, prevBoundary := s.m, s.prodBoundary
+	prev, prevBoundary := s.assigned.m, s.assigned.prodBoundary
 	o := &op{s: s, done: make(chan error, 1)}
-	dropped, taken := s.addProducerCheckpointLocked(o, s.producers, s.m.RecordTail, keepAll, true)
-	o.meta, o.version = s.snapshotMeta()
+	dropped, taken := s.addProducerCheckpointLocked(o, s.assigned.producers, s.assigned.m.RecordTail, keepAll, true)
+	o.meta, o.version = s.assigned.snapshotMeta()
 	o.apply = func() { s.retireProducerGens(dropped) }
 	if err := s.enqueueLocked(ctx, o, prev); err != nil {
-		s.prodBoundary = prevBoundary
+		s.assigned.prodBoundary = prevBoundary
 		s.retireProducerGens(taken)
-		s.mu.Unlock()
+		s.assigned.mu.Unlock()
 		return err
 	}
-	s.mu.Unlock()
+	s.assigned.mu.Unlock()
 	return wait(ctx, o)
 }
 
@@ -178,8 +178,8 @@ func (s *Stream) ensureProducerCheckpoint(ctx context.Context, atLeast uint64) e
 // yet deleted) and, unless a completed cut already rebuilt the table, sets
 // it to the newest usable checkpoint plus the records after it.
 func (s *Stream) loadProducers(ctx context.Context, rebuild bool) error {
-	named := make(map[uint64]bool, len(s.m.ProducerTables))
-	for _, g := range s.m.ProducerTables {
+	named := make(map[uint64]bool, len(s.assigned.m.ProducerTables))
+	for _, g := range s.assigned.m.ProducerTables {
 		named[g.Gen] = true
 	}
 	var stale [][]byte
@@ -211,11 +211,11 @@ func (s *Stream) loadProducers(ctx context.Context, rebuild bool) error {
 	if !rebuild {
 		return nil
 	}
-	t, base, err := s.rebuildProducers(s.m.ProducerTables, s.m.Head, s.m.RecordTail)
+	t, base, err := s.rebuildProducers(s.assigned.m.ProducerTables, s.assigned.m.Head, s.assigned.m.RecordTail)
 	if err != nil {
 		return err
 	}
-	s.producers, s.prodBoundary = t, base
+	s.assigned.producers, s.assigned.prodBoundary = t, base
 	return nil
 }
 

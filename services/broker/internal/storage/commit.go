@@ -103,7 +103,7 @@ func opDone(b *engine.Batch, err error) {
 	if err != nil && o.s != nil {
 		// Waiters on durable state (a duplicate publish waiting for its
 		// original) re-check and find the DB stopped.
-		o.s.wakeAll()
+		o.s.durable.wakeAll()
 	}
 	if o.done != nil {
 		o.done <- err
@@ -151,7 +151,7 @@ func (db *DB) groupMeta(group []*engine.Batch) []engine.Entry {
 			continue
 		}
 		m := *s.cmMeta
-		m.ConfirmWatermark = s.persistedWatermark(m.RecordTail)
+		m.ConfirmWatermark = s.durable.persistedWatermark(m.RecordTail)
 		out = append(out, engine.Entry{Key: s.metaKey, Value: encodeMeta(&m)})
 	}
 	clear(touched)

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"sync"
 
 	"github.com/strandhq/strand/internal/logging"
 	"github.com/strandhq/strand/services/broker/internal/storage/engine"
@@ -50,20 +51,20 @@ type CursorSnapshot struct {
 // serves: the events below it were compacted away, and CursorSnapshot
 // stands for them (its boundary is at or above it).
 func (s *Stream) CursorEventHead() uint64 {
-	s.dmu.Lock()
-	defer s.dmu.Unlock()
-	return s.dEvHead
+	s.durable.dmu.Lock()
+	defer s.durable.dmu.Unlock()
+	return s.durable.dEvHead
 }
 
 // CursorSnapshot returns the copy's durable cursor snapshot. An owner ships
 // it to a follower whose cursor event tail is below CursorEventHead.
 func (s *Stream) CursorSnapshot() CursorSnapshot {
-	s.mu.Lock()
-	les := s.m.LogEpochs // copy-on-write: never changed in place
-	s.mu.Unlock()
-	s.dmu.Lock()
-	snap := s.dSnap
-	s.dmu.Unlock()
+	s.assigned.mu.Lock()
+	les := s.assigned.m.LogEpochs // copy-on-write: never changed in place
+	s.assigned.mu.Unlock()
+	s.durable.dmu.Lock()
+	snap := s.durable.dSnap
+	s.durable.dmu.Unlock()
 	var epoch uint64
 	for _, e := range les {
 		if e.CursorEventStart < snap.Boundary {
@@ -90,47 +91,47 @@ func (s *Stream) InstallCursorSnapshot(ctx context.Context, snap CursorSnapshot)
 			return fmt.Errorf("cursor snapshot: %w", err)
 		}
 	}
-	s.mu.Lock()
+	s.assigned.mu.Lock()
 	if err := s.checkReplicatedLocked(nil, nil); err != nil {
-		s.mu.Unlock()
+		s.assigned.mu.Unlock()
 		return err
 	}
-	if snap.Boundary <= s.m.CursorEventTail {
-		s.mu.Unlock()
-		return fmt.Errorf("%w: cursor snapshot at %d, at or below cursor event tail %d", ErrOffsetMismatch, snap.Boundary, s.m.CursorEventTail)
+	if snap.Boundary <= s.assigned.m.CursorEventTail {
+		s.assigned.mu.Unlock()
+		return fmt.Errorf("%w: cursor snapshot at %d, at or below cursor event tail %d", ErrOffsetMismatch, snap.Boundary, s.assigned.m.CursorEventTail)
 	}
-	if snap.Epoch > s.m.Epoch {
-		s.mu.Unlock()
-		return fmt.Errorf("%w: cursor snapshot of epoch %d above copy epoch %d", ErrFenced, snap.Epoch, s.m.Epoch)
+	if snap.Epoch > s.assigned.m.Epoch {
+		s.assigned.mu.Unlock()
+		return fmt.Errorf("%w: cursor snapshot of epoch %d above copy epoch %d", ErrFenced, snap.Epoch, s.assigned.m.Epoch)
 	}
-	prev, prevCursors, prevSnap := s.m, s.cursors, s.snapState()
-	noteEpoch(&s.m, snap.Epoch, s.m.RecordTail, s.m.CursorEventTail)
-	s.m.CursorEventTail = snap.Boundary
+	prev, prevCursors, prevSnap := s.assigned.m, s.assigned.cursors, s.assigned.snapState()
+	noteEpoch(&s.assigned.m, snap.Epoch, s.assigned.m.RecordTail, s.assigned.m.CursorEventTail)
+	s.assigned.m.CursorEventTail = snap.Boundary
 	st := &snapshot{Boundary: snap.Boundary, Cursors: maps.Clone(snap.Cursors)}
 	enc := encodeSnapshot(st)
 	o := &op{s: s, snap: st, done: make(chan error, 1)}
 	o.add(s.snapKey, enc)
-	s.cursors = maps.Clone(snap.Cursors)
-	if s.cursors == nil {
-		s.cursors = map[string]uint64{}
+	s.assigned.cursors = maps.Clone(snap.Cursors)
+	if s.assigned.cursors == nil {
+		s.assigned.cursors = map[string]uint64{}
 	}
-	s.snapBoundary, s.snapBytes, s.evBytes = st.Boundary, len(enc), 0
-	o.meta, o.version = s.snapshotMeta()
+	s.assigned.snapBoundary, s.assigned.snapBytes, s.assigned.evBytes = st.Boundary, len(enc), 0
+	o.meta, o.version = s.assigned.snapshotMeta()
 	o.apply = func() {
 		// The events below the boundary are not served from here on,
 		// before the tail moves past the ones this copy never held.
-		s.dmu.Lock()
-		s.dEvHead = max(s.dEvHead, st.Boundary)
-		s.dmu.Unlock()
-		s.advanceDurableEvents(st.Boundary)
+		s.durable.dmu.Lock()
+		s.durable.dEvHead = max(s.durable.dEvHead, st.Boundary)
+		s.durable.dmu.Unlock()
+		s.durable.advanceDurableEvents(st.Boundary)
 	}
 	if err := s.enqueueLocked(ctx, o, prev); err != nil {
-		s.cursors = prevCursors
-		s.restoreSnapState(prevSnap)
-		s.mu.Unlock()
+		s.assigned.cursors = prevCursors
+		s.assigned.restoreSnapState(prevSnap)
+		s.assigned.mu.Unlock()
 		return err
 	}
-	s.mu.Unlock()
+	s.assigned.mu.Unlock()
 	return wait(ctx, o)
 }
 
@@ -138,9 +139,9 @@ func (s *Stream) InstallCursorSnapshot(ctx context.Context, snap CursorSnapshot)
 // durable: it becomes the copy's durable snapshot, and the events below its
 // boundary may go.
 func (s *Stream) snapshotDurable(snap *snapshot) {
-	s.dmu.Lock()
-	s.dSnap = snap
-	s.dmu.Unlock()
+	s.durable.dmu.Lock()
+	s.durable.dSnap = snap
+	s.durable.dmu.Unlock()
 	s.db.queueCompaction(s)
 }
 
@@ -156,10 +157,10 @@ func (s *Stream) compactCursorEvents(ctx context.Context) error {
 	s.admin.Lock()
 	defer s.admin.Unlock()
 	for !s.db.holdCompaction.Load() {
-		s.mu.Lock()
-		closed, cutting, from := s.closed, s.m.Cut != nil, s.m.CursorEventsPurged
-		sealed := s.m.SealEpoch != 0
-		s.mu.Unlock()
+		s.assigned.mu.Lock()
+		closed, cutting, from := s.assigned.closed, s.assigned.m.Cut != nil, s.assigned.m.CursorEventsPurged
+		sealed := s.assigned.m.SealEpoch != 0
+		s.assigned.mu.Unlock()
 		if closed {
 			return s.closedErr()
 		}
@@ -169,9 +170,9 @@ func (s *Stream) compactCursorEvents(ctx context.Context) error {
 			// it stays until the seal is released (AdvanceEpoch compacts).
 			return nil
 		}
-		s.dmu.Lock()
-		to := s.dSnap.Boundary
-		s.dmu.Unlock()
+		s.durable.dmu.Lock()
+		to := s.durable.dSnap.Boundary
+		s.durable.dmu.Unlock()
 		if from >= to {
 			return nil
 		}
@@ -196,9 +197,9 @@ func (s *Stream) compactCursorEvents(ctx context.Context) error {
 			upTo = keyOffset(keys[len(keys)-1]) + 1
 		}
 		// Readers leave the range before its keys go.
-		s.dmu.Lock()
-		s.dEvHead = max(s.dEvHead, upTo)
-		s.dmu.Unlock()
+		s.durable.dmu.Lock()
+		s.durable.dEvHead = max(s.durable.dEvHead, upTo)
+		s.durable.dmu.Unlock()
 		err = s.commitOp(ctx, func(m *meta) error {
 			if m.Cut != nil {
 				return errNoChange // a cut took over; it compacts after
@@ -225,11 +226,33 @@ func (s *Stream) compactCursorEvents(ctx context.Context) error {
 	return nil
 }
 
+// compactQueue is the set of streams waiting for the compaction loop,
+// with the lock that guards it (doc.go, "Locks"). A leaf: nothing else is
+// locked while mu is held.
+type compactQueue struct {
+	mu sync.Mutex
+	q  map[*Stream]struct{}
+}
+
+// add queues s (once, however often it is added before the next take).
+func (c *compactQueue) add(s *Stream) {
+	c.mu.Lock()
+	c.q[s] = struct{}{}
+	c.mu.Unlock()
+}
+
+// take empties the queue and returns what it held.
+func (c *compactQueue) take() map[*Stream]struct{} {
+	c.mu.Lock()
+	q := c.q
+	c.q = make(map[*Stream]struct{})
+	c.mu.Unlock()
+	return q
+}
+
 // queueCompaction asks the compaction loop to compact s.
 func (db *DB) queueCompaction(s *Stream) {
-	db.compactMu.Lock()
-	db.compactQ[s] = struct{}{}
-	db.compactMu.Unlock()
+	db.compact.add(s)
 	select {
 	case db.compactWake <- struct{}{}:
 	default:
@@ -246,11 +269,7 @@ func (db *DB) compactLoop() {
 			return
 		case <-db.compactWake:
 		}
-		db.compactMu.Lock()
-		q := db.compactQ
-		db.compactQ = make(map[*Stream]struct{})
-		db.compactMu.Unlock()
-		for s := range q {
+		for s := range db.compact.take() {
 			select {
 			case <-db.stop:
 				return

@@ -124,9 +124,9 @@ func TestSnapshotRuleBySize(t *testing.T) {
 		if _, err := s.CommitCursor(ctx, 1, name, 1+uint64(i/1000)); err != nil {
 			t.Fatal(err)
 		}
-		s.mu.Lock()
-		b := s.snapBoundary
-		s.mu.Unlock()
+		s.assigned.mu.Lock()
+		b := s.assigned.snapBoundary
+		s.assigned.mu.Unlock()
 		if b > 0 {
 			at = b
 			break
@@ -194,9 +194,9 @@ func TestCompactionStopMidDeleteFinishesOnOpen(t *testing.T) {
 	}
 	// Serialised with a background run that may still hold the stream.
 	s.admin.Lock()
-	s.mu.Lock()
-	purged := s.m.CursorEventsPurged
-	s.mu.Unlock()
+	s.assigned.mu.Lock()
+	purged := s.assigned.m.CursorEventsPurged
+	s.assigned.mu.Unlock()
 	s.admin.Unlock()
 	got := s.storedEventOffsets(t)
 	if purged == 0 || purged >= n || uint64(len(got)) != n-purged || got[0] != purged {
@@ -311,9 +311,9 @@ func TestInstallCursorSnapshot(t *testing.T) {
 		if st.CursorEventTail != 11 || !maps.Equal(cursorState(f), want) {
 			t.Fatalf("%s: %+v cursors %v", when, st, cursorState(f))
 		}
-		f.mu.Lock()
-		raw := maps.Clone(f.cursors)
-		f.mu.Unlock()
+		f.assigned.mu.Lock()
+		raw := maps.Clone(f.assigned.cursors)
+		f.assigned.mu.Unlock()
 		if !maps.Equal(raw, map[string]uint64{"a": 4, "b": 7, "c": 0}) {
 			t.Fatalf("%s: cursor state %v", when, raw)
 		}

@@ -63,9 +63,9 @@ func blockingCalls() []blockingCall {
 			// State reports the durable tail; the reset's metadata is
 			// in place before.
 			queued: func(s *Stream) bool {
-				s.mu.Lock()
-				defer s.mu.Unlock()
-				return s.m.RecordTail == 50 && s.m.Head == 50
+				s.assigned.mu.Lock()
+				defer s.assigned.mu.Unlock()
+				return s.assigned.m.RecordTail == 50 && s.assigned.m.Head == 50
 			},
 			finish: noFinish,
 			durable: func(s *Stream) error {
@@ -81,9 +81,9 @@ func blockingCalls() []blockingCall {
 			prepare: noPrepare,
 			call:    func(ctx context.Context, s *Stream) error { return s.Cut(ctx, 6, 0) },
 			queued: func(s *Stream) bool {
-				s.mu.Lock()
-				defer s.mu.Unlock()
-				return s.m.Cut != nil
+				s.assigned.mu.Lock()
+				defer s.assigned.mu.Unlock()
+				return s.assigned.m.Cut != nil
 			},
 			// The cut left pending is finished by the next call that
 			// needs the copy's history settled.
@@ -141,9 +141,9 @@ func blockingCalls() []blockingCall {
 			},
 			call: func(ctx context.Context, s *Stream) error { return s.Snapshot(ctx) },
 			queued: func(s *Stream) bool {
-				s.mu.Lock()
-				defer s.mu.Unlock()
-				return s.snapBoundary == 1
+				s.assigned.mu.Lock()
+				defer s.assigned.mu.Unlock()
+				return s.assigned.snapBoundary == 1
 			},
 			finish: noFinish,
 			durable: func(s *Stream) error {
@@ -169,9 +169,9 @@ func blockingCalls() []blockingCall {
 				return err
 			},
 			queued: func(s *Stream) bool {
-				s.mu.Lock()
-				defer s.mu.Unlock()
-				return s.m.Head == 6
+				s.assigned.mu.Lock()
+				defer s.assigned.mu.Unlock()
+				return s.assigned.m.Head == 6
 			},
 			finish: noFinish,
 			durable: func(s *Stream) error {

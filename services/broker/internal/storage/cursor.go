@@ -44,43 +44,43 @@ func (s *Stream) CommitCursor(ctx context.Context, epoch uint64, cursor string, 
 	if err := validCursorName(cursor); err != nil {
 		return CursorEvent{}, err
 	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
+	s.assigned.mu.Lock()
+	defer s.assigned.mu.Unlock()
 	if err := s.checkOwnerLocked(epoch); err != nil {
 		return CursorEvent{}, err
 	}
-	s.dmu.Lock()
-	tail := s.dTail
-	s.dmu.Unlock()
-	position = clamp(position, s.m.Head, tail)
-	cur, ok := s.cursors[cursor]
+	s.durable.dmu.Lock()
+	tail := s.durable.dTail
+	s.durable.dmu.Unlock()
+	position = clamp(position, s.assigned.m.Head, tail)
+	cur, ok := s.assigned.cursors[cursor]
 	if ok {
-		cur = clamp(cur, s.m.Head, tail)
+		cur = clamp(cur, s.assigned.m.Head, tail)
 		if position <= cur {
-			return CursorEvent{Offset: s.m.CursorEventTail, Epoch: epoch, Cursor: cursor, Position: cur}, nil
+			return CursorEvent{Offset: s.assigned.m.CursorEventTail, Epoch: epoch, Cursor: cursor, Position: cur}, nil
 		}
 	}
-	prev := s.m
-	ev := CursorEvent{Offset: s.m.CursorEventTail, Epoch: epoch, Cursor: cursor, Position: position}
-	noteEpoch(&s.m, epoch, s.m.RecordTail, ev.Offset)
+	prev := s.assigned.m
+	ev := CursorEvent{Offset: s.assigned.m.CursorEventTail, Epoch: epoch, Cursor: cursor, Position: position}
+	noteEpoch(&s.assigned.m, epoch, s.assigned.m.RecordTail, ev.Offset)
 	o := &op{s: s}
 	enc := encodeEvent(nil, &ev)
 	o.add(offsetKey(s.eventPrefix, ev.Offset), enc)
-	s.m.CursorEventTail++
-	s.cursors[cursor] = position
-	prevSnap := s.snapState()
-	s.evBytes += len(enc)
+	s.assigned.m.CursorEventTail++
+	s.assigned.cursors[cursor] = position
+	prevSnap := s.assigned.snapState()
+	s.assigned.evBytes += len(enc)
 	s.maybeSnapshotLocked(o)
-	o.meta, o.version = s.snapshotMeta()
-	evTail := s.m.CursorEventTail
-	o.apply = func() { s.advanceDurableEvents(evTail) }
+	o.meta, o.version = s.assigned.snapshotMeta()
+	evTail := s.assigned.m.CursorEventTail
+	o.apply = func() { s.durable.advanceDurableEvents(evTail) }
 	if err := s.enqueueLocked(ctx, o, prev); err != nil {
 		if ok {
-			s.cursors[cursor] = cur
+			s.assigned.cursors[cursor] = cur
 		} else {
-			delete(s.cursors, cursor)
+			delete(s.assigned.cursors, cursor)
 		}
-		s.restoreSnapState(prevSnap)
+		s.assigned.restoreSnapState(prevSnap)
 		return CursorEvent{}, err
 	}
 	return ev, nil
@@ -90,24 +90,24 @@ func (s *Stream) CommitCursor(ctx context.Context, epoch uint64, cursor string, 
 // whether it exists. The state is the last snapshot plus the events after
 // its boundary.
 func (s *Stream) Cursor(name string) (uint64, bool) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	v, ok := s.cursors[name]
+	s.assigned.mu.Lock()
+	defer s.assigned.mu.Unlock()
+	v, ok := s.assigned.cursors[name]
 	if !ok {
 		return 0, false
 	}
-	s.dmu.Lock()
-	tail := s.dTail
-	s.dmu.Unlock()
-	return clamp(v, s.m.Head, tail), true
+	s.durable.dmu.Lock()
+	tail := s.durable.dTail
+	s.durable.dmu.Unlock()
+	return clamp(v, s.assigned.m.Head, tail), true
 }
 
 // ReadCursorEvents returns up to max durable cursor events from offset from
 // (max of 0 or less: no bound). from must be at most the cursor event tail.
 func (s *Stream) ReadCursorEvents(from uint64, max int) ([]CursorEvent, error) {
-	s.dmu.Lock()
-	head, tail := s.dEvHead, s.dEvTail
-	s.dmu.Unlock()
+	s.durable.dmu.Lock()
+	head, tail := s.durable.dEvHead, s.durable.dEvTail
+	s.durable.dmu.Unlock()
 	if from > tail {
 		return nil, fmt.Errorf("%w: cursor events from %d past tail %d", ErrOutOfRange, from, tail)
 	}
@@ -125,9 +125,9 @@ func (s *Stream) ReadCursorEvents(from uint64, max int) ([]CursorEvent, error) {
 		return true
 	})
 	if err != nil {
-		s.dmu.Lock()
-		head = s.dEvHead
-		s.dmu.Unlock()
+		s.durable.dmu.Lock()
+		head = s.durable.dEvHead
+		s.durable.dmu.Unlock()
 		if from < head {
 			// Compaction passed from while we read.
 			return nil, fmt.Errorf("%w: cursor events from %d below the retained %d", ErrOutOfRange, from, head)
@@ -151,28 +151,28 @@ func (s *Stream) Snapshot(ctx context.Context) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	s.mu.Lock()
-	if s.closed {
-		s.mu.Unlock()
+	s.assigned.mu.Lock()
+	if s.assigned.closed {
+		s.assigned.mu.Unlock()
 		return s.closedErr()
 	}
-	prev, prevSnap, prevProd := s.m, s.snapState(), s.prodBoundary
+	prev, prevSnap, prevProd := s.assigned.m, s.assigned.snapState(), s.assigned.prodBoundary
 	o := &op{s: s, done: make(chan error, 1)}
 	s.addSnapshotLocked(o)
 	var dropped, taken []producerGen
-	if s.m.Cut == nil { // a pending cut rebuilds and checkpoints the table itself
-		dropped, taken = s.addProducerCheckpointLocked(o, s.producers, s.m.RecordTail, keepAll, true)
-		o.meta, o.version = s.snapshotMeta()
+	if s.assigned.m.Cut == nil { // a pending cut rebuilds and checkpoints the table itself
+		dropped, taken = s.addProducerCheckpointLocked(o, s.assigned.producers, s.assigned.m.RecordTail, keepAll, true)
+		o.meta, o.version = s.assigned.snapshotMeta()
 		o.apply = func() { s.retireProducerGens(dropped) }
 	}
 	if err := s.enqueueLocked(ctx, o, prev); err != nil {
-		s.restoreSnapState(prevSnap)
-		s.prodBoundary = prevProd
+		s.assigned.restoreSnapState(prevSnap)
+		s.assigned.prodBoundary = prevProd
 		s.retireProducerGens(taken)
-		s.mu.Unlock()
+		s.assigned.mu.Unlock()
 		return err
 	}
-	s.mu.Unlock()
+	s.assigned.mu.Unlock()
 	if err := wait(ctx, o); err != nil {
 		return err
 	}
@@ -195,29 +195,29 @@ const (
 )
 
 // snapshotDueLocked reports whether the rule above asks for a snapshot.
-func (s *Stream) snapshotDueLocked() bool {
-	n := s.m.CursorEventTail - s.snapBoundary
-	if n == 0 || s.evBytes < s.snapBytes {
+func (a *assignedView) snapshotDueLocked() bool {
+	n := a.m.CursorEventTail - a.snapBoundary
+	if n == 0 || a.evBytes < a.snapBytes {
 		return false
 	}
-	return n >= snapshotEvery || s.evBytes >= snapshotEveryBytes
+	return n >= snapshotEvery || a.evBytes >= snapshotEveryBytes
 }
 
 // maybeSnapshotLocked folds the cursor state into a snapshot when the rule
 // above says so.
 func (s *Stream) maybeSnapshotLocked(o *op) {
-	if s.snapshotDueLocked() {
+	if s.assigned.snapshotDueLocked() {
 		s.addSnapshotLocked(o)
 	}
 }
 
 // addSnapshotLocked adds the snapshot of the assigned cursor state to o.
 func (s *Stream) addSnapshotLocked(o *op) {
-	snap := &snapshot{Boundary: s.m.CursorEventTail, Cursors: maps.Clone(s.cursors)}
+	snap := &snapshot{Boundary: s.assigned.m.CursorEventTail, Cursors: maps.Clone(s.assigned.cursors)}
 	enc := encodeSnapshot(snap)
 	o.add(s.snapKey, enc)
 	o.snap = snap
-	s.snapBoundary, s.snapBytes, s.evBytes = snap.Boundary, len(enc), 0
+	s.assigned.snapBoundary, s.assigned.snapBytes, s.assigned.evBytes = snap.Boundary, len(enc), 0
 }
 
 // snapState is what a snapshot changes in the assigned view, for rolling
@@ -227,10 +227,10 @@ type snapState struct {
 	snapBytes, bytes int
 }
 
-func (s *Stream) snapState() snapState {
-	return snapState{boundary: s.snapBoundary, snapBytes: s.snapBytes, bytes: s.evBytes}
+func (a *assignedView) snapState() snapState {
+	return snapState{boundary: a.snapBoundary, snapBytes: a.snapBytes, bytes: a.evBytes}
 }
 
-func (s *Stream) restoreSnapState(st snapState) {
-	s.snapBoundary, s.snapBytes, s.evBytes = st.boundary, st.snapBytes, st.bytes
+func (a *assignedView) restoreSnapState(st snapState) {
+	a.snapBoundary, a.snapBytes, a.evBytes = st.boundary, st.snapBytes, st.bytes
 }

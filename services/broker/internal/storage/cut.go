@@ -57,15 +57,15 @@ func (s *Stream) Cut(ctx context.Context, recordTail, cursorEventTail uint64) er
 }
 
 func (s *Stream) cutLocked(ctx context.Context, recordTail, cursorEventTail uint64) error {
-	s.mu.Lock()
-	if s.closed {
-		s.mu.Unlock()
+	s.assigned.mu.Lock()
+	if s.assigned.closed {
+		s.assigned.mu.Unlock()
 		return s.closedErr()
 	}
-	pending := s.m.Cut
-	head, rt, et, bytes := s.m.Head, s.m.RecordTail, s.m.CursorEventTail, s.m.Bytes
-	purged := s.m.CursorEventsPurged
-	s.mu.Unlock()
+	pending := s.assigned.m.Cut
+	head, rt, et, bytes := s.assigned.m.Head, s.assigned.m.RecordTail, s.assigned.m.CursorEventTail, s.assigned.m.Bytes
+	purged := s.assigned.m.CursorEventsPurged
+	s.assigned.mu.Unlock()
 	if pending != nil {
 		// An earlier call stopped part way (its context ended while the
 		// intent was queued, a test failpoint or a write error); finish
@@ -109,9 +109,9 @@ func (s *Stream) cutLocked(ctx context.Context, recordTail, cursorEventTail uint
 
 // finishPendingCut finishes a cut a cancelled Cut left pending (see Cut).
 func (s *Stream) finishPendingCut(ctx context.Context) error {
-	s.mu.Lock()
-	pending := s.m.Cut != nil
-	s.mu.Unlock()
+	s.assigned.mu.Lock()
+	pending := s.assigned.m.Cut != nil
+	s.assigned.mu.Unlock()
 	if !pending {
 		return nil
 	}
@@ -144,18 +144,18 @@ func cursorEventTailAfterCut(et, purged uint64) uint64 {
 // its next role change makes; compaction is held while a copy is sealed
 // (compact.go), so the answer stays true until that cut.
 func (s *Stream) CursorEventTailAfterCut(cursorEventTail uint64) uint64 {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return cursorEventTailAfterCut(min(cursorEventTail, s.m.CursorEventTail), s.m.CursorEventsPurged)
+	s.assigned.mu.Lock()
+	defer s.assigned.mu.Unlock()
+	return cursorEventTailAfterCut(min(cursorEventTail, s.assigned.m.CursorEventTail), s.assigned.m.CursorEventsPurged)
 }
 
 // cutPoint returns the chain at newRT and the encoded bytes of [newRT, rt).
 func (s *Stream) cutPoint(head, newRT, rt uint64) (chain, bytes uint64, err error) {
 	err = s.db.eng.View(func(txn *engine.Txn) error {
 		if newRT == head {
-			s.mu.Lock()
-			chain = s.m.HeadChain
-			s.mu.Unlock()
+			s.assigned.mu.Lock()
+			chain = s.assigned.m.HeadChain
+			s.assigned.mu.Unlock()
 		} else if err := s.scanRecords(txn, newRT-1, newRT, false, ErrCorrupt, func(rec Record, _ int) bool {
 			chain = rec.Chain
 			return true
@@ -175,9 +175,9 @@ func (s *Stream) cutPoint(head, newRT, rt uint64) (chain, bytes uint64, err erro
 
 // finishCut executes the pending cut intent (see Cut).
 func (s *Stream) finishCut(ctx context.Context) error {
-	s.mu.Lock()
-	c := s.m.Cut
-	s.mu.Unlock()
+	s.assigned.mu.Lock()
+	c := s.assigned.m.Cut
+	s.assigned.mu.Unlock()
 	if c == nil {
 		return nil
 	}
@@ -228,9 +228,9 @@ func (s *Stream) finishCut(ctx context.Context) error {
 	// The producer table at the cut: records cut away leave it (doc.go,
 	// "Idempotent publish"). Appends are refused while the intent is set,
 	// so the table and checkpoints read here stay as they are.
-	s.mu.Lock()
-	gens, head := s.m.ProducerTables, s.m.Head
-	s.mu.Unlock()
+	s.assigned.mu.Lock()
+	gens, head := s.assigned.m.ProducerTables, s.assigned.m.Head
+	s.assigned.mu.Unlock()
 	producers, _, err := s.rebuildProducers(gens, head, c.RecordTail)
 	if err != nil {
 		return fmt.Errorf("storage: cut of stream %q: %w", s.name, err)
@@ -249,18 +249,18 @@ func (s *Stream) finishCut(ctx context.Context) error {
 		enc := encodeSnapshot(&newSnap)
 		o.add(s.snapKey, enc)
 		o.snap = &snapshot{Boundary: newSnap.Boundary, Cursors: maps.Clone(cursors)}
-		s.cursors = cursors
-		s.snapBoundary, s.snapBytes, s.evBytes = newSnap.Boundary, len(enc), 0
+		s.assigned.cursors = cursors
+		s.assigned.snapBoundary, s.assigned.snapBytes, s.assigned.evBytes = newSnap.Boundary, len(enc), 0
 		// Checkpoints past the cut cover cut-away records: retired.
 		dropped, _ := s.addProducerCheckpointLocked(o, producers, c.RecordTail, func(g producerGen) bool {
 			return g.Boundary <= c.RecordTail
 		}, false)
-		s.producers = producers
+		s.assigned.producers = producers
 		o.apply = func() {
-			s.dmu.Lock()
-			wm := s.watermark
-			s.dmu.Unlock()
-			s.setDurable(c.RecordTail, c.Chain, c.CursorEventTail, min(wm, c.RecordTail))
+			s.durable.dmu.Lock()
+			wm := s.durable.watermark
+			s.durable.dmu.Unlock()
+			s.durable.setDurable(c.RecordTail, c.Chain, c.CursorEventTail, min(wm, c.RecordTail))
 			s.retireProducerGens(dropped)
 		}
 	})

@@ -96,9 +96,8 @@ type DB struct {
 		entries []engine.Entry
 	}
 
-	// closed is set by Close, under closeMu.
-	closeMu sync.Mutex
-	closed  bool
+	// closing: Close's guard (closeGuard).
+	closing closeGuard
 
 	// Tail cache bounds (Options) and the bytes all streams' caches hold.
 	tailCacheBytes int
@@ -109,13 +108,13 @@ type DB struct {
 	// to stop the loops below.
 	stop chan struct{}
 
-	mu      sync.Mutex
-	streams map[string]*Stream
+	// streams: the open streams by name (streamRegistry).
+	streams streamRegistry
 
-	// Streams whose raised watermark waits for the next flush (wait.go).
-	wmMu    sync.Mutex
-	wmDirty []*Stream
-	wmDone  chan struct{}
+	// wm: streams whose raised watermark waits for the next flush
+	// (wait.go); wmDone is closed once watermarkLoop returned.
+	wm     watermarkQueue
+	wmDone chan struct{}
 
 	// afterCompactBatch, when set (tests only), runs after each batch of
 	// cursor events compaction deleted; an error stops the compaction
@@ -124,16 +123,32 @@ type DB struct {
 	// holdCompaction, when set (tests only), keeps every cursor event: a
 	// snapshot not yet compacted, as a stop right after it leaves it.
 	holdCompaction atomic.Bool
-	// compactQ holds the streams whose durable snapshot may let events go;
+	// compact holds the streams whose durable snapshot may let events go;
 	// compactWake wakes compactLoop, closed compactDone once it returned.
-	compactMu   sync.Mutex
-	compactQ    map[*Stream]struct{}
+	compact     compactQueue
 	compactWake chan struct{}
 	compactDone chan struct{}
 	// afterRecordCut, when set (tests only), runs between the record log cut
 	// and the cursor event log cut; an error aborts the cut there, leaving
 	// the intent for the next open to complete.
 	afterRecordCut func() error
+}
+
+// closeGuard is Close's lock and the flag it guards (doc.go, "Locks").
+// Close holds mu throughout, so a second Close waits for the first and
+// then finds closed set.
+type closeGuard struct {
+	mu     sync.Mutex
+	closed bool
+}
+
+// streamRegistry is the open streams by name with the lock that guards
+// the map (doc.go, "Locks"). Open holds mu while it loads a stream, so a
+// name is loaded once and a Drop never races its load; a stream's own
+// locks are taken under it, never the other way round.
+type streamRegistry struct {
+	mu     sync.Mutex
+	byName map[string]*Stream
 }
 
 // Open opens (or creates) the store in opts.Dir. Pending drops are completed
@@ -153,10 +168,10 @@ func Open(opts Options) (*DB, error) {
 		tailCacheLimit:          cacheBound(opts.TailCacheTotalBytes, DefaultTailCacheTotalBytes),
 		stop:                    make(chan struct{}),
 		wmDone:                  make(chan struct{}),
-		compactQ:                make(map[*Stream]struct{}),
+		compact:                 compactQueue{q: make(map[*Stream]struct{})},
 		compactWake:             make(chan struct{}, 1),
 		compactDone:             make(chan struct{}),
-		streams:                 make(map[string]*Stream),
+		streams:                 streamRegistry{byName: make(map[string]*Stream)},
 	}
 	db.hooks = opts.hooks
 	db.onFail = opts.OnFail
@@ -244,24 +259,24 @@ func (db *DB) Close() error {
 	// every op queued before it stops, and this flush waits for room in
 	// the queue rather than leave one for a next flush that never comes.
 	db.flushWatermarks(true)
-	db.closeMu.Lock()
-	defer db.closeMu.Unlock()
-	if db.closed {
+	db.closing.mu.Lock()
+	defer db.closing.mu.Unlock()
+	if db.closing.closed {
 		return nil
 	}
-	db.closed = true
+	db.closing.closed = true
 	// The committer writes every op accepted before this.
 	db.eng.StopWrites()
 	close(db.stop)
 	<-db.wmDone
 	<-db.compactDone
 
-	db.mu.Lock()
-	for _, s := range db.streams {
+	db.streams.mu.Lock()
+	for _, s := range db.streams.byName {
 		s.close()
 	}
-	db.streams = map[string]*Stream{}
-	db.mu.Unlock()
+	db.streams.byName = map[string]*Stream{}
+	db.streams.mu.Unlock()
 	return db.eng.Close()
 }
 
@@ -278,19 +293,19 @@ func (db *DB) Open(name string) (*Stream, error) {
 	if err := validStreamName(name); err != nil {
 		return nil, err
 	}
-	db.mu.Lock()
-	defer db.mu.Unlock()
+	db.streams.mu.Lock()
+	defer db.streams.mu.Unlock()
 	if err := db.usable(); err != nil {
 		return nil, err
 	}
-	if s, ok := db.streams[name]; ok {
+	if s, ok := db.streams.byName[name]; ok {
 		return s, nil
 	}
 	s, err := db.loadStream(name)
 	if err != nil {
 		return nil, err
 	}
-	db.streams[name] = s
+	db.streams.byName[name] = s
 	return s, nil
 }
 
@@ -319,13 +334,13 @@ func (db *DB) Drop(name string) error {
 	if err := validStreamName(name); err != nil {
 		return err
 	}
-	db.mu.Lock()
-	defer db.mu.Unlock()
+	db.streams.mu.Lock()
+	defer db.streams.mu.Unlock()
 	if err := db.usable(); err != nil {
 		return err
 	}
-	if s, ok := db.streams[name]; ok {
-		delete(db.streams, name)
+	if s, ok := db.streams.byName[name]; ok {
+		delete(db.streams.byName, name)
 		s.close()
 	}
 	return db.drop(name)

@@ -117,6 +117,31 @@
 // has been queued) runs ahead of the durable one only while ops are in
 // flight.
 //
+// # Locks
+//
+// No type keeps more than one lock's worth of state: each lock and exactly
+// the state it guards live in a small type of their own, held by its owner
+// as a named field, never embedded (an embedded type's fields are promoted,
+// so the owner would still keep them); TestOneLockPerType checks it here
+// and in package engine.
+//
+//   - Stream: assigned (assignedView: mu and the assigned view, that is
+//     the metadata, cursor state, snapshot counters, producer table, closed
+//     and the role fence) and durable (durableView: dmu and the durable and
+//     written views, the watermark, the waiters and the tail cache). A
+//     method that needs both views (State, read) stays on Stream and takes
+//     assigned.mu before durable.dmu; the committer takes only durable.dmu.
+//     prodGarbage (checkpointGarbage) has its own leaf lock. admin only
+//     serialises Cut, ResetTo and retention against each other and guards
+//     no state; it is taken before assigned.mu. Lock order: admin,
+//     assigned.mu, durable.dmu; checkpointGarbage.mu is a leaf.
+//   - DB: streams (streamRegistry: the open streams by name, held while a
+//     stream loads and so before any stream's locks), wm (watermarkQueue:
+//     streams whose raised watermark waits for the flush, added to under
+//     durable.dmu), compact (compactQueue: streams waiting for cursor event
+//     compaction) and closing (closeGuard: Close's flag, held through
+//     Close). The two queues are leaves.
+//
 // # Waiting
 //
 // WaitTail, WaitConfirmed and WaitCursorEventTail return channels closed
@@ -209,8 +234,9 @@
 // at the defaults, reached only by 10000 producers whose publishes all
 // interleave; 256 producers publishing batches of 64 hold tens of KiB.
 //
-// The owner checks a batch in AppendIdempotent under mu, where offsets are
-// assigned, so concurrent publishes cannot both store a sequence:
+// The owner checks a batch in AppendIdempotent under the stream's
+// assigned.mu, where offsets are assigned, so concurrent publishes cannot
+// both store a sequence:
 //
 //   - a sequence at or below the producer's last and within the window is a
 //     duplicate: the original offset is returned, nothing is stored;

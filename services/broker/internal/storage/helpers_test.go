@@ -200,9 +200,9 @@ func holdNextSync(db *DB) (inSync <-chan struct{}, release chan struct{}) {
 
 // cursorState is every cursor of s as Cursor reads it.
 func cursorState(s *Stream) map[string]uint64 {
-	s.mu.Lock()
-	names := slices.Collect(maps.Keys(s.cursors))
-	s.mu.Unlock()
+	s.assigned.mu.Lock()
+	names := slices.Collect(maps.Keys(s.assigned.cursors))
+	s.assigned.mu.Unlock()
 	out := make(map[string]uint64, len(names))
 	for _, n := range names {
 		out[n], _ = s.Cursor(n)

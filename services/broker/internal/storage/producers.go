@@ -46,7 +46,7 @@ func sequenced(r *Record) bool {
 // each producer's last appended record. Nothing but appends (and rebuilds)
 // changes it, not even a duplicate lookup, so it is a function of the log:
 // the owner, its followers and a reopened copy that replay the same records
-// hold the same table. Callers hold the stream's mu.
+// hold the same table. Callers hold the stream's assigned.mu.
 type producerTable struct {
 	maxProducers int
 	window       uint64 // records per producer

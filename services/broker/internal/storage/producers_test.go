@@ -38,9 +38,9 @@ func cat(batches ...[]Record) []Record { return slices.Concat(batches...) }
 // tableBytes is the encoding of the copy's producer table (LRU order
 // included), for comparing tables.
 func tableBytes(s *Stream) []byte {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return bytes.Join(s.producers.encode(1<<30), nil)
+	s.assigned.mu.Lock()
+	defer s.assigned.mu.Unlock()
+	return bytes.Join(s.assigned.producers.encode(1<<30), nil)
 }
 
 func mustAppendIdem(t testing.TB, s *Stream, epoch uint64, rs []Record) AppendResult {
@@ -212,9 +212,9 @@ func TestProducerTableSurvivesRestart(t *testing.T) {
 			db = openDedupeDB(t, dir, 100, 6, every)
 			defer db.Close()
 			s = openStream(t, db, "r")
-			s.mu.Lock()
-			gens := slices.Clone(s.m.ProducerTables)
-			s.mu.Unlock()
+			s.assigned.mu.Lock()
+			gens := slices.Clone(s.assigned.m.ProducerTables)
+			s.assigned.mu.Unlock()
 			if checkpoints := len(gens) > 0; checkpoints != (every == 7) {
 				t.Fatalf("checkpoints %+v", gens)
 			}
@@ -252,9 +252,9 @@ func TestFollowerBuildsProducerTable(t *testing.T) {
 	if !bytes.Equal(tableBytes(f), tableBytes(owner)) {
 		t.Fatal("the follower's producer table differs from the owner's")
 	}
-	f.mu.Lock()
-	gens := len(f.m.ProducerTables)
-	f.mu.Unlock()
+	f.assigned.mu.Lock()
+	gens := len(f.assigned.m.ProducerTables)
+	f.assigned.mu.Unlock()
 	if gens == 0 {
 		t.Fatal("the follower wrote no checkpoint")
 	}
@@ -290,9 +290,9 @@ func TestCutRemovesProducerEntries(t *testing.T) {
 			if err := s.Sync(context.Background()); err != nil {
 				t.Fatal(err)
 			}
-			s.mu.Lock()
-			gens := slices.Clone(s.m.ProducerTables)
-			s.mu.Unlock()
+			s.assigned.mu.Lock()
+			gens := slices.Clone(s.assigned.m.ProducerTables)
+			s.assigned.mu.Unlock()
 			if len(gens) != 2 || gens[1].Boundary <= gens[0].Boundary+1 || gens[0].Boundary < 3 {
 				t.Fatalf("checkpoints %+v, want two apart", gens)
 			}
@@ -311,9 +311,9 @@ func TestCutRemovesProducerEntries(t *testing.T) {
 				if !bytes.Equal(tableBytes(s), tableBytes(ref)) {
 					t.Fatalf("%s: the table after the cut differs from a copy that held only [0, %d)", when, cut)
 				}
-				s.mu.Lock()
-				gens := slices.Clone(s.m.ProducerTables)
-				s.mu.Unlock()
+				s.assigned.mu.Lock()
+				gens := slices.Clone(s.assigned.m.ProducerTables)
+				s.assigned.mu.Unlock()
 				if len(gens) == 0 || gens[len(gens)-1].Boundary != cut {
 					t.Fatalf("%s: checkpoints %+v, want the newest at the cut %d", when, gens, cut)
 				}
@@ -374,12 +374,12 @@ func TestProducerCheckpointChunksAreCollected(t *testing.T) {
 	db = openDedupeDB(t, dir, 100, 4, 3)
 	defer db.Close()
 	s = openStream(t, db, "gc")
-	s.mu.Lock()
+	s.assigned.mu.Lock()
 	named := map[uint64]bool{}
-	for _, g := range s.m.ProducerTables {
+	for _, g := range s.assigned.m.ProducerTables {
 		named[g.Gen] = true
 	}
-	s.mu.Unlock()
+	s.assigned.mu.Unlock()
 	if got := gensStored(s); len(got) != len(named) || len(named) == 0 {
 		t.Fatalf("after open: checkpoints stored %v, named %v", got, named)
 	}
@@ -656,9 +656,9 @@ func TestUnreadableProducerCheckpointFallsBackToAnEarlierOne(t *testing.T) {
 	producerLoad(t, s, 1, 61)
 	first := mustAppendIdem(t, s, 1, seqs("z", 1, 2))
 	live := tableBytes(s)
-	s.mu.Lock()
-	gens := slices.Clone(s.m.ProducerTables)
-	s.mu.Unlock()
+	s.assigned.mu.Lock()
+	gens := slices.Clone(s.assigned.m.ProducerTables)
+	s.assigned.mu.Unlock()
 	if len(gens) < 2 {
 		t.Fatalf("checkpoints %+v: the test needs two", gens)
 	}

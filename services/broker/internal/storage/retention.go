@@ -38,17 +38,17 @@ func (s *Stream) ApplyRetention(ctx context.Context, r Retention, now time.Time)
 	s.admin.Lock()
 	defer s.admin.Unlock()
 	for {
-		s.mu.Lock()
-		if s.closed {
-			s.mu.Unlock()
+		s.assigned.mu.Lock()
+		if s.assigned.closed {
+			s.assigned.mu.Unlock()
 			return 0, s.closedErr()
 		}
-		head, bytes, cutting := s.m.Head, s.m.Bytes, s.m.Cut != nil
-		s.mu.Unlock()
-		s.dmu.Lock()
-		tail := s.dTail
-		limit := min(s.watermark, tail)
-		s.dmu.Unlock()
+		head, bytes, cutting := s.assigned.m.Head, s.assigned.m.Bytes, s.assigned.m.Cut != nil
+		s.assigned.mu.Unlock()
+		s.durable.dmu.Lock()
+		tail := s.durable.dTail
+		limit := min(s.durable.watermark, tail)
+		s.durable.dmu.Unlock()
 		if cutting || head >= limit || r == (Retention{}) {
 			return head, nil
 		}
@@ -101,7 +101,7 @@ func (s *Stream) ApplyRetention(ctx context.Context, r Retention, now time.Time)
 		if err := s.purge(ctx); err != nil {
 			return newHead, err
 		}
-		s.wakeAll() // readers below the new head re-check
+		s.durable.wakeAll() // readers below the new head re-check
 	}
 }
 
@@ -110,9 +110,9 @@ func (s *Stream) ApplyRetention(ctx context.Context, r Retention, now time.Time)
 // crash (loadStream calls it).
 func (s *Stream) purge(ctx context.Context) error {
 	for {
-		s.mu.Lock()
-		from, to := s.m.Purged, s.m.Head
-		s.mu.Unlock()
+		s.assigned.mu.Lock()
+		from, to := s.assigned.m.Purged, s.assigned.m.Head
+		s.assigned.mu.Unlock()
 		if from >= to {
 			return nil
 		}
@@ -186,11 +186,11 @@ func (s *Stream) ResetTo(ctx context.Context, head, chain uint64) error {
 		m.Purged = min(m.Purged, head)
 		return nil
 	}, func(o *op) {
-		evTail := s.m.CursorEventTail
-		s.producers = s.producers.empty()
-		dropped, _ := s.addProducerCheckpointLocked(o, s.producers, head, func(producerGen) bool { return false }, false)
+		evTail := s.assigned.m.CursorEventTail
+		s.assigned.producers = s.assigned.producers.empty()
+		dropped, _ := s.addProducerCheckpointLocked(o, s.assigned.producers, head, func(producerGen) bool { return false }, false)
 		o.apply = func() {
-			s.setDurable(head, chain, evTail, head)
+			s.durable.setDurable(head, chain, evTail, head)
 			s.retireProducerGens(dropped)
 		}
 	})

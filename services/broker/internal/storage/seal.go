@@ -17,9 +17,9 @@ import (
 // no later cut would remove it. Only ever raised; in memory only, since a
 // restarted broker takes its roles from the assignment again.
 func (s *Stream) FenceBelow(epoch uint64) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.roleFence = max(s.roleFence, epoch)
+	s.assigned.mu.Lock()
+	defer s.assigned.mu.Unlock()
+	s.assigned.roleFence = max(s.assigned.roleFence, epoch)
 }
 
 // AdvanceEpoch is the role change at epoch (owner promotion or following a
@@ -67,7 +67,7 @@ func (s *Stream) AdvanceEpoch(ctx context.Context, epoch uint64) error {
 	if err == nil || ctx.Err() != nil {
 		// Also when ctx ended: the change may be queued, and a waiter
 		// woken for nothing only looks again.
-		s.wakeAll()
+		s.durable.wakeAll()
 		// Compaction held while sealed (compact.go) may go on.
 		s.db.queueCompaction(s)
 	}
@@ -126,11 +126,11 @@ func (s *Stream) Seal(ctx context.Context, fenceEpoch uint64, transition string)
 	})
 	if err != nil {
 		if ctx.Err() != nil {
-			s.wakeAll() // the seal may be queued; waiters look again
+			s.durable.wakeAll() // the seal may be queued; waiters look again
 		}
 		return State{}, err
 	}
-	s.wakeAll()
+	s.durable.wakeAll()
 	return s.State(), nil
 }
 

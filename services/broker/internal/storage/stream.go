@@ -61,14 +61,17 @@ func (st State) Sealed() bool { return st.SealEpoch != 0 }
 
 // Stream is one stream copy. Its methods are safe for concurrent use.
 //
-// Two views of the copy are kept. The assigned view (mu, in Stream) is the
-// metadata after every op handed to the committer: the next offsets to
-// assign, the epochs, the cursor state, the producer table. The durable
-// view (dmu, in the embedded durableView) is what the committer has
+// Two views of the copy are kept, each a type of its own with the one lock
+// that guards it (doc.go, "Locks"). The assigned view (assignedView, under
+// its mu) is the metadata after every op handed to the committer: the next
+// offsets to assign, the epochs, the cursor state, the producer table. The
+// durable view (durableView, under its dmu) is what the committer has
 // synced: the tails State reports, readers are bounded by and waiters
-// watch. Lock order: admin, then mu, then dmu; prodGarbage's lock is a
-// leaf. The committer only takes dmu (and the leaf), so a caller may block
-// on a full queue while holding mu.
+// watch. Lock order: admin, then assigned.mu, then durable.dmu;
+// prodGarbage's lock (checkpointGarbage.mu) is a leaf. The committer only
+// takes durable.dmu (and the leaf), so a caller may block on a full queue
+// while holding assigned.mu. A method that needs both views (State, read)
+// stays on Stream and takes the locks in that order.
 type Stream struct {
 	db   *DB
 	name string
@@ -78,9 +81,33 @@ type Stream struct {
 	prodPrefix             []byte
 
 	// admin serialises the multi-step operations (Cut, ResetTo, retention)
-	// against each other.
+	// against each other. It guards no state: what those operations change
+	// is under assigned.mu and durable.dmu, taken after admin.
 	admin sync.Mutex
 
+	// The assigned view, under assigned.mu.
+	assigned assignedView
+	// closedFlag is set with assigned.closed and durable.dclosed (Closed).
+	closedFlag atomic.Bool
+
+	// prodGarbage: checkpoints no durable meta names any more, whose
+	// chunks the next checkpoint deletes (its own leaf lock).
+	prodGarbage checkpointGarbage
+
+	// The durable and written views, under durable.dmu.
+	durable durableView
+
+	// Owned by the committer goroutine.
+	cmMeta    *meta
+	cmVersion uint64
+	cmTouched bool
+}
+
+// assignedView is a copy's assigned view (the metadata after every op
+// handed to the committer) with the lock that guards it, mu. Only callers
+// take mu, never the committer (commit.go), so one may wait for room in the
+// queue while holding it.
+type assignedView struct {
 	mu      sync.Mutex
 	m       meta   // assigned view
 	version uint64 // of m; see op.version
@@ -97,30 +124,16 @@ type Stream struct {
 	producers    *producerTable
 	prodBoundary uint64
 	closed       bool
-	// closedFlag is set with closed and dclosed (Closed).
-	closedFlag atomic.Bool
 	// roleFence is the epoch of a role change under way (FenceBelow): owner
 	// writes below it and replicated batches while the copy's epoch is
 	// below it are refused. In memory only.
 	roleFence uint64
-
-	// prodGarbage: checkpoints no durable meta names any more, whose
-	// chunks the next checkpoint deletes (its own leaf lock).
-	prodGarbage checkpointGarbage
-
-	// The durable and written views, under dmu.
-	durableView
-
-	// Owned by the committer goroutine.
-	cmMeta    *meta
-	cmVersion uint64
-	cmTouched bool
 }
 
 // durableView is a copy's durable view (what the committer has synced) and
 // written view (what Badger has taken), with the lock that guards them,
 // dmu: the tails State reports, readers are bounded by and waiters watch.
-// It is embedded in Stream; the committer takes only dmu.
+// Stream holds it as its durable field; the committer takes only dmu.
 type durableView struct {
 	dmu    sync.Mutex
 	dTail  uint64
@@ -154,24 +167,24 @@ func (s *Stream) Name() string { return s.name }
 
 // State returns the copy's metadata with its durable tails.
 func (s *Stream) State() State {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.dmu.Lock()
-	defer s.dmu.Unlock()
+	s.assigned.mu.Lock()
+	defer s.assigned.mu.Unlock()
+	s.durable.dmu.Lock()
+	defer s.durable.dmu.Unlock()
 	return State{
-		Incarnation:      s.m.Incarnation,
-		Epoch:            s.m.Epoch,
-		LogEpochs:        slices.Clone(s.m.LogEpochs),
-		SealEpoch:        s.m.SealEpoch,
-		SealTransition:   s.m.SealTransition,
-		SealedLogEpochs:  slices.Clone(s.m.SealedLogEpochs),
-		Head:             s.m.Head,
-		RecordTail:       s.dTail,
-		CursorEventTail:  s.dEvTail,
-		Chain:            s.dChain,
-		Bytes:            s.m.Bytes,
-		ConfirmWatermark: s.watermark,
-		UnsureEpoch:      s.m.UnsureEpoch,
+		Incarnation:      s.assigned.m.Incarnation,
+		Epoch:            s.assigned.m.Epoch,
+		LogEpochs:        slices.Clone(s.assigned.m.LogEpochs),
+		SealEpoch:        s.assigned.m.SealEpoch,
+		SealTransition:   s.assigned.m.SealTransition,
+		SealedLogEpochs:  slices.Clone(s.assigned.m.SealedLogEpochs),
+		Head:             s.assigned.m.Head,
+		RecordTail:       s.durable.dTail,
+		CursorEventTail:  s.durable.dEvTail,
+		Chain:            s.durable.dChain,
+		Bytes:            s.assigned.m.Bytes,
+		ConfirmWatermark: s.durable.watermark,
+		UnsureEpoch:      s.assigned.m.UnsureEpoch,
 	}
 }
 
@@ -184,9 +197,11 @@ func (db *DB) newStream(name string) *Stream {
 		recPrefix:   streamKey(kindRecord, name),
 		eventPrefix: streamKey(kindEvent, name),
 		prodPrefix:  streamKey(kindProducers, name),
-		producers:   newProducerTable(db.maxProducers, db.producerWindow, db.producerBatches),
-		cursors:     map[string]uint64{},
-		durableView: durableView{
+		assigned: assignedView{
+			producers: newProducerTable(db.maxProducers, db.producerWindow, db.producerBatches),
+			cursors:   map[string]uint64{},
+		},
+		durable: durableView{
 			waiters: map[waitKey]chan struct{}{},
 			tail:    tailCache{max: db.tailCacheBytes, total: &db.tailCacheUsed, limit: db.tailCacheLimit},
 		},
@@ -239,15 +254,15 @@ func (db *DB) loadStream(name string) (*Stream, error) {
 	if m.Dropping {
 		return nil, fmt.Errorf("%w: stream %q is being dropped", ErrClosed, name)
 	}
-	s.m = m
+	s.assigned.m = m
 	s.cmMeta = &m
-	s.dTail, s.dChain, s.dEvTail = m.RecordTail, m.Chain, m.CursorEventTail
-	s.wTail, s.wChain = s.dTail, s.dChain
-	s.watermark = min(m.ConfirmWatermark, m.RecordTail)
-	s.wmPersisted = s.watermark
-	s.dSnap = &snapshot{}
+	s.durable.dTail, s.durable.dChain, s.durable.dEvTail = m.RecordTail, m.Chain, m.CursorEventTail
+	s.durable.wTail, s.durable.wChain = s.durable.dTail, s.durable.dChain
+	s.durable.watermark = min(m.ConfirmWatermark, m.RecordTail)
+	s.durable.wmPersisted = s.durable.watermark
+	s.durable.dSnap = &snapshot{}
 	if !found {
-		s.m = meta{}
+		s.assigned.m = meta{}
 		if err := s.commitMeta(ctx, nil); err != nil {
 			return nil, err
 		}
@@ -267,9 +282,9 @@ func (db *DB) loadStream(name string) (*Stream, error) {
 	// claim a boundary past a tail a crash left: it then stands for the
 	// events up to the tail.
 	snap.Boundary = min(snap.Boundary, m.CursorEventTail)
-	s.snapBoundary, s.snapBytes = snap.Boundary, snapSize
-	s.dSnap = &snapshot{Boundary: snap.Boundary, Cursors: maps.Clone(snap.Cursors)}
-	s.dEvHead = min(m.CursorEventsPurged, snap.Boundary)
+	s.assigned.snapBoundary, s.assigned.snapBytes = snap.Boundary, snapSize
+	s.durable.dSnap = &snapshot{Boundary: snap.Boundary, Cursors: maps.Clone(snap.Cursors)}
+	s.durable.dEvHead = min(m.CursorEventsPurged, snap.Boundary)
 	if err := s.rebuildCursors(snap); err != nil {
 		return nil, fmt.Errorf("storage: loading stream %q: %w", name, err)
 	}
@@ -280,16 +295,16 @@ func (db *DB) loadStream(name string) (*Stream, error) {
 			return nil, err
 		}
 	}
-	s.mu.Lock()
-	cutting := s.m.Cut != nil
-	s.mu.Unlock()
+	s.assigned.mu.Lock()
+	cutting := s.assigned.m.Cut != nil
+	s.assigned.mu.Unlock()
 	if cutting {
 		// finishCut also rebuilds the producer table at the cut.
 		if err := s.finishCut(ctx); err != nil {
 			return nil, err
 		}
 	}
-	if s.m.Purged < s.m.Head {
+	if s.assigned.m.Purged < s.assigned.m.Head {
 		if err := s.purge(ctx); err != nil {
 			return nil, err
 		}
@@ -312,9 +327,9 @@ func (s *Stream) rebuildCursors(snap snapshot) error {
 	for k, v := range snap.Cursors {
 		cursors[k] = v
 	}
-	from := min(snap.Boundary, s.m.CursorEventTail)
+	from := min(snap.Boundary, s.assigned.m.CursorEventTail)
 	bytes := 0
-	err := s.scanEvents(from, s.m.CursorEventTail, func(ev CursorEvent) bool {
+	err := s.scanEvents(from, s.assigned.m.CursorEventTail, func(ev CursorEvent) bool {
 		cursors[ev.Cursor] = ev.Position
 		bytes += len(encodeEvent(nil, &ev))
 		return true
@@ -322,36 +337,36 @@ func (s *Stream) rebuildCursors(snap snapshot) error {
 	if err != nil {
 		return err
 	}
-	s.cursors = cursors
-	s.evBytes = bytes
+	s.assigned.cursors = cursors
+	s.assigned.evBytes = bytes
 	return nil
 }
 
 // commitMeta writes the assigned metadata after applying change to it, and
-// waits until it is durable. change runs under mu; an error from it aborts
-// with nothing changed.
+// waits until it is durable. change runs under assigned.mu; an error from it
+// aborts with nothing changed.
 func (s *Stream) commitMeta(ctx context.Context, change func(m *meta) error) error {
 	return s.commitOp(ctx, change, nil)
 }
 
 // commitOp is commitMeta with build, which may add entries and an apply
-// function to the op (under mu, after change).
+// function to the op (under assigned.mu, after change).
 func (s *Stream) commitOp(ctx context.Context, change func(m *meta) error, build func(o *op)) error {
 	// A context already done changes nothing: enqueue's select would
 	// otherwise pick the queue or the cancellation at random.
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	s.mu.Lock()
-	if s.closed {
-		s.mu.Unlock()
+	s.assigned.mu.Lock()
+	if s.assigned.closed {
+		s.assigned.mu.Unlock()
 		return s.closedErr()
 	}
-	prev := s.m
+	prev := s.assigned.m
 	if change != nil {
-		if err := change(&s.m); err != nil {
-			s.m = prev
-			s.mu.Unlock()
+		if err := change(&s.assigned.m); err != nil {
+			s.assigned.m = prev
+			s.assigned.mu.Unlock()
 			return err
 		}
 	}
@@ -359,20 +374,20 @@ func (s *Stream) commitOp(ctx context.Context, change func(m *meta) error, build
 	if build != nil {
 		build(o)
 	}
-	o.meta, o.version = s.snapshotMeta()
+	o.meta, o.version = s.assigned.snapshotMeta()
 	if err := s.enqueueLocked(ctx, o, prev); err != nil {
-		s.mu.Unlock()
+		s.assigned.mu.Unlock()
 		return err
 	}
-	s.mu.Unlock()
+	s.assigned.mu.Unlock()
 	return wait(ctx, o)
 }
 
-// enqueueLocked enqueues o (built under mu); if it cannot, the assigned
-// metadata goes back to prev.
+// enqueueLocked enqueues o (built under assigned.mu); if it cannot, the
+// assigned metadata goes back to prev.
 func (s *Stream) enqueueLocked(ctx context.Context, o *op, prev meta) error {
 	if err := s.db.enqueue(ctx, o); err != nil {
-		s.m = prev
+		s.assigned.m = prev
 		return err
 	}
 	return nil
@@ -384,39 +399,39 @@ func (s *Stream) closedErr() error {
 
 // close marks the stream closed and wakes every waiter.
 func (s *Stream) close() {
-	s.mu.Lock()
-	s.closed = true
-	s.mu.Unlock()
+	s.assigned.mu.Lock()
+	s.assigned.closed = true
+	s.assigned.mu.Unlock()
 	s.closedFlag.Store(true)
-	s.dmu.Lock()
-	s.dclosed = true
-	s.tail.clear()
-	s.wakeAllLocked()
-	s.dmu.Unlock()
+	s.durable.dmu.Lock()
+	s.durable.dclosed = true
+	s.durable.tail.clear()
+	s.durable.wakeAllLocked()
+	s.durable.dmu.Unlock()
 }
 
 // checkOwnerLocked is the gate for owner writes (Append, CommitCursor).
 func (s *Stream) checkOwnerLocked(epoch uint64) error {
-	if s.closed {
+	if s.assigned.closed {
 		return s.closedErr()
 	}
-	if s.m.Cut != nil {
+	if s.assigned.m.Cut != nil {
 		return fmt.Errorf("%w: stream %q: cut in progress", ErrFenced, s.name)
 	}
-	if s.m.SealEpoch != 0 {
-		if epoch < s.m.SealEpoch {
-			return fmt.Errorf("%w: %w: epoch %d below fence epoch %d", ErrSealed, ErrFenced, epoch, s.m.SealEpoch)
+	if s.assigned.m.SealEpoch != 0 {
+		if epoch < s.assigned.m.SealEpoch {
+			return fmt.Errorf("%w: %w: epoch %d below fence epoch %d", ErrSealed, ErrFenced, epoch, s.assigned.m.SealEpoch)
 		}
-		return fmt.Errorf("%w: at epoch %d (transition %q)", ErrSealed, s.m.SealEpoch, s.m.SealTransition)
+		return fmt.Errorf("%w: at epoch %d (transition %q)", ErrSealed, s.assigned.m.SealEpoch, s.assigned.m.SealTransition)
 	}
-	if epoch < s.m.Epoch {
-		return fmt.Errorf("%w: epoch %d below copy epoch %d", ErrFenced, epoch, s.m.Epoch)
+	if epoch < s.assigned.m.Epoch {
+		return fmt.Errorf("%w: epoch %d below copy epoch %d", ErrFenced, epoch, s.assigned.m.Epoch)
 	}
-	if epoch < s.roleFence {
-		return fmt.Errorf("%w: epoch %d: role change to epoch %d under way", ErrFenced, epoch, s.roleFence)
+	if epoch < s.assigned.roleFence {
+		return fmt.Errorf("%w: epoch %d: role change to epoch %d under way", ErrFenced, epoch, s.assigned.roleFence)
 	}
-	if epoch > s.m.Epoch {
-		return fmt.Errorf("%w: epoch %d above copy epoch %d (role change not applied)", ErrFenced, epoch, s.m.Epoch)
+	if epoch > s.assigned.m.Epoch {
+		return fmt.Errorf("%w: epoch %d above copy epoch %d (role change not applied)", ErrFenced, epoch, s.assigned.m.Epoch)
 	}
 	return nil
 }
@@ -510,14 +525,14 @@ func (s *Stream) AppendIdempotent(ctx context.Context, epoch uint64, recs []Reco
 		}
 	}
 
-	s.mu.Lock()
+	s.assigned.mu.Lock()
 	if err := s.checkOwnerLocked(epoch); err != nil {
-		s.mu.Unlock()
+		s.assigned.mu.Unlock()
 		return AppendResult{}, err
 	}
-	dups, err := s.producers.classify(out)
+	dups, err := s.assigned.producers.classify(out)
 	if err != nil {
-		s.mu.Unlock()
+		s.assigned.mu.Unlock()
 		return AppendResult{}, err
 	}
 	res := AppendResult{Offsets: make([]uint64, len(out)), Duplicate: make([]bool, len(out))}
@@ -525,46 +540,46 @@ func (s *Stream) AppendIdempotent(ctx context.Context, epoch uint64, recs []Reco
 		res.Offsets[i], res.Duplicate[i] = off, true
 	}
 	if len(dups) == len(out) {
-		s.mu.Unlock()
+		s.assigned.mu.Unlock()
 		if err := s.waitOriginals(ctx, out, dups); err != nil {
 			return AppendResult{}, err
 		}
 		return res, nil
 	}
 	fresh := out[len(dups):]
-	prev := s.m
-	noteEpoch(&s.m, epoch, s.m.RecordTail, s.m.CursorEventTail)
+	prev := s.assigned.m
+	noteEpoch(&s.assigned.m, epoch, s.assigned.m.RecordTail, s.assigned.m.CursorEventTail)
 	o := &op{s: s}
-	chain := s.m.Chain
+	chain := s.assigned.m.Chain
 	// Duplicates were counted in the estimate too: a buffer a little
 	// larger than needed, never one grown by copying.
 	seg := newSegmentBuilder(s.recPrefix, s.db.maxEntryBytes, estimate)
 	for i := range fresh {
 		r := &fresh[i]
-		r.Offset = s.m.RecordTail + uint64(i)
+		r.Offset = s.assigned.m.RecordTail + uint64(i)
 		r.Epoch = epoch
 		r.Chain = Chain(chain, r)
 		chain = r.Chain
-		s.m.Bytes += uint64(seg.add(o, r))
+		s.assigned.m.Bytes += uint64(seg.add(o, r))
 		res.Offsets[len(dups)+i] = r.Offset
 	}
 	seg.flush(o)
-	s.m.RecordTail += uint64(len(fresh))
-	s.m.Chain = chain
-	o.meta, o.version = s.snapshotMeta()
+	s.assigned.m.RecordTail += uint64(len(fresh))
+	s.assigned.m.Chain = chain
+	o.meta, o.version = s.assigned.snapshotMeta()
 	o.done = make(chan error, 1)
-	tail := s.m.RecordTail
-	o.written = func() { s.advanceWritten(tail, chain, fresh) }
-	o.apply = func() { s.advanceDurable(tail, chain) }
+	tail := s.assigned.m.RecordTail
+	o.written = func() { s.durable.advanceWritten(tail, chain, fresh) }
+	o.apply = func() { s.durable.advanceDurable(tail, chain) }
 	if err := s.enqueueLocked(ctx, o, prev); err != nil {
-		s.mu.Unlock()
+		s.assigned.mu.Unlock()
 		return AppendResult{}, err
 	}
 	// The table changes only once the records are queued: an op that could
 	// not be enqueued leaves no trace.
-	s.applyProducersLocked(fresh)
+	s.assigned.applyProducersLocked(fresh)
 	s.maybeCheckpointProducersLocked(ctx)
-	s.mu.Unlock()
+	s.assigned.mu.Unlock()
 	if err := wait(ctx, o); err != nil {
 		return AppendResult{}, err
 	}
@@ -573,10 +588,10 @@ func (s *Stream) AppendIdempotent(ctx context.Context, epoch uint64, recs []Reco
 }
 
 // applyProducersLocked adds records queued for the log to the table.
-func (s *Stream) applyProducersLocked(recs []Record) {
+func (a *assignedView) applyProducersLocked(recs []Record) {
 	for i := range recs {
 		if r := &recs[i]; sequenced(r) {
-			s.producers.apply(r.ProducerID, r.Sequence, r.Offset)
+			a.producers.apply(r.ProducerID, r.Sequence, r.Offset)
 		}
 	}
 }
@@ -591,9 +606,9 @@ func (s *Stream) waitOriginals(ctx context.Context, recs []Record, offs []uint64
 		if err := s.db.usable(); err != nil {
 			return err
 		}
-		s.dmu.Lock()
-		closed, tail := s.dclosed, s.dTail
-		s.dmu.Unlock()
+		s.durable.dmu.Lock()
+		closed, tail := s.durable.dclosed, s.durable.dTail
+		s.durable.dmu.Unlock()
 		if closed {
 			return s.closedErr()
 		}
@@ -606,11 +621,11 @@ func (s *Stream) waitOriginals(ctx context.Context, recs []Record, offs []uint64
 			return ctx.Err()
 		}
 	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
+	s.assigned.mu.Lock()
+	defer s.assigned.mu.Unlock()
 	for i, want := range offs {
 		r := &recs[i]
-		p := s.producers.byID[r.ProducerID]
+		p := s.assigned.producers.byID[r.ProducerID]
 		if p == nil {
 			return fmt.Errorf("%w: stream %q: record %d (producer %q sequence %d) left the log while its retry waited", ErrFenced, s.name, want, r.ProducerID, r.Sequence)
 		}
@@ -624,25 +639,25 @@ func (s *Stream) waitOriginals(ctx context.Context, recs []Record, offs []uint64
 // Sync waits until every entry handed to the committer for this stream
 // before the call (cursor commits, the lazy confirm watermark) is durable.
 func (s *Stream) Sync(ctx context.Context) error {
-	s.mu.Lock()
-	if s.closed {
-		s.mu.Unlock()
+	s.assigned.mu.Lock()
+	if s.assigned.closed {
+		s.assigned.mu.Unlock()
 		return s.closedErr()
 	}
 	o := &op{s: s, touchWM: true, done: make(chan error, 1)}
 	if err := s.db.enqueue(ctx, o); err != nil {
-		s.mu.Unlock()
+		s.assigned.mu.Unlock()
 		return err
 	}
-	s.mu.Unlock()
+	s.assigned.mu.Unlock()
 	return wait(ctx, o)
 }
 
 // snapshotMeta copies the assigned metadata for an op. Callers hold mu.
-func (s *Stream) snapshotMeta() (*meta, uint64) {
-	s.version++
-	m := s.m
-	return &m, s.version
+func (a *assignedView) snapshotMeta() (*meta, uint64) {
+	a.version++
+	m := a.m
+	return &m, a.version
 }
 
 // AppendReplicated appends a follower's batch: records at the owner's
@@ -696,100 +711,100 @@ func (s *Stream) EnqueueReplicated(ctx context.Context, recs []Record, evs []Cur
 		estimate += size + segmentSlack
 	}
 
-	s.mu.Lock()
+	s.assigned.mu.Lock()
 	if err := s.checkReplicatedLocked(recs, evs); err != nil {
-		s.mu.Unlock()
+		s.assigned.mu.Unlock()
 		return Pending{}, err
 	}
-	chain := s.m.Chain
+	chain := s.assigned.m.Chain
 	if n := len(recs); n > 0 {
 		chain = recs[n-1].Chain
 	}
-	et := s.m.CursorEventTail
-	prev := s.m
+	et := s.assigned.m.CursorEventTail
+	prev := s.assigned.m
 	prevCursors := make(map[string]uint64, len(evs))
-	prevSnap := s.snapState()
+	prevSnap := s.assigned.snapState()
 	evBytes := 0
 	o := &op{s: s}
 	seg := newSegmentBuilder(s.recPrefix, s.db.maxEntryBytes, estimate)
 	for i := range recs {
 		r := &recs[i]
-		noteEpoch(&s.m, r.Epoch, r.Offset, et)
-		s.m.Bytes += uint64(seg.add(o, r))
+		noteEpoch(&s.assigned.m, r.Epoch, r.Offset, et)
+		s.assigned.m.Bytes += uint64(seg.add(o, r))
 	}
 	seg.flush(o)
-	s.m.RecordTail += uint64(len(recs))
-	s.m.Chain = chain
+	s.assigned.m.RecordTail += uint64(len(recs))
+	s.assigned.m.Chain = chain
 	for i := range evs {
 		ev := &evs[i]
-		noteEpoch(&s.m, ev.Epoch, s.m.RecordTail, ev.Offset)
+		noteEpoch(&s.assigned.m, ev.Epoch, s.assigned.m.RecordTail, ev.Offset)
 		enc := encodeEvent(nil, ev)
 		o.add(offsetKey(s.eventPrefix, ev.Offset), enc)
 		evBytes += len(enc)
 		if _, ok := prevCursors[ev.Cursor]; !ok {
-			old, had := s.cursors[ev.Cursor]
+			old, had := s.assigned.cursors[ev.Cursor]
 			prevCursors[ev.Cursor] = old
 			if !had {
 				prevCursors[ev.Cursor] = noCursor
 			}
 		}
-		s.cursors[ev.Cursor] = ev.Position
+		s.assigned.cursors[ev.Cursor] = ev.Position
 	}
-	s.m.CursorEventTail += uint64(len(evs))
-	s.evBytes += evBytes
+	s.assigned.m.CursorEventTail += uint64(len(evs))
+	s.assigned.evBytes += evBytes
 	s.maybeSnapshotLocked(o)
-	o.meta, o.version = s.snapshotMeta()
+	o.meta, o.version = s.assigned.snapshotMeta()
 	o.done = make(chan error, 1)
-	tail, evTail := s.m.RecordTail, s.m.CursorEventTail
-	o.written = func() { s.advanceWritten(tail, chain, recs) }
+	tail, evTail := s.assigned.m.RecordTail, s.assigned.m.CursorEventTail
+	o.written = func() { s.durable.advanceWritten(tail, chain, recs) }
 	o.apply = func() {
-		s.advanceDurable(tail, chain)
-		s.advanceDurableEvents(evTail)
+		s.durable.advanceDurable(tail, chain)
+		s.durable.advanceDurableEvents(evTail)
 	}
 	if err := s.enqueueLocked(ctx, o, prev); err != nil {
-		s.restoreSnapState(prevSnap)
+		s.assigned.restoreSnapState(prevSnap)
 		for k, v := range prevCursors {
 			if v == noCursor {
-				delete(s.cursors, k)
+				delete(s.assigned.cursors, k)
 			} else {
-				s.cursors[k] = v
+				s.assigned.cursors[k] = v
 			}
 		}
-		s.mu.Unlock()
+		s.assigned.mu.Unlock()
 		return Pending{}, err
 	}
 	// The same table the owner built: a promoted copy deduplicates what
 	// the old owner stored (doc.go, "Idempotent publish").
-	s.applyProducersLocked(recs)
+	s.assigned.applyProducersLocked(recs)
 	s.maybeCheckpointProducersLocked(ctx)
-	s.mu.Unlock()
+	s.assigned.mu.Unlock()
 	return Pending{o: o}, nil
 }
 
 // checkReplicatedLocked validates a replicated batch against the assigned
 // view without changing anything.
 func (s *Stream) checkReplicatedLocked(recs []Record, evs []CursorEvent) error {
-	if s.closed {
+	if s.assigned.closed {
 		return s.closedErr()
 	}
-	if s.m.Cut != nil {
+	if s.assigned.m.Cut != nil {
 		return fmt.Errorf("%w: stream %q: cut in progress", ErrFenced, s.name)
 	}
-	if s.m.SealEpoch != 0 {
-		return fmt.Errorf("%w: sealed at fence epoch %d (transition %q)", ErrFenced, s.m.SealEpoch, s.m.SealTransition)
+	if s.assigned.m.SealEpoch != 0 {
+		return fmt.Errorf("%w: sealed at fence epoch %d (transition %q)", ErrFenced, s.assigned.m.SealEpoch, s.assigned.m.SealTransition)
 	}
-	if s.m.Epoch < s.roleFence {
-		return fmt.Errorf("%w: copy at epoch %d: role change to epoch %d under way", ErrFenced, s.m.Epoch, s.roleFence)
+	if s.assigned.m.Epoch < s.assigned.roleFence {
+		return fmt.Errorf("%w: copy at epoch %d: role change to epoch %d under way", ErrFenced, s.assigned.m.Epoch, s.assigned.roleFence)
 	}
-	rt, et := s.m.RecordTail, s.m.CursorEventTail
-	chain := s.m.Chain
+	rt, et := s.assigned.m.RecordTail, s.assigned.m.CursorEventTail
+	chain := s.assigned.m.Chain
 	for i := range recs {
 		r := &recs[i]
 		if r.Offset != rt+uint64(i) {
 			return fmt.Errorf("%w: record %d at position %d of the batch, want %d (record tail %d)", ErrOffsetMismatch, r.Offset, i, rt+uint64(i), rt)
 		}
-		if r.Epoch > s.m.Epoch {
-			return fmt.Errorf("%w: record %d has epoch %d above copy epoch %d", ErrFenced, r.Offset, r.Epoch, s.m.Epoch)
+		if r.Epoch > s.assigned.m.Epoch {
+			return fmt.Errorf("%w: record %d has epoch %d above copy epoch %d", ErrFenced, r.Offset, r.Epoch, s.assigned.m.Epoch)
 		}
 		if want := Chain(chain, r); want != r.Chain {
 			return fmt.Errorf("%w: record %d carries chain %#x, this copy computes %#x", ErrChainMismatch, r.Offset, r.Chain, want)
@@ -801,8 +816,8 @@ func (s *Stream) checkReplicatedLocked(recs []Record, evs []CursorEvent) error {
 		if ev.Offset != et+uint64(i) {
 			return fmt.Errorf("%w: cursor event %d at position %d of the batch, want %d (cursor event tail %d)", ErrOffsetMismatch, ev.Offset, i, et+uint64(i), et)
 		}
-		if ev.Epoch > s.m.Epoch {
-			return fmt.Errorf("%w: cursor event %d has epoch %d above copy epoch %d", ErrFenced, ev.Offset, ev.Epoch, s.m.Epoch)
+		if ev.Epoch > s.assigned.m.Epoch {
+			return fmt.Errorf("%w: cursor event %d has epoch %d above copy epoch %d", ErrFenced, ev.Offset, ev.Epoch, s.assigned.m.Epoch)
 		}
 	}
 
@@ -877,12 +892,12 @@ func (d *durableView) setDurable(tail, chain, evTail, watermark uint64) {
 
 // bounds returns the retained head and the durable record tail.
 func (s *Stream) bounds() (head, tail uint64) {
-	s.mu.Lock()
-	head = s.m.Head
-	s.mu.Unlock()
-	s.dmu.Lock()
-	tail = s.dTail
-	s.dmu.Unlock()
+	s.assigned.mu.Lock()
+	head = s.assigned.m.Head
+	s.assigned.mu.Unlock()
+	s.durable.dmu.Lock()
+	tail = s.durable.dTail
+	s.durable.dmu.Unlock()
 	return head, tail
 }
 
@@ -903,26 +918,26 @@ func (s *Stream) ReadWritten(from uint64, maxRecords, maxBytes int) ([]Record, e
 }
 
 func (s *Stream) read(from uint64, maxRecords, maxBytes int, written bool) ([]Record, error) {
-	s.mu.Lock()
-	head := s.m.Head
-	s.mu.Unlock()
+	s.assigned.mu.Lock()
+	head := s.assigned.m.Head
+	s.assigned.mu.Unlock()
 	// The bound and the cache under one hold of dmu: the cache holds
 	// exactly the log at the tail read here.
-	s.dmu.Lock()
-	tail := s.dTail
+	s.durable.dmu.Lock()
+	tail := s.durable.dTail
 	if written {
-		tail = s.wTail
+		tail = s.durable.wTail
 	}
 	if from < head || from > tail {
-		s.dmu.Unlock()
+		s.durable.dmu.Unlock()
 		return nil, fmt.Errorf("%w: read from %d outside [%d, %d]", ErrOutOfRange, from, head, tail)
 	}
 	end := tail
 	if maxRecords > 0 && uint64(maxRecords) < end-from {
 		end = from + uint64(maxRecords)
 	}
-	cached, ok := s.tail.read(from, end, maxBytes)
-	s.dmu.Unlock()
+	cached, ok := s.durable.tail.read(from, end, maxBytes)
+	s.durable.dmu.Unlock()
 	if from == tail {
 		return nil, nil
 	}
@@ -979,9 +994,9 @@ func (s *Stream) recordChain(off uint64) (uint64, error) {
 // the chain of record offset-1, or at the head the chain persisted below it
 // (0 for a log never trimmed or reset). offset must be in [head, tail].
 func (s *Stream) ChainAt(offset uint64) (uint64, error) {
-	s.dmu.Lock()
-	tail, chain := s.dTail, s.dChain
-	s.dmu.Unlock()
+	s.durable.dmu.Lock()
+	tail, chain := s.durable.dTail, s.durable.dChain
+	s.durable.dmu.Unlock()
 	return s.chainAt(offset, tail, chain)
 }
 
@@ -992,9 +1007,9 @@ func (s *Stream) WrittenChainAt(offset uint64) (uint64, error) {
 }
 
 func (s *Stream) chainAt(offset, tail, chain uint64) (uint64, error) {
-	s.mu.Lock()
-	head, headChain := s.m.Head, s.m.HeadChain
-	s.mu.Unlock()
+	s.assigned.mu.Lock()
+	head, headChain := s.assigned.m.Head, s.assigned.m.HeadChain
+	s.assigned.mu.Unlock()
 	switch {
 	case offset < head || offset > tail:
 		return 0, fmt.Errorf("%w: chain at %d outside [%d, %d]", ErrOutOfRange, offset, head, tail)

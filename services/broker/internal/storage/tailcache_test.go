@@ -10,9 +10,9 @@ import (
 
 // cached reports whether offset is in s's tail cache.
 func cached(s *Stream, off uint64) bool {
-	s.dmu.Lock()
-	defer s.dmu.Unlock()
-	_, ok := s.tail.read(off, off+1, 0)
+	s.durable.dmu.Lock()
+	defer s.durable.dmu.Unlock()
+	_, ok := s.durable.tail.read(off, off+1, 0)
 	return ok
 }
 
@@ -128,9 +128,9 @@ func TestTailCacheBounded(t *testing.T) {
 			if _, err := s.Append(ctx, 1, sizedRecs(fmt.Sprint(s.Name(), i), 5, 500)); err != nil {
 				t.Fatal(err)
 			}
-			s.dmu.Lock()
-			n := s.tail.bytes
-			s.dmu.Unlock()
+			s.durable.dmu.Lock()
+			n := s.durable.tail.bytes
+			s.durable.dmu.Unlock()
 			if n > 4<<10 {
 				t.Fatalf("stream %s caches %d bytes, bound 4096", s.Name(), n)
 			}

@@ -31,9 +31,9 @@ import (
 // covers every byte of every record: offsets must follow on, and each
 // record's chain must be Chain(previous, record).
 func (s *Stream) findTorn(head, tail uint64) (from uint64, found bool, chain, size uint64, err error) {
-	s.mu.Lock()
-	chain = s.m.HeadChain
-	s.mu.Unlock()
+	s.assigned.mu.Lock()
+	chain = s.assigned.m.HeadChain
+	s.assigned.mu.Unlock()
 	if tail == head {
 		return 0, false, chain, 0, nil
 	}
@@ -85,9 +85,9 @@ func (s *Stream) findTorn(head, tail uint64) (from uint64, found bool, chain, si
 // cutTornTail cuts the copy below its lowest segment that cannot be read
 // (findTorn), through the cut intent, which loadStream then completes.
 func (s *Stream) cutTornTail(ctx context.Context) error {
-	s.mu.Lock()
-	head, rt, et := s.m.Head, s.m.RecordTail, s.m.CursorEventTail
-	s.mu.Unlock()
+	s.assigned.mu.Lock()
+	head, rt, et := s.assigned.m.Head, s.assigned.m.RecordTail, s.assigned.m.CursorEventTail
+	s.assigned.mu.Unlock()
 	from, found, chain, size, err := s.findTorn(head, rt)
 	if err != nil || !found {
 		return err
@@ -109,9 +109,9 @@ func (s *Stream) cutTornTail(ctx context.Context) error {
 // holds below the head is not part of the log). truncateRecords uses it to
 // delete a segment it cannot read (cutTornTail) without reading it.
 func (s *Stream) segmentStartsAt(txn *engine.Txn, from uint64) bool {
-	s.mu.Lock()
-	head := s.m.Head
-	s.mu.Unlock()
+	s.assigned.mu.Lock()
+	head := s.assigned.m.Head
+	s.assigned.mu.Unlock()
 	if from <= head {
 		return true
 	}

@@ -526,9 +526,9 @@ func bigMetaStream(t *testing.T, db *DB) (*Stream, []Record) {
 		}
 		recs = append(recs, mustAppend(t, s, ep, sizedRecs(fmt.Sprint("e", ep), 2, 2048))...)
 	}
-	s.mu.Lock()
-	metaBytes := len(encodeMeta(&s.m))
-	s.mu.Unlock()
+	s.assigned.mu.Lock()
+	metaBytes := len(encodeMeta(&s.assigned.m))
+	s.assigned.mu.Unlock()
 	if metaBytes <= 512 {
 		t.Fatalf("meta of %d bytes stays in the LSM tree; the test needs it in the value log", metaBytes)
 	}

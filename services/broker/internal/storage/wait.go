@@ -2,6 +2,7 @@ package storage
 
 import (
 	"context"
+	"sync"
 	"time"
 )
 
@@ -36,26 +37,26 @@ var closedCh = func() chan struct{} {
 // moved to a new epoch, cut or reset, so a waiter re-checks the copy's
 // state. Followers' senders, which ship both logs, wait on it alone.
 func (s *Stream) WaitTail(after uint64) <-chan struct{} {
-	return s.wait(waitKey{after: after, what: waitRecordTail})
+	return s.durable.wait(waitKey{after: after, what: waitRecordTail})
 }
 
 // WaitConfirmed is WaitTail for the confirm watermark: closed once the
 // watermark is above after (at once if it already is), or on the same
 // events. Subscribers, which only see confirmed records, wait on it.
 func (s *Stream) WaitConfirmed(after uint64) <-chan struct{} {
-	return s.wait(waitKey{after: after, what: waitConfirmed})
+	return s.durable.wait(waitKey{after: after, what: waitConfirmed})
 }
 
 // WaitCursorEventTail is WaitTail for the durable cursor event tail, for
 // senders that ship cursor events to followers.
 func (s *Stream) WaitCursorEventTail(after uint64) <-chan struct{} {
-	return s.wait(waitKey{after: after, what: waitCursorEventTail})
+	return s.durable.wait(waitKey{after: after, what: waitCursorEventTail})
 }
 
 // WaitWritten is WaitTail for the written record tail (see WrittenTail):
 // closed once it is above after, or on the same events as WaitTail.
 func (s *Stream) WaitWritten(after uint64) <-chan struct{} {
-	return s.wait(waitKey{after: after, what: waitWrittenTail})
+	return s.durable.wait(waitKey{after: after, what: waitWrittenTail})
 }
 
 // WrittenTail returns the written record tail and the chain there: every
@@ -68,9 +69,9 @@ func (s *Stream) WaitWritten(after uint64) <-chan struct{} {
 // owner lost is why an owner restarting after an unclean stop on a new
 // boot does not continue its epoch (replica, "unsure owner").
 func (s *Stream) WrittenTail() (tail, chain uint64) {
-	s.dmu.Lock()
-	defer s.dmu.Unlock()
-	return s.wTail, s.wChain
+	s.durable.dmu.Lock()
+	defer s.durable.dmu.Unlock()
+	return s.durable.wTail, s.durable.wChain
 }
 
 // Tails are a copy's log ends, without the rest of State.
@@ -84,9 +85,9 @@ type Tails struct {
 // (the owner's sender, the follower's acknowledgements), without State's
 // copies of the epochs.
 func (s *Stream) Tails() Tails {
-	s.dmu.Lock()
-	defer s.dmu.Unlock()
-	return Tails{Record: s.dTail, CursorEvent: s.dEvTail, Written: s.wTail, Chain: s.dChain}
+	s.durable.dmu.Lock()
+	defer s.durable.dmu.Unlock()
+	return Tails{Record: s.durable.dTail, CursorEvent: s.durable.dEvTail, Written: s.durable.wTail, Chain: s.durable.dChain}
 }
 
 // Closed reports that the stream was closed or dropped: its waits return
@@ -154,16 +155,16 @@ func (d *durableView) wakeAll() {
 // Badger transaction per batch for a value that only spares a restarted
 // copy some waiting.
 func (s *Stream) SetConfirmWatermark(w uint64) {
-	s.dmu.Lock()
-	defer s.dmu.Unlock()
-	w = min(w, s.dTail)
-	if w <= s.watermark || s.dclosed {
+	s.durable.dmu.Lock()
+	defer s.durable.dmu.Unlock()
+	w = min(w, s.durable.dTail)
+	if w <= s.durable.watermark || s.durable.dclosed {
 		return
 	}
-	s.watermark = w
-	s.wakeLocked()
-	if !s.wmDirty {
-		s.wmDirty = true
+	s.durable.watermark = w
+	s.durable.wakeLocked()
+	if !s.durable.wmDirty {
+		s.durable.wmDirty = true
 		s.db.noteWatermark(s)
 	}
 }
@@ -181,20 +182,42 @@ func (d *durableView) persistedWatermark(tail uint64) uint64 {
 // watermarkTouch returns an op that writes the stream's metadata with the
 // current watermark, or nil when the last metadata written carries it.
 func (s *Stream) watermarkTouch() *op {
-	s.dmu.Lock()
-	defer s.dmu.Unlock()
-	s.wmDirty = false
-	if s.dclosed || s.watermark <= s.wmPersisted {
+	s.durable.dmu.Lock()
+	defer s.durable.dmu.Unlock()
+	s.durable.wmDirty = false
+	if s.durable.dclosed || s.durable.watermark <= s.durable.wmPersisted {
 		return nil
 	}
 	return &op{s: s, touchWM: true}
 }
 
+// watermarkQueue is the streams whose raised watermark waits for the next
+// flush, with the lock that guards the list (doc.go, "Locks"). A leaf:
+// SetConfirmWatermark adds under the stream's durable.dmu.
+type watermarkQueue struct {
+	mu    sync.Mutex
+	dirty []*Stream
+}
+
+// add queues s for the next flush.
+func (w *watermarkQueue) add(s *Stream) {
+	w.mu.Lock()
+	w.dirty = append(w.dirty, s)
+	w.mu.Unlock()
+}
+
+// take empties the queue and returns what it held.
+func (w *watermarkQueue) take() []*Stream {
+	w.mu.Lock()
+	dirty := w.dirty
+	w.dirty = nil
+	w.mu.Unlock()
+	return dirty
+}
+
 // noteWatermark queues s for the next watermark flush.
 func (db *DB) noteWatermark(s *Stream) {
-	db.wmMu.Lock()
-	db.wmDirty = append(db.wmDirty, s)
-	db.wmMu.Unlock()
+	db.wm.add(s)
 }
 
 // watermarkPersistInterval bounds how long a raised watermark may stay
@@ -207,11 +230,7 @@ const watermarkPersistInterval = 500 * time.Millisecond
 // stream for the next flush, so the periodic flush never holds up behind
 // a busy committer.
 func (db *DB) flushWatermarks(wait bool) {
-	db.wmMu.Lock()
-	dirty := db.wmDirty
-	db.wmDirty = nil
-	db.wmMu.Unlock()
-	for _, s := range dirty {
+	for _, s := range db.wm.take() {
 		o := s.watermarkTouch()
 		if o == nil {
 			continue
@@ -225,10 +244,10 @@ func (db *DB) flushWatermarks(wait bool) {
 			continue
 		}
 		// The queue is full (or closing): try again at the next flush.
-		s.dmu.Lock()
-		again := !s.wmDirty && !s.dclosed
-		s.wmDirty = true
-		s.dmu.Unlock()
+		s.durable.dmu.Lock()
+		again := !s.durable.wmDirty && !s.durable.dclosed
+		s.durable.wmDirty = true
+		s.durable.dmu.Unlock()
 		if again {
 			db.noteWatermark(s)
 		}

@@ -66,9 +66,9 @@ func (b *Batch) Len() int { return len(b.entries) }
 // Enqueue hands b to the committer. It fails only once the engine is
 // closed, or when ctx ends while the queue is full.
 func (e *Engine) Enqueue(ctx context.Context, b *Batch) error {
-	e.gate.RLock()
-	defer e.gate.RUnlock()
-	if e.closed {
+	e.gate.mu.RLock()
+	defer e.gate.mu.RUnlock()
+	if e.gate.closed {
 		return fmt.Errorf("%w: db", ErrClosed)
 	}
 	select {
@@ -81,9 +81,9 @@ func (e *Engine) Enqueue(ctx context.Context, b *Batch) error {
 
 // TryEnqueue enqueues b unless the queue is full or the engine closed.
 func (e *Engine) TryEnqueue(b *Batch) bool {
-	e.gate.RLock()
-	defer e.gate.RUnlock()
-	if e.closed {
+	e.gate.mu.RLock()
+	defer e.gate.mu.RUnlock()
+	if e.gate.closed {
 		return false
 	}
 	select {
@@ -170,14 +170,14 @@ const (
 // committed since the last advice. It runs on the committer between its
 // writes, so Badger is not rotating a value log file under it, after the
 // group's waiters are released. While the value log GC runs (it holds
-// vlogMu, for seconds when it rewrites a file) it skips its turn rather
+// vlog.mu, for seconds when it rewrites a file) it skips its turn rather
 // than hold writes up, and returns the bytes still unadvised.
 func (e *Engine) advise(written int) int {
-	if !e.vlogMu.TryLock() {
+	if !e.vlog.mu.TryLock() {
 		return written
 	}
-	defer e.vlogMu.Unlock()
-	e.advisor.wrote(written)
+	defer e.vlog.mu.Unlock()
+	e.vlog.advisor.wrote(written)
 	return 0
 }
 
@@ -186,9 +186,7 @@ func (e *Engine) commit(group []*Batch) {
 	// writeMu: the value log GC writes too, and must not between this
 	// group's commit and its fsync (vlog.go).
 	e.writeMu.Lock()
-	e.failMu.Lock()
-	err := e.failed
-	e.failMu.Unlock()
+	err := e.failure.get()
 	if err == nil {
 		if e.writeFault != nil {
 			err = e.writeFault()
@@ -218,13 +216,7 @@ func (e *Engine) commit(group []*Batch) {
 // is refused until restart, as etcd stops on a failed fsync, because what
 // the failed write left on disk is not known.
 func (e *Engine) fail(err error) {
-	e.failMu.Lock()
-	first := e.failed == nil
-	if first {
-		e.failed = err
-	}
-	e.failMu.Unlock()
-	if !first {
+	if !e.failure.set(err) {
 		return
 	}
 	e.log.Error().Err(err).Msg("storage write failed; refusing further writes until restart")

@@ -21,6 +21,27 @@
 //   - Recovery says what Open learned about the last stop; Err whether the
 //     engine still takes writes.
 //
+// # Locks
+//
+// Engine keeps each lock with exactly the state it guards in a type of its
+// own, held as a named field (storage's TestOneLockPerType checks it):
+//
+//   - gate (enqueueGate): an RWMutex and closed; senders hold it shared
+//     while they send, StopWrites exclusively to set closed, so the
+//     committer sees every batch that was accepted.
+//   - stopping (stopGuard): writesStopped and gcStarted; it orders starting
+//     the value log GC (Settle) against StopWrites, and Close against
+//     itself.
+//   - failure (failureLatch): the first write error, after which every
+//     batch is refused.
+//   - vlog (vlogState): the committer's mapping advisor; the value log GC
+//     holds its lock while it deletes and maps files, the committer only
+//     tries it (mappings_linux.go).
+//   - writeMu guards no state: it keeps Badger's two writers, the committer
+//     (commit through fsync) and the value log GC (rewrite through its
+//     flush), from interleaving (vlog.go). It is taken before vlog's lock;
+//     the others are leaves.
+//
 // # Durability contract
 //
 // Every write goes through one committer goroutine (commit.go). It takes

@@ -159,34 +159,23 @@ type Engine struct {
 	stopped chan struct{}
 	// gcDone is closed when the value log GC loop has returned (at once
 	// if it never started).
-	gcDone    chan struct{}
-	gcStarted bool
+	gcDone chan struct{}
 
-	// gate orders enqueueing against Close: senders hold it shared while
-	// they send, Close takes it exclusively to stop them, so the committer
-	// sees every batch that was accepted.
-	gate   sync.RWMutex
-	closed bool
-	// stopMu orders starting the value log GC (Settle) against stopping
-	// it (StopWrites), and Close against itself; writesStopped is set by
-	// StopWrites.
-	stopMu        sync.Mutex
-	writesStopped bool
-
-	// failed is the first write error; the committer refuses all later work.
-	failMu sync.Mutex
-	failed error
+	// Each lock below lives in a type of its own with exactly the state
+	// it guards (doc.go, "Locks").
+	gate     enqueueGate
+	stopping stopGuard
+	failure  failureLatch
 
 	// writeMu is held by the committer from a group's commit through its
 	// fsync, and by the value log GC from its rewrite through the flush
 	// that makes the rewrite durable (vlog.go): Badger's two writers never
-	// interleave.
+	// interleave. It guards no state, only serialises those two writers,
+	// so it stays a lone field. Lock order: writeMu, then vlog.mu; gate.mu,
+	// stopping.mu and failure.mu are leaves.
 	writeMu sync.Mutex
 
-	// vlogMu orders the value log GC against the committer's mapping
-	// advice (mappings_linux.go); advisor is the committer's.
-	vlogMu  sync.Mutex
-	advisor *mapAdvisor
+	vlog vlogState
 
 	onCommit   func(write, sync time.Duration, synced bool)
 	onFail     func(error)
@@ -194,6 +183,60 @@ type Engine struct {
 	onGroup    func([]*Batch) []Entry
 	onWritten  func(*Batch)
 	onDone     func(*Batch, error)
+}
+
+// enqueueGate orders enqueueing against Close, with the flag it guards
+// (doc.go, "Locks"): senders hold mu shared while they check closed and
+// send, StopWrites takes it exclusively to set closed, so the committer
+// sees every batch that was accepted.
+type enqueueGate struct {
+	mu     sync.RWMutex
+	closed bool
+}
+
+// stopGuard orders starting the value log GC (Settle) against stopping it
+// (StopWrites), and Close against itself (doc.go, "Locks"): writesStopped
+// is set by StopWrites, gcStarted by Settle once it started the GC loop.
+type stopGuard struct {
+	mu            sync.Mutex
+	writesStopped bool
+	gcStarted     bool
+}
+
+// failureLatch holds the first write error (doc.go, "Locks"); once set the
+// committer refuses all later work until restart.
+type failureLatch struct {
+	mu  sync.Mutex
+	err error
+}
+
+// get returns the first write error, nil while none.
+func (f *failureLatch) get() error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.err
+}
+
+// set records err unless an earlier error is kept, and reports whether err
+// was the first.
+func (f *failureLatch) set(err error) (first bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	first = f.err == nil
+	if first {
+		f.err = err
+	}
+	return first
+}
+
+// vlogState is the committer's mapping advisor with the lock that orders
+// the value log GC against it (doc.go, "Locks"): the committer advises
+// only while it holds mu (TryLock, skipping a turn rather than waiting),
+// the GC holds mu while it deletes and maps value log files
+// (mappings_linux.go).
+type vlogState struct {
+	mu      sync.Mutex
+	advisor *mapAdvisor
 }
 
 // Open opens (or creates) the engine in opts.Dir: it repairs what a power
@@ -302,7 +345,7 @@ func Open(opts Options) (*Engine, error) {
 	if lost {
 		e.pin = bdb.NewTransaction(false)
 	}
-	e.advisor = newMapAdvisor(opts.Dir)
+	e.vlog.advisor = newMapAdvisor(opts.Dir)
 	go e.commitLoop()
 	if !lost && fileExists(opts.Dir, gcMarkerFile) {
 		// A GC marker without a reboot: the page cache kept every write
@@ -343,10 +386,10 @@ func (e *Engine) Settle() error {
 		e.pin = nil
 	}
 	e.recovery.Pending, e.recovery.ValuesLost = false, false
-	e.stopMu.Lock()
-	defer e.stopMu.Unlock()
-	if !e.writesStopped {
-		e.gcStarted = true
+	e.stopping.mu.Lock()
+	defer e.stopping.mu.Unlock()
+	if !e.stopping.writesStopped {
+		e.stopping.gcStarted = true
 		go e.gcLoop()
 	}
 	return nil
@@ -354,16 +397,14 @@ func (e *Engine) Settle() error {
 
 // Err reports ErrClosed once the engine is closed or a write failed.
 func (e *Engine) Err() error {
-	e.gate.RLock()
-	closed := e.closed
-	e.gate.RUnlock()
+	e.gate.mu.RLock()
+	closed := e.gate.closed
+	e.gate.mu.RUnlock()
 	if closed {
 		return fmt.Errorf("%w: db", ErrClosed)
 	}
-	e.failMu.Lock()
-	defer e.failMu.Unlock()
-	if e.failed != nil {
-		return fmt.Errorf("%w: db stopped after a write failure: %w", ErrClosed, e.failed)
+	if failed := e.failure.get(); failed != nil {
+		return fmt.Errorf("%w: db stopped after a write failure: %w", ErrClosed, failed)
 	}
 	return nil
 }
@@ -371,17 +412,17 @@ func (e *Engine) Err() error {
 // StopWrites refuses every later batch, waits until the committer wrote
 // every accepted one, and stops the value log GC. Reads go on until Close.
 func (e *Engine) StopWrites() {
-	e.gate.Lock()
-	if e.closed {
-		e.gate.Unlock()
+	e.gate.mu.Lock()
+	if e.gate.closed {
+		e.gate.mu.Unlock()
 		return
 	}
-	e.closed = true
-	e.gate.Unlock()
-	e.stopMu.Lock()
-	e.writesStopped = true
-	started := e.gcStarted
-	e.stopMu.Unlock()
+	e.gate.closed = true
+	e.gate.mu.Unlock()
+	e.stopping.mu.Lock()
+	e.stopping.writesStopped = true
+	started := e.stopping.gcStarted
+	e.stopping.mu.Unlock()
 	close(e.stop)
 	<-e.stopped
 	if started {
@@ -394,8 +435,8 @@ func (e *Engine) StopWrites() {
 // boot.
 func (e *Engine) Close() error {
 	e.StopWrites()
-	e.stopMu.Lock()
-	defer e.stopMu.Unlock()
+	e.stopping.mu.Lock()
+	defer e.stopping.mu.Unlock()
 	if e.bdb == nil {
 		return nil
 	}
@@ -408,10 +449,7 @@ func (e *Engine) Close() error {
 	if err != nil {
 		return fmt.Errorf("storage: closing badger: %w", err)
 	}
-	e.failMu.Lock()
-	failed := e.failed
-	e.failMu.Unlock()
-	if failed != nil {
+	if e.failure.get() != nil {
 		return nil
 	}
 	// Badger synced everything on close: the next open may trust the

@@ -52,7 +52,7 @@ import (
 // so it is only given where no other mapping can have taken the range
 // since /proc/self/maps was read: on the value log file Badger appends to
 // (the newest), which Badger moves only while writing (rotation), and the
-// advisor runs on the committer, between its writes, holding vlogMu, which
+// advisor runs on the committer, between its writes, holding vlog.mu, which
 // the value log GC, the other writer, also holds; the GC never rewrites,
 // so never deletes, the newest file. Older value log files are unmapped by
 // the GC's deletions, which Badger defers to whichever reader closes the
