@@ -140,7 +140,8 @@
 //     streams whose raised watermark waits for the flush, added to under
 //     durable.dmu), compact (compactQueue: streams waiting for cursor event
 //     compaction) and closing (closeGuard: Close's flag, held through
-//     Close). The two queues are leaves.
+//     Close). Lock order: closing.mu, streams.mu, then a stream's; the two
+//     queues are leaves.
 //
 // # Waiting
 //

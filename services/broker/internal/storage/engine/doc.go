@@ -39,8 +39,9 @@
 //     tries it (mappings_linux.go).
 //   - writeMu guards no state: it keeps Badger's two writers, the committer
 //     (commit through fsync) and the value log GC (rewrite through its
-//     flush), from interleaving (vlog.go). It is taken before vlog's lock;
-//     the others are leaves.
+//     flush), from interleaving (vlog.go). Lock order: writeMu, then
+//     vlog's, then gate's or failure's; stopping's before failure's; gate's
+//     and failure's are leaves.
 //
 // # Durability contract
 //

@@ -171,8 +171,9 @@ type Engine struct {
 	// fsync, and by the value log GC from its rewrite through the flush
 	// that makes the rewrite durable (vlog.go): Badger's two writers never
 	// interleave. It guards no state, only serialises those two writers,
-	// so it stays a lone field. Lock order: writeMu, then vlog.mu; gate.mu,
-	// stopping.mu and failure.mu are leaves.
+	// so it stays a lone field. Lock order: writeMu, then vlog.mu, then
+	// gate.mu or failure.mu (Err); stopping.mu before failure.mu (Close);
+	// gate.mu and failure.mu are leaves.
 	writeMu sync.Mutex
 
 	vlog vlogState
