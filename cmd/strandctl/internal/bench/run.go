@@ -93,6 +93,12 @@ type Result struct {
 	// costs in CPU, which bounds throughput on a small machine. Runs
 	// without a kill on a cluster the bench started only (0 otherwise).
 	BrokerCPUUsPerRecord float64 `json:"broker_cpu_us_per_record"`
+	// ClusterCPUUsPerRecord is BrokerCPUUsPerRecord over every process of
+	// the run: the brokers, the controller, the recoverer and the bench's
+	// own (the client publishing and the embedded etcd). On a machine
+	// whose cores the bench shares, this is what bounds its throughput,
+	// and what TLS adds to (strandctl bench --secure against without).
+	ClusterCPUUsPerRecord float64 `json:"cluster_cpu_us_per_record"`
 	// StageMeanMs is where a publish waited, as the mean milliseconds of
 	// each stage over the publishing window, from the brokers' /metrics
 	// (stages.go): on the owner publish_durable and publish_confirm (from
@@ -409,12 +415,15 @@ func (r *runner) run(ctx context.Context) error {
 	var (
 		cpuBefore    time.Duration
 		cpuOK        bool
+		allCPUBefore time.Duration
+		allCPUOK     bool
 		stagesBefore map[string]brokerHistograms
 		loaded       *usageWindow
 	)
 	measureFrom := func() {
 		loaded = r.startUsage(ctx)
 		cpuBefore, cpuOK = r.brokerCPU()
+		allCPUBefore, allCPUOK = r.clusterCPU()
 		stagesBefore = r.brokerHistograms(ctx)
 	}
 	if o.Warmup <= 0 {
@@ -555,6 +564,7 @@ func (r *runner) run(ctx context.Context) error {
 	// the figures are not reported (ctx.Err below).
 	<-warmedUp
 	cpuAfter, cpuAfterOK := r.brokerCPU()
+	allCPUAfter, allCPUAfterOK := r.clusterCPU()
 	if loaded != nil {
 		r.mu.Lock()
 		killed := r.killed
@@ -608,6 +618,9 @@ func (r *runner) run(ctx context.Context) error {
 	measured := Measured(load, o.Warmup)
 	if cpuAfterOK && cpuOK && o.KillAt <= 0 && len(measured) > 0 {
 		r.res.BrokerCPUUsPerRecord = round(float64(cpuAfter-cpuBefore) / float64(len(measured)) / 1000)
+	}
+	if allCPUAfterOK && allCPUOK && o.KillAt <= 0 && len(measured) > 0 {
+		r.res.ClusterCPUUsPerRecord = round(float64(allCPUAfter-allCPUBefore) / float64(len(measured)) / 1000)
 	}
 	r.res.DurationS = round((elapsed - o.Warmup).Seconds())
 	r.res.WarmupS = round(o.Warmup.Seconds())
@@ -1507,6 +1520,32 @@ func (r *runner) brokerCPU() (total time.Duration, ok bool) {
 		total += p.cpu
 	}
 	return total, true
+}
+
+// clusterCPU is the CPU time every process of the bench's own cluster
+// and the bench itself (its client and embedded etcd) have used so far; ok
+// is false as for brokerCPU, or when one of them cannot be read.
+func (r *runner) clusterCPU() (total time.Duration, ok bool) {
+	procs := r.processes()
+	if procs == nil {
+		return 0, false
+	}
+	fs, err := procfs.NewDefaultFS()
+	if err != nil {
+		return 0, false
+	}
+	for _, pid := range procs {
+		cpu, ok := procCPU(fs, pid)
+		if !ok {
+			return 0, false
+		}
+		total += cpu
+	}
+	self, ok := procCPU(fs, os.Getpid())
+	if !ok {
+		return 0, false
+	}
+	return total + self, true
 }
 
 // brokerHistograms reads every broker's /metrics histograms, by node; nil
