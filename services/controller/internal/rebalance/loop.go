@@ -31,6 +31,14 @@ type LoopConfig struct {
 
 // Run passes over the view's snapshot whenever it changes (and once a
 // second) until ctx or the term ends: first the drains, then the balance.
+//
+// The balance is planned at most once a second (at the tick) while it
+// finds nothing to move, and not again on the snapshot it found balanced:
+// a plan judges every stream's copies, and at 10,000 streams planning on
+// every change of the view was a tenth of the controller's work while
+// streams were created, and planning every second most of its work when
+// idle (docs/limits.md, "Controller"). A plan that found a move plans
+// again at the next change, so a balance in progress goes at --rebalance-rate.
 func Run(ctx context.Context, cfg LoopConfig, term *leader.Term) error {
 	if cfg.Rate <= 0 {
 		cfg.Rate = 2
@@ -41,11 +49,13 @@ func Run(ctx context.Context, cfg LoopConfig, term *leader.Term) error {
 	l := &loop{cfg: cfg, term: term, lim: rate.NewLimiter(rate.Limit(cfg.Rate), 1)}
 	tick := time.NewTicker(time.Second)
 	defer tick.Stop()
+	ticked := true
 	for {
 		snap, changed := cfg.View.Current()
 		if snap != nil {
-			l.pass(ctx, snap)
+			l.pass(ctx, snap, ticked)
 		}
+		ticked = false
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
@@ -53,6 +63,7 @@ func Run(ctx context.Context, cfg LoopConfig, term *leader.Term) error {
 			return nil
 		case <-changed:
 		case <-tick.C:
+			ticked = true
 		}
 	}
 }
@@ -64,9 +75,15 @@ type loop struct {
 	// members is the membership last seen, and since when it holds.
 	members string
 	since   time.Time
+	// balanced is the snapshot the last plan ran on when it found nothing
+	// to move (nil when it found a move): the same snapshot is not
+	// planned on again (Run).
+	balanced *state.Snapshot
+	// moving is set when the last plan found a move.
+	moving bool
 }
 
-func (l *loop) pass(ctx context.Context, s *state.Snapshot) {
+func (l *loop) pass(ctx context.Context, s *state.Snapshot, ticked bool) {
 	if m := membership(s); m != l.members {
 		l.members, l.since = m, time.Now()
 	}
@@ -76,7 +93,14 @@ func (l *loop) pass(ctx context.Context, s *state.Snapshot) {
 	if time.Since(l.since) < l.cfg.Delay {
 		return
 	}
+	if s == l.balanced || (!ticked && !l.moving) {
+		return
+	}
 	moves, _ := PlanOf(s, 1)
+	l.moving, l.balanced = len(moves) > 0, nil
+	if !l.moving {
+		l.balanced = s
+	}
 	for _, mv := range moves {
 		if !l.take(ctx) {
 			return
