@@ -108,7 +108,7 @@ func (m *Memory) Observe(s *state.Snapshot, now time.Time) Summary {
 // set), so this takes in the same as a walk over every stream, for the
 // cost of the streams changed: at 10,000 streams a walk per liveness pass
 // was most of the controller's work while streams were created
-// (docs/architecture.md, "The controller's view"). The snapshots observed
+// (docs/architecture.md, "Coordination only through etcd"). The snapshots observed
 // must be the ones the changes were taken with, in order.
 func (m *Memory) ObserveChanged(s *state.Snapshot, changed []string, all bool, now time.Time) Summary {
 	if m == nil {

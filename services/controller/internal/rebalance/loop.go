@@ -29,16 +29,19 @@ type LoopConfig struct {
 	Delay time.Duration
 }
 
-// Run passes over the view's snapshot whenever it changes (and once a
-// second) until ctx or the term ends: first the drains, then the balance.
+// Run passes over the view's snapshot once a second, and whenever it
+// changes while a drain or a balance is under way, until ctx or the term
+// ends: first the drains, then the balance.
 //
-// The balance is planned at most once a second (at the tick) while it
-// finds nothing to move, and not again on the snapshot it found balanced:
-// a plan judges every stream's copies, and at 10,000 streams planning on
-// every change of the view was a tenth of the controller's work while
-// streams were created, and planning every second most of its work when
-// idle (docs/limits.md, "Controller"). A plan that found a move plans
-// again at the next change, so a balance in progress goes at --rebalance-rate.
+// While no drain is under way and the last plan found nothing to move, it
+// does not pass at every change, and does not plan again on the snapshot
+// it found balanced: a plan counts every stream's owner (PlanOf), and
+// taking the view's snapshot makes the view copy the part it changes
+// next. At 10,000 streams planning at every change was a tenth of the
+// controller's work while streams were created, and planning every second
+// most of its work when idle (docs/architecture.md, "Coordination only
+// through etcd"). A drain, or a balance that found a move, passes at every
+// change, so it goes on at --rebalance-rate.
 func Run(ctx context.Context, cfg LoopConfig, term *leader.Term) error {
 	if cfg.Rate <= 0 {
 		cfg.Rate = 2
@@ -49,13 +52,11 @@ func Run(ctx context.Context, cfg LoopConfig, term *leader.Term) error {
 	l := &loop{cfg: cfg, term: term, lim: rate.NewLimiter(rate.Limit(cfg.Rate), 1)}
 	tick := time.NewTicker(time.Second)
 	defer tick.Stop()
-	ticked := true
 	for {
 		snap, changed := cfg.View.Current()
-		if snap != nil {
-			l.pass(ctx, snap, ticked)
+		if snap != nil && !l.pass(ctx, snap) {
+			changed = nil // waits for the tick
 		}
-		ticked = false
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
@@ -63,7 +64,6 @@ func Run(ctx context.Context, cfg LoopConfig, term *leader.Term) error {
 			return nil
 		case <-changed:
 		case <-tick.C:
-			ticked = true
 		}
 	}
 }
@@ -83,18 +83,18 @@ type loop struct {
 	moving bool
 }
 
-func (l *loop) pass(ctx context.Context, s *state.Snapshot, ticked bool) {
+// pass drains, then balances, and reports whether it is busy: a drain is
+// under way or the plan found a move, so the next pass is due at the next
+// change.
+func (l *loop) pass(ctx context.Context, s *state.Snapshot) bool {
 	if m := membership(s); m != l.members {
 		l.members, l.since = m, time.Now()
 	}
 	if l.drain(ctx, s) {
-		return
+		return true
 	}
-	if time.Since(l.since) < l.cfg.Delay {
-		return
-	}
-	if s == l.balanced || (!ticked && !l.moving) {
-		return
+	if time.Since(l.since) < l.cfg.Delay || s == l.balanced {
+		return false
 	}
 	moves, _ := PlanOf(s, 1)
 	l.moving, l.balanced = len(moves) > 0, nil
@@ -103,12 +103,13 @@ func (l *loop) pass(ctx context.Context, s *state.Snapshot, ticked bool) {
 	}
 	for _, mv := range moves {
 		if !l.take(ctx) {
-			return
+			return true
 		}
 		if _, err := l.cfg.Mover.Handover(ctx, l.term, s, mv.Stream, mv.To, 0); err != nil {
 			l.note(err, mv.Stream, mv.To, "rebalancing handover not made")
 		}
 	}
+	return l.moving
 }
 
 // drain moves one thing off each draining broker per pass, at the rate

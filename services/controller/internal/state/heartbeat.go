@@ -14,7 +14,7 @@ import (
 // every broker holding a copy of each of 10,000 streams, a merged map
 // copied on each shard write cost a copy of 10,000 entries per event, and
 // the view fell behind etcd while streams were created
-// (docs/architecture.md, "The controller's view"). A Heartbeat a snapshot
+// (docs/architecture.md, "Coordination only through etcd"). A Heartbeat a snapshot
 // holds is never changed: a change makes a new one that shares the
 // unchanged shards.
 type Heartbeat struct {
