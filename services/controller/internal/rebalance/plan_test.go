@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/strandhq/strand/internal/cluster"
+	"github.com/strandhq/strand/internal/clustertest"
 	"github.com/strandhq/strand/services/controller/internal/state"
 	"github.com/strandhq/strand/services/controller/internal/transition"
 )
@@ -245,11 +246,13 @@ func BenchmarkPlanOfBalanced(b *testing.B) {
 		b.Fatal("no eligible broker")
 	}
 	b.ReportAllocs()
+	stop := clustertest.CPUPerOp(b)
 	for b.Loop() {
 		if moves, _ := PlanOf(s, 1); len(moves) != 0 {
 			b.Fatalf("moves %v on a balanced cluster", moves)
 		}
 	}
+	stop()
 }
 
 // The same with every stream's targets worked out, as before PlanOf
@@ -257,9 +260,11 @@ func BenchmarkPlanOfBalanced(b *testing.B) {
 func BenchmarkPlanEveryStreamBalanced(b *testing.B) {
 	s := randomCluster(rand.New(rand.NewPCG(1, 1)), 10_000, [4]int{})
 	b.ReportAllocs()
+	stop := clustertest.CPUPerOp(b)
 	for b.Loop() {
 		if moves := planEveryStream(s, 1); len(moves) != 0 {
 			b.Fatalf("moves %v on a balanced cluster", moves)
 		}
 	}
+	stop()
 }

@@ -30,11 +30,11 @@ type Snapshot struct {
 	Brokers map[string]cluster.BrokerInfo
 	// Heartbeats are each broker's heartbeat shards, with their mod
 	// revisions (HeardSince).
-	Heartbeats map[string]*Heartbeat
-	Streams      map[string]Versioned[cluster.StreamSpec]
-	Assignments  map[string]Versioned[cluster.Assignment]
-	Recoveries   map[string]Versioned[cluster.Recovery]
-	History      map[string]Versioned[cluster.HistoryStarts]
+	Heartbeats  map[string]*Heartbeat
+	Streams     map[string]Versioned[cluster.StreamSpec]
+	Assignments map[string]Versioned[cluster.Assignment]
+	Recoveries  map[string]Versioned[cluster.Recovery]
+	History     map[string]Versioned[cluster.HistoryStarts]
 	// Refusals are the seal refusals the recoverer recorded next to
 	// pending recoveries.
 	Refusals map[string]Versioned[cluster.SealRefusals]
