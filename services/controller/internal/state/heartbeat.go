@@ -1,8 +1,9 @@
 package state
 
 import (
-	"github.com/strandhq/strand/internal/cluster"
 	"go.etcd.io/etcd/api/v3/mvccpb"
+
+	"github.com/strandhq/strand/internal/cluster"
 )
 
 // Heartbeat is one broker's heartbeat as its shard keys hold it
