@@ -53,11 +53,11 @@ const InSyncSlack = 1000
 
 // Heartbeat is stored at HeartbeatKey, bound to the broker's lease: the
 // statuses of the broker's copies whose streams fall in one shard
-// (HeartbeatShard). Readers merge a broker's shards into one Heartbeat.
+// (HeartbeatShard). The controller keeps a broker's shards side by side
+// (its state.Heartbeat), each as its value names it.
 type Heartbeat struct {
 	Node string `json:"node"`
-	// Shard is the shard the value was written for; meaningless in a
-	// merged Heartbeat.
+	// Shard is the shard the value was written for.
 	Shard int `json:"shard"`
 	// Time is when the value was written. Values are written on change,
 	// not on a clock, so an old Time says nothing about liveness: the
@@ -66,7 +66,7 @@ type Heartbeat struct {
 	Streams map[string]CopyTails `json:"streams"`
 	// Omitted counts copies left out of the shard's value because it
 	// would have passed MaxHeartbeatBytes (BoundHeartbeat); the controller
-	// sees no status for them. Meaningless in a merged Heartbeat too.
+	// sees no status for them.
 	Omitted int `json:"omitted,omitempty"`
 }
 

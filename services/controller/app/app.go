@@ -452,9 +452,9 @@ func (a *App) lead(ctx context.Context) error {
 }
 
 // observe takes one liveness pass's snapshot into the memory and the
-// metrics.
-func (a *App) observe(s *state.Snapshot) {
-	sum := a.mem.Observe(s, time.Now())
+// metrics, judging again only the streams changed since the pass before.
+func (a *App) observe(s *state.Snapshot, changed []string, all bool) {
+	sum := a.mem.ObserveChanged(s, changed, all, time.Now())
 	a.met.Observe(metrics.Pass{Streams: sum.Streams, UnderReplicated: sum.UnderReplicated,
 		PendingRecoveries: sum.PendingRecoveries, LiveBrokers: len(s.Brokers)})
 }

@@ -63,7 +63,7 @@ func copyStatuses(s *state.Snapshot, a cluster.Assignment, mem *attention.Memory
 	}
 	var others []string
 	for node, hb := range s.Heartbeats {
-		if _, ok := hb.Streams[a.Stream]; ok && !shown[node] {
+		if hb.Holds(a.Stream) && !shown[node] {
 			others = append(others, node)
 		}
 	}

@@ -123,7 +123,7 @@ func judgeStream(s *state.Snapshot, name string, mem *Memory) []Entry {
 	}
 	suspects := map[string][]string{}
 	for node, hb := range s.Heartbeats {
-		t, ok := hb.Streams[name]
+		t, ok := hb.Tails(name)
 		if !ok {
 			continue
 		}

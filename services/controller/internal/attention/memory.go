@@ -34,6 +34,8 @@ type Memory struct {
 	// on a resync tick then costs nothing here.
 	last *state.Snapshot
 	sum  Summary
+	// under counts the streams whose memo is under.
+	under int
 	// replaceAfter is the controller's --replace-after, for attention to
 	// say when a missing member is replaced.
 	replaceAfter time.Duration
@@ -53,6 +55,9 @@ type memo struct {
 	missing map[string]time.Time
 	// left lists members a change of assignment left out, oldest first.
 	left []Left
+	// under is set when the stream had fewer live, in-sync copies than
+	// its copies E when last judged.
+	under bool
 }
 
 // Left is a member a change of assignment left out.
@@ -76,7 +81,7 @@ func (m *Memory) Reset() {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	clear(m.streams)
-	m.last = nil
+	m.last, m.under = nil, 0
 }
 
 // Summary is what one Observe counted.
@@ -92,69 +97,105 @@ type Summary struct {
 // time it was first seen so. It costs a walk over every copy of every
 // assignment, and returns the counts the controller's metrics show.
 func (m *Memory) Observe(s *state.Snapshot, now time.Time) Summary {
-	sum := Summary{Streams: len(s.Assignments), PendingRecoveries: len(s.Recoveries)}
+	return m.ObserveChanged(s, nil, true, now)
+}
+
+// ObserveChanged is Observe told which streams may have changed since the
+// snapshot observed before (state.Changes.Take): only those are judged
+// again, or every stream when all is set or nothing was observed before.
+// What Observe remembers of a stream depends on the stream's own keys and
+// on which brokers are live alone (a broker coming or going makes all
+// set), so this takes in the same as a walk over every stream, for the
+// cost of the streams changed: at 10,000 streams a walk per liveness pass
+// was most of the controller's work while streams were created
+// (docs/architecture.md, "Coordination only through etcd"). The snapshots observed
+// must be the ones the changes were taken with, in order.
+func (m *Memory) ObserveChanged(s *state.Snapshot, changed []string, all bool, now time.Time) Summary {
 	if m == nil {
-		return sum
+		return Summary{Streams: len(s.Assignments), PendingRecoveries: len(s.Recoveries)}
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if s == m.last {
 		return m.sum
 	}
-	defer func() { m.last, m.sum = s, sum }()
-	for name := range m.streams {
-		if _, ok := s.Assignments[name]; !ok {
-			delete(m.streams, name)
+	if all || m.last == nil {
+		for name := range m.streams {
+			if _, ok := s.Assignments[name]; !ok {
+				m.observe(s, name, now)
+			}
+		}
+		for name := range s.Assignments {
+			m.observe(s, name, now)
+		}
+	} else {
+		for _, name := range changed {
+			m.observe(s, name, now)
 		}
 	}
-	for name, av := range s.Assignments {
-		a := av.Value
-		mo := m.streams[name]
-		if mo == nil || mo.incarnation != a.Incarnation {
-			mo = &memo{incarnation: a.Incarnation}
-			m.streams[name] = mo
+	m.last = s
+	m.sum = Summary{Streams: len(s.Assignments), UnderReplicated: m.under, PendingRecoveries: len(s.Recoveries)}
+	return m.sum
+}
+
+// observe judges stream in s again, keeping the count of under-replicated
+// streams (m.under) in step; a stream without an assignment is forgotten.
+func (m *Memory) observe(s *state.Snapshot, name string, now time.Time) {
+	mo := m.streams[name]
+	if mo != nil && mo.under {
+		m.under--
+	}
+	av, ok := s.Assignments[name]
+	if !ok {
+		delete(m.streams, name)
+		return
+	}
+	a := av.Value
+	if mo == nil || mo.incarnation != a.Incarnation {
+		mo = &memo{incarnation: a.Incarnation}
+		m.streams[name] = mo
+	}
+	if mo.owner != a.Owner || !slices.Equal(mo.followers, a.Followers) {
+		mo.changed(a, now)
+	}
+	// Judged member by member, as JudgeReplication does, without
+	// building its lists: this runs over every copy of every stream
+	// changed.
+	owner, ownerOK := s.Tails(a.Owner, name)
+	inSync := 0
+	for i := range a.Copies() {
+		node := a.Owner
+		if i > 0 {
+			node = a.Followers[i-1]
 		}
-		if mo.owner != a.Owner || !slices.Equal(mo.followers, a.Followers) {
-			mo.changed(a, now)
+		if s.Live(node) {
+			delete(mo.missing, node)
+		} else if _, ok := mo.missing[node]; !ok {
+			if mo.missing == nil {
+				mo.missing = map[string]time.Time{}
+			}
+			mo.missing[node] = now
 		}
-		// Judged member by member, as JudgeReplication does, without
-		// building its lists: this runs over every copy at every pass.
-		owner, ownerOK := s.Tails(a.Owner, name)
-		inSync := 0
-		for i := range a.Copies() {
-			node := a.Owner
-			if i > 0 {
-				node = a.Followers[i-1]
-			}
-			if s.Live(node) {
-				delete(mo.missing, node)
-			} else if _, ok := mo.missing[node]; !ok {
-				if mo.missing == nil {
-					mo.missing = map[string]time.Time{}
-				}
-				mo.missing[node] = now
-			}
-			if judgeMember(s, a, node, owner, ownerOK).State == InSync {
-				inSync++
-				delete(mo.since, node)
-				continue
-			}
-			if _, ok := mo.since[node]; !ok {
-				if mo.since == nil {
-					mo.since = map[string]time.Time{}
-				}
-				mo.since[node] = now
-			}
+		if judgeMember(s, a, node, owner, ownerOK).State == InSync {
+			inSync++
+			delete(mo.since, node)
+			continue
 		}
-		copies := a.Copies()
-		if spec, ok := s.Streams[name]; ok {
-			copies = spec.Value.Copies
-		}
-		if (Replication{Copies: copies, InSync: inSync}).Under() {
-			sum.UnderReplicated++
+		if _, ok := mo.since[node]; !ok {
+			if mo.since == nil {
+				mo.since = map[string]time.Time{}
+			}
+			mo.since[node] = now
 		}
 	}
-	return sum
+	copies := a.Copies()
+	if spec, ok := s.Streams[name]; ok {
+		copies = spec.Value.Copies
+	}
+	mo.under = (Replication{Copies: copies, InSync: inSync}).Under()
+	if mo.under {
+		m.under++
+	}
 }
 
 // changed takes in a new membership of the stream: members gone from it

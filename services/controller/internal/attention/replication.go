@@ -289,7 +289,7 @@ func replaceAction(s *state.Snapshot, a cluster.Assignment, mem *Memory, replaci
 	spare := false
 	for _, n := range s.LiveBrokers() {
 		hb, started := s.Heartbeats[n]
-		if _, holds := hb.Streams[a.Stream]; started && !holds && !a.Includes(n) {
+		if started && !hb.Holds(a.Stream) && !a.Includes(n) {
 			spare = true
 			break
 		}

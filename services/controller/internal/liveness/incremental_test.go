@@ -135,7 +135,7 @@ func TestIncrementalPassActsOnChangedStream(t *testing.T) {
 		return streams
 	}
 	full := make(chan struct{}, 1)
-	l.cfg.Pass = func(*state.Snapshot) {
+	l.cfg.Pass = func(*state.Snapshot, []string, bool) {
 		select {
 		case full <- struct{}{}:
 		default:
@@ -171,7 +171,7 @@ func TestFullPassFindsWhatIncrementalMissed(t *testing.T) {
 		return slices.DeleteFunc(streams, func(s string) bool { return s == "s" })
 	}
 	first := make(chan struct{}, 1)
-	l.cfg.Pass = func(*state.Snapshot) {
+	l.cfg.Pass = func(*state.Snapshot, []string, bool) {
 		select {
 		case first <- struct{}{}:
 		default:

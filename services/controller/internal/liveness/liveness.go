@@ -73,9 +73,12 @@ type Config struct {
 	FullResync time.Duration
 	Now        func() time.Time
 	// Pass, when set, is called with the snapshot of every pass before the
-	// pass acts on it: what the controller remembers between snapshots
-	// and its metrics are kept from it, at the pace of the loop.
-	Pass func(*state.Snapshot)
+	// pass acts on it, and the streams that may have changed since the
+	// snapshot of the pass before (all: every stream; state.Changes.Take):
+	// what the controller remembers between snapshots and its metrics are
+	// kept from it, at the pace of the loop, looking again only at what
+	// changed.
+	Pass func(s *state.Snapshot, changed []string, all bool)
 	// ReplaceAfter is how long a member may be missing before it is
 	// replaced (default transition.DefaultReplaceAfter); MissingSince says
 	// since when each is (replace.go).
@@ -131,7 +134,7 @@ func (l *loop) run(ctx context.Context) error {
 		// race is made again from a newer snapshot at a later pass.
 		snap, changed, all, next := changes.Take()
 		if snap != nil && cfg.Pass != nil {
-			cfg.Pass(snap)
+			cfg.Pass(snap, changed, all)
 		}
 		if snap != nil {
 			if fullNext {
@@ -628,7 +631,7 @@ func ReplenishWith(s *state.Snapshot, load placement.Load, a cluster.Assignment,
 	var returning []transition.Candidate
 	silent := slices.Clone(down)
 	for node, hb := range s.Heartbeats {
-		if _, ok := hb.Streams[a.Stream]; !ok || a.Includes(node) {
+		if !hb.Holds(a.Stream) || a.Includes(node) {
 			continue
 		}
 		if !s.HeardSince(node, a.Stream, since) {

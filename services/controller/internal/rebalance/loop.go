@@ -29,8 +29,19 @@ type LoopConfig struct {
 	Delay time.Duration
 }
 
-// Run passes over the view's snapshot whenever it changes (and once a
-// second) until ctx or the term ends: first the drains, then the balance.
+// Run passes over the view's snapshot once a second, and whenever it
+// changes while a drain or a balance is under way, until ctx or the term
+// ends: first the drains, then the balance.
+//
+// While no drain is under way and the last plan found nothing to move, it
+// does not pass at every change, and does not plan again on the snapshot
+// it found balanced: a plan counts every stream's owner (PlanOf), and
+// taking the view's snapshot makes the view copy the part it changes
+// next. At 10,000 streams planning at every change was a tenth of the
+// controller's work while streams were created, and planning every second
+// most of its work when idle (docs/architecture.md, "Coordination only
+// through etcd"). A drain, or a balance that found a move, passes at every
+// change, so it goes on at --rebalance-rate.
 func Run(ctx context.Context, cfg LoopConfig, term *leader.Term) error {
 	if cfg.Rate <= 0 {
 		cfg.Rate = 2
@@ -43,8 +54,8 @@ func Run(ctx context.Context, cfg LoopConfig, term *leader.Term) error {
 	defer tick.Stop()
 	for {
 		snap, changed := cfg.View.Current()
-		if snap != nil {
-			l.pass(ctx, snap)
+		if snap != nil && !l.pass(ctx, snap) {
+			changed = nil // waits for the tick
 		}
 		select {
 		case <-ctx.Done():
@@ -64,27 +75,41 @@ type loop struct {
 	// members is the membership last seen, and since when it holds.
 	members string
 	since   time.Time
+	// balanced is the snapshot the last plan ran on when it found nothing
+	// to move (nil when it found a move): the same snapshot is not
+	// planned on again (Run).
+	balanced *state.Snapshot
+	// moving is set when the last plan found a move.
+	moving bool
 }
 
-func (l *loop) pass(ctx context.Context, s *state.Snapshot) {
+// pass drains, then balances, and reports whether it is busy: a drain is
+// under way or the plan found a move, so the next pass is due at the next
+// change.
+func (l *loop) pass(ctx context.Context, s *state.Snapshot) bool {
 	if m := membership(s); m != l.members {
 		l.members, l.since = m, time.Now()
 	}
 	if l.drain(ctx, s) {
-		return
+		return true
 	}
-	if time.Since(l.since) < l.cfg.Delay {
-		return
+	if time.Since(l.since) < l.cfg.Delay || s == l.balanced {
+		return false
 	}
 	moves, _ := PlanOf(s, 1)
+	l.moving, l.balanced = len(moves) > 0, nil
+	if !l.moving {
+		l.balanced = s
+	}
 	for _, mv := range moves {
 		if !l.take(ctx) {
-			return
+			return true
 		}
 		if _, err := l.cfg.Mover.Handover(ctx, l.term, s, mv.Stream, mv.To, 0); err != nil {
 			l.note(err, mv.Stream, mv.To, "rebalancing handover not made")
 		}
 	}
+	return l.moving
 }
 
 // drain moves one thing off each draining broker per pass, at the rate

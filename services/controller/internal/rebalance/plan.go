@@ -10,6 +10,7 @@ package rebalance
 
 import (
 	"cmp"
+	"maps"
 	"slices"
 
 	"github.com/strandhq/strand/internal/cluster"
@@ -127,19 +128,33 @@ func Targets(s *state.Snapshot, stream string) []string {
 
 // PlanOf is Plan over a snapshot: the streams replicated on the eligible
 // brokers, each with its targets.
+//
+// A move takes a stream from a broker to one owning at least two fewer
+// (nextMove), so when every eligible broker owns within one of every
+// other there is none, and the targets, which judge every stream's
+// copies, are not worked out: the balancing loop plans on a balanced
+// cluster far more often than on any other, and at 10,000 streams the
+// targets were most of an idle controller's work (docs/architecture.md,
+// "Coordination only through etcd").
 func PlanOf(s *state.Snapshot, max int) (moves []Move, owned map[string]int) {
 	brokers := Eligible(s)
 	owned = make(map[string]int, len(brokers))
 	for _, b := range brokers {
 		owned[b] = 0
 	}
+	for _, av := range s.Assignments {
+		if n, ok := owned[av.Value.Owner]; ok {
+			owned[av.Value.Owner] = n + 1
+		}
+	}
+	if counts := slices.Collect(maps.Values(owned)); len(counts) == 0 || slices.Max(counts)-slices.Min(counts) < 2 {
+		return nil, owned
+	}
 	var streams []Owned
 	for name, av := range s.Assignments {
-		if _, ok := owned[av.Value.Owner]; !ok {
-			continue
+		if _, ok := owned[av.Value.Owner]; ok {
+			streams = append(streams, Owned{Stream: name, Owner: av.Value.Owner, Targets: Targets(s, name)})
 		}
-		owned[av.Value.Owner]++
-		streams = append(streams, Owned{Stream: name, Owner: av.Value.Owner, Targets: Targets(s, name)})
 	}
 	return Plan(brokers, streams, max), owned
 }

@@ -3,10 +3,12 @@ package rebalance
 import (
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"slices"
 	"testing"
 
 	"github.com/strandhq/strand/internal/cluster"
+	"github.com/strandhq/strand/internal/clustertest"
 	"github.com/strandhq/strand/services/controller/internal/state"
 	"github.com/strandhq/strand/services/controller/internal/transition"
 )
@@ -160,4 +162,109 @@ func TestPlanOf(t *testing.T) {
 	if want := []Move{{"s0", "b1", "b2"}, {"s1", "b1", "b2"}}; !slices.Equal(moves, want) {
 		t.Fatalf("with b3 draining: moves %v, want %v", moves, want)
 	}
+}
+
+// planEveryStream is PlanOf as it was before it learnt to stop at a
+// balanced cluster: the targets of every stream, then Plan.
+func planEveryStream(s *state.Snapshot, max int) []Move {
+	brokers := Eligible(s)
+	var streams []Owned
+	for name, av := range s.Assignments {
+		if slices.Contains(brokers, av.Value.Owner) {
+			streams = append(streams, Owned{Stream: name, Owner: av.Value.Owner, Targets: Targets(s, name)})
+		}
+	}
+	return Plan(brokers, streams, max)
+}
+
+// randomCluster is streams streams of three copies over four brokers, their
+// owners drawn from weights (uneven weights make an unbalanced cluster;
+// none, the zero weights, take the brokers in turn: a balanced one),
+// each follower in sync or lagging at random, one broker draining at
+// random.
+func randomCluster(rng *rand.Rand, streams int, weights [4]int) *state.Snapshot {
+	nodes := []string{"b1", "b2", "b3", "b4"}
+	b := state.Build().Live(nodes...)
+	total := weights[0] + weights[1] + weights[2] + weights[3]
+	for i := range streams {
+		o := i % 4
+		if total > 0 {
+			w := rng.IntN(total)
+			for o = 0; w >= weights[o]; o++ {
+				w -= weights[o]
+			}
+		}
+		perm := rng.Perm(3)
+		var followers []string
+		for _, p := range perm[:2] {
+			followers = append(followers, nodes[(o+1+p)%4])
+		}
+		a := asg(nodes[o], followers...)
+		a.Stream = fmt.Sprintf("s%05d", i)
+		b.Stream(a).Tails(nodes[o], a.Stream, tails(cluster.RoleOwner, 100))
+		for _, f := range followers {
+			b.Tails(f, a.Stream, tails(cluster.RoleFollower, uint64(rng.IntN(2))*100))
+		}
+	}
+	if rng.IntN(3) == 0 {
+		b.Drain(nodes[rng.IntN(4)])
+	}
+	return b.Snapshot()
+}
+
+// PlanOf, which stops early on a cluster within one of balanced, plans
+// what planning with every stream's targets does, on balanced and
+// unbalanced clusters alike.
+func TestPlanOfMatchesEveryStream(t *testing.T) {
+	rng := rand.New(rand.NewPCG(3, 3))
+	balanced := 0
+	for i := range 200 {
+		var weights [4]int
+		for j := range weights {
+			weights[j] = 1 + rng.IntN(4)*rng.IntN(2)
+		}
+		s := randomCluster(rng, 4+rng.IntN(40), weights)
+		max := 1 + rng.IntN(5)
+		got, owned := PlanOf(s, max)
+		if want := planEveryStream(s, max); !slices.Equal(got, want) {
+			t.Fatalf("case %d (owned %v): PlanOf %v, with every stream's targets %v", i, owned, got, want)
+		}
+		if len(got) == 0 {
+			balanced++
+		}
+	}
+	if balanced == 0 || balanced == 200 {
+		t.Fatalf("%d of 200 clusters had nothing to move: the cases do not cover both kinds", balanced)
+	}
+}
+
+// What a pass of the balancing loop costs on a balanced cluster of 10,000
+// streams (the loop's every pass once idle).
+func BenchmarkPlanOfBalanced(b *testing.B) {
+	s := randomCluster(rand.New(rand.NewPCG(1, 1)), 10_000, [4]int{})
+	if _, owned := PlanOf(s, 1); len(owned) == 0 {
+		b.Fatal("no eligible broker")
+	}
+	b.ReportAllocs()
+	stop := clustertest.CPUPerOp(b)
+	for b.Loop() {
+		if moves, _ := PlanOf(s, 1); len(moves) != 0 {
+			b.Fatalf("moves %v on a balanced cluster", moves)
+		}
+	}
+	stop()
+}
+
+// The same with every stream's targets worked out, as before PlanOf
+// stopped early.
+func BenchmarkPlanEveryStreamBalanced(b *testing.B) {
+	s := randomCluster(rand.New(rand.NewPCG(1, 1)), 10_000, [4]int{})
+	b.ReportAllocs()
+	stop := clustertest.CPUPerOp(b)
+	for b.Loop() {
+		if moves := planEveryStream(s, 1); len(moves) != 0 {
+			b.Fatalf("moves %v on a balanced cluster", moves)
+		}
+	}
+	stop()
 }

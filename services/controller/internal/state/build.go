@@ -30,47 +30,47 @@ func (b *Builder) Zone(zone string, nodes ...string) *Builder {
 	return b
 }
 
-// Tails adds stream's tails to node's heartbeat.
+// Tails adds stream's tails to node's heartbeat, in the shard stream
+// hashes to.
 func (b *Builder) Tails(node, stream string, t cluster.CopyTails) *Builder {
-	hb, ok := b.s.Heartbeats[node]
-	if !ok {
-		hb = cluster.Heartbeat{Node: node, Streams: map[string]cluster.CopyTails{}}
+	hb := b.heartbeat(node)
+	shard := cluster.HeartbeatShard(stream)
+	if hb.shards[shard] == nil {
+		hb.shards[shard] = map[string]cluster.CopyTails{}
 	}
-	hb.Streams[stream] = t
-	b.s.Heartbeats[node] = hb
-	b.fresh(node)
+	hb.shards[shard][stream] = t
 	return b
 }
 
 // Heartbeat adds an empty heartbeat for node.
 func (b *Builder) Heartbeat(node string) *Builder {
-	if _, ok := b.s.Heartbeats[node]; !ok {
-		b.s.Heartbeats[node] = cluster.Heartbeat{Node: node, Streams: map[string]cluster.CopyTails{}}
-	}
-	b.fresh(node)
+	b.heartbeat(node)
 	return b
 }
 
-// fresh marks node's heartbeat shards as written after every other key
-// the builder writes (revisions below 100).
-func (b *Builder) fresh(node string) {
-	if _, ok := b.s.HeartbeatRev[node]; !ok {
-		b.setRevs(node, 100)
+// heartbeat returns node's heartbeat, added when missing with its shards
+// written after every other key the builder writes (revisions below 100).
+// The builder's snapshot is not handed out yet, so it is changed in place.
+func (b *Builder) heartbeat(node string) *Heartbeat {
+	hb := b.s.Heartbeats[node]
+	if hb == nil {
+		hb = new(Heartbeat)
+		b.setRevs(hb, 100)
+		b.s.Heartbeats[node] = hb
 	}
+	return hb
 }
 
-func (b *Builder) setRevs(node string, rev int64) {
-	revs := new([cluster.HeartbeatShards]int64)
-	for i := range revs {
-		revs[i] = rev
+func (b *Builder) setRevs(hb *Heartbeat, rev int64) {
+	for i := range hb.revs {
+		hb.revs[i] = rev
 	}
-	b.s.HeartbeatRev[node] = revs
 }
 
 // StaleHeartbeat marks node's heartbeat shards as written before the
 // assignments: a broker that died but whose lease has not ended yet.
 func (b *Builder) StaleHeartbeat(node string) *Builder {
-	b.setRevs(node, 1)
+	b.setRevs(b.heartbeat(node), 1)
 	return b
 }
 

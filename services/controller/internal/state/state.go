@@ -28,15 +28,13 @@ type Versioned[T any] struct {
 type Snapshot struct {
 	Rev     int64
 	Brokers map[string]cluster.BrokerInfo
-	// Heartbeats are each broker's heartbeat shards merged into one.
-	Heartbeats map[string]cluster.Heartbeat
-	// HeartbeatRev is the mod revision of each shard of each broker's
-	// heartbeat (HeardSince).
-	HeartbeatRev map[string]*[cluster.HeartbeatShards]int64
-	Streams      map[string]Versioned[cluster.StreamSpec]
-	Assignments  map[string]Versioned[cluster.Assignment]
-	Recoveries   map[string]Versioned[cluster.Recovery]
-	History      map[string]Versioned[cluster.HistoryStarts]
+	// Heartbeats are each broker's heartbeat shards, with their mod
+	// revisions (HeardSince).
+	Heartbeats  map[string]*Heartbeat
+	Streams     map[string]Versioned[cluster.StreamSpec]
+	Assignments map[string]Versioned[cluster.Assignment]
+	Recoveries  map[string]Versioned[cluster.Recovery]
+	History     map[string]Versioned[cluster.HistoryStarts]
 	// Refusals are the seal refusals the recoverer recorded next to
 	// pending recoveries.
 	Refusals map[string]Versioned[cluster.SealRefusals]
@@ -83,15 +81,13 @@ func ownAll(part) {}
 func empty() *Snapshot {
 	return &Snapshot{
 		Brokers:     map[string]cluster.BrokerInfo{},
-		Heartbeats:  map[string]cluster.Heartbeat{},
+		Heartbeats:  map[string]*Heartbeat{},
 		Streams:     map[string]Versioned[cluster.StreamSpec]{},
 		Assignments: map[string]Versioned[cluster.Assignment]{},
 		Recoveries:  map[string]Versioned[cluster.Recovery]{},
 		History:     map[string]Versioned[cluster.HistoryStarts]{},
 		Refusals:    map[string]Versioned[cluster.SealRefusals]{},
 		Draining:    map[string]Versioned[cluster.Drain]{},
-
-		HeartbeatRev: map[string]*[cluster.HeartbeatShards]int64{},
 	}
 }
 
@@ -185,81 +181,6 @@ func partOf(s cluster.Schema, key string) (part, string) {
 	return partNone, ""
 }
 
-// applyHeartbeat is the heartbeat part of apply, and the one place a
-// heartbeat key and value are read: one shard of a broker's heartbeat
-// (docs/etcd-schema.md) goes into the broker's merged Heartbeat, in place of
-// what an earlier value of the same shard put there, and its mod revision
-// into the broker's HeartbeatRev (HeardSince). A delete of a shard takes its
-// copies away; the broker's entry goes with its last shard. The revision is
-// kept even for a value that cannot be decoded, since the broker did write
-// it. Published snapshots share the Heartbeat values and revision arrays,
-// so both are replaced, never changed in place.
-//
-// The streams whose copy status on node the value changes (added, gone or
-// different) go to cs.
-func (snap *Snapshot) applyHeartbeat(s cluster.Schema, key string, kv *mvccpb.KeyValue, cs *changeSet) error {
-	node, shard, err := s.ParseHeartbeatKey(key)
-	if err != nil {
-		return err
-	}
-	old := snap.Heartbeats[node]
-	hb := cluster.Heartbeat{Node: node, Time: old.Time, Streams: make(map[string]cluster.CopyTails, len(old.Streams))}
-	var was map[string]cluster.CopyTails
-	for stream, t := range old.Streams {
-		// The copies an earlier value of this shard put there go: a copy
-		// gone since would outlive it.
-		if cluster.HeartbeatShard(stream) != shard {
-			hb.Streams[stream] = t
-		} else if cs != nil {
-			if was == nil {
-				was = map[string]cluster.CopyTails{}
-			}
-			was[stream] = t
-		}
-	}
-	var revs [cluster.HeartbeatShards]int64
-	if r := snap.HeartbeatRev[node]; r != nil {
-		revs = *r
-	}
-	var derr error
-	if kv == nil {
-		revs[shard] = 0
-	} else {
-		revs[shard] = kv.ModRevision
-		v, err := cluster.Decode[cluster.Heartbeat](kv.Value)
-		if err != nil {
-			derr = err
-		} else {
-			for stream, t := range v.Streams {
-				// A stream in a shard it does not hash to (a broker with
-				// another shard count) is taken all the same: it is the
-				// broker's word on its copy.
-				if cs != nil {
-					if w, ok := old.Streams[stream]; !ok || w != t {
-						cs.add(stream)
-					}
-					delete(was, stream)
-				}
-				hb.Streams[stream] = t
-			}
-			if v.Time.After(hb.Time) {
-				hb.Time = v.Time
-			}
-		}
-	}
-	for stream := range was {
-		cs.add(stream) // gone from the shard
-	}
-	if revs == ([cluster.HeartbeatShards]int64{}) {
-		delete(snap.Heartbeats, node)
-		delete(snap.HeartbeatRev, node)
-		return derr
-	}
-	snap.Heartbeats[node] = hb
-	snap.HeartbeatRev[node] = &revs
-	return derr
-}
-
 func plain[T any](v T, _ int64) T { return v }
 
 func versioned[T any](v T, rev int64) Versioned[T] { return Versioned[T]{Value: v, ModRev: rev} }
@@ -311,7 +232,7 @@ func (snap *Snapshot) unshare(p part) {
 		snap.Brokers = maps.Clone(snap.Brokers)
 	}
 	if p&partHeartbeats != 0 {
-		snap.Heartbeats, snap.HeartbeatRev = maps.Clone(snap.Heartbeats), maps.Clone(snap.HeartbeatRev)
+		snap.Heartbeats = maps.Clone(snap.Heartbeats)
 	}
 	if p&partStreams != 0 {
 		snap.Streams = maps.Clone(snap.Streams)
@@ -356,14 +277,8 @@ func (s *Snapshot) Live(node string) bool {
 // a copy that is back. A broker that holds no copy of stream gives no such
 // evidence: HeardSince is false for it.
 func (s *Snapshot) HeardSince(node, stream string, rev int64) bool {
-	revs := s.HeartbeatRev[node]
-	if revs == nil {
-		return false
-	}
-	if _, ok := s.Heartbeats[node].Streams[stream]; !ok {
-		return false
-	}
-	return revs[cluster.HeartbeatShard(stream)] > rev
+	hb := s.Heartbeats[node]
+	return hb.Holds(stream) && hb.revs[cluster.HeartbeatShard(stream)] > rev
 }
 
 // Zones returns each live broker's zone, nil when no broker has one (a
@@ -401,12 +316,7 @@ func (s *Snapshot) IsDraining(node string) bool {
 // Tails returns the tails node last published for stream, if its heartbeat
 // is present and names the stream.
 func (s *Snapshot) Tails(node, stream string) (cluster.CopyTails, bool) {
-	hb, ok := s.Heartbeats[node]
-	if !ok {
-		return cluster.CopyTails{}, false
-	}
-	t, ok := hb.Streams[stream]
-	return t, ok
+	return s.Heartbeats[node].Tails(stream)
 }
 
 // CopyCounts returns how many copies each node holds across assignments,

@@ -106,12 +106,17 @@ func (w *writer) brokerKey() (string, string) {
 		return schema.BrokerKey(n), cluster.Encode(cluster.BrokerInfo{Node: n, Address: fmt.Sprintf("127.0.0.1:%d", 1000+w.n())})
 	}
 	// A shard of the broker's heartbeat, carrying a stream that hashes to
-	// it, as brokers write them.
+	// it, as brokers write them; or, now and then, a stream that hashes to
+	// another shard too, as a broker with another shard count writes
+	// them, which the view must read as a load does whatever the order
+	// the shards were written in.
 	st := w.pick(streams)
 	shard := cluster.HeartbeatShard(st)
-	return schema.HeartbeatKey(n, shard), cluster.Encode(cluster.Heartbeat{Node: n, Shard: shard, Streams: map[string]cluster.CopyTails{
-		st: {Epoch: w.n(), Role: cluster.RoleFollower, RecordTail: w.n()},
-	}})
+	tails := map[string]cluster.CopyTails{st: {Epoch: w.n(), Role: cluster.RoleFollower, RecordTail: w.n()}}
+	if w.rng.IntN(3) == 0 {
+		tails[w.pick(streams)] = cluster.CopyTails{Epoch: w.n(), Role: cluster.RoleOwner, RecordTail: w.n()}
+	}
+	return schema.HeartbeatKey(n, shard), cluster.Encode(cluster.Heartbeat{Node: n, Shard: shard, Streams: tails})
 }
 
 // op returns one random put or delete on a key of the state.

@@ -106,7 +106,7 @@ func ReplacementCandidates(s *state.Snapshot, load placement.Load, a cluster.Ass
 			without = append(without, node)
 			continue
 		}
-		if _, holds := hb.Streams[a.Stream]; holds && !a.Includes(node) {
+		if hb.Holds(a.Stream) && !a.Includes(node) {
 			without = append(without, node)
 		}
 	}
