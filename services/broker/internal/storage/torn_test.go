@@ -306,36 +306,6 @@ func TestValueLogGCInterruptedWithoutTheOldFileCutsTheCopy(t *testing.T) {
 	sameRecords(t, "what the copy claims", got, want[:len(got)])
 }
 
-// A GC marker left by a process that died mid-rewrite on the same boot
-// asks for nothing: the page cache kept every write. The next open drops
-// it, so a later machine crash does not read every value back for it.
-func TestValueLogGCMarkerAfterAProcessCrashIsDropped(t *testing.T) {
-	h := newCrashHarness(t)
-	db := h.open(h.dir)
-	s := ownerStream(t, db, "s", 1)
-	mustAppend(t, s, 1, sizedRecs("a", 4, 2048))
-	if err := db.Close(); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Remove(filepath.Join(h.dir, cleanFile)); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(filepath.Join(h.dir, gcMarkerFile), nil, 0o644); err != nil {
-		t.Fatal(err)
-	}
-	db = h.open(h.dir)
-	defer db.Close()
-	if db.MayHaveLostWritten() {
-		t.Fatal("a process crash on the same boot claims written records may be lost")
-	}
-	if storeFileExists(h.dir, gcMarkerFile) {
-		t.Fatal("the GC marker of a process crash outlived the next open")
-	}
-	if got := mustRead(t, openStream(t, db, "s"), 0, 0); len(got) != 4 {
-		t.Fatalf("read %d records, want 4", len(got))
-	}
-}
-
 // The newest transaction's metadata may be torn as its segments are: a
 // meta with a few log epochs is above the value threshold, so in the value
 // log. The copy comes back with the metadata the last synced write left
@@ -355,76 +325,6 @@ func TestTornMetadataIsRolledBackAfterAMachineCrash(t *testing.T) {
 		t.Fatalf("after the crash: tail %d chain %#x %d log epochs, want %d %#x %d", st.RecordTail, st.Chain, len(st.LogEpochs), before.RecordTail, before.Chain, len(before.LogEpochs))
 	}
 	sameRecords(t, "after the roll back", mustRead(t, s, 0, 0), synced)
-}
-
-// A crash in the middle of a roll back: the next open on the same boot
-// rolls back the rest. It must not take the roll back's own first write
-// for the newest transaction (a fresh look would, find nothing torn in it
-// and leave the rest torn): the version it started from, and that it is
-// rolling back, are kept in STRAND_UNSURE. The keys are written by the
-// committer like any batch: a small value (the write-ahead log) that sorts
-// first and a large one (the value log).
-func TestRollBackInterruptedIsFinishedByTheNextOpen(t *testing.T) {
-	h := newCrashHarness(t)
-	db := h.open(h.dir)
-	small, large := []byte("x1"), []byte("x2")
-	put := func(tag string) {
-		t.Helper()
-		big := bytes.Repeat([]byte(tag), 2048)
-		o := &op{}
-		o.add(small, []byte(tag))
-		o.add(large, big)
-		if err := db.do(context.Background(), o); err != nil {
-			t.Fatal(err)
-		}
-	}
-	put("a")
-	onDisk := h.valueLogs()
-	inSync, release := holdNextSync(db)
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		put("b")
-	}()
-	<-inSync
-	crashed := h.crashCopy(onDisk)
-	close(release)
-	<-done
-	if err := db.Close(); err != nil {
-		t.Fatal(err)
-	}
-	h.reboot("boot-2")
-
-	h.hooks.WriteBackSplit = 1
-	_, err := Open(Options{Dir: crashed, Logger: zerolog.Nop(), MemTableBytes: 8 << 20, CacheBytes: 4 << 20, ValueLogFileBytes: 1 << 20, BootIDPath: h.boot, hooks: h.hooks})
-	h.hooks.WriteBackSplit = 0
-	if err == nil || !strings.Contains(err.Error(), "injected") {
-		t.Fatalf("open with a roll back cut short: %v", err)
-	}
-	db = h.open(crashed)
-	defer db.Close()
-	err = db.eng.View(func(txn *engine.Txn) error {
-		for key, want := range map[string][]byte{"x1": []byte("a"), "x2": bytes.Repeat([]byte("a"), 2048)} {
-			item, err := txn.Get([]byte(key))
-			if err != nil {
-				return fmt.Errorf("%s: %w", key, err)
-			}
-			v, err := item.ValueCopy(nil)
-			if err != nil {
-				return fmt.Errorf("%s: %w", key, err)
-			}
-			if !bytes.Equal(v, want) {
-				return fmt.Errorf("%s = %.8q..., want the value before the torn write", key, v)
-			}
-		}
-		return nil
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if storeFileExists(crashed, unsureFile) {
-		t.Fatal("the recovery marker outlived a finished recovery")
-	}
 }
 
 // A crash in the middle of the recovery, after the roll back and before
