@@ -8,7 +8,6 @@ import (
 	"slices"
 	"sync"
 	"testing"
-
 )
 
 // keys lists the keys under prefix, in the iterator's order.

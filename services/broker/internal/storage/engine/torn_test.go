@@ -316,4 +316,3 @@ func TestValueLogGCMarkerAfterAProcessCrashIsDropped(t *testing.T) {
 		t.Fatalf("latest batch %d, want 0", n)
 	}
 }
-
