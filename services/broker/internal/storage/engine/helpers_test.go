@@ -250,7 +250,8 @@ func sameContents(t *testing.T, what string, got, want map[string][]byte) {
 		slices.Sort(missing)
 		slices.Sort(extra)
 		slices.Sort(differ)
-		t.Fatalf("%s: %d keys missing %.5q, %d not written %.5q, %d with other values %.5q", what, len(missing), missing, len(extra), extra, len(differ), differ)
+		few := func(keys []string) []string { return keys[:min(len(keys), 5)] }
+		t.Fatalf("%s: %d keys missing %q, %d not written %q, %d with other values %q (at most 5 of each)", what, len(missing), few(missing), len(extra), few(extra), len(differ), few(differ))
 	}
 }
 
