@@ -704,3 +704,54 @@ func storeFileExists(dir, name string) bool {
 	_, err := os.Stat(filepath.Join(dir, name))
 	return err == nil
 }
+
+// vlogFiles lists the value log files in dir.
+func vlogFiles(t *testing.T, dir string) []string {
+	t.Helper()
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, e := range ents {
+		if strings.HasSuffix(e.Name(), ".vlog") {
+			out = append(out, e.Name())
+		}
+	}
+	return out
+}
+
+// liveGarbage appends to two owned streams of db, "s" and "k", so that
+// retention on s leaves every value log file mostly garbage while k keeps a
+// few records in each: a GC rewrite has values to move. It returns s, its
+// record tail and k's records.
+func liveGarbage(t *testing.T, db *DB) (*Stream, uint64, []Record) {
+	t.Helper()
+	s := ownerStream(t, db, "s", 1)
+	k := ownerStream(t, db, "k", 1)
+	var want []Record
+	for i := range 24 {
+		mustAppend(t, s, 1, sizedRecs(fmt.Sprint("a", i), 64, 4096))
+		if i%4 == 0 {
+			want = append(want, mustAppend(t, k, 1, sizedRecs(fmt.Sprint("k", i), 8, 4096))...)
+		}
+	}
+	tail := s.State().RecordTail
+	s.SetConfirmWatermark(tail)
+	if _, err := s.ApplyRetention(context.Background(), Retention{MaxRecords: 96}, time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	countGarbage(t, db)
+	return s, tail, want
+}
+
+// countGarbage brings Badger's garbage counts per value log file up to
+// date: Badger counts a file's garbage when compaction drops the deleted
+// segments, so the memtables are flushed (dropping a prefix that holds a
+// key flushes the active one too) and everything is compacted now.
+func countGarbage(t *testing.T, db *DB) {
+	t.Helper()
+	if err := db.eng.FlushAndCompact(); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -118,4 +119,83 @@ func TestValueLogGCRacingWritesKeepsTheLatestValues(t *testing.T) {
 	e = openEngine(t, dir, Options{})
 	defer e.Close()
 	sameContents(t, "after the GC and a reopen", readPrefix(t, e, []byte("k")), want)
+}
+
+// The value log GC rewrites a file that is mostly garbage, and Badger
+// deletes the old file only once the rewrite is durable (vlog.go): when
+// the rewrite returns, every file it started with is still there (without
+// the iterator that pins them, Badger deletes the rewritten file at once,
+// and a power loss would then lose the values its rewrite had not yet
+// synced). Afterwards the old file is gone and every live value reads back,
+// after a reopen too. That the committer is kept out meanwhile is
+// TestValueLogGCKeepsTheCommitterOut.
+func TestValueLogGCKeepsTheOldFileUntilTheRewriteIsDurable(t *testing.T) {
+	dir := t.TempDir()
+	e := openEngine(t, dir, Options{})
+	want := liveGarbage(t, e)
+	before := vlogFiles(t, dir)
+	var during []string
+	e.hooks.AfterGCRewrite = func() { during = vlogFiles(t, dir) }
+	if err := e.RunValueLogGC(); err != nil {
+		_ = e.Close()
+		t.Fatalf("value log GC: %v (files %v)", err, before)
+	}
+	if during == nil {
+		_ = e.Close()
+		t.Fatal("the GC rewrote nothing")
+	}
+	for _, f := range before {
+		if !slices.Contains(during, f) {
+			t.Errorf("value log file %s was deleted before the rewrite was synced (files before %v, after the rewrite %v)", f, before, during)
+		}
+	}
+	after := vlogFiles(t, dir)
+	if !slices.ContainsFunc(before, func(f string) bool { return !slices.Contains(after, f) }) {
+		t.Errorf("no value log file was deleted by the GC: before %v, after %v", before, after)
+	}
+	checkValues(t, e, "after the GC", want)
+	// Writes go on after a GC.
+	b := &Batch{}
+	b.Set([]byte("after-gc"), bytes.Repeat([]byte("a"), 4096))
+	if err := e.Do(context.Background(), b); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.Close(); err != nil {
+		t.Fatal(err)
+	}
+	e = openEngine(t, dir, Options{})
+	defer e.Close()
+	checkValues(t, e, "after the GC and a reopen", want)
+}
+
+// A rewrite that holds every write longer than the GC's stall limit
+// (Badger retries a failed memtable flush for ever) fails the engine, as
+// a failed write does (vlog.go): the broker then stops and its streams
+// fail over, instead of keeping its lease with a store that takes no
+// write.
+func TestValueLogGCThatHoldsWritesTooLongFailsTheEngine(t *testing.T) {
+	failed := make(chan error, 1)
+	e := openEngine(t, t.TempDir(), Options{OnFail: func(err error) { failed <- err }})
+	defer e.Close()
+	liveGarbage(t, e)
+	e.hooks.GCStallLimit = 100 * time.Millisecond
+	release := make(chan struct{})
+	e.hooks.AfterGCRewrite = func() { <-release }
+	done := make(chan error, 1)
+	go func() { done <- e.RunValueLogGC() }()
+	select {
+	case err := <-failed:
+		if err == nil {
+			t.Error("OnFail with no error")
+		}
+	case <-time.After(20 * time.Second):
+		t.Error("the engine did not fail while the GC held every write")
+	}
+	close(release)
+	<-done
+	b := &Batch{}
+	b.Set([]byte("after-stall"), []byte("x"))
+	if err := e.Do(context.Background(), b); !errors.Is(err, ErrClosed) {
+		t.Fatalf("a write after the stall: %v, want ErrClosed", err)
+	}
 }

@@ -360,3 +360,19 @@ func exitAfter() {
 		os.Exit(3)
 	})
 }
+
+// vlogFiles lists the value log files in dir, in Badger's order.
+func vlogFiles(t *testing.T, dir string) []string {
+	t.Helper()
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, e := range ents {
+		if strings.HasSuffix(e.Name(), ".vlog") {
+			out = append(out, e.Name())
+		}
+	}
+	return out
+}

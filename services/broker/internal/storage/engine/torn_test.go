@@ -54,19 +54,12 @@ func (h *powerLoss) open(dir string, recover func(*Recovering) error) *Engine {
 func (h *powerLoss) valueLogs() map[string][]byte {
 	h.t.Helper()
 	out := map[string][]byte{}
-	ents, err := os.ReadDir(h.dir)
-	if err != nil {
-		h.t.Fatal(err)
-	}
-	for _, e := range ents {
-		if !strings.HasSuffix(e.Name(), ".vlog") {
-			continue
-		}
-		b, err := os.ReadFile(filepath.Join(h.dir, e.Name()))
+	for _, name := range vlogFiles(h.t, h.dir) {
+		b, err := os.ReadFile(filepath.Join(h.dir, name))
 		if err != nil {
 			h.t.Fatal(err)
 		}
-		out[e.Name()] = b
+		out[name] = b
 	}
 	return out
 }
