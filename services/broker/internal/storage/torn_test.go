@@ -251,31 +251,6 @@ func gcCrash(t *testing.T, h *crashHarness) (string, []Record) {
 	return crashed, want
 }
 
-// A power loss in the middle of a value log GC rewrite: the records it
-// moved are read back from the file they were moved from, and the copy
-// keeps every one of them (without the repair, none of the moved records
-// could be read, and the copy still claimed them).
-func TestValueLogGCInterruptedByAPowerLossIsRepaired(t *testing.T) {
-	h := newCrashHarness(t)
-	crashed, want := gcCrash(t, h)
-	h.reboot("boot-2")
-	db := h.open(crashed)
-	defer db.Close()
-	k := openStream(t, db, "k")
-	st := k.State()
-	if st.RecordTail != uint64(len(want)) {
-		t.Fatalf("record tail %d after the repair, want %d", st.RecordTail, len(want))
-	}
-	got, err := k.Read(0, len(want), 0)
-	if err != nil {
-		t.Fatalf("reading the records the GC moved: %v", err)
-	}
-	sameRecords(t, "the records the GC moved", got, want)
-	if storeFileExists(crashed, gcMarkerFile) || storeFileExists(crashed, unsureFile) {
-		t.Fatal("markers left after the repair")
-	}
-}
-
 // When the file the GC moved values from is gone too, nothing can repair
 // them: the copy is cut below the lowest record it cannot read, and claims
 // only what it holds.

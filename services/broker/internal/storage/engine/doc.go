@@ -73,12 +73,15 @@
 // acknowledged, whole, and none in part (crash_test.go); a failed write
 // fails its group, calls OnFail once and refuses the rest with ErrClosed
 // (fault_test.go), and so does a full disk (fulldisk_linux_test.go); the
-// value log GC racing overwrites and deletes keeps every latest value
-// (gc_test.go); a torn newest transaction is rolled back, also when a
-// crash cuts the roll back short (torn_test.go); every power-loss state of
-// the newest log files opens (repair_test.go); and MayHaveLostWritten
-// follows the boot (boot_test.go). What the model builds on them (record
-// tails, unsure epochs) is tested in package storage.
+// value log GC racing overwrites and deletes keeps every latest value,
+// and keeps the file it rewrote until the rewrite is durable (gc_test.go);
+// a torn newest transaction is rolled back, also when a crash cuts the
+// roll back short, and a value log GC rewrite a power loss cut short is
+// repaired or reported (ValuesLost) (torn_test.go); every power-loss
+// state of the newest log files opens (repair_test.go); and
+// MayHaveLostWritten follows the boot (boot_test.go). What the model
+// builds on them (record tails, unsure epochs) is tested in package
+// storage.
 //
 // # Memory
 //
