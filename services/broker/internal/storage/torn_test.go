@@ -438,69 +438,6 @@ func TestRecoveryWriteTornByAPowerLossIsRolledBack(t *testing.T) {
 	}
 }
 
-// A power loss during the write of the values a GC repair read back: the
-// next open rolls it back and repairs again, from the old file.
-func TestValueLogGCRepairTornByAPowerLossIsRepairedAgain(t *testing.T) {
-	h := newCrashHarness(t)
-	crashed, want := gcCrash(t, h)
-	h.reboot("boot-2")
-	h = &crashHarness{t: t, dir: crashed, boot: h.boot, hooks: h.hooks}
-	crashed = h.openTearingRecovery()
-	db := h.open(crashed)
-	defer db.Close()
-	k := openStream(t, db, "k")
-	if st := k.State(); st.RecordTail != uint64(len(want)) {
-		t.Fatalf("record tail %d, want %d", st.RecordTail, len(want))
-	}
-	got, err := k.Read(0, len(want), 0)
-	if err != nil {
-		t.Fatalf("reading the records the GC moved: %v", err)
-	}
-	sameRecords(t, "the records the GC moved", got, want)
-}
-
-// Power losses during the recovery of a value log GC rewrite cut short:
-// the repair's write torn once, then the next recovery stopped right after
-// its roll back (its From saved past the torn repair); or the repair's
-// write torn twice in a row. Each time the records the GC moved must come
-// back from the old file, which still holds them, not be cut away.
-func TestValueLogGCRepairSurvivesRepeatedCrashes(t *testing.T) {
-	for _, c := range []struct {
-		name  string
-		crash func(h *crashHarness) string
-	}{
-		{"stopped after the roll back", func(h *crashHarness) string {
-			h.hooks.AfterRecoveryStep = func(at string) error {
-				if at == "roll back" {
-					return fmt.Errorf("injected: crash after %s", at)
-				}
-				return nil
-			}
-			defer func() { h.hooks.AfterRecoveryStep = nil }()
-			_, err := Open(Options{Dir: h.dir, Logger: zerolog.Nop(), MemTableBytes: 8 << 20, CacheBytes: 4 << 20, ValueLogFileBytes: 1 << 20, BootIDPath: h.boot, hooks: h.hooks})
-			if err == nil || !strings.Contains(err.Error(), "injected") {
-				t.Fatalf("open stopped after the roll back: %v", err)
-			}
-			return h.dir
-		}},
-		{"torn again", func(h *crashHarness) string { return h.openTearingRecovery() }},
-	} {
-		t.Run(c.name, func(t *testing.T) {
-			h := newCrashHarness(t)
-			crashed, want := gcCrash(t, h)
-			h.reboot("boot-2")
-			h = &crashHarness{t: t, dir: crashed, boot: h.boot, hooks: h.hooks}
-			h = &crashHarness{t: t, dir: h.openTearingRecovery(), boot: h.boot, hooks: h.hooks}
-			crashed = c.crash(h)
-			db := h.open(crashed)
-			defer db.Close()
-			if st := openStream(t, db, "k").State(); st.RecordTail != uint64(len(want)) {
-				t.Fatalf("record tail %d, want %d: records the GC moved were cut though the old file holds them", st.RecordTail, len(want))
-			}
-		})
-	}
-}
-
 // The value log GC moves values of the newest transaction, which was
 // synced (its append rotated the value log file, so its values sit in a
 // file the GC rewrites), and a power loss cuts the rewrite short. The

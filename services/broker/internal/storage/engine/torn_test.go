@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -404,5 +405,106 @@ func TestValueLogGCInterruptedWithoutTheOldFileReportsValuesLost(t *testing.T) {
 	}
 	if rec := e.Recovery(); rec.ValuesLost || rec.Pending {
 		t.Fatalf("Recovery after Settle = %+v", rec)
+	}
+}
+
+// headerOnly returns the value log files of h.dir as a power loss now
+// would leave them if everything since onDisk was read had not reached the
+// disk: files in onDisk as they were, files made since with their header
+// only.
+func (h *powerLoss) headerOnly(onDisk map[string][]byte) map[string][]byte {
+	h.t.Helper()
+	out := h.valueLogs()
+	for name, b := range out {
+		if old, ok := onDisk[name]; ok {
+			out[name] = old
+			continue
+		}
+		nb := make([]byte, len(b))
+		copy(nb, b[:badgerLogHeaderBytes])
+		out[name] = nb
+	}
+	return out
+}
+
+// openTearingRecovery opens h.dir, which must need a recovery, and returns
+// a copy of it as a power loss right after the recovery's first write back
+// committed, before its fsync, leaves it: the write-ahead log written back,
+// the value log not. It reboots.
+func (h *powerLoss) openTearingRecovery() string {
+	h.t.Helper()
+	onDisk := h.valueLogs()
+	var crashed string
+	h.hooks.BeforeWriteBackSync = func() {
+		if crashed == "" {
+			crashed = h.crashCopy(h.headerOnly(onDisk))
+		}
+	}
+	e := h.open(h.dir, nil)
+	h.hooks.BeforeWriteBackSync = nil
+	if err := e.Close(); err != nil {
+		h.t.Fatal(err)
+	}
+	if crashed == "" {
+		h.t.Fatal("the recovery wrote nothing")
+	}
+	writeBoot(h.t, h.boot, "boot-3")
+	return crashed
+}
+
+// A power loss during the write of the values a GC repair read back: the
+// next open rolls it back and repairs again, from the old file.
+func TestValueLogGCRepairTornByAPowerLossIsRepairedAgain(t *testing.T) {
+	h := newPowerLoss(t)
+	crashed, want := gcPowerLoss(t, h)
+	h = &powerLoss{t: t, dir: crashed, boot: h.boot, hooks: h.hooks}
+	crashed = h.openTearingRecovery()
+	e := h.open(crashed, nil)
+	defer e.Close()
+	if err := e.Settle(); err != nil {
+		t.Fatal(err)
+	}
+	checkValues(t, e, "the values the GC moved", want)
+}
+
+// Power losses during the recovery of a value log GC rewrite cut short:
+// the repair's write torn once, then the next recovery stopped right after
+// its roll back (its From saved past the torn repair); or the repair's
+// write torn twice in a row. Each time the values the GC moved must come
+// back from the old file, which still holds them.
+func TestValueLogGCRepairSurvivesRepeatedCrashes(t *testing.T) {
+	for _, c := range []struct {
+		name  string
+		crash func(h *powerLoss) string
+	}{
+		{"stopped after the roll back", func(h *powerLoss) string {
+			h.hooks.AfterRecoveryStep = func(at string) error {
+				if at == "roll back" {
+					return fmt.Errorf("injected: crash after %s", at)
+				}
+				return nil
+			}
+			defer func() { h.hooks.AfterRecoveryStep = nil }()
+			_, err := Open(h.options(h.dir))
+			if err == nil || !strings.Contains(err.Error(), "injected") {
+				t.Fatalf("open stopped after the roll back: %v", err)
+			}
+			return h.dir
+		}},
+		{"torn again", func(h *powerLoss) string { return h.openTearingRecovery() }},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			h := newPowerLoss(t)
+			crashed, want := gcPowerLoss(t, h)
+			h = &powerLoss{t: t, dir: crashed, boot: h.boot, hooks: h.hooks}
+			h = &powerLoss{t: t, dir: h.openTearingRecovery(), boot: h.boot, hooks: h.hooks}
+			crashed = c.crash(h)
+			e := h.open(crashed, nil)
+			defer e.Close()
+			if err := e.Settle(); err != nil {
+				t.Fatal(err)
+			}
+			checkValues(t, e, "the values the GC moved", want)
+		})
 	}
 }
