@@ -5,10 +5,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io/fs"
 	"os"
 	"path/filepath"
-	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -16,14 +14,12 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/strandhq/strand/services/broker/internal/storage/engine"
+	"github.com/strandhq/strand/services/broker/internal/storage/engine/enginetest"
 )
 
 // crashHarness plays a machine crash in the middle of a batch: the store
-// lives in dir, and crashed copies of it are made with the value log files
-// as the disk held them at a chosen moment (what the last fsync covered)
-// and every other file as the page cache held it later (the kernel wrote
-// the write-ahead log back, not the values). The boot id file lets the
-// test reboot.
+// lives in dir, and crashed copies of it are made as package enginetest
+// says. The boot id file lets the test reboot.
 type crashHarness struct {
 	t    *testing.T
 	dir  string
@@ -80,66 +76,13 @@ func (h *crashHarness) crashDuringAppend(db *DB, s *Stream, epoch uint64) string
 	return crashed
 }
 
-// valueLogs reads the value log files of dir.
-func (h *crashHarness) valueLogs() map[string][]byte {
-	h.t.Helper()
-	out := map[string][]byte{}
-	for _, name := range vlogFiles(h.t, h.dir) {
-		b, err := os.ReadFile(filepath.Join(h.dir, name))
-		if err != nil {
-			h.t.Fatal(err)
-		}
-		out[name] = b
-	}
-	return out
-}
+// valueLogs reads the value log files of h.dir.
+func (h *crashHarness) valueLogs() map[string][]byte { return enginetest.ValueLogs(h.t, h.dir) }
 
-// crashCopy copies dir as the page cache holds it now, then puts back the
-// value log files as vlogs held them: files made since are left empty.
-// Badger may flush or remove a file meanwhile (a replayed memtable, on a
-// recovery's open): the copy is made again until the directory held the
-// same files before and after it.
+// crashCopy copies h.dir as the page cache holds it now, with the value
+// log files as vlogs held them (enginetest.CrashCopy).
 func (h *crashHarness) crashCopy(vlogs map[string][]byte) string {
-	h.t.Helper()
-	list := func() []string {
-		ents, err := os.ReadDir(h.dir)
-		if err != nil {
-			h.t.Fatal(err)
-		}
-		var names []string
-		for _, e := range ents {
-			if !e.IsDir() {
-				names = append(names, e.Name())
-			}
-		}
-		return names
-	}
-	for range 100 {
-		out := h.t.TempDir()
-		names := list()
-		whole := true
-		for _, name := range names {
-			b, err := os.ReadFile(filepath.Join(h.dir, name))
-			if errors.Is(err, fs.ErrNotExist) {
-				whole = false
-				break
-			}
-			if err != nil {
-				h.t.Fatal(err)
-			}
-			if strings.HasSuffix(name, ".vlog") {
-				b = vlogs[name] // nil: none of it reached the disk
-			}
-			if err := os.WriteFile(filepath.Join(out, name), b, 0o644); err != nil {
-				h.t.Fatal(err)
-			}
-		}
-		if whole && slices.Equal(names, list()) {
-			return out
-		}
-	}
-	h.t.Fatal("the store's files kept changing under the copy")
-	return ""
+	return enginetest.CrashCopy(h.t, h.dir, vlogs)
 }
 
 // A machine crash between a batch's commit and its fsync, after the kernel
@@ -258,7 +201,7 @@ func TestValueLogGCInterruptedWithoutTheOldFileCutsTheCopy(t *testing.T) {
 	h := newCrashHarness(t)
 	crashed, want := gcCrash(t, h)
 	// Every value log file but the newest goes: the old one among them.
-	files := vlogFiles(t, crashed)
+	files := enginetest.VlogFiles(t, crashed)
 	for _, f := range files[:len(files)-1] {
 		if err := os.Remove(filepath.Join(crashed, f)); err != nil {
 			t.Fatal(err)
@@ -345,22 +288,11 @@ func TestRecoveryInterruptedIsFinishedByTheNextOpen(t *testing.T) {
 	}
 }
 
-// headerOnly returns the value log files of h.dir as a power loss now would
-// leave them if everything since onDisk was read had not reached the disk:
-// files in onDisk as they were, files made since with their header only.
+// headerOnly returns the value log files of h.dir as a power loss now
+// would leave them had nothing since onDisk reached the disk
+// (enginetest.HeaderOnly).
 func (h *crashHarness) headerOnly(onDisk map[string][]byte) map[string][]byte {
-	h.t.Helper()
-	out := h.valueLogs()
-	for name, b := range out {
-		if old, ok := onDisk[name]; ok {
-			out[name] = old
-			continue
-		}
-		nb := make([]byte, len(b))
-		copy(nb, b[:badgerLogHeaderBytes])
-		out[name] = nb
-	}
-	return out
+	return enginetest.HeaderOnly(h.t, h.dir, onDisk)
 }
 
 // openTearingRecovery opens h.dir, which must need a recovery, and returns
@@ -452,8 +384,8 @@ func TestValueLogGCMovingTheNewestTransactionKeepsIt(t *testing.T) {
 	kWant := len(mustAppend(t, k, 1, sizedRecs("k0", 2, 4096)))
 	// Fill a value log file with s, then drop s: that file is garbage but
 	// for k's records.
-	files := len(vlogFiles(t, h.dir))
-	for i := 0; len(vlogFiles(t, h.dir)) == files; i++ {
+	files := len(enginetest.VlogFiles(t, h.dir))
+	for i := 0; len(enginetest.VlogFiles(t, h.dir)) == files; i++ {
 		if i > 400 {
 			t.Fatal("the value log file never rotated")
 		}
@@ -475,8 +407,8 @@ func TestValueLogGCMovingTheNewestTransactionKeepsIt(t *testing.T) {
 	countGarbage(t, db)
 	// k's appends until one rotates the file: the newest transaction's
 	// values are in the file just closed.
-	files = len(vlogFiles(t, h.dir))
-	for j := 0; len(vlogFiles(t, h.dir)) == files; j++ {
+	files = len(enginetest.VlogFiles(t, h.dir))
+	for j := 0; len(enginetest.VlogFiles(t, h.dir)) == files; j++ {
 		if j > 1000 {
 			t.Fatal("the value log file never rotated")
 		}
@@ -608,29 +540,9 @@ const (
 	cleanFile    = "STRAND_CLEAN"
 )
 
-// badgerLogHeaderBytes is the header of Badger's write-ahead log and value
-// log files: the encryption key id (8 bytes) and IV (12).
-const badgerLogHeaderBytes = 20
-
 func storeFileExists(dir, name string) bool {
 	_, err := os.Stat(filepath.Join(dir, name))
 	return err == nil
-}
-
-// vlogFiles lists the value log files in dir.
-func vlogFiles(t *testing.T, dir string) []string {
-	t.Helper()
-	ents, err := os.ReadDir(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var out []string
-	for _, e := range ents {
-		if strings.HasSuffix(e.Name(), ".vlog") {
-			out = append(out, e.Name())
-		}
-	}
-	return out
 }
 
 // liveGarbage appends to two owned streams of db, "s" and "k", so that

@@ -10,6 +10,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/strandhq/strand/services/broker/internal/storage/engine/enginetest"
 )
 
 // countGarbageNow brings Badger's garbage count of each value log file up
@@ -133,9 +135,9 @@ func TestValueLogGCKeepsTheOldFileUntilTheRewriteIsDurable(t *testing.T) {
 	dir := t.TempDir()
 	e := openEngine(t, dir, Options{})
 	want := liveGarbage(t, e)
-	before := vlogFiles(t, dir)
+	before := enginetest.VlogFiles(t, dir)
 	var during []string
-	e.hooks.AfterGCRewrite = func() { during = vlogFiles(t, dir) }
+	e.hooks.AfterGCRewrite = func() { during = enginetest.VlogFiles(t, dir) }
 	if err := e.RunValueLogGC(); err != nil {
 		_ = e.Close()
 		t.Fatalf("value log GC: %v (files %v)", err, before)
@@ -149,7 +151,7 @@ func TestValueLogGCKeepsTheOldFileUntilTheRewriteIsDurable(t *testing.T) {
 			t.Errorf("value log file %s was deleted before the rewrite was synced (files before %v, after the rewrite %v)", f, before, during)
 		}
 	}
-	after := vlogFiles(t, dir)
+	after := enginetest.VlogFiles(t, dir)
 	if !slices.ContainsFunc(before, func(f string) bool { return !slices.Contains(after, f) }) {
 		t.Errorf("no value log file was deleted by the GC: before %v, after %v", before, after)
 	}

@@ -100,11 +100,6 @@ func liveGarbage(t *testing.T, e *Engine) map[string][]byte {
 	return want
 }
 
-// badgerLogHeaderBytes is the header of Badger's write-ahead log and value
-// log files: the encryption key id (8 bytes) and IV (12). Spelled out here
-// rather than taken from repair.go, so a wrong constant there fails.
-const badgerLogHeaderBytes = 20
-
 // writeBoot writes id to the boot id file at path (Options.BootIDPath):
 // a new id plays a reboot of the machine (boot.go).
 func writeBoot(t *testing.T, path, id string) {
@@ -359,20 +354,4 @@ func exitAfter() {
 		fmt.Fprintln(os.Stderr, "child outlived its limit")
 		os.Exit(3)
 	})
-}
-
-// vlogFiles lists the value log files in dir, in Badger's order.
-func vlogFiles(t *testing.T, dir string) []string {
-	t.Helper()
-	ents, err := os.ReadDir(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var out []string
-	for _, e := range ents {
-		if strings.HasSuffix(e.Name(), ".vlog") {
-			out = append(out, e.Name())
-		}
-	}
-	return out
 }

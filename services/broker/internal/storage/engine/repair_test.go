@@ -11,6 +11,8 @@ import (
 	"testing"
 
 	"github.com/rs/zerolog"
+
+	"github.com/strandhq/strand/services/broker/internal/storage/engine/enginetest"
 )
 
 // TestOpenAfterAPowerLossBeforeTheFirstWrite builds, from a real store,
@@ -91,7 +93,7 @@ func TestOpenAfterAPowerLossBeforeTheFirstWrite(t *testing.T) {
 		changes []change
 	}{
 		{"empty .mem", []change{{mem, truncate(0)}}},
-		{"short .mem", []change{{mem, truncate(badgerLogHeaderBytes - 1)}}},
+		{"short .mem", []change{{mem, truncate(enginetest.LogHeaderBytes - 1)}}},
 		{"zero-filled .mem", []change{{mem, zero}}},
 		{"missing .mem", []change{{mem, remove}}},
 		{"empty .vlog", []change{{vlog, truncate(0)}}},

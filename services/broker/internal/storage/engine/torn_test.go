@@ -5,22 +5,19 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io/fs"
 	"os"
 	"path/filepath"
-	"slices"
 	"strings"
 	"testing"
 
 	"github.com/rs/zerolog"
+
+	"github.com/strandhq/strand/services/broker/internal/storage/engine/enginetest"
 )
 
 // powerLoss plays a machine crash in the middle of a transaction: the
-// store lives in dir, and crashed copies of it are made with the value log
-// files as the disk held them at a chosen moment (what the last fsync
-// covered) and every other file as the page cache held it later (the
-// kernel wrote the write-ahead log back, not the values). The boot id file
-// lets the test reboot.
+// store lives in dir, and crashed copies of it are made as package
+// enginetest says. The boot id file lets the test reboot.
 type powerLoss struct {
 	t    *testing.T
 	dir  string
@@ -52,64 +49,12 @@ func (h *powerLoss) open(dir string, recover func(*Recovering) error) *Engine {
 }
 
 // valueLogs reads the value log files of h.dir.
-func (h *powerLoss) valueLogs() map[string][]byte {
-	h.t.Helper()
-	out := map[string][]byte{}
-	for _, name := range vlogFiles(h.t, h.dir) {
-		b, err := os.ReadFile(filepath.Join(h.dir, name))
-		if err != nil {
-			h.t.Fatal(err)
-		}
-		out[name] = b
-	}
-	return out
-}
+func (h *powerLoss) valueLogs() map[string][]byte { return enginetest.ValueLogs(h.t, h.dir) }
 
-// crashCopy copies h.dir as the page cache holds it now, then puts back
-// the value log files as vlogs held them: files made since are left
-// empty. Badger may flush or remove a file meanwhile: the copy is made
-// again until the directory held the same files before and after it.
+// crashCopy copies h.dir as the page cache holds it now, with the value
+// log files as vlogs held them (enginetest.CrashCopy).
 func (h *powerLoss) crashCopy(vlogs map[string][]byte) string {
-	h.t.Helper()
-	list := func() []string {
-		ents, err := os.ReadDir(h.dir)
-		if err != nil {
-			h.t.Fatal(err)
-		}
-		var names []string
-		for _, e := range ents {
-			if !e.IsDir() {
-				names = append(names, e.Name())
-			}
-		}
-		return names
-	}
-	for range 100 {
-		out := h.t.TempDir()
-		names := list()
-		whole := true
-		for _, name := range names {
-			b, err := os.ReadFile(filepath.Join(h.dir, name))
-			if errors.Is(err, fs.ErrNotExist) {
-				whole = false
-				break
-			}
-			if err != nil {
-				h.t.Fatal(err)
-			}
-			if strings.HasSuffix(name, ".vlog") {
-				b = vlogs[name] // nil: none of it reached the disk
-			}
-			if err := os.WriteFile(filepath.Join(out, name), b, 0o644); err != nil {
-				h.t.Fatal(err)
-			}
-		}
-		if whole && slices.Equal(names, list()) {
-			return out
-		}
-	}
-	h.t.Fatal("the store's files kept changing under the copy")
-	return ""
+	return enginetest.CrashCopy(h.t, h.dir, vlogs)
 }
 
 // crashDuring hands b to e and plays a machine crash between its commit
@@ -376,7 +321,7 @@ func TestValueLogGCInterruptedWithoutTheOldFileReportsValuesLost(t *testing.T) {
 	h := newPowerLoss(t)
 	crashed, want := gcPowerLoss(t, h)
 	// Every value log file but the newest goes: the old one among them.
-	files := vlogFiles(t, crashed)
+	files := enginetest.VlogFiles(t, crashed)
 	for _, f := range files[:len(files)-1] {
 		if err := os.Remove(filepath.Join(crashed, f)); err != nil {
 			t.Fatal(err)
@@ -409,22 +354,10 @@ func TestValueLogGCInterruptedWithoutTheOldFileReportsValuesLost(t *testing.T) {
 }
 
 // headerOnly returns the value log files of h.dir as a power loss now
-// would leave them if everything since onDisk was read had not reached the
-// disk: files in onDisk as they were, files made since with their header
-// only.
+// would leave them had nothing since onDisk reached the disk
+// (enginetest.HeaderOnly).
 func (h *powerLoss) headerOnly(onDisk map[string][]byte) map[string][]byte {
-	h.t.Helper()
-	out := h.valueLogs()
-	for name, b := range out {
-		if old, ok := onDisk[name]; ok {
-			out[name] = old
-			continue
-		}
-		nb := make([]byte, len(b))
-		copy(nb, b[:badgerLogHeaderBytes])
-		out[name] = nb
-	}
-	return out
+	return enginetest.HeaderOnly(h.t, h.dir, onDisk)
 }
 
 // openTearingRecovery opens h.dir, which must need a recovery, and returns
