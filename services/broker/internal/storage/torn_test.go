@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -288,34 +289,12 @@ func TestRecoveryInterruptedIsFinishedByTheNextOpen(t *testing.T) {
 	}
 }
 
-// headerOnly returns the value log files of h.dir as a power loss now
-// would leave them had nothing since onDisk reached the disk
-// (enginetest.HeaderOnly).
-func (h *crashHarness) headerOnly(onDisk map[string][]byte) map[string][]byte {
-	return enginetest.HeaderOnly(h.t, h.dir, onDisk)
-}
-
 // openTearingRecovery opens h.dir, which must need a recovery, and returns
-// a copy of it as a power loss right after the recovery's first write back
-// committed, before its fsync, leaves it: the write-ahead log written back,
-// the value log not. It reboots.
+// a copy of it as a power loss in its first write back leaves it
+// (enginetest.TearFirstWriteBack). It reboots.
 func (h *crashHarness) openTearingRecovery() string {
 	h.t.Helper()
-	onDisk := h.valueLogs()
-	var crashed string
-	h.hooks.BeforeWriteBackSync = func() {
-		if crashed == "" {
-			crashed = h.crashCopy(h.headerOnly(onDisk))
-		}
-	}
-	db := h.open(h.dir)
-	h.hooks.BeforeWriteBackSync = nil
-	if err := db.Close(); err != nil {
-		h.t.Fatal(err)
-	}
-	if crashed == "" {
-		h.t.Fatal("the recovery wrote nothing")
-	}
+	crashed := enginetest.TearFirstWriteBack(h.t, h.dir, &h.hooks.BeforeWriteBackSync, func() io.Closer { return h.open(h.dir) })
 	h.reboot("boot-3")
 	return crashed
 }

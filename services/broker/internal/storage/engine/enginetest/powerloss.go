@@ -10,6 +10,7 @@ package enginetest
 
 import (
 	"errors"
+	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -120,4 +121,29 @@ func CrashCopy(t testing.TB, dir string, vlogs map[string][]byte) string {
 	}
 	t.Fatal("the store's files kept changing under the copy")
 	return ""
+}
+
+// TearFirstWriteBack opens dir with open, whose recovery must write back,
+// and returns a copy of dir as a power loss right after that first write
+// back committed, before its fsync, leaves it: the write-ahead log written
+// back, the value log not. beforeSync is the engine's
+// Hooks.BeforeWriteBackSync of that open; it is cleared again.
+func TearFirstWriteBack(t testing.TB, dir string, beforeSync *func(), open func() io.Closer) string {
+	t.Helper()
+	onDisk := ValueLogs(t, dir)
+	var crashed string
+	*beforeSync = func() {
+		if crashed == "" {
+			crashed = CrashCopy(t, dir, HeaderOnly(t, dir, onDisk))
+		}
+	}
+	c := open()
+	*beforeSync = nil
+	if err := c.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if crashed == "" {
+		t.Fatal("the recovery wrote nothing")
+	}
+	return crashed
 }
