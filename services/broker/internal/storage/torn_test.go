@@ -174,23 +174,9 @@ func gcCrash(t *testing.T, h *crashHarness) (string, []Record) {
 	t.Helper()
 	db := h.open(h.dir)
 	_, _, want := liveGarbage(t, db)
-	onDisk := h.valueLogs()
-	var crashed string
-	db.hooks.AfterGCRewrite = func() { crashed = h.crashCopy(onDisk) }
-	if err := db.eng.RunValueLogGC(); err != nil {
-		t.Fatalf("value log GC: %v", err)
-	}
-	if crashed == "" {
-		t.Fatal("the GC rewrote nothing")
-	}
-	if storeFileExists(h.dir, gcMarkerFile) {
-		t.Fatal("the GC marker outlived a durable rewrite")
-	}
+	crashed := enginetest.CrashDuringGC(t, h.dir, &db.hooks.AfterGCRewrite, db.eng.RunValueLogGC)
 	if err := db.Close(); err != nil {
 		t.Fatal(err)
-	}
-	if !storeFileExists(crashed, gcMarkerFile) {
-		t.Fatal("no GC marker while the rewrite was not durable")
 	}
 	return crashed, want
 }

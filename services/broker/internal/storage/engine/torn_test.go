@@ -269,25 +269,9 @@ func gcPowerLoss(t *testing.T, h *powerLoss) (string, map[string][]byte) {
 		t.Fatal(err)
 	}
 	want := liveGarbage(t, e)
-	onDisk := h.valueLogs()
-	var crashed string
-	h.hooks.AfterGCRewrite = func() { crashed = h.crashCopy(onDisk) }
-	err := e.RunValueLogGC()
-	h.hooks.AfterGCRewrite = nil
-	if err != nil {
-		t.Fatalf("value log GC: %v", err)
-	}
-	if crashed == "" {
-		t.Fatal("the GC rewrote nothing")
-	}
-	if fileExists(h.dir, gcMarkerFile) {
-		t.Fatal("the GC marker outlived a durable rewrite")
-	}
+	crashed := enginetest.CrashDuringGC(t, h.dir, &h.hooks.AfterGCRewrite, e.RunValueLogGC)
 	if err := e.Close(); err != nil {
 		t.Fatal(err)
-	}
-	if !fileExists(crashed, gcMarkerFile) {
-		t.Fatal("no GC marker while the rewrite was not durable")
 	}
 	writeBoot(t, h.boot, "boot-2")
 	return crashed, want
