@@ -19,8 +19,9 @@ import (
 
 // Helpers shared by the engine's test files: opening an engine, reading
 // values back, the ledger of batches whose keys tell after any stop
-// whether a batch is there whole, a machine crash played on a copy of the
-// store's files, and a child process to kill or starve.
+// whether a batch is there whole, the boot and clean stop a crash test
+// plays, and a child process to kill or starve. A power loss is played on
+// copies of the store's files by package enginetest.
 
 // openEngine opens an engine in dir with small memtables and 1 MiB value
 // log files (unless opts says otherwise) and settles it.
