@@ -78,7 +78,8 @@
 // a torn newest transaction is rolled back, also when a crash cuts the
 // roll back short, and a value log GC rewrite a power loss cut short is
 // repaired or reported (ValuesLost) (torn_test.go); every power-loss
-// state of the newest log files opens (repair_test.go); and
+// state of the newest log files opens (repair_test.go); StopWrites
+// writes every batch accepted before it (stop_test.go); and
 // MayHaveLostWritten follows the boot (boot_test.go). What the model
 // builds on them (record tails, unsure epochs) is tested in package
 // storage.
