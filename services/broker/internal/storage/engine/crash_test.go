@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -8,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -55,39 +57,17 @@ func TestKillDuringBatchesKeepsEveryWrittenBatchWhole(t *testing.T) {
 		for w := range killWriters {
 			acked[w], written[w] = -1, -1
 		}
-		acks, killAt := 0, 200+rand.IntN(300)
-		deadline := time.Now().Add(time.Minute)
-		for {
-			line, ok := c.next(t, deadline)
-			if !ok {
-				break
-			}
-			var kind string
-			var w, i int
-			if _, err := fmt.Sscan(line, &kind, &w, &i); err != nil || w < 0 || w >= killWriters {
-				t.Fatalf("child reported %q", line)
+		killAtReport(t, c, "A", 200+rand.IntN(300), func(kind string, w, i int) {
+			if w < 0 || w >= killWriters {
+				t.Fatalf("child reported writer %d", w)
 			}
 			switch kind {
 			case "A":
 				acked[w] = max(acked[w], i)
-				acks++
-				if acks == killAt {
-					// Other writers are in the middle of their batches.
-					if err := c.cmd.Process.Signal(syscall.SIGKILL); err != nil {
-						t.Fatal(err)
-					}
-				}
 			case "W":
 				written[w] = max(written[w], i)
 			}
-		}
-		state, err := c.wait()
-		if ws, ok := state.Sys().(syscall.WaitStatus); !ok || !ws.Signaled() || ws.Signal() != syscall.SIGKILL {
-			t.Fatalf("round %d: the child ended with %v, not by the kill\n%s", round, err, c.out)
-		}
-		if acks < killAt {
-			t.Fatalf("round %d: %d batches acknowledged before the child died, the kill was at %d", round, acks, killAt)
-		}
+		})
 		last := round == killRounds-1
 		if last {
 			// A reboot: the recovery reads what was written last back.
@@ -124,10 +104,50 @@ func TestKillDuringBatchesKeepsEveryWrittenBatchWhole(t *testing.T) {
 			}
 		}
 		prev[p] = latest
-		t.Logf("round %d: killed after %d acknowledged batches; %d written, not acknowledged, found whole", round, acks, inFlight)
+		t.Logf("round %d: %d batches written, not acknowledged, found whole", round, inFlight)
 		if err := e.Close(); err != nil {
 			t.Fatal(err)
 		}
+	}
+}
+
+// killAtReport reads the child's reports ("kind w i"), handing each to
+// note, and kills the child (SIGKILL) at its killAt-th report of kind on:
+// while its writers are in the middle of their batches (killAt 0: the
+// child kills itself). It fails t unless a kill ended the child.
+func killAtReport(t *testing.T, c *child, on string, killAt int, note func(kind string, w, i int)) {
+	t.Helper()
+	seen := 0
+	deadline := time.Now().Add(time.Minute)
+	for {
+		line, ok := c.next(t, deadline)
+		if !ok {
+			break
+		}
+		var kind string
+		var w, i int
+		if _, err := fmt.Sscan(line, &kind, &w, &i); err != nil {
+			t.Fatalf("child reported %q", line)
+		}
+		note(kind, w, i)
+		if kind != on {
+			continue
+		}
+		if seen++; seen == killAt {
+			if err := c.cmd.Process.Signal(syscall.SIGKILL); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	state, err := c.wait()
+	if ws, ok := state.Sys().(syscall.WaitStatus); !ok || !ws.Signaled() || ws.Signal() != syscall.SIGKILL {
+		t.Fatalf("the child ended with %v, not by the kill\n%s", err, c.out)
+	}
+	if seen < killAt {
+		t.Fatalf("%d %q reports before the child died, the kill was at %d", seen, on, killAt)
+	}
+	if killAt > 0 {
+		t.Logf("killed at %q report %d", on, seen)
 	}
 }
 
@@ -155,6 +175,146 @@ func killChild(dir, p string) {
 		wg.Go(func() {
 			for i := range 100_000 {
 				if err := e.Do(context.Background(), ledgerBatch(p, w, i)); err != nil {
+					panic(err)
+				}
+				report(rep, "A %d %d", w, i)
+			}
+		})
+	}
+	wg.Wait()
+	panic(errors.New("the writers ran out before the kill"))
+}
+
+const (
+	splitWriters = 8
+	// splitEntries of 400 bytes a batch, in the LSM tree: a group of two
+	// writers' batches outgrows Badger's transaction bound at 1 MiB
+	// memtables, and is split, so a kill most likely lands between the
+	// transactions of a group.
+	splitEntries = 160
+)
+
+func splitKey(w, i, j int) []byte { return fmt.Appendf(nil, "g/%d/%06d/%02d", w, i, j) }
+
+func splitValue(w, i, j int) []byte {
+	v := fmt.Appendf(nil, "%d/%d/%d:", w, i, j)
+	return append(v, bytes.Repeat([]byte{byte(i + j)}, 400-len(v))...)
+}
+
+// What OnGroup returns is written after every batch of its group, in the
+// group's last transaction (Options.OnGroup): a group split at Badger's
+// transaction bound may leave batches' entries past what its OnGroup
+// entries name, never an OnGroup entry past its batches' entries. That is
+// what the model's tails rest on. A child writes groups larger than the
+// bound, its OnGroup naming each writer's latest batch of the group
+// (tail/w), and kills itself (SIGKILL) right after one of the first
+// transactions of a split group was synced (Hooks.AfterPartSync).
+// Reopened, every batch up to each writer's tail is whole, some entries
+// of the cut group are there past it, and the tail is at or past every
+// batch acknowledged.
+func TestKillDuringSplitGroupsKeepsTheirOnGroupEntriesLast(t *testing.T) {
+	if dir, ok := asChild(t.Name()); ok {
+		splitChild(dir)
+		return
+	}
+	dir := t.TempDir()
+	boot := filepath.Join(dir, "boot_id")
+	writeBoot(t, boot, "boot-1")
+	c := startChild(t, t.Name(), dir, fmt.Sprintf("%s=%d", splitKillEnv, 2+rand.IntN(8)))
+	var acked [splitWriters]int
+	for w := range acked {
+		acked[w] = -1
+	}
+	killAtReport(t, c, "", 0, func(kind string, w, i int) {
+		if kind != "A" || w < 0 || w >= splitWriters {
+			t.Fatalf("child reported %s %d %d", kind, w, i)
+		}
+		acked[w] = max(acked[w], i)
+	})
+	e := openEngine(t, filepath.Join(dir, "db"), Options{BootIDPath: boot, MemTableBytes: 1 << 20})
+	defer e.Close()
+	past := 0
+	for w := range splitWriters {
+		tail := -1
+		if v, ok := readPrefix(t, e, fmt.Appendf(nil, "tail/%d", w))[fmt.Sprintf("tail/%d", w)]; ok {
+			if _, err := fmt.Sscan(string(v), &tail); err != nil {
+				t.Fatalf("tail/%d reads %q: %v", w, v, err)
+			}
+		}
+		if tail < acked[w] {
+			t.Fatalf("writer %d: tail %d, but batch %d was acknowledged", w, tail, acked[w])
+		}
+		got := readPrefix(t, e, fmt.Appendf(nil, "g/%d/", w))
+		for i := 0; i <= tail; i++ {
+			for j := range splitEntries {
+				if v, ok := got[string(splitKey(w, i, j))]; !ok || !bytes.Equal(v, splitValue(w, i, j)) {
+					t.Fatalf("writer %d: batch %d, at or below the tail %d its OnGroup entry names, lacks entry %d (present: %v)", w, i, tail, j, ok)
+				}
+				delete(got, string(splitKey(w, i, j)))
+			}
+		}
+		past += len(got)
+	}
+	if past == 0 {
+		t.Fatal("no entry of the cut group is past its tail: the kill did not land between its transactions")
+	}
+	t.Logf("%d entries of the cut group found past its tail", past)
+}
+
+// splitKillEnv holds after how many synced parts of split groups the
+// child kills itself.
+const splitKillEnv = "STRAND_ENGINE_SPLIT_KILL"
+
+// splitChild is the child: splitWriters writers write batches of
+// splitEntries until it kills itself.
+func splitChild(dir string) {
+	exitAfter()
+	rep := childReports()
+	var killAt int
+	if _, err := fmt.Sscan(os.Getenv(splitKillEnv), &killAt); err != nil {
+		panic(err)
+	}
+	var parts atomic.Int32
+	e, err := Open(Options{
+		Dir: filepath.Join(dir, "db"), Logger: zerolog.Nop(),
+		MemTableBytes: 1 << 20, CacheBytes: 4 << 20, ValueLogFileBytes: 1 << 20,
+		BootIDPath: filepath.Join(dir, "boot_id"),
+		OnGroup: func(group []*Batch) []Entry {
+			tails := map[int]int{}
+			for _, b := range group {
+				var w, i int
+				if _, err := fmt.Sscan(b.Tag.(string), &w, &i); err != nil {
+					panic(err)
+				}
+				tails[w] = i
+			}
+			var out []Entry
+			for w, i := range tails {
+				out = append(out, Entry{Key: fmt.Appendf(nil, "tail/%d", w), Value: fmt.Append(nil, i)})
+			}
+			return out
+		},
+		Hooks: &Hooks{AfterPartSync: func() {
+			if int(parts.Add(1)) == killAt {
+				_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
+			}
+		}},
+	})
+	if err != nil {
+		panic(err)
+	}
+	if err := e.Settle(); err != nil {
+		panic(err)
+	}
+	var wg sync.WaitGroup
+	for w := range splitWriters {
+		wg.Go(func() {
+			for i := range 100_000 {
+				b := &Batch{Tag: fmt.Sprintf("%d %d", w, i)}
+				for j := range splitEntries {
+					b.Set(splitKey(w, i, j), splitValue(w, i, j))
+				}
+				if err := e.Do(context.Background(), b); err != nil {
 					panic(err)
 				}
 				report(rep, "A %d %d", w, i)

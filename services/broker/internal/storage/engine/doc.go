@@ -70,7 +70,9 @@
 //
 // Each clause is tested through this package's API alone: a process
 // killed in the middle of its batches keeps every batch written or
-// acknowledged, whole, and none in part (crash_test.go); a failed write
+// acknowledged, whole, and none in part, and one killed between the
+// transactions of a split group keeps what OnGroup returned behind its
+// batches' entries (crash_test.go); a failed write
 // fails its group, calls OnFail once and refuses the rest with ErrClosed
 // (fault_test.go), and so does a full disk (fulldisk_linux_test.go); the
 // value log GC racing overwrites and deletes keeps every latest value,
