@@ -5,10 +5,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io/fs"
+	"io"
 	"os"
 	"path/filepath"
-	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -16,14 +15,12 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/strandhq/strand/services/broker/internal/storage/engine"
+	"github.com/strandhq/strand/services/broker/internal/storage/engine/enginetest"
 )
 
 // crashHarness plays a machine crash in the middle of a batch: the store
-// lives in dir, and crashed copies of it are made with the value log files
-// as the disk held them at a chosen moment (what the last fsync covered)
-// and every other file as the page cache held it later (the kernel wrote
-// the write-ahead log back, not the values). The boot id file lets the
-// test reboot.
+// lives in dir, and crashed copies of it are made as package enginetest
+// says. The boot id file lets the test reboot.
 type crashHarness struct {
 	t    *testing.T
 	dir  string
@@ -80,66 +77,13 @@ func (h *crashHarness) crashDuringAppend(db *DB, s *Stream, epoch uint64) string
 	return crashed
 }
 
-// valueLogs reads the value log files of dir.
-func (h *crashHarness) valueLogs() map[string][]byte {
-	h.t.Helper()
-	out := map[string][]byte{}
-	for _, name := range vlogFiles(h.t, h.dir) {
-		b, err := os.ReadFile(filepath.Join(h.dir, name))
-		if err != nil {
-			h.t.Fatal(err)
-		}
-		out[name] = b
-	}
-	return out
-}
+// valueLogs reads the value log files of h.dir.
+func (h *crashHarness) valueLogs() map[string][]byte { return enginetest.ValueLogs(h.t, h.dir) }
 
-// crashCopy copies dir as the page cache holds it now, then puts back the
-// value log files as vlogs held them: files made since are left empty.
-// Badger may flush or remove a file meanwhile (a replayed memtable, on a
-// recovery's open): the copy is made again until the directory held the
-// same files before and after it.
+// crashCopy copies h.dir as the page cache holds it now, with the value
+// log files as vlogs held them (enginetest.CrashCopy).
 func (h *crashHarness) crashCopy(vlogs map[string][]byte) string {
-	h.t.Helper()
-	list := func() []string {
-		ents, err := os.ReadDir(h.dir)
-		if err != nil {
-			h.t.Fatal(err)
-		}
-		var names []string
-		for _, e := range ents {
-			if !e.IsDir() {
-				names = append(names, e.Name())
-			}
-		}
-		return names
-	}
-	for range 100 {
-		out := h.t.TempDir()
-		names := list()
-		whole := true
-		for _, name := range names {
-			b, err := os.ReadFile(filepath.Join(h.dir, name))
-			if errors.Is(err, fs.ErrNotExist) {
-				whole = false
-				break
-			}
-			if err != nil {
-				h.t.Fatal(err)
-			}
-			if strings.HasSuffix(name, ".vlog") {
-				b = vlogs[name] // nil: none of it reached the disk
-			}
-			if err := os.WriteFile(filepath.Join(out, name), b, 0o644); err != nil {
-				h.t.Fatal(err)
-			}
-		}
-		if whole && slices.Equal(names, list()) {
-			return out
-		}
-	}
-	h.t.Fatal("the store's files kept changing under the copy")
-	return ""
+	return enginetest.CrashCopy(h.t, h.dir, vlogs)
 }
 
 // A machine crash between a batch's commit and its fsync, after the kernel
@@ -230,50 +174,11 @@ func gcCrash(t *testing.T, h *crashHarness) (string, []Record) {
 	t.Helper()
 	db := h.open(h.dir)
 	_, _, want := liveGarbage(t, db)
-	onDisk := h.valueLogs()
-	var crashed string
-	db.hooks.AfterGCRewrite = func() { crashed = h.crashCopy(onDisk) }
-	if err := db.eng.RunValueLogGC(); err != nil {
-		t.Fatalf("value log GC: %v", err)
-	}
-	if crashed == "" {
-		t.Fatal("the GC rewrote nothing")
-	}
-	if storeFileExists(h.dir, gcMarkerFile) {
-		t.Fatal("the GC marker outlived a durable rewrite")
-	}
+	crashed := enginetest.CrashDuringGC(t, h.dir, &db.hooks.AfterGCRewrite, db.eng.RunValueLogGC)
 	if err := db.Close(); err != nil {
 		t.Fatal(err)
 	}
-	if !storeFileExists(crashed, gcMarkerFile) {
-		t.Fatal("no GC marker while the rewrite was not durable")
-	}
 	return crashed, want
-}
-
-// A power loss in the middle of a value log GC rewrite: the records it
-// moved are read back from the file they were moved from, and the copy
-// keeps every one of them (without the repair, none of the moved records
-// could be read, and the copy still claimed them).
-func TestValueLogGCInterruptedByAPowerLossIsRepaired(t *testing.T) {
-	h := newCrashHarness(t)
-	crashed, want := gcCrash(t, h)
-	h.reboot("boot-2")
-	db := h.open(crashed)
-	defer db.Close()
-	k := openStream(t, db, "k")
-	st := k.State()
-	if st.RecordTail != uint64(len(want)) {
-		t.Fatalf("record tail %d after the repair, want %d", st.RecordTail, len(want))
-	}
-	got, err := k.Read(0, len(want), 0)
-	if err != nil {
-		t.Fatalf("reading the records the GC moved: %v", err)
-	}
-	sameRecords(t, "the records the GC moved", got, want)
-	if storeFileExists(crashed, gcMarkerFile) || storeFileExists(crashed, unsureFile) {
-		t.Fatal("markers left after the repair")
-	}
 }
 
 // When the file the GC moved values from is gone too, nothing can repair
@@ -283,7 +188,7 @@ func TestValueLogGCInterruptedWithoutTheOldFileCutsTheCopy(t *testing.T) {
 	h := newCrashHarness(t)
 	crashed, want := gcCrash(t, h)
 	// Every value log file but the newest goes: the old one among them.
-	files := vlogFiles(t, crashed)
+	files := enginetest.VlogFiles(t, crashed)
 	for _, f := range files[:len(files)-1] {
 		if err := os.Remove(filepath.Join(crashed, f)); err != nil {
 			t.Fatal(err)
@@ -306,36 +211,6 @@ func TestValueLogGCInterruptedWithoutTheOldFileCutsTheCopy(t *testing.T) {
 	sameRecords(t, "what the copy claims", got, want[:len(got)])
 }
 
-// A GC marker left by a process that died mid-rewrite on the same boot
-// asks for nothing: the page cache kept every write. The next open drops
-// it, so a later machine crash does not read every value back for it.
-func TestValueLogGCMarkerAfterAProcessCrashIsDropped(t *testing.T) {
-	h := newCrashHarness(t)
-	db := h.open(h.dir)
-	s := ownerStream(t, db, "s", 1)
-	mustAppend(t, s, 1, sizedRecs("a", 4, 2048))
-	if err := db.Close(); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Remove(filepath.Join(h.dir, cleanFile)); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(filepath.Join(h.dir, gcMarkerFile), nil, 0o644); err != nil {
-		t.Fatal(err)
-	}
-	db = h.open(h.dir)
-	defer db.Close()
-	if db.MayHaveLostWritten() {
-		t.Fatal("a process crash on the same boot claims written records may be lost")
-	}
-	if storeFileExists(h.dir, gcMarkerFile) {
-		t.Fatal("the GC marker of a process crash outlived the next open")
-	}
-	if got := mustRead(t, openStream(t, db, "s"), 0, 0); len(got) != 4 {
-		t.Fatalf("read %d records, want 4", len(got))
-	}
-}
-
 // The newest transaction's metadata may be torn as its segments are: a
 // meta with a few log epochs is above the value threshold, so in the value
 // log. The copy comes back with the metadata the last synced write left
@@ -355,76 +230,6 @@ func TestTornMetadataIsRolledBackAfterAMachineCrash(t *testing.T) {
 		t.Fatalf("after the crash: tail %d chain %#x %d log epochs, want %d %#x %d", st.RecordTail, st.Chain, len(st.LogEpochs), before.RecordTail, before.Chain, len(before.LogEpochs))
 	}
 	sameRecords(t, "after the roll back", mustRead(t, s, 0, 0), synced)
-}
-
-// A crash in the middle of a roll back: the next open on the same boot
-// rolls back the rest. It must not take the roll back's own first write
-// for the newest transaction (a fresh look would, find nothing torn in it
-// and leave the rest torn): the version it started from, and that it is
-// rolling back, are kept in STRAND_UNSURE. The keys are written by the
-// committer like any batch: a small value (the write-ahead log) that sorts
-// first and a large one (the value log).
-func TestRollBackInterruptedIsFinishedByTheNextOpen(t *testing.T) {
-	h := newCrashHarness(t)
-	db := h.open(h.dir)
-	small, large := []byte("x1"), []byte("x2")
-	put := func(tag string) {
-		t.Helper()
-		big := bytes.Repeat([]byte(tag), 2048)
-		o := &op{}
-		o.add(small, []byte(tag))
-		o.add(large, big)
-		if err := db.do(context.Background(), o); err != nil {
-			t.Fatal(err)
-		}
-	}
-	put("a")
-	onDisk := h.valueLogs()
-	inSync, release := holdNextSync(db)
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		put("b")
-	}()
-	<-inSync
-	crashed := h.crashCopy(onDisk)
-	close(release)
-	<-done
-	if err := db.Close(); err != nil {
-		t.Fatal(err)
-	}
-	h.reboot("boot-2")
-
-	h.hooks.WriteBackSplit = 1
-	_, err := Open(Options{Dir: crashed, Logger: zerolog.Nop(), MemTableBytes: 8 << 20, CacheBytes: 4 << 20, ValueLogFileBytes: 1 << 20, BootIDPath: h.boot, hooks: h.hooks})
-	h.hooks.WriteBackSplit = 0
-	if err == nil || !strings.Contains(err.Error(), "injected") {
-		t.Fatalf("open with a roll back cut short: %v", err)
-	}
-	db = h.open(crashed)
-	defer db.Close()
-	err = db.eng.View(func(txn *engine.Txn) error {
-		for key, want := range map[string][]byte{"x1": []byte("a"), "x2": bytes.Repeat([]byte("a"), 2048)} {
-			item, err := txn.Get([]byte(key))
-			if err != nil {
-				return fmt.Errorf("%s: %w", key, err)
-			}
-			v, err := item.ValueCopy(nil)
-			if err != nil {
-				return fmt.Errorf("%s: %w", key, err)
-			}
-			if !bytes.Equal(v, want) {
-				return fmt.Errorf("%s = %.8q..., want the value before the torn write", key, v)
-			}
-		}
-		return nil
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if storeFileExists(crashed, unsureFile) {
-		t.Fatal("the recovery marker outlived a finished recovery")
-	}
 }
 
 // A crash in the middle of the recovery, after the roll back and before
@@ -470,45 +275,12 @@ func TestRecoveryInterruptedIsFinishedByTheNextOpen(t *testing.T) {
 	}
 }
 
-// headerOnly returns the value log files of h.dir as a power loss now would
-// leave them if everything since onDisk was read had not reached the disk:
-// files in onDisk as they were, files made since with their header only.
-func (h *crashHarness) headerOnly(onDisk map[string][]byte) map[string][]byte {
-	h.t.Helper()
-	out := h.valueLogs()
-	for name, b := range out {
-		if old, ok := onDisk[name]; ok {
-			out[name] = old
-			continue
-		}
-		nb := make([]byte, len(b))
-		copy(nb, b[:badgerLogHeaderBytes])
-		out[name] = nb
-	}
-	return out
-}
-
 // openTearingRecovery opens h.dir, which must need a recovery, and returns
-// a copy of it as a power loss right after the recovery's first write back
-// committed, before its fsync, leaves it: the write-ahead log written back,
-// the value log not. It reboots.
+// a copy of it as a power loss in its first write back leaves it
+// (enginetest.TearFirstWriteBack). It reboots.
 func (h *crashHarness) openTearingRecovery() string {
 	h.t.Helper()
-	onDisk := h.valueLogs()
-	var crashed string
-	h.hooks.BeforeWriteBackSync = func() {
-		if crashed == "" {
-			crashed = h.crashCopy(h.headerOnly(onDisk))
-		}
-	}
-	db := h.open(h.dir)
-	h.hooks.BeforeWriteBackSync = nil
-	if err := db.Close(); err != nil {
-		h.t.Fatal(err)
-	}
-	if crashed == "" {
-		h.t.Fatal("the recovery wrote nothing")
-	}
+	crashed := enginetest.TearFirstWriteBack(h.t, h.dir, &h.hooks.BeforeWriteBackSync, func() io.Closer { return h.open(h.dir) })
 	h.reboot("boot-3")
 	return crashed
 }
@@ -563,69 +335,6 @@ func TestRecoveryWriteTornByAPowerLossIsRolledBack(t *testing.T) {
 	}
 }
 
-// A power loss during the write of the values a GC repair read back: the
-// next open rolls it back and repairs again, from the old file.
-func TestValueLogGCRepairTornByAPowerLossIsRepairedAgain(t *testing.T) {
-	h := newCrashHarness(t)
-	crashed, want := gcCrash(t, h)
-	h.reboot("boot-2")
-	h = &crashHarness{t: t, dir: crashed, boot: h.boot, hooks: h.hooks}
-	crashed = h.openTearingRecovery()
-	db := h.open(crashed)
-	defer db.Close()
-	k := openStream(t, db, "k")
-	if st := k.State(); st.RecordTail != uint64(len(want)) {
-		t.Fatalf("record tail %d, want %d", st.RecordTail, len(want))
-	}
-	got, err := k.Read(0, len(want), 0)
-	if err != nil {
-		t.Fatalf("reading the records the GC moved: %v", err)
-	}
-	sameRecords(t, "the records the GC moved", got, want)
-}
-
-// Power losses during the recovery of a value log GC rewrite cut short:
-// the repair's write torn once, then the next recovery stopped right after
-// its roll back (its From saved past the torn repair); or the repair's
-// write torn twice in a row. Each time the records the GC moved must come
-// back from the old file, which still holds them, not be cut away.
-func TestValueLogGCRepairSurvivesRepeatedCrashes(t *testing.T) {
-	for _, c := range []struct {
-		name  string
-		crash func(h *crashHarness) string
-	}{
-		{"stopped after the roll back", func(h *crashHarness) string {
-			h.hooks.AfterRecoveryStep = func(at string) error {
-				if at == "roll back" {
-					return fmt.Errorf("injected: crash after %s", at)
-				}
-				return nil
-			}
-			defer func() { h.hooks.AfterRecoveryStep = nil }()
-			_, err := Open(Options{Dir: h.dir, Logger: zerolog.Nop(), MemTableBytes: 8 << 20, CacheBytes: 4 << 20, ValueLogFileBytes: 1 << 20, BootIDPath: h.boot, hooks: h.hooks})
-			if err == nil || !strings.Contains(err.Error(), "injected") {
-				t.Fatalf("open stopped after the roll back: %v", err)
-			}
-			return h.dir
-		}},
-		{"torn again", func(h *crashHarness) string { return h.openTearingRecovery() }},
-	} {
-		t.Run(c.name, func(t *testing.T) {
-			h := newCrashHarness(t)
-			crashed, want := gcCrash(t, h)
-			h.reboot("boot-2")
-			h = &crashHarness{t: t, dir: crashed, boot: h.boot, hooks: h.hooks}
-			h = &crashHarness{t: t, dir: h.openTearingRecovery(), boot: h.boot, hooks: h.hooks}
-			crashed = c.crash(h)
-			db := h.open(crashed)
-			defer db.Close()
-			if st := openStream(t, db, "k").State(); st.RecordTail != uint64(len(want)) {
-				t.Fatalf("record tail %d, want %d: records the GC moved were cut though the old file holds them", st.RecordTail, len(want))
-			}
-		})
-	}
-}
-
 // The value log GC moves values of the newest transaction, which was
 // synced (its append rotated the value log file, so its values sit in a
 // file the GC rewrites), and a power loss cuts the rewrite short. The
@@ -640,8 +349,8 @@ func TestValueLogGCMovingTheNewestTransactionKeepsIt(t *testing.T) {
 	kWant := len(mustAppend(t, k, 1, sizedRecs("k0", 2, 4096)))
 	// Fill a value log file with s, then drop s: that file is garbage but
 	// for k's records.
-	files := len(vlogFiles(t, h.dir))
-	for i := 0; len(vlogFiles(t, h.dir)) == files; i++ {
+	files := len(enginetest.VlogFiles(t, h.dir))
+	for i := 0; len(enginetest.VlogFiles(t, h.dir)) == files; i++ {
 		if i > 400 {
 			t.Fatal("the value log file never rotated")
 		}
@@ -663,8 +372,8 @@ func TestValueLogGCMovingTheNewestTransactionKeepsIt(t *testing.T) {
 	countGarbage(t, db)
 	// k's appends until one rotates the file: the newest transaction's
 	// values are in the file just closed.
-	files = len(vlogFiles(t, h.dir))
-	for j := 0; len(vlogFiles(t, h.dir)) == files; j++ {
+	files = len(enginetest.VlogFiles(t, h.dir))
+	for j := 0; len(enginetest.VlogFiles(t, h.dir)) == files; j++ {
 		if j > 1000 {
 			t.Fatal("the value log file never rotated")
 		}
@@ -796,11 +505,42 @@ const (
 	cleanFile    = "STRAND_CLEAN"
 )
 
-// badgerLogHeaderBytes is the header of Badger's write-ahead log and value
-// log files: the encryption key id (8 bytes) and IV (12).
-const badgerLogHeaderBytes = 20
-
 func storeFileExists(dir, name string) bool {
 	_, err := os.Stat(filepath.Join(dir, name))
 	return err == nil
+}
+
+// liveGarbage appends to two owned streams of db, "s" and "k", so that
+// retention on s leaves every value log file mostly garbage while k keeps a
+// few records in each: a GC rewrite has values to move. It returns s, its
+// record tail and k's records.
+func liveGarbage(t *testing.T, db *DB) (*Stream, uint64, []Record) {
+	t.Helper()
+	s := ownerStream(t, db, "s", 1)
+	k := ownerStream(t, db, "k", 1)
+	var want []Record
+	for i := range 24 {
+		mustAppend(t, s, 1, sizedRecs(fmt.Sprint("a", i), 64, 4096))
+		if i%4 == 0 {
+			want = append(want, mustAppend(t, k, 1, sizedRecs(fmt.Sprint("k", i), 8, 4096))...)
+		}
+	}
+	tail := s.State().RecordTail
+	s.SetConfirmWatermark(tail)
+	if _, err := s.ApplyRetention(context.Background(), Retention{MaxRecords: 96}, time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	countGarbage(t, db)
+	return s, tail, want
+}
+
+// countGarbage brings Badger's garbage counts per value log file up to
+// date: Badger counts a file's garbage when compaction drops the deleted
+// segments, so the memtables are flushed (dropping a prefix that holds a
+// key flushes the active one too) and everything is compacted now.
+func countGarbage(t *testing.T, db *DB) {
+	t.Helper()
+	if err := db.eng.FlushAndCompact(); err != nil {
+		t.Fatal(err)
+	}
 }

@@ -3,12 +3,8 @@ package storage
 import (
 	"context"
 	"errors"
-	"os"
-	"path/filepath"
 	"testing"
 	"time"
-
-	"github.com/rs/zerolog"
 )
 
 // Records are readable from the written view once Badger has them, while
@@ -77,82 +73,5 @@ func TestWrittenTailFollowsCut(t *testing.T) {
 	}
 	if w, c := old.WrittenTail(); w != 6 || c != old.State().Chain {
 		t.Fatalf("written tail %d chain %#x after a cut to 6 (durable chain %#x)", w, c, old.State().Chain)
-	}
-}
-
-// MayHaveLostWritten is true exactly when the last stop was unclean and
-// the boot changed since (or cannot be told).
-func TestMayHaveLostWritten(t *testing.T) {
-	dir := t.TempDir()
-	boot := filepath.Join(t.TempDir(), "boot_id")
-	setBoot := func(id string) {
-		if err := os.WriteFile(boot, []byte(id+"\n"), 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
-	open := func() *DB {
-		db, err := Open(Options{Dir: dir, Logger: zerolog.Nop(), MemTableBytes: 8 << 20, CacheBytes: 4 << 20, BootIDPath: boot})
-		if err != nil {
-			t.Fatal(err)
-		}
-		return db
-	}
-	// "Unclean" stops are played by closing and removing the clean mark,
-	// which is what a crash leaves: the mark is only written by Close.
-	unclean := func(db *DB) {
-		if err := db.Close(); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.Remove(filepath.Join(dir, cleanFile)); err != nil {
-			t.Fatal(err)
-		}
-	}
-	setBoot("boot-1")
-	steps := []struct {
-		name string
-		stop func(*DB)
-		boot string
-		want bool
-	}{
-		{name: "clean stop, same boot", stop: func(db *DB) { _ = db.Close() }, boot: "boot-1", want: false},
-		{name: "clean stop, new boot", stop: func(db *DB) { _ = db.Close() }, boot: "boot-2", want: false},
-		{name: "unclean stop, same boot (a killed process)", stop: unclean, boot: "boot-2", want: false},
-		{name: "unclean stop, new boot (a machine crash)", stop: unclean, boot: "boot-3", want: true},
-		{name: "unclean stop, boot id unreadable", stop: unclean, boot: "", want: true},
-	}
-	db := open()
-	if !db.MayHaveLostWritten() {
-		t.Fatal("a store opened for the first time claims nothing can be missing")
-	}
-	for _, st := range steps {
-		st.stop(db)
-		if st.boot == "" {
-			_ = os.Remove(boot)
-		} else {
-			setBoot(st.boot)
-		}
-		db = open()
-		if got := db.MayHaveLostWritten(); got != st.want {
-			t.Errorf("%s: MayHaveLostWritten = %v, want %v", st.name, got, st.want)
-		}
-	}
-	_ = db.Close()
-
-	// A failed write forgets the boot: even the same boot is unsure next.
-	setBoot("boot-9")
-	db, err := Open(Options{Dir: dir, Logger: zerolog.Nop(), MemTableBytes: 8 << 20, CacheBytes: 4 << 20, BootIDPath: boot,
-		WriteFault: func() error { return errors.New("injected: failed write") }})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := db.Open("failing"); err == nil {
-		t.Fatal("a stream's first metadata write was taken by a failing disk")
-	}
-	// A store whose write failed leaves no clean mark on close.
-	_ = db.Close()
-	db = open()
-	defer db.Close()
-	if !db.MayHaveLostWritten() {
-		t.Error("after a failed write the same boot is trusted")
 	}
 }

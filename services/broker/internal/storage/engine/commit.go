@@ -239,6 +239,9 @@ func (e *Engine) write(group []*Batch) error {
 		if err := e.bdb.Sync(); err != nil {
 			return err
 		}
+		if hook := e.hooks.AfterPartSync; hook != nil {
+			hook()
+		}
 		txn = e.bdb.NewTransaction(true)
 		return nil
 	}

@@ -88,6 +88,26 @@
 // The store then holds exactly what the last fsync covered: every batch
 // whose Do returned (or whose OnDone reported nil) is there, whole.
 //
+// # Where the contract is tested
+//
+// Each clause is tested through this package's API alone: a process
+// killed in the middle of its batches keeps every batch written or
+// acknowledged, whole, and none in part, and one killed between the
+// transactions of a split group keeps what OnGroup returned behind its
+// batches' entries (crash_test.go); a failed write
+// fails its group, calls OnFail once and refuses the rest with ErrClosed
+// (fault_test.go), and so does a full disk (fulldisk_linux_test.go); the
+// value log GC racing overwrites and deletes keeps every latest value,
+// and keeps the file it rewrote until the rewrite is durable (gc_test.go);
+// a torn newest transaction is rolled back, also when a crash cuts the
+// roll back short, and a value log GC rewrite a power loss cut short is
+// repaired or reported (ValuesLost) (torn_test.go); every power-loss
+// state of the newest log files opens (repair_test.go); StopWrites
+// writes every batch accepted before it (stop_test.go); and
+// MayHaveLostWritten follows the boot (boot_test.go). What the model
+// builds on them (record tails, unsure epochs) is tested in package
+// storage.
+//
 // # Memory
 //
 // Badger runs with two 16 MiB memtables (Options.MemTableBytes), 4 MiB

@@ -94,6 +94,10 @@ type Hooks struct {
 	// BeforeSync runs on the committer between a group's Badger commit
 	// and its fsync: the group is written, not yet durable.
 	BeforeSync func()
+	// AfterPartSync runs on the committer after each transaction but the
+	// last of a group that Badger's transaction bound split is committed
+	// and synced, before the next is written.
+	AfterPartSync func()
 	// AfterGCRewrite runs in the value log GC after Badger rewrote a
 	// file, before the rewrite is made durable.
 	AfterGCRewrite func()

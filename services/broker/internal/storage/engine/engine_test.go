@@ -8,54 +8,7 @@ import (
 	"slices"
 	"sync"
 	"testing"
-
-	"github.com/rs/zerolog"
 )
-
-// openEngine opens an engine in dir with small memtables and 1 MiB value
-// log files (unless opts says otherwise) and settles it.
-func openEngine(t *testing.T, dir string, opts Options) *Engine {
-	t.Helper()
-	opts.Dir, opts.Logger = dir, zerolog.Nop()
-	if opts.MemTableBytes == 0 {
-		opts.MemTableBytes, opts.CacheBytes = 8<<20, 4<<20
-	}
-	if opts.ValueLogFileBytes == 0 {
-		opts.ValueLogFileBytes = 1 << 20
-	}
-	e, err := Open(opts)
-	if err != nil {
-		t.Fatalf("Open(%s): %v", dir, err)
-	}
-	if err := e.Settle(); err != nil {
-		t.Fatal(err)
-	}
-	return e
-}
-
-// checkValues fails t unless every key of want holds its value.
-func checkValues(t *testing.T, e *Engine, what string, want map[string][]byte) {
-	t.Helper()
-	err := e.View(func(txn *Txn) error {
-		for k, v := range want {
-			item, err := txn.Get([]byte(k))
-			if err != nil {
-				return fmt.Errorf("%s: %w", k, err)
-			}
-			got, err := item.ValueCopy(nil)
-			if err != nil {
-				return fmt.Errorf("%s: %w", k, err)
-			}
-			if !bytes.Equal(got, v) {
-				return fmt.Errorf("%s: %d bytes differ from the %d written", k, len(got), len(v))
-			}
-		}
-		return nil
-	})
-	if err != nil {
-		t.Fatalf("%s: %v", what, err)
-	}
-}
 
 // keys lists the keys under prefix, in the iterator's order.
 func keys(t *testing.T, e *Engine, opts IterOptions, seek []byte) []string {
@@ -212,39 +165,6 @@ func TestGroupCallbacks(t *testing.T) {
 		t.Fatalf("callbacks %v, want %v", got, want)
 	}
 	checkValues(t, e, "after the groups", map[string][]byte{"k1": []byte("1"), "k2": []byte("2"), "k3": []byte("3"), "group": []byte("4")})
-}
-
-// liveGarbage writes values so that deleting most of them leaves every
-// value log file mostly garbage with a few live values in each (a GC
-// rewrite has values to move), deletes them and brings Badger's garbage
-// counts up to date. It returns the live values.
-func liveGarbage(t *testing.T, e *Engine) map[string][]byte {
-	t.Helper()
-	ctx := context.Background()
-	want := map[string][]byte{}
-	for i := range 24 {
-		b := &Batch{}
-		for j := range 64 {
-			b.Set(fmt.Appendf(nil, "s%04d-%02d", i, j), bytes.Repeat([]byte{byte(i), byte(j)}, 2048))
-		}
-		if i%4 == 0 {
-			for j := range 8 {
-				k, v := fmt.Sprintf("k%04d-%02d", i, j), bytes.Repeat([]byte{byte(j), byte(i)}, 2048)
-				b.Set([]byte(k), v)
-				want[k] = v
-			}
-		}
-		if err := e.Do(ctx, b); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if err := e.DeleteRange(ctx, []byte("s"), []byte("s"), nil); err != nil {
-		t.Fatal(err)
-	}
-	if err := e.FlushAndCompact(); err != nil {
-		t.Fatal(err)
-	}
-	return want
 }
 
 // The value log GC keeps the committer out from its rewrite until the

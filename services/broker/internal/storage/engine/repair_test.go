@@ -1,4 +1,4 @@
-package storage
+package engine
 
 import (
 	"errors"
@@ -11,52 +11,55 @@ import (
 	"testing"
 
 	"github.com/rs/zerolog"
+
+	"github.com/strandhq/strand/services/broker/internal/storage/engine/enginetest"
 )
 
 // TestOpenAfterAPowerLossBeforeTheFirstWrite builds, from a real store,
 // every state a power loss can leave Badger's newest log files in when it
 // came after an open and before the first write (the open created them,
 // nothing synced them): an empty, short, zero-filled or missing newest
-// write-ahead log (.mem) or value log (.vlog), and both empty at once. The
-// store must open from each, on the same boot and on a new one (the
-// recovery path, torn.go), keep every record that was durable before, and
-// take appends.
+// write-ahead log (.mem) or value log (.vlog), and both empty at once
+// (doc.go, "What Open guarantees after a power loss"; repair.go). The
+// engine must open from each, on the same boot and on a new one (the
+// recovery path, torn.go), keep every batch that was durable before, and
+// take batches.
 func TestOpenAfterAPowerLossBeforeTheFirstWrite(t *testing.T) {
 	boot := filepath.Join(t.TempDir(), "boot_id")
-	setBoot := func(id string) {
-		t.Helper()
-		if err := os.WriteFile(boot, []byte(id+"\n"), 0o644); err != nil {
-			t.Fatal(err)
+	open := func(dir string) (*Engine, error) {
+		e, err := Open(Options{Dir: dir, Logger: zerolog.Nop(), MemTableBytes: 8 << 20, CacheBytes: 4 << 20, BootIDPath: boot})
+		if err == nil {
+			err = e.Settle()
 		}
+		return e, err
 	}
-	open := func(dir string) (*DB, error) {
-		return Open(Options{Dir: dir, Logger: zerolog.Nop(), MemTableBytes: 8 << 20, CacheBytes: 4 << 20, BootIDPath: boot})
-	}
-	setBoot("boot-1")
+	writeBoot(t, boot, "boot-1")
 
-	// The durable records: small ones (in the LSM tree) and large ones (in
-	// the value log), then a clean close.
+	// The durable batches: small values (in the LSM tree) and large ones
+	// (in the value log), then a clean close.
 	src := t.TempDir()
-	db, err := open(src)
+	e, err := open(src)
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := ownerStream(t, db, "s", 1)
-	want := mustAppend(t, s, 1, recs("small", 5))
-	want = append(want, mustAppend(t, s, 1, sizedRecs("large", 5, 4096))...)
-	if err := db.Close(); err != nil {
+	for i := range 2 {
+		if err := e.Do(t.Context(), ledgerBatch("p", 0, i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := e.Close(); err != nil {
 		t.Fatal(err)
 	}
 	// The open creates a new memtable log and value log file, which
 	// nothing synced before the power loss; the copy is taken while it is
 	// open, so it holds them as the page cache did.
-	db, err = open(src)
+	e, err = open(src)
 	if err != nil {
 		t.Fatal(err)
 	}
 	base := t.TempDir()
 	copyStoreFiles(t, src, base)
-	if err := db.Close(); err != nil {
+	if err := e.Close(); err != nil {
 		t.Fatal(err)
 	}
 	mem, vlog := newestFile(t, base, ".mem"), newestFile(t, base, ".vlog")
@@ -90,7 +93,7 @@ func TestOpenAfterAPowerLossBeforeTheFirstWrite(t *testing.T) {
 		changes []change
 	}{
 		{"empty .mem", []change{{mem, truncate(0)}}},
-		{"short .mem", []change{{mem, truncate(badgerLogHeaderBytes - 1)}}},
+		{"short .mem", []change{{mem, truncate(enginetest.LogHeaderBytes - 1)}}},
 		{"zero-filled .mem", []change{{mem, zero}}},
 		{"missing .mem", []change{{mem, remove}}},
 		{"empty .vlog", []change{{vlog, truncate(0)}}},
@@ -106,33 +109,42 @@ func TestOpenAfterAPowerLossBeforeTheFirstWrite(t *testing.T) {
 				name = tc.name + "/new boot"
 			}
 			t.Run(name, func(t *testing.T) {
-				setBoot("boot-1")
+				writeBoot(t, boot, "boot-1")
 				if newBoot {
 					// A machine that lost power boots again.
-					defer setBoot("boot-1")
-					setBoot("boot-2")
+					defer writeBoot(t, boot, "boot-1")
+					writeBoot(t, boot, "boot-2")
 				}
 				dir := t.TempDir()
 				copyStoreFiles(t, base, dir)
 				for _, c := range tc.changes {
 					c.do(t, filepath.Join(dir, c.file))
 				}
-				db, err := open(dir)
+				e, err := open(dir)
 				if err != nil {
 					t.Fatalf("Open: %v", err)
 				}
-				s := openStream(t, db, "s")
-				sameRecords(t, "after the power loss", mustRead(t, s, 0, 0), want)
-				more := mustAppend(t, s, 1, sizedRecs("after", 3, 4096))
-				if err := db.Close(); err != nil {
+				if n := checkLedger(t, e, "p", 0); n != 1 {
+					_ = e.Close()
+					t.Fatalf("after the power loss: latest batch %d, want 1", n)
+				}
+				for i := 2; i < 5; i++ {
+					if err := e.Do(t.Context(), ledgerBatch("p", 0, i)); err != nil {
+						_ = e.Close()
+						t.Fatal(err)
+					}
+				}
+				if err := e.Close(); err != nil {
 					t.Fatal(err)
 				}
-				db, err = open(dir)
+				e, err = open(dir)
 				if err != nil {
-					t.Fatalf("Open after the appends: %v", err)
+					t.Fatalf("Open after the writes: %v", err)
 				}
-				defer db.Close()
-				sameRecords(t, "after the appends", mustRead(t, openStream(t, db, "s"), 0, 0), append(slices.Clone(want), more...))
+				defer e.Close()
+				if n := checkLedger(t, e, "p", 0); n != 4 {
+					t.Fatalf("after the writes: latest batch %d, want 4", n)
+				}
 			})
 		}
 	}
