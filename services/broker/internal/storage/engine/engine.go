@@ -503,8 +503,13 @@ func (e *Engine) DeleteRange(ctx context.Context, prefix, start, end []byte) err
 
 // FlushAndCompact writes every memtable to a table and compacts every
 // level into one, so Badger's count of each value log file's garbage is
-// current. Tests and tools only: it holds compaction for its duration.
+// current. Tests and tools only: it holds compaction for its duration,
+// and the committer out (writeMu) as the value log GC does: dropping the
+// prefix makes Badger refuse every write meanwhile (ErrBlockedWrites),
+// which the committer would take for a failed disk and stop the engine.
 func (e *Engine) FlushAndCompact() error {
+	e.writeMu.Lock()
+	defer e.writeMu.Unlock()
 	key := []byte{ReservedKeyByte, 'x'}
 	if err := e.bdb.Update(func(txn *badger.Txn) error { return txn.Set(key, nil) }); err != nil {
 		return err
