@@ -305,7 +305,7 @@ func (g *Guard) WrapUnary(next connect.UnaryFunc) connect.UnaryFunc {
 		}
 		if rule.Scope == OnEntries {
 			// Set on every such call, before its handler runs: CheckEntry
-			// refuses nothing without it, as with auth off.
+			// refuses every entry of a call without it.
 			return next(context.WithValue(ctx, entryKey{}, &entryGuard{g: g, rule: rule, principal: principal}), req)
 		}
 		if err := g.authorize(rule, principal, req.Any()); err != nil {
@@ -326,23 +326,40 @@ func (g *Guard) WrapUnary(next connect.UnaryFunc) connect.UnaryFunc {
 
 type entryKey struct{}
 
-// entryGuard checks the entries of an OnEntries call for its principal.
+// entryGuard checks the entries of an OnEntries call for its principal;
+// open, it checks nothing (auth off, Open).
 type entryGuard struct {
+	open      bool
 	g         *Guard
 	rule      Rule
 	principal string
 }
 
+// openEntries is the marker Open puts on the OnEntries calls of a service
+// run with auth off.
+var openEntries = &entryGuard{open: true}
+
+// errNoEntryGuard refuses an entry whose call carries no marker.
+var errNoEntryGuard = errors.New("auth: the call carries no entry guard (its service runs neither auth.Guard nor auth.Open); entry refused unchecked")
+
 // CheckEntry checks one entry of an OnEntries call (PublishMany), entry
 // being the request it stands for (a PublishRequest) and stream the stream
 // it names: the permission a call of that request alone needs on stream,
 // then its size against the principal's limit, as WrapUnary checks a
-// Publish, so an entry is refused exactly when that Publish would be. On
-// a service without a guard (auth off) it refuses nothing; the guard sets
-// what it reads on every OnEntries call.
+// Publish, so an entry is refused exactly when that Publish would be.
+//
+// It fails closed: auth off is a positive marker (Open), and a call with
+// no marker at all, a service wired with neither the guard nor Open, has
+// every entry refused rather than run unchecked (docs/operating.md,
+// "Permissions"). The refusal is Internal, not PermissionDenied: the
+// caller lacks no grant, the server lacks its wiring, and PermissionDenied
+// would send an operator granting what is already granted.
 func CheckEntry(ctx context.Context, stream string, entry proto.Message) error {
 	eg, ok := ctx.Value(entryKey{}).(*entryGuard)
-	if !ok {
+	if !ok || eg == nil {
+		return connect.NewError(connect.CodeInternal, errNoEntryGuard)
+	}
+	if eg.open {
 		return nil
 	}
 	for _, p := range eg.rule.Perms {
@@ -354,6 +371,31 @@ func CheckEntry(ctx context.Context, stream string, entry proto.Message) error {
 		}
 	}
 	return Denied(eg.principal, eg.rule.Perms, stream)
+}
+
+// Open is the interceptor a client-facing service runs in place of a
+// Guard when auth is off (--insecure, Options.Enabled false): it checks no
+// call, and marks each OnEntries call open, so CheckEntry lets its entries
+// through. Auth off is so said, never inferred from a missing guard.
+func Open() connect.HandlerOption { return connect.WithInterceptors(openGuard{}) }
+
+type openGuard struct{}
+
+func (openGuard) WrapUnary(next connect.UnaryFunc) connect.UnaryFunc {
+	return func(ctx context.Context, req connect.AnyRequest) (connect.AnyResponse, error) {
+		if !req.Spec().IsClient && Rules[req.Spec().Procedure].Scope == OnEntries {
+			ctx = context.WithValue(ctx, entryKey{}, openEntries)
+		}
+		return next(ctx, req)
+	}
+}
+
+func (openGuard) WrapStreamingClient(next connect.StreamingClientFunc) connect.StreamingClientFunc {
+	return next
+}
+
+func (openGuard) WrapStreamingHandler(next connect.StreamingHandlerFunc) connect.StreamingHandlerFunc {
+	return next
 }
 
 // WrapStreamingClient leaves client streams alone.

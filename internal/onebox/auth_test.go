@@ -573,3 +573,38 @@ func TestAuthPublishManyChecksEachEntry(t *testing.T) {
 		t.Fatalf("an entry above the publish limit answered %v, want ResourceExhausted", res.Msg.GetResults()[0])
 	}
 }
+
+// With auth off (--insecure) the broker says so explicitly (auth.Open), so
+// PublishMany's entries, which the handler checks itself and refuses
+// without a marker, are still stored for a caller without credentials.
+func TestAuthOffPublishManyStores(t *testing.T) {
+	t.Parallel()
+	c := Start(t, Options{Brokers: []string{"b1"}, Controllers: 1})
+	const a, b = "open.a", "open.b"
+	c.CreateStream(a, 1, majority)
+	c.CreateStream(b, 1, majority)
+	anonymous := strandv1connect.NewStreamServiceClient(rpcserver.HTTPClient(), rpcserver.BaseURL(c.Addr("b1")))
+	req := &strandv1.PublishManyRequest{Publishes: []*strandv1.PublishRequest{
+		{Stream: a, Records: []*strandv1.Record{{Payload: []byte("to a")}}},
+		{Stream: b, Records: []*strandv1.Record{{Payload: []byte("to b")}}},
+	}}
+	// CreateStream waited for b1 to apply both assignments: one call.
+	res, err := anonymous.PublishMany(c.Ctx(), connect.NewRequest(req))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, r := range res.Msg.GetResults() {
+		if r.GetResponse() == nil {
+			t.Fatalf("entry %d answered %v, want it stored", i, r)
+		}
+	}
+	for stream, want := range map[string]string{a: "to a", b: "to b"} {
+		recs, err := read(c.Ctx(), anonymous, stream)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(recs) != 1 || string(recs[0].GetPayload()) != want {
+			t.Fatalf("%s holds %v, want the one record %q", stream, recs, want)
+		}
+	}
+}

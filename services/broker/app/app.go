@@ -280,7 +280,9 @@ func Start(ctx context.Context, cfg Config) (*App, error) {
 		path, h := streams.Handler(noGzip, guard.Option())
 		mux.Handle(path, guard.Precheck(h))
 	} else {
-		mux.Handle(streams.Handler(noGzip))
+		// Auth off said explicitly: PublishMany's entries are checked
+		// against the call's marker and refused without one (auth.CheckEntry).
+		mux.Handle(streams.Handler(noGzip, auth.Open()))
 	}
 	// Follow and Seal are for peers only (docs/operating.md, "Security"): a client that could
 	// seal would fence copies and stop their streams until a recovery.

@@ -15,6 +15,7 @@ import (
 
 	strandv1 "github.com/strandhq/strand/api/strand/v1"
 	"github.com/strandhq/strand/api/strand/v1/strandv1connect"
+	"github.com/strandhq/strand/internal/auth"
 	"github.com/strandhq/strand/internal/cluster"
 	"github.com/strandhq/strand/internal/clustertest"
 	"github.com/strandhq/strand/internal/rpcerr"
@@ -64,7 +65,7 @@ func startFuzzBroker(tb testing.TB) *fuzzBroker {
 		tb.Fatal(err)
 	}
 	mux := http.NewServeMux()
-	mux.Handle(NewStreamService(m, Limits{}, zerolog.Nop()).Handler())
+	mux.Handle(NewStreamService(m, Limits{}, zerolog.Nop()).Handler(auth.Open()))
 	mux.Handle(NewReplicationService(m, zerolog.Nop()).Handler())
 	ln, err := rpcserver.Listen("127.0.0.1:0")
 	if err != nil {

@@ -11,6 +11,7 @@ import (
 
 	strandv1 "github.com/strandhq/strand/api/strand/v1"
 	"github.com/strandhq/strand/api/strand/v1/strandv1connect"
+	"github.com/strandhq/strand/internal/auth"
 	"github.com/strandhq/strand/internal/cluster"
 	"github.com/strandhq/strand/internal/clustertest"
 	"github.com/strandhq/strand/internal/rpcserver"
@@ -33,7 +34,7 @@ func startService(t *testing.T, dir string) (*replica.Manager, strandv1connect.S
 	if err != nil {
 		t.Fatal(err)
 	}
-	path, handler := NewStreamService(m, Limits{}, zerolog.Nop()).Handler()
+	path, handler := NewStreamService(m, Limits{}, zerolog.Nop()).Handler(auth.Open())
 	srv := clustertest.Serve(t, path, handler)
 	stop := func() {
 		_ = srv.Close()
