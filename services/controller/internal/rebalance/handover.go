@@ -14,7 +14,6 @@ import (
 	"github.com/strandhq/strand/internal/logging"
 	"github.com/strandhq/strand/services/controller/internal/attention"
 	"github.com/strandhq/strand/services/controller/internal/leader"
-	"github.com/strandhq/strand/services/controller/internal/placement"
 	"github.com/strandhq/strand/services/controller/internal/state"
 	"github.com/strandhq/strand/services/controller/internal/transition"
 )
@@ -163,7 +162,9 @@ func (m *Mover) Handover(ctx context.Context, term *leader.Term, s *state.Snapsh
 // (reason drain): the owner stays the proposed owner, member is left out
 // of the new assignment and a broker placement picks joins in its place.
 // It is the drain loop's one call of a replacement. A member that owns the
-// stream is handed over first (Handover), not replaced here.
+// stream is handed over first (Handover), not replaced here; a stream whose
+// owner is not live waits for that owner's recovery, as a replacement does
+// (transition.ProposeReplacement).
 func (m *Mover) Replace(ctx context.Context, term *leader.Term, s *state.Snapshot, stream, member string) (cluster.Recovery, error) {
 	av, ok := s.Assignments[stream]
 	if !ok {
@@ -176,24 +177,23 @@ func (m *Mover) Replace(ctx context.Context, term *leader.Term, s *state.Snapsho
 	if !a.Includes(member) || a.Owner == member {
 		return cluster.Recovery{}, fmt.Errorf("%w: %q is not a follower of %q", ErrNotFollower, member, stream)
 	}
-	added, err := placement.Pick(transition.LoadOf(s), 1, a.Members())
+	// The replacement path's own choice and recovery (transition,
+	// replace.go), so a drain and a replacement cannot drift: the same
+	// candidates (live, not draining, heard from, holding no copy) and the
+	// same recovery fields, the member drained rather than removed.
+	d := transition.DecideDrain(a, member, transition.ReplacementCandidates(s, transition.LoadOf(s), a, 1, nil))
+	if len(d.Add) == 0 {
+		return cluster.Recovery{}, fmt.Errorf("%w: replacing %q's copy of %q: no live broker that is not draining, not starting and holds no copy of it", ErrLastBroker, member, stream)
+	}
+	rec, err := transition.ProposeReplacement(s, stream, d, ReasonDrain)
 	if err != nil {
-		return cluster.Recovery{}, fmt.Errorf("%w: replacing %q's copy of %q: %v", ErrLastBroker, member, stream, err)
+		return cluster.Recovery{}, err
 	}
-	policy := a.Policy
-	if spec, ok := s.Streams[stream]; ok {
-		policy = spec.Value.Policy
-	}
-	rec := transition.Stamp(cluster.Recovery{
-		Stream: stream, FromEpoch: a.Epoch, FenceEpoch: a.Epoch + 1,
-		OldOwner: a.Owner, OldFollowers: slices.Clone(a.Followers),
-		ProposedOwner: a.Owner, AddedMembers: added, DrainedMembers: []string{member},
-		Copies: a.Copies(), Policy: policy, Reason: ReasonDrain,
-	}, m.now())
+	rec = transition.Stamp(rec, m.now())
 	if err := (transition.Committer{Term: term, Schema: m.Schema}).WriteRecovery(ctx, av.ModRev, rec); err != nil {
 		return cluster.Recovery{}, err
 	}
-	m.Log.Info().Str(logging.Stream, stream).Str(logging.Node, member).Strs("added_members", added).
+	m.Log.Info().Str(logging.Stream, stream).Str(logging.Node, member).Strs("added_members", rec.AddedMembers).
 		Uint64(logging.FenceEpoch, rec.FenceEpoch).Str(logging.Transition, rec.TransitionID).Msg("copy on a draining broker replaced: pending recovery recorded")
 	return rec, nil
 }

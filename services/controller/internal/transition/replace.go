@@ -121,7 +121,11 @@ type ReplaceDecision struct {
 	// that cannot confirm, when placement found too few: it then shrinks,
 	// which lets its live copies confirm again).
 	Remove, Add []string
-	// Next is a with Remove left out and Add added as followers.
+	// Drain are members left out even when they answer their seal: a
+	// draining broker's copies (DecideDrain), where a removed member that
+	// answers stays (cluster.Recovery, DrainedMembers and RemovedMembers).
+	Drain []string
+	// Next is a with Remove (or Drain) left out and Add added as followers.
 	Next cluster.Assignment
 	// FastPath is set when Next may commit without a seal
 	// (cluster.IsFastPath); otherwise it goes through a pending recovery.
@@ -159,11 +163,30 @@ func DecideReplacement(a cluster.Assignment, plans []Replacement, candidates []s
 			d.Waiting = append(d.Waiting, p.Node)
 		}
 	}
-	d.Next = a
-	d.Next.Followers = slices.DeleteFunc(slices.Clone(a.Followers), func(f string) bool { return slices.Contains(d.Remove, f) })
-	d.Next.Followers = append(d.Next.Followers, d.Add...)
+	d.Next = replaced(a, d.Remove, d.Add)
 	d.FastPath = len(d.Remove) > 0 && !slices.Contains(d.Remove, a.Owner) && cluster.IsFastPath(a, d.Next)
 	return d
+}
+
+// DecideDrain decides the replacement of member, a follower of a on a
+// draining broker, by the first of candidates (ReplacementCandidates;
+// none: nothing to decide, Add is empty). member is drained, not removed:
+// left out even though it answers its seal, which is safe because the
+// recovery seals it like every old copy, so the promoted copy holds every
+// record it confirmed (docs/protocol.md, "Safety argument"). It never takes
+// the fast path: the drain always goes through a pending recovery
+// (docs/operating.md, "Draining a broker").
+func DecideDrain(a cluster.Assignment, member string, candidates []string) ReplaceDecision {
+	d := ReplaceDecision{Drain: []string{member}, Add: slices.Clone(candidates[:min(1, len(candidates))])}
+	d.Next = replaced(a, d.Drain, d.Add)
+	return d
+}
+
+// replaced is a with the followers in out left out and add added.
+func replaced(a cluster.Assignment, out, add []string) cluster.Assignment {
+	a.Followers = slices.DeleteFunc(slices.Clone(a.Followers), func(f string) bool { return slices.Contains(out, f) })
+	a.Followers = append(a.Followers, add...)
+	return a
 }
 
 // ReplaceReason is the reason of a pending recovery that replaces the
@@ -187,12 +210,13 @@ func ReplaceReason(plans []Replacement, d ReplaceDecision, after time.Duration) 
 	return fmt.Sprintf("%s: %s; %s", ReasonReplace, strings.Join(parts, "; "), by)
 }
 
-// WithReplacement makes rec, proposed for a's stream, remove d's members
-// and add d's replacements; Copies bounds the recovered assignment at a's
-// copies, so a removed member that answers its seal after all keeps its
-// place and its replacement stays out.
+// WithReplacement makes rec, proposed for a's stream, remove d's members,
+// drain d's drained ones and add d's replacements; Copies bounds the
+// recovered assignment at a's copies, so a removed member that answers its
+// seal after all keeps its place and its replacement stays out.
 func WithReplacement(rec cluster.Recovery, a cluster.Assignment, d ReplaceDecision) cluster.Recovery {
 	rec.RemovedMembers = slices.Clone(d.Remove)
+	rec.DrainedMembers = slices.Clone(d.Drain)
 	rec.AddedMembers = slices.Clone(d.Add)
 	rec.Copies = a.Copies()
 	return rec

@@ -200,6 +200,31 @@ func TestProposeReplacement(t *testing.T) {
 	}
 }
 
+// A drain's decision and recovery come from the replacement's: the
+// draining follower is drained (left out even if it answers its seal), not
+// removed, the first candidate is added, and the rest of the recovery is
+// ProposeReplacement's; without a candidate nothing is added.
+func TestDecideDrainRecovery(t *testing.T) {
+	snap := state.Build().Live("b1", "b2", "b3", "b4").Drain("b3").Stream(asg("b1", "b2", "b3")).Snapshot()
+	a := snap.Assignments["s"].Value
+	d := DecideDrain(a, "b3", ReplacementCandidates(snap, LoadOf(snap), a, 1, nil))
+	if d.FastPath || len(d.Remove) != 0 || !slices.Equal(d.Drain, []string{"b3"}) || !slices.Equal(d.Add, []string{"b4"}) ||
+		!slices.Equal(d.Next.Followers, []string{"b2", "b4"}) {
+		t.Fatalf("decision %+v", d)
+	}
+	rec, err := ProposeReplacement(snap, "s", d, "drain")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rec.ProposedOwner != "b1" || len(rec.RemovedMembers) != 0 || !slices.Equal(rec.DrainedMembers, []string{"b3"}) ||
+		!slices.Equal(rec.AddedMembers, []string{"b4"}) || rec.Copies != 3 || rec.FenceEpoch != a.Epoch+1 || rec.Reason != "drain" {
+		t.Fatalf("recovery %+v", rec)
+	}
+	if d := DecideDrain(a, "b3", nil); len(d.Add) != 0 || !slices.Equal(d.Next.Followers, []string{"b2"}) {
+		t.Fatalf("no candidate: decision %+v", d)
+	}
+}
+
 // A replacement keeps the stream's spread over zones: the dead member's
 // zone is the one no live member covers, and a live broker holding a copy
 // outside the assignment covers none (docs/architecture.md, "Placement and
