@@ -11,6 +11,22 @@ import (
 	"github.com/strandhq/strand/internal/tlsconfig"
 )
 
+// NodeTLS is what every service (broker, controller, recoverer) starts
+// with: its node certificate from s (nil when Insecure) and its etcd
+// client's TLS for endpoints (ClientTLS). An error of the etcd client's is
+// prefixed "etcd: ", so a service's message says which failed.
+func NodeTLS(s tlsconfig.Settings, endpoints []string) (*tlsconfig.Reloader, *tls.Config, error) {
+	certs, err := s.Node()
+	if err != nil {
+		return nil, nil, err
+	}
+	etcdTLS, err := ClientTLS(s, endpoints)
+	if err != nil {
+		return nil, nil, fmt.Errorf("etcd: %w", err)
+	}
+	return certs, etcdTLS, nil
+}
+
 // ClientTLS is the TLS of a service's etcd client for endpoints: s's
 // --etcd-cacert, --etcd-cert and --etcd-key when given, else its certs
 // dir's ca.crt, node.crt and node.key when an endpoint is https://, else

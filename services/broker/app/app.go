@@ -176,13 +176,9 @@ func Start(ctx context.Context, cfg Config) (*App, error) {
 			_ = a.Close()
 		}
 	}()
-	certs, err := cfg.TLS.Node()
+	certs, etcdTLS, err := etcdcfg.NodeTLS(cfg.TLS, cfg.Etcd)
 	if err != nil {
 		return nil, fmt.Errorf("broker: %w", err)
-	}
-	etcdTLS, err := etcdcfg.ClientTLS(cfg.TLS, cfg.Etcd)
-	if err != nil {
-		return nil, fmt.Errorf("broker: etcd: %w", err)
 	}
 	switch {
 	case certs == nil && !cfg.Auth.Enabled:

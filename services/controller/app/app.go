@@ -180,13 +180,9 @@ func Start(ctx context.Context, cfg Config) (*App, error) {
 		return nil, err
 	}
 	log := logging.New(cfg.LogWriter, "controller", cfg.LogLevel).With().Str("name", cfg.Name).Logger()
-	certs, err := cfg.TLS.Node()
+	certs, etcdTLS, err := etcdcfg.NodeTLS(cfg.TLS, cfg.Etcd)
 	if err != nil {
 		return nil, fmt.Errorf("controller: %w", err)
-	}
-	etcdTLS, err := etcdcfg.ClientTLS(cfg.TLS, cfg.Etcd)
-	if err != nil {
-		return nil, fmt.Errorf("controller: etcd: %w", err)
 	}
 	var serveOpts []rpcserver.ServeOption
 	switch {

@@ -127,13 +127,9 @@ func Start(ctx context.Context, cfg Config) (*App, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	certs, err := cfg.TLS.Node()
+	certs, etcdTLS, err := etcdcfg.NodeTLS(cfg.TLS, cfg.Etcd)
 	if err != nil {
 		return nil, fmt.Errorf("recoverer: %w", err)
-	}
-	etcdTLS, err := etcdcfg.ClientTLS(cfg.TLS, cfg.Etcd)
-	if err != nil {
-		return nil, fmt.Errorf("recoverer: etcd: %w", err)
 	}
 	var serveOpts []rpcserver.ServeOption
 	peerToken := cfg.PeerToken
