@@ -3,6 +3,7 @@ package admin
 import (
 	"context"
 	"errors"
+	"sync"
 	"time"
 
 	"connectrpc.com/connect"
@@ -52,9 +53,14 @@ func newAdmission(calls, queued int, wait time.Duration) *admission {
 // call finding every slot and queue place taken, or still waiting after
 // the queue wait, is refused with ErrBusy; one whose context ends while it
 // waits gets its context's error.
+//
+// release gives the slot back once however often it is called, so a call
+// may give it back early (before a wait that needs no etcd, as handover's
+// for its commit) and still defer it: a second receive would take another
+// call's slot.
 func (s *Service) admit(ctx context.Context) (release func(), err error) {
 	a := s.admission
-	release = func() { <-a.slots }
+	release = sync.OnceFunc(func() { <-a.slots })
 	select {
 	case a.slots <- struct{}{}:
 		return release, nil

@@ -57,14 +57,20 @@ func (s *Service) handover(ctx context.Context, m *strandv1.FailoverRequest) (*c
 		Str(logging.Transition, rec.TransitionID).Uint64(logging.FenceEpoch, rec.FenceEpoch).
 		Str("proposed_owner", rec.ProposedOwner).Msg("operator handover recorded as a pending recovery")
 	out := &strandv1.FailoverResponse{Recovery: recoveryToProto(rec)}
+	// The move is recorded: what is left is a wait on the view, which
+	// reads and writes nothing in etcd, so it gives its admission slot
+	// back first. A slot held for up to commitWait per handover would let
+	// a few slow commits refuse every other admin call (docs/api.md, "Limits").
+	release()
 	if a, ok := s.waitCommitted(ctx, rec); ok {
 		out.Assignment = assignmentToProto(a)
 	}
 	return connect.NewResponse(out), nil
 }
 
-// waitCommitted waits, at most commitWait, for the stream's assignment to
-// reach rec's fence epoch, from the view's watch.
+// waitCommitted waits, at most commitWait and the call's context, for the
+// stream's assignment to reach rec's fence epoch, from the view's watch.
+// It holds no admission slot: its callers give theirs back before it.
 func (s *Service) waitCommitted(ctx context.Context, rec cluster.Recovery) (cluster.Assignment, bool) {
 	ctx, cancel := context.WithTimeout(ctx, commitWait)
 	defer cancel()
