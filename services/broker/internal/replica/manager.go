@@ -101,12 +101,7 @@ func NewManager(cfg Config) (*Manager, error) {
 		cfg.MaxInflightBytes = 8 << 20
 	}
 	if cfg.MaxConcurrentSeals <= 0 {
-		// Seals wait mostly for the store's group commit, which the seals
-		// in flight share (one fsync for all of them): after a mass
-		// failover more at once seal more streams per fsync. The
-		// recoverer keeps about this many in flight per broker
-		// (worker.DefaultMaxInFlight).
-		cfg.MaxConcurrentSeals = 256
+		cfg.MaxConcurrentSeals = 64
 	}
 	if cfg.RetentionInterval <= 0 {
 		cfg.RetentionInterval = 2 * time.Second

@@ -23,9 +23,7 @@ const (
 	// commitsInFlight bounds the batched transactions written at once:
 	// etcd commits proposals that arrive together in one raft entry, and
 	// requests queued while these are in flight form the next batches.
-	// With DefaultMaxInFlight attempts, 16 transactions of 16 streams
-	// take half of them at once.
-	commitsInFlight = 16
+	commitsInFlight = 4
 )
 
 // commitReq is one stream's promotion waiting to be committed: what its

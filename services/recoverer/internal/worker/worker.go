@@ -37,16 +37,13 @@ const (
 	DefaultBackoffMin  = 100 * time.Millisecond
 	DefaultBackoffMax  = 2 * time.Second
 	// DefaultMaxInFlight: a round seals every copy of the old assignment
-	// (three for a three-copy stream) and a broker serves 256 seals at once
-	// (its replica.Config.MaxConcurrentSeals), so 512 streams in flight keep
+	// (three for a three-copy stream) and a broker serves 64 seals at once
+	// (its replica.Config.MaxConcurrentSeals), so 128 streams in flight keep
 	// the seal slots of the two or three brokers holding a lost owner's
 	// copies full while the next rounds read and commit, and bound what a
 	// mass failover asks of the recoverer at once: goroutines in a round,
-	// Seal streams on its connections, reads and commits in etcd. A seal
-	// costs a broker little CPU and waits mostly for its store's group
-	// commit, which seals in flight together share: more of them at once
-	// seal more streams per fsync.
-	DefaultMaxInFlight = 512
+	// Seal streams on its connections, reads and commits in etcd.
+	DefaultMaxInFlight = 128
 )
 
 // Config configures a Worker.
