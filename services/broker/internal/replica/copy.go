@@ -229,6 +229,11 @@ func (c *Copy) reconcile(ctx context.Context) (dropped bool, err error) {
 		return false, nil
 	}
 	newEpoch := a.Epoch > state.Epoch || (sealed && a.Epoch >= state.SealEpoch)
+	// history is the stream's history starts if the cut read them, so a
+	// copy promoted at a new epoch reads them once, not once for the cut
+	// and once more for the confirmed prefix warning: after a mass
+	// failover each read is one of thousands in flight.
+	var history cluster.HistoryStarts
 	if newEpoch {
 		// Fence the old epoch and stop the old role before the cut: a
 		// publish or follow batch of the old role already past its role
@@ -254,7 +259,7 @@ func (c *Copy) reconcile(ctx context.Context) (dropped bool, err error) {
 			return false, fmt.Errorf("sync before the cut: %w", err)
 		}
 		state = c.st.State()
-		if err := c.bringOntoHistory(ctx, state, a.Epoch); err != nil {
+		if history, err = c.bringOntoHistory(ctx, state, a.Epoch); err != nil {
 			return false, err
 		}
 		if err := c.st.AdvanceEpoch(ctx, a.Epoch); err != nil {
@@ -282,7 +287,7 @@ func (c *Copy) reconcile(ctx context.Context) (dropped bool, err error) {
 	c.mu.Unlock()
 	c.endRole("")
 	if newEpoch && wantRole == cluster.RoleOwner {
-		c.warnBelowConfirmedPrefix(ctx, a.Epoch)
+		c.warnBelowConfirmedPrefix(ctx, a.Epoch, history)
 	}
 	c.startRole(a, wantRole)
 	return false, nil
@@ -345,12 +350,17 @@ func (c *Copy) standingDown() bool {
 // tail below the latest history start before its epoch: only an accepted
 // owner loss promotes such a copy, and the operator accepted losing the
 // records above its tail (docs/limits.md).
-func (c *Copy) warnBelowConfirmedPrefix(ctx context.Context, epoch uint64) {
-	hctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-	defer cancel()
-	history, err := c.m.cfg.History(hctx, c.name)
-	if err != nil {
-		return
+//
+// history is the starts as the cut read them, if it did: read again
+// otherwise. The warning only tells an operator; it decides nothing.
+func (c *Copy) warnBelowConfirmedPrefix(ctx context.Context, epoch uint64, history cluster.HistoryStarts) {
+	if history == nil {
+		hctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		defer cancel()
+		var err error
+		if history, err = c.m.cfg.History(hctx, c.name); err != nil {
+			return
+		}
 	}
 	tail := c.st.State().RecordTail
 	for i := len(history) - 1; i >= 0; i-- {
@@ -383,30 +393,31 @@ func (c *Copy) replaceWithEmpty(a cluster.Assignment, why error) error {
 // bringOntoHistory cuts the copy back to the history of target before the
 // role change (docs/protocol.md, "Copies with a longer tail"). A sealed copy judges by
 // the epochs its seal replaced, since the seal advanced them without data.
-func (c *Copy) bringOntoHistory(ctx context.Context, state storage.State, target uint64) error {
+// It returns the history starts it read (nil if it read none).
+func (c *Copy) bringOntoHistory(ctx context.Context, state storage.State, target uint64) (cluster.HistoryStarts, error) {
 	own := state.LogEpochs
 	if state.SealEpoch != 0 {
 		own = state.SealedLogEpochs
 	}
 	if len(own) == 0 && state.RecordTail == 0 && state.CursorEventTail == 0 {
-		return nil // an empty copy has no history to leave
+		return nil, nil // an empty copy has no history to leave
 	}
 	hctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	history, err := c.m.cfg.History(hctx, c.name)
 	if err != nil {
-		return fmt.Errorf("read history starts: %w", err)
+		return nil, fmt.Errorf("read history starts: %w", err)
 	}
 	cut, ok, err := cutPoint(c.m.cfg.Node, own, state.RecordTail, state.CursorEventTail, history, target)
 	if err != nil || !ok {
-		return err
+		return history, err
 	}
 	if cut.RecordTail < state.Head {
 		c.m.log.Warn().Str(logging.Stream, c.name).Uint64("cut", cut.RecordTail).Uint64("head", state.Head).
 			Msg("history start below the retained head; cutting at the head")
 	}
 	if err := c.st.Cut(ctx, cut.RecordTail, cut.CursorEventTail); err != nil {
-		return fmt.Errorf("cut: %w", err)
+		return nil, fmt.Errorf("cut: %w", err)
 	}
 	// The cut lowered storage's watermark to the new record tail; the
 	// copy's own view must come down with it, or readers would be shown a
@@ -420,7 +431,7 @@ func (c *Copy) bringOntoHistory(ctx context.Context, state storage.State, target
 		Uint64("from_record_tail", state.RecordTail).Uint64(logging.RecordTail, cut.RecordTail).
 		Uint64(logging.CursorEventTail, cut.CursorEventTail).Str("start_node", cut.Node).
 		Msg("copy held records past the new history start; cut them (none was confirmed)")
-	return nil
+	return history, nil
 }
 
 func (c *Copy) startRole(a cluster.Assignment, role string) {

@@ -54,6 +54,9 @@ func (t *Term) Txn(ctx context.Context, cmps []clientv3.Cmp, then, els []clientv
 		return nil, ErrNotLeader
 	}
 	inner := resp.Responses[0].GetResponseTxn()
+	// etcd fills in only the outer response's header: the caller learns
+	// the revision its write made from that one.
+	inner.Header = resp.Header
 	return (*clientv3.TxnResponse)(inner), nil
 }
 

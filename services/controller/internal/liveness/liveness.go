@@ -198,6 +198,48 @@ type loop struct {
 	// each incremental pass: a change the pass is not told of is how a
 	// test shows the full pass finding what it missed.
 	incremental func(streams []string) []string
+	// recordedAt holds the streams whose pending recovery this loop
+	// recorded, with the revision of the write, until a snapshot at or
+	// past it (unseenRecovery). recordedMu guards it: the batches of a
+	// pass are written concurrently.
+	recordedMu sync.Mutex
+	recordedAt map[string]int64
+}
+
+// unseenRecovery reports whether this loop recorded stream's pending
+// recovery at a revision s is older than: s does not show the recovery
+// yet, and a pass on it would propose the stream again. Its guarded write
+// would fail its compare (docs/etcd-schema.md: a recovery is only recorded
+// while none is pending), and, written in a batch, fail the whole batch,
+// which is then written one stream at a time: after a mass failover a view
+// lagging behind the controller's own writes turned the recording of a
+// lost owner's streams into a transaction per stream. Skipping such a
+// stream writes nothing, which is always safe; a snapshot at or past the
+// write judges the stream afresh, whatever happened to the recovery since.
+func (l *loop) unseenRecovery(s *state.Snapshot, stream string) bool {
+	l.recordedMu.Lock()
+	defer l.recordedMu.Unlock()
+	rev, ok := l.recordedAt[stream]
+	if !ok {
+		return false
+	}
+	if s.Rev >= rev {
+		delete(l.recordedAt, stream)
+		return false
+	}
+	return true
+}
+
+// noteRecorded remembers that the recoveries of batch were recorded at rev.
+func (l *loop) noteRecorded(batch []pendingWrite, rev int64) {
+	l.recordedMu.Lock()
+	defer l.recordedMu.Unlock()
+	if l.recordedAt == nil {
+		l.recordedAt = map[string]int64{}
+	}
+	for _, w := range batch {
+		l.recordedAt[w.write.Rec.Stream] = rev
+	}
 }
 
 // pending returns the streams an incremental pass looks at: changed and
@@ -242,6 +284,16 @@ func (l *loop) reconcile(ctx context.Context, s *state.Snapshot, streams []strin
 	for _, stream := range streams {
 		delete(l.watching, stream)
 	}
+	// A recovery this loop recorded that s does not show yet is pending:
+	// the stream is left alone, as one whose recovery s shows, and looked
+	// at again once the view holds the write.
+	streams = slices.DeleteFunc(slices.Clone(streams), func(stream string) bool {
+		if l.unseenRecovery(s, stream) {
+			l.watch(stream)
+			return true
+		}
+		return false
+	})
 	lost := l.lostOwners(ctx, s, streams)
 	// The recoveries are written together after the walk: when a broker
 	// owning many streams is lost, they are recorded in a few batched
@@ -523,8 +575,9 @@ func (l *loop) recordBatch(ctx context.Context, batch []pendingWrite) (wrote boo
 	for i, w := range batch {
 		ws[i] = w.write
 	}
-	err := l.commit.WriteRecoveries(ctx, ws)
+	rev, err := l.commit.WriteRecoveries(ctx, ws)
 	if err == nil {
+		l.noteRecorded(batch, rev)
 		for _, w := range batch {
 			l.logRecorded(w)
 		}
@@ -539,11 +592,13 @@ func (l *loop) recordBatch(ctx context.Context, batch []pendingWrite) (wrote boo
 		return false
 	}
 	l.cfg.Log.Debug().Err(err).Int("streams", len(batch)).Msg("liveness: batch of recoveries not recorded; writing them one by one")
-	for _, w := range batch {
-		if err := l.commit.WriteRecovery(ctx, w.write.AsgModRev, w.write.Rec); err != nil {
+	for i, w := range batch {
+		rev, err := l.commit.WriteRecoveries(ctx, []transition.RecoveryWrite{w.write})
+		if err != nil {
 			l.logWriteError(err, w.write.Rec.Stream, "liveness: recovery not recorded; re-reading")
 			continue
 		}
+		l.noteRecorded(batch[i:i+1], rev)
 		l.logRecorded(w)
 		wrote = true
 	}

@@ -93,8 +93,9 @@ func (c Committer) RecoverySize(w RecoveryWrite) TxnSize {
 // moved, or whose recovery is pending already, fails the whole batch with
 // ErrConflict and none is recorded. The caller writes such a batch again
 // one stream at a time, so only the streams that changed wait. Batches
-// keeps a batch within the transaction limits.
-func (c Committer) WriteRecoveries(ctx context.Context, writes []RecoveryWrite) error {
+// keeps a batch within the transaction limits. rev is the revision the
+// write made: a snapshot older than it does not show the recoveries yet.
+func (c Committer) WriteRecoveries(ctx context.Context, writes []RecoveryWrite) (rev int64, err error) {
 	var cmps []clientv3.Cmp
 	var ops []clientv3.Op
 	for _, w := range writes {
@@ -104,10 +105,10 @@ func (c Committer) WriteRecoveries(ctx context.Context, writes []RecoveryWrite) 
 	}
 	resp, err := c.Term.Txn(ctx, cmps, ops, nil)
 	if err != nil {
-		return err
+		return 0, err
 	}
 	if !resp.Succeeded {
-		return fmt.Errorf("%w: recoveries of %d streams", ErrConflict, len(writes))
+		return 0, fmt.Errorf("%w: recoveries of %d streams", ErrConflict, len(writes))
 	}
-	return nil
+	return resp.Header.GetRevision(), nil
 }

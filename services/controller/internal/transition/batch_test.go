@@ -95,7 +95,7 @@ func TestWriteRecoveriesBatch(t *testing.T) {
 		return int(resp.Count)
 	}
 
-	if err := c.WriteRecoveries(ctx, writes); err == nil || errors.Is(err, ErrConflict) {
+	if _, err := c.WriteRecoveries(ctx, writes); err == nil || errors.Is(err, ErrConflict) {
 		t.Fatalf("%d streams in one transaction: %v, want etcd's refusal of too many operations", n, err)
 	}
 	sizes := make([]TxnSize, n)
@@ -110,7 +110,7 @@ func TestWriteRecoveriesBatch(t *testing.T) {
 	// The first batch, with one stream's assignment moved since it was read.
 	first := slices.Clone(writes[:ends[0]])
 	first[len(first)/2].AsgModRev--
-	if err := c.WriteRecoveries(ctx, first); !errors.Is(err, ErrConflict) {
+	if _, err := c.WriteRecoveries(ctx, first); !errors.Is(err, ErrConflict) {
 		t.Fatalf("a batch with one stale stream: %v, want ErrConflict", err)
 	}
 	if got := recorded(); got != 0 {
@@ -118,9 +118,14 @@ func TestWriteRecoveriesBatch(t *testing.T) {
 	}
 
 	start := 0
+	revs := map[string]int64{}
 	for _, end := range ends {
-		if err := c.WriteRecoveries(ctx, writes[start:end]); err != nil {
+		rev, err := c.WriteRecoveries(ctx, writes[start:end])
+		if err != nil {
 			t.Fatalf("batch %d:%d: %v", start, end, err)
+		}
+		for _, w := range writes[start:end] {
+			revs[w.Rec.Stream] = rev
 		}
 		start = end
 	}
@@ -132,13 +137,19 @@ func TestWriteRecoveriesBatch(t *testing.T) {
 		if err != nil || len(resp.Kvs) != 1 {
 			t.Fatalf("recovery of %s: %v %v", w.Rec.Stream, resp, err)
 		}
+		// The revision reported is the write's: a snapshot at it or
+		// later shows the recovery (liveness skips streams whose
+		// recorded recovery its snapshot is too old to show).
+		if resp.Kvs[0].ModRevision != revs[w.Rec.Stream] {
+			t.Fatalf("recovery of %s written at revision %d, reported %d", w.Rec.Stream, resp.Kvs[0].ModRevision, revs[w.Rec.Stream])
+		}
 		got, err := cluster.Decode[cluster.Recovery](resp.Kvs[0].Value)
 		if err != nil || got.TransitionID != w.Rec.TransitionID || got.FenceEpoch != 4 {
 			t.Fatalf("recovery of %s: %+v (%v), want %+v", w.Rec.Stream, got, err, w.Rec)
 		}
 	}
 	// One pending recovery per stream: the same batch again conflicts.
-	if err := c.WriteRecoveries(ctx, writes[:ends[0]]); !errors.Is(err, ErrConflict) {
+	if _, err := c.WriteRecoveries(ctx, writes[:ends[0]]); !errors.Is(err, ErrConflict) {
 		t.Fatalf("recording recoveries already pending: %v, want ErrConflict", err)
 	}
 }

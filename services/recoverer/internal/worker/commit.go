@@ -25,12 +25,7 @@ import (
 // committed is false when a compare failed; err is errDeposed when the
 // failed compare was the leader key's.
 func commit(ctx context.Context, cli *clientv3.Client, schema cluster.Schema, snap snapshot, leader Leader, next cluster.Assignment, starts cluster.HistoryStarts) (committed bool, err error) {
-	cmps, ops := cluster.RecoveryCommit(schema, cluster.RecoveryGuards{
-		AssignmentRev: snap.assignmentRev,
-		RecoveryRev:   snap.recoveryRev,
-		HistoryRev:    snap.historyRev,
-		Writer:        []clientv3.Cmp{leader.guard()},
-	}, next, starts)
+	cmps, ops := cluster.RecoveryCommit(schema, guardsOf(snap, []clientv3.Cmp{leader.guard()}), next, starts)
 	resp, err := cli.Txn(ctx).If(cmps...).Then(ops...).Else(
 		clientv3.OpGet(leader.Key),
 	).Commit()

@@ -52,7 +52,7 @@ func (f *fixture) put(t *testing.T, key string, v any) {
 }
 
 // campaign wins the recoverer election with a fresh session.
-func campaign(t *testing.T, cli *clientv3.Client) (*concurrency.Session, Leader) {
+func campaign(t testing.TB, cli *clientv3.Client) (*concurrency.Session, Leader) {
 	t.Helper()
 	s, err := concurrency.NewSession(cli, concurrency.WithTTL(5))
 	if err != nil {

@@ -27,6 +27,9 @@ type term struct {
 
 	// slots holds one token per attempt in flight (Config.MaxInFlight).
 	slots chan struct{}
+	// commits carries the promotions the attempts decided to the term's
+	// committer (runCommits), which writes them in batches.
+	commits chan commitReq
 
 	mu    sync.Mutex
 	tasks map[string]*task
@@ -40,15 +43,16 @@ type term struct {
 // task, since a copy that was missing may now answer its seal.
 func (w *Worker) lead(ctx context.Context, leader Leader) error {
 	ctx, depose := context.WithCancelCause(ctx)
-	t := &term{w: w, leader: leader, ctx: ctx, depose: depose, tasks: map[string]*task{}, slots: make(chan struct{}, w.cfg.MaxInFlight)}
+	t := &term{w: w, leader: leader, ctx: ctx, depose: depose, tasks: map[string]*task{}, slots: make(chan struct{}, w.cfg.MaxInFlight), commits: make(chan commitReq)}
 	// Every task and watch stops before the term ends: nothing of a term
 	// runs on into the next one.
 	defer t.wg.Wait()
 	defer depose(nil)
 
-	t.wg.Add(2)
+	t.wg.Add(3)
 	go func() { defer t.wg.Done(); t.watchLeaderKey() }()
 	go func() { defer t.wg.Done(); t.watchBrokers() }()
+	go func() { defer t.wg.Done(); t.runCommits() }()
 	for ctx.Err() == nil {
 		if err := t.syncRecoveries(); err != nil && ctx.Err() == nil {
 			w.cfg.Logger.Warn().Err(err).Msg("recoveries watch broken; listing them again")

@@ -196,7 +196,7 @@ func (t *term) attempt(k *task, st *taskState, bo *backoff) step {
 	}
 
 	next, starts := pick.Commit(snap.assignment, rec, snap.history, d)
-	committed, err := commit(t.ctx, cfg.Client, cfg.Schema, snap, t.leader, next, starts)
+	committed, err := t.commitBatched(snap, next, starts)
 	switch {
 	case errors.Is(err, errDeposed):
 		log.Warn().Msg("commit refused: no longer the recoverer leader; stopping recovery work")
