@@ -220,14 +220,21 @@ func (l *loop) unseenRecovery(s *state.Snapshot, stream string) bool {
 	l.recordedMu.Lock()
 	defer l.recordedMu.Unlock()
 	rev, ok := l.recordedAt[stream]
-	if !ok {
-		return false
+	return ok && s.Rev < rev
+}
+
+// forgetSeen drops every recorded write s is at or past: s shows it, so
+// no pass needs it any more. Done once per pass, not per stream, so an
+// entry whose stream no pass looks at again (deleted meanwhile) does not
+// stay for the life of the term.
+func (l *loop) forgetSeen(s *state.Snapshot) {
+	l.recordedMu.Lock()
+	defer l.recordedMu.Unlock()
+	for stream, rev := range l.recordedAt {
+		if s.Rev >= rev {
+			delete(l.recordedAt, stream)
+		}
 	}
-	if s.Rev >= rev {
-		delete(l.recordedAt, stream)
-		return false
-	}
-	return true
 }
 
 // noteRecorded remembers that the recoveries of batch were recorded at rev.
@@ -287,6 +294,7 @@ func (l *loop) reconcile(ctx context.Context, s *state.Snapshot, streams []strin
 	// A recovery this loop recorded that s does not show yet is pending:
 	// the stream is left alone, as one whose recovery s shows, and looked
 	// at again once the view holds the write.
+	l.forgetSeen(s)
 	streams = slices.DeleteFunc(slices.Clone(streams), func(stream string) bool {
 		if l.unseenRecovery(s, stream) {
 			l.watch(stream)

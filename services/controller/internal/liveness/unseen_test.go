@@ -126,4 +126,20 @@ func TestPassOnViewOlderThanItsWritesSkipsRecordedStreams(t *testing.T) {
 			t.Fatalf("recovery of %s rewritten: revision %d, was %d", s, after[s], rev)
 		}
 	}
+
+	// A pass that looks at no stream (as an incremental pass on a change
+	// elsewhere) on a snapshot past every write forgets them all: a
+	// recorded stream no pass looks at again (deleted meanwhile) does not
+	// stay remembered for the life of the term.
+	latest, err := state.Load(ctx, cli, schema)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l.reconcile(ctx, latest, nil)
+	l.recordedMu.Lock()
+	remembered := len(l.recordedAt)
+	l.recordedMu.Unlock()
+	if remembered != 0 {
+		t.Fatalf("%d recorded writes remembered after a pass on a snapshot past them, want 0", remembered)
+	}
 }
