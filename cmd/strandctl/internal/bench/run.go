@@ -1523,27 +1523,24 @@ func (r *runner) brokerCPU() (total time.Duration, ok bool) {
 }
 
 // clusterCPU is the CPU time every process of the bench's own cluster
-// and the bench itself (its client and embedded etcd) have used so far; ok
-// is false as for brokerCPU, or when one of them cannot be read.
+// (sampleCPU) and the bench itself (its client and embedded etcd) have
+// used so far; ok is false as for brokerCPU, or when one of them cannot
+// be read.
 func (r *runner) clusterCPU() (total time.Duration, ok bool) {
-	procs := r.processes()
-	if procs == nil {
+	s, ok := r.sampleCPU()
+	if !ok || len(s.procs) != len(r.processes()) {
 		return 0, false
 	}
 	fs, err := procfs.NewDefaultFS()
 	if err != nil {
 		return 0, false
 	}
-	for _, pid := range procs {
-		cpu, ok := procCPU(fs, pid)
-		if !ok {
-			return 0, false
-		}
-		total += cpu
-	}
 	self, ok := procCPU(fs, os.Getpid())
 	if !ok {
 		return 0, false
+	}
+	for _, p := range s.procs {
+		total += p.cpu
 	}
 	return total + self, true
 }
