@@ -79,8 +79,6 @@ type loop struct {
 	// to move (nil when it found a move): the same snapshot is not
 	// planned on again (Run).
 	balanced *state.Snapshot
-	// moving is set when the last plan found a move.
-	moving bool
 }
 
 // pass drains, then balances, and reports whether it is busy: a drain is
@@ -97,8 +95,8 @@ func (l *loop) pass(ctx context.Context, s *state.Snapshot) bool {
 		return false
 	}
 	moves, _ := PlanOf(s, 1)
-	l.moving, l.balanced = len(moves) > 0, nil
-	if !l.moving {
+	l.balanced = nil
+	if len(moves) == 0 {
 		l.balanced = s
 	}
 	for _, mv := range moves {
@@ -109,7 +107,7 @@ func (l *loop) pass(ctx context.Context, s *state.Snapshot) bool {
 			l.note(err, mv.Stream, mv.To, "rebalancing handover not made")
 		}
 	}
-	return l.moving
+	return len(moves) > 0
 }
 
 // drain moves one thing off each draining broker per pass, at the rate
