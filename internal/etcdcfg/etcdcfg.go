@@ -28,22 +28,28 @@ const (
 	ModeRevision = "revision"
 )
 
-// Defaults. Periodic, 5 minutes: etcd compacts every 5 minutes to the
-// revision of 5 minutes before, so a watch that reconnects after a short
-// break (an etcd leader change, a restarted client, a few seconds of
-// partition) resumes where it was instead of listing everything again,
-// and history is bounded by time whatever the write rate: at Strand's
-// rates (a few revisions a second in a busy cluster, none in an idle one)
-// 5 minutes of history is a few MB. Revision mode bounds the count of
-// revisions instead, which under a burst of writes (a mass failover)
-// shortens the window a watch can resume in to seconds.
+// Defaults. Periodic, 1 minute: etcd's periodic compactor compacts once a
+// period to the revision it had one period before, so it keeps between one
+// and two minutes of history. That is long enough for a watch that
+// reconnects after a short break (an etcd leader change, a restarted
+// client, a few seconds of partition) to resume where it was instead of
+// listing everything again, and short enough that the history of a
+// cluster's start (thousands of streams created in a minute) is compacted
+// within two minutes, so the database file reaches its working size early
+// and then stays there (docs/etcd.md, "Compaction"). A watch away for
+// longer lists and watches again, which every Strand watcher does. History
+// is bounded by time whatever the write rate: at Strand's rates (a few
+// revisions a second in a busy cluster, none in an idle one) a minute of
+// history is well under a MB. Revision mode bounds the count of revisions
+// instead, which under a burst of writes (a mass failover) shortens the
+// window a watch can resume in to seconds.
 //
 // The quota is etcd's own default, 2 GiB, set explicitly so it is the one
 // docs/etcd.md describes: Strand's keys take a few KB per stream, far
 // below it, and compaction keeps history small.
 const (
 	DefaultMode       = ModePeriodic
-	DefaultRetention  = "5m"
+	DefaultRetention  = "1m"
 	DefaultQuotaBytes = int64(2) << 30
 )
 
