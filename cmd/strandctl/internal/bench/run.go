@@ -1433,10 +1433,17 @@ func rejoined(st *strandv1.GetStreamResponse, node string) bool {
 func (r *runner) readAll(ctx context.Context) ([]Stored, error) {
 	per := make([][]Stored, len(r.names))
 	err := forEach(ctx, len(r.names), streamWorkers, func(ctx context.Context, i int) error {
-		next := uint64(0)
+		next, failed := uint64(0), 0
 		for {
 			res, err := r.c.Read(ctx, &strandv1.ReadRequest{Stream: r.names[i], FromOffset: next})
 			if err != nil {
+				if failed < readBackRetries && readBackRetryable(ctx, err) {
+					failed++
+					if !waitReadBack(ctx, failed) {
+						return fmt.Errorf("%s: %w", r.names[i], err)
+					}
+					continue
+				}
 				return fmt.Errorf("%s: %w", r.names[i], err)
 			}
 			if len(res.GetRecords()) == 0 {
@@ -1453,6 +1460,46 @@ func (r *runner) readAll(ctx context.Context) ([]Stored, error) {
 		return nil, err
 	}
 	return slices.Concat(per...), nil
+}
+
+// A read-back must end in a verdict on the records, not on a moment of the
+// cluster: on an overloaded machine leases lapse and owners keep moving
+// after the publishing ends, and one Read (the client's retries within
+// --timeout) can run out while a recovery is still under way. A stream's
+// read-back is asked again after such a failure, from where it got to, up
+// to readBackRetries times, waiting a second more each time; each Read
+// keeps its own deadline, so a stream's read-back is bounded.
+const readBackRetries = 10
+
+// readBackRetryable says whether a failed read-back Read is worth asking
+// again: the cluster was busy or moving (Unavailable, FailedPrecondition
+// while an owner changes, Aborted, ResourceExhausted) or the Read ran out
+// of time, and the bench itself is not stopping.
+func readBackRetryable(ctx context.Context, err error) bool {
+	if ctx.Err() != nil {
+		return false
+	}
+	if errors.Is(err, context.DeadlineExceeded) {
+		return true
+	}
+	switch connect.CodeOf(err) {
+	case connect.CodeUnavailable, connect.CodeDeadlineExceeded, connect.CodeFailedPrecondition, connect.CodeAborted, connect.CodeResourceExhausted:
+		return true
+	}
+	return false
+}
+
+// waitReadBack waits attempt seconds before a read-back is asked again;
+// false when ctx ended first.
+func waitReadBack(ctx context.Context, attempt int) bool {
+	t := time.NewTimer(time.Duration(attempt) * time.Second)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-ctx.Done():
+		return false
+	}
 }
 
 // progress prints a line per second.
