@@ -127,8 +127,10 @@ type servedFollow struct {
 	srv     *followServer
 	cancel  context.CancelFunc
 	stopped atomic.Bool
-	// taken is signalled when the sender took the follow's queued batch.
-	taken chan struct{}
+	// taken is signalled when the sender took the follow's queued batch;
+	// queued says one waits for it (offer sets it, take clears it).
+	taken  chan struct{}
+	queued atomic.Bool
 
 	// Under srv.mu: the owner's epoch the follow serves at; whether the
 	// sender took its first batch (which alone carries the head a follower
@@ -279,9 +281,21 @@ func (f *servedFollow) queueWatermarkLocked() bool {
 	return true
 }
 
+// offer queues a follow's batch for the sender without waiting: the follow
+// queues its next one only once this one is taken (f.queued), so it has
+// one waiting at most (round-robin, doc.go).
+func (s *followServer) offer(f *servedFollow, b *strandv1.FollowBatch) {
+	select {
+	case <-f.taken: // a signal of an earlier batch, already seen
+	default:
+	}
+	f.queued.Store(true)
+	s.queue(readyFrame{batch: b, f: f, size: len(b.GetRecordSegment()) + 32*len(b.GetCursorEvents()) + 32*len(b.GetCursorSnapshot().GetCursors())})
+}
+
 // put queues a follow's batch and waits until the sender took it.
 func (s *followServer) put(ctx context.Context, f *servedFollow, b *strandv1.FollowBatch) error {
-	s.queue(readyFrame{batch: b, f: f, size: len(b.GetRecordSegment()) + 32*len(b.GetCursorEvents()) + 32*len(b.GetCursorSnapshot().GetCursors())})
+	s.offer(f, b)
 	select {
 	case <-f.taken:
 		return nil
@@ -338,6 +352,7 @@ func (s *followServer) take() *strandv1.FollowResponse {
 			fr.f.started = true
 			fr.f.queueWatermarkLocked()
 		}
+		fr.f.queued.Store(false)
 		select {
 		case fr.f.taken <- struct{}{}:
 		default:
@@ -474,6 +489,18 @@ func (m *Manager) serveFollow(ctx context.Context, srv *followServer, f *servedF
 		}
 		wm, _ := tracker.get()
 		t := c.st.Tails()
+		// A follow whose batch the sender has not taken yet reads nothing
+		// more (one batch waiting at most, doc.go). With more to send it
+		// waits for the take; with nothing more it waits for something to
+		// send, below, so a quiet stream is not woken by the take.
+		busy := f.queued.Load()
+		if busy && (pos < t.Written || cpos < t.CursorEvent) {
+			select {
+			case <-ctx.Done():
+			case <-f.taken:
+			}
+			continue
+		}
 		// Records ship once written here (writtenCh); cursor events only
 		// once durable here (docs/protocol.md, "Cursors"). The durable
 		// record tail moving is nothing to send, so it wakes nothing.
@@ -482,7 +509,7 @@ func (m *Manager) serveFollow(ctx context.Context, srv *followServer, f *servedF
 		tailCh := c.st.WaitCursorEventTail(t.CursorEvent)
 		writtenCh := c.st.WaitWritten(t.Written)
 		cursorCh := c.cursorChanged()
-		room := fc.room()
+		room := !busy && fc.room()
 		var recs []storage.Record
 		if pos < t.Written && room {
 			var err error
@@ -512,7 +539,7 @@ func (m *Manager) serveFollow(ctx context.Context, srv *followServer, f *servedF
 				return err
 			}
 		}
-		if len(recs) > 0 || len(evs) > 0 || snap != nil || first0 {
+		if !busy && (len(recs) > 0 || len(evs) > 0 || snap != nil || first0) {
 			b := &strandv1.FollowBatch{Id: f.id, Epoch: a.Epoch, ConfirmWatermark: wm, Head: head, ChainAtHead: chainAtHead, CursorSnapshot: snap}
 			// One segment in the storage encoding rather than a message
 			// per record: both sides' work per record is then a copy.
@@ -531,9 +558,7 @@ func (m *Manager) serveFollow(ctx context.Context, srv *followServer, f *servedF
 				cpos = evs[n-1].Offset + 1
 			}
 			fc.setSent(pos, cpos, size, time.Now(), len(recs) > 0 || len(evs) > 0 || snap != nil)
-			if err := srv.put(ctx, f, b); err != nil {
-				continue // the loop's head says why the follow ends
-			}
+			srv.offer(f, b)
 			first0, head, chainAtHead = false, 0, 0
 			continue
 		}
