@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -312,6 +313,11 @@ func (s *followServer) sendLoop(fs FollowStream) error {
 			return s.ctx.Err()
 		case <-s.wake:
 		}
+		// The follows woken with the one that woke us (a group commit
+		// writes many streams at once) queue their batches first: the
+		// waker hands the sender its core next, ahead of them, and a
+		// response per stream costs a write each on both brokers.
+		runtime.Gosched()
 		for {
 			resp := s.take()
 			if resp == nil {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime"
 	"sync"
 
 	"connectrpc.com/connect"
@@ -223,6 +224,10 @@ func (s *followSession) sendLoop(send func(*strandv1.FollowRequest) error) error
 				return nil
 			case <-s.wake:
 			}
+			// The acks of streams made durable by the same sync queue
+			// first (followServer.sendLoop says why): one message for
+			// them rather than one each.
+			runtime.Gosched()
 			continue
 		}
 		if req == nil {
