@@ -28,6 +28,29 @@ type confirmTracker struct {
 	// drops confirmed records) runs on owners too and a restarted copy
 	// knows what was confirmed.
 	onAdvance func(uint64)
+	// watchers are told each new watermark under mu: the follows this
+	// owner serves, whose call's sender ships it to their followers
+	// (followServer.noteWatermark), so a moving watermark wakes no
+	// goroutine per stream.
+	watchers map[*servedFollow]struct{}
+}
+
+// watch has w told every new watermark until unwatch; it returns the
+// watermark now, which w has not been told.
+func (t *confirmTracker) watch(w *servedFollow) uint64 {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.watchers == nil {
+		t.watchers = make(map[*servedFollow]struct{})
+	}
+	t.watchers[w] = struct{}{}
+	return t.watermark
+}
+
+func (t *confirmTracker) unwatch(w *servedFollow) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	delete(t.watchers, w)
 }
 
 func newConfirmTracker(rule cluster.ConfirmRule, followers []string, ownerTail, watermark uint64) *confirmTracker {
@@ -126,6 +149,9 @@ func (t *confirmTracker) recomputeLocked() {
 		t.changed = make(chan struct{})
 		if t.onAdvance != nil {
 			t.onAdvance(wm)
+		}
+		for w := range t.watchers {
+			w.noteWatermark(wm)
 		}
 	}
 }

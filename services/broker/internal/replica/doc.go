@@ -57,9 +57,18 @@
 // for the call's sender, which packs the waiting batches, in the order they
 // came, into responses of about 1 MiB; a follow whose batch is taken reads
 // its next one and waits at the back, so a busy stream cannot starve the
-// others. The follower's receiver never waits on a stream: it queues each
-// batch for its follow, whose own goroutine stores it, and whose acker
-// waits for it to be durable. Starts, stops and acks go in messages of a
+// others. A follow's goroutine wakes only for something to ship (records
+// written, cursor events durable, room given back by an ack): the confirm
+// watermark, which moves on every confirm, is told to the call's sender
+// by the stream's confirm tracker, and the sender adds a batch carrying
+// only it after the ready batches of its next response, for each follow
+// whose newest watermark was not sent yet and whose first batch was
+// (followServer.take). The follower's receiver never waits on a stream: it
+// queues each batch for its follow, whose own goroutine stores it, and
+// whose acker waits for it to be durable; a batch carrying only the
+// watermark it applies itself when the follow took its first batch and
+// has nothing queued (followSub.applyWatermark), capped at the copy's
+// durable tail as every watermark is. Starts, stops and acks go in messages of a
 // bounded number of frames, under the owner's read limit; acks waiting to
 // be sent are replaced by later ones of the same follow. The call ends
 // when its last follow stops.

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -114,16 +115,33 @@ type followServer struct {
 	// a busy stream sends one batch per round and cannot starve the
 	// others.
 	ready []readyFrame
-	wake  chan struct{}
+	// wmDirty holds the follows whose confirm watermark moved past what
+	// was last sent on them (noteWatermark); the sender ships each one's
+	// newest watermark after the ready frames of the same response.
+	wmDirty []*servedFollow
+	wake    chan struct{}
 }
 
 // servedFollow is one stream's follow within a call.
 type servedFollow struct {
 	id      uint64
+	srv     *followServer
 	cancel  context.CancelFunc
 	stopped atomic.Bool
-	// taken is signalled when the sender took the follow's queued batch.
-	taken chan struct{}
+	// taken is signalled when the sender took the follow's queued batch;
+	// queued says one waits for it (offer sets it, take clears it).
+	taken  chan struct{}
+	queued atomic.Bool
+
+	// Under srv.mu: the owner's epoch the follow serves at; whether the
+	// sender took its first batch (which alone carries the head a follower
+	// below it starts at, so no watermark goes before it); the highest
+	// confirm watermark sent on it, and the newest the tracker told
+	// (wantWM), queued in srv.wmDirty while wmQueued.
+	epoch          uint64
+	started        bool
+	sentWM, wantWM uint64
+	wmQueued       bool
 
 	mu      sync.Mutex
 	fc      *flowControl
@@ -173,7 +191,7 @@ func (s *followServer) apply(req *strandv1.FollowRequest) error {
 
 func (s *followServer) start(st *strandv1.FollowStart) {
 	ctx, cancel := context.WithCancel(s.ctx)
-	f := &servedFollow{id: st.GetId(), cancel: cancel, taken: make(chan struct{}, 1)}
+	f := &servedFollow{id: st.GetId(), srv: s, cancel: cancel, taken: make(chan struct{}, 1)}
 	s.mu.Lock()
 	if s.closed {
 		s.mu.Unlock()
@@ -225,15 +243,60 @@ func (s *followServer) queue(fr readyFrame) {
 	s.mu.Lock()
 	s.ready = append(s.ready, fr)
 	s.mu.Unlock()
+	s.signal()
+}
+
+func (s *followServer) signal() {
 	select {
 	case s.wake <- struct{}{}:
 	default:
 	}
 }
 
+// noteWatermark is the confirm tracker telling the follow a new watermark
+// (confirmTracker.watch): the call's sender ships it in a batch of its
+// own, so the follower's copy learns it (readers there see only records
+// below it, docs/protocol.md "One rule for W") without the follow's own
+// goroutine waking per confirm. It runs under the tracker's lock and takes
+// only the call's.
+func (f *servedFollow) noteWatermark(wm uint64) {
+	s := f.srv
+	s.mu.Lock()
+	f.wantWM = max(f.wantWM, wm)
+	queued := f.queueWatermarkLocked()
+	s.mu.Unlock()
+	if queued {
+		s.signal()
+	}
+}
+
+// queueWatermarkLocked queues the follow for a watermark batch when the
+// newest watermark was not sent and its first batch was. Callers hold
+// srv.mu.
+func (f *servedFollow) queueWatermarkLocked() bool {
+	if !f.started || f.wmQueued || f.wantWM <= f.sentWM {
+		return false
+	}
+	f.wmQueued = true
+	f.srv.wmDirty = append(f.srv.wmDirty, f)
+	return true
+}
+
+// offer queues a follow's batch for the sender without waiting: the follow
+// queues its next one only once this one is taken (f.queued), so it has
+// one waiting at most (round-robin, doc.go).
+func (s *followServer) offer(f *servedFollow, b *strandv1.FollowBatch) {
+	select {
+	case <-f.taken: // a signal of an earlier batch, already seen
+	default:
+	}
+	f.queued.Store(true)
+	s.queue(readyFrame{batch: b, f: f, size: len(b.GetRecordSegment()) + 32*len(b.GetCursorEvents()) + 32*len(b.GetCursorSnapshot().GetCursors())})
+}
+
 // put queues a follow's batch and waits until the sender took it.
 func (s *followServer) put(ctx context.Context, f *servedFollow, b *strandv1.FollowBatch) error {
-	s.queue(readyFrame{batch: b, f: f, size: len(b.GetRecordSegment()) + 32*len(b.GetCursorEvents()) + 32*len(b.GetCursorSnapshot().GetCursors())})
+	s.offer(f, b)
 	select {
 	case <-f.taken:
 		return nil
@@ -250,6 +313,11 @@ func (s *followServer) sendLoop(fs FollowStream) error {
 			return s.ctx.Err()
 		case <-s.wake:
 		}
+		// The follows woken with the one that woke us (a group commit
+		// writes many streams at once) queue their batches first: the
+		// waker hands the sender its core next, ahead of them, and a
+		// response per stream costs a write each on both brokers.
+		runtime.Gosched()
 		for {
 			resp := s.take()
 			if resp == nil {
@@ -268,7 +336,7 @@ func (s *followServer) sendLoop(fs FollowStream) error {
 func (s *followServer) take() *strandv1.FollowResponse {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if len(s.ready) == 0 {
+	if len(s.ready) == 0 && len(s.wmDirty) == 0 {
 		return nil
 	}
 	resp := &strandv1.FollowResponse{}
@@ -283,12 +351,36 @@ func (s *followServer) take() *strandv1.FollowResponse {
 		}
 		resp.Batches = append(resp.Batches, fr.batch)
 		size += fr.size
+		fr.f.sentWM = max(fr.f.sentWM, fr.batch.GetConfirmWatermark())
+		if !fr.f.started {
+			// A watermark that moved before the first batch was taken goes
+			// after it, in this response.
+			fr.f.started = true
+			fr.f.queueWatermarkLocked()
+		}
+		fr.f.queued.Store(false)
 		select {
 		case fr.f.taken <- struct{}{}:
 		default:
 		}
 	}
 	s.ready = append(s.ready[:0], s.ready[n:]...)
+	// Watermark batches are a few bytes each and go after the ready
+	// frames, so a follow's watermark never overtakes its first batch. A
+	// follow that ended (its FollowEnd queued, or stopped) gets none.
+	for i, f := range s.wmDirty {
+		s.wmDirty[i] = nil
+		f.wmQueued = false
+		if s.follows[f.id] != f || f.wantWM <= f.sentWM {
+			continue
+		}
+		resp.Batches = append(resp.Batches, &strandv1.FollowBatch{Id: f.id, Epoch: f.epoch, ConfirmWatermark: f.wantWM})
+		f.sentWM = f.wantWM
+	}
+	s.wmDirty = s.wmDirty[:0]
+	if len(resp.Batches) == 0 && len(resp.Ends) == 0 {
+		return nil
+	}
 	return resp
 }
 
@@ -386,7 +478,13 @@ func (m *Manager) serveFollow(ctx context.Context, srv *followServer, f *servedF
 		onAck: m.cfg.Metrics.FollowAcked(node)}
 	fc.setSent(pos, cpos, 0, time.Time{}, false)
 	f.setFlow(fc, tracker)
-	var lastWM uint64
+	// The tracker tells the call's sender each new watermark from here on
+	// (noteWatermark); batches of records carry it too.
+	srv.mu.Lock()
+	f.epoch = a.Epoch
+	srv.mu.Unlock()
+	tracker.watch(f)
+	defer tracker.unwatch(f)
 	first0 := true
 	for {
 		if ctx.Err() != nil {
@@ -395,14 +493,29 @@ func (m *Manager) serveFollow(ctx context.Context, srv *followServer, f *servedF
 			}
 			return ctx.Err()
 		}
-		wm, wmChanged := tracker.get()
+		wm, _ := tracker.get()
 		t := c.st.Tails()
-		// WaitTail also closes on new durable cursor events, which ship
-		// only once durable here (docs/protocol.md, "Cursors").
-		tailCh := c.st.WaitTail(t.Record)
+		// A follow whose batch the sender has not taken yet reads nothing
+		// more (one batch waiting at most, doc.go). With more to send it
+		// waits for the take; with nothing more it waits for something to
+		// send, below, so a quiet stream is not woken by the take.
+		busy := f.queued.Load()
+		if busy && (pos < t.Written || cpos < t.CursorEvent) {
+			select {
+			case <-ctx.Done():
+			case <-f.taken:
+			}
+			continue
+		}
+		// Records ship once written here (writtenCh); cursor events only
+		// once durable here (docs/protocol.md, "Cursors"). The durable
+		// record tail moving is nothing to send, so it wakes nothing.
+		// Both channels also close when the stream is sealed, moved to a
+		// new epoch, cut, reset or closed.
+		tailCh := c.st.WaitCursorEventTail(t.CursorEvent)
 		writtenCh := c.st.WaitWritten(t.Written)
 		cursorCh := c.cursorChanged()
-		room := fc.room()
+		room := !busy && fc.room()
 		var recs []storage.Record
 		if pos < t.Written && room {
 			var err error
@@ -432,7 +545,7 @@ func (m *Manager) serveFollow(ctx context.Context, srv *followServer, f *servedF
 				return err
 			}
 		}
-		if len(recs) > 0 || len(evs) > 0 || snap != nil || wm != lastWM || first0 {
+		if !busy && (len(recs) > 0 || len(evs) > 0 || snap != nil || first0) {
 			b := &strandv1.FollowBatch{Id: f.id, Epoch: a.Epoch, ConfirmWatermark: wm, Head: head, ChainAtHead: chainAtHead, CursorSnapshot: snap}
 			// One segment in the storage encoding rather than a message
 			// per record: both sides' work per record is then a copy.
@@ -451,17 +564,14 @@ func (m *Manager) serveFollow(ctx context.Context, srv *followServer, f *servedF
 				cpos = evs[n-1].Offset + 1
 			}
 			fc.setSent(pos, cpos, size, time.Now(), len(recs) > 0 || len(evs) > 0 || snap != nil)
-			if err := srv.put(ctx, f, b); err != nil {
-				continue // the loop's head says why the follow ends
-			}
-			lastWM, first0, head, chainAtHead = wm, false, 0, 0
+			srv.offer(f, b)
+			first0, head, chainAtHead = false, 0, 0
 			continue
 		}
 		select {
 		case <-ctx.Done():
 		case <-tailCh:
 		case <-writtenCh:
-		case <-wmChanged:
 		case <-cursorCh:
 		case <-fc.acked:
 		}
@@ -517,6 +627,7 @@ func (f *flowControl) room() bool {
 
 func (f *flowControl) ack(tail, evTail uint64) {
 	f.mu.Lock()
+	full := f.bytes >= f.max || len(f.inflight) >= followInflightBatches
 	for len(f.inflight) > 0 && f.inflight[0].end <= tail && f.inflight[0].evEnd <= evTail {
 		if f.onAck != nil && f.inflight[0].records {
 			f.onAck(f.inflight[0].sent)
@@ -524,9 +635,15 @@ func (f *flowControl) ack(tail, evTail uint64) {
 		f.bytes -= f.inflight[0].bytes
 		f.inflight = f.inflight[1:]
 	}
+	freed := full && f.bytes < f.max && len(f.inflight) < followInflightBatches
 	f.mu.Unlock()
-	select {
-	case f.acked <- struct{}{}:
-	default:
+	// Only an ack that gives room back wakes the sender: one that had
+	// room was not waiting for it (serveFollow waits on acked only after
+	// room said no, and the channel holds the wake until it looks).
+	if freed {
+		select {
+		case f.acked <- struct{}{}:
+		default:
+		}
 	}
 }

@@ -94,3 +94,66 @@ func TestBusyFollowDoesNotStarveTheOthers(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// A moving confirm watermark reaches a follow through the call's sender
+// (noteWatermark), never ahead of the follow's first batch, which alone
+// carries the head a follower below the owner's starts at; after it, each
+// new watermark goes once, and a follow that ended gets none.
+func TestWatermarkFollowsTheFirstBatchOnTheCall(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	srv := &followServer{ctx: ctx, follows: map[uint64]*servedFollow{}, wake: make(chan struct{}, 1)}
+	a := &servedFollow{id: 1, srv: srv, epoch: 4, taken: make(chan struct{}, 1)}
+	b := &servedFollow{id: 2, srv: srv, epoch: 4, taken: make(chan struct{}, 1)}
+	srv.follows[a.id], srv.follows[b.id] = a, b
+	type sent struct{ id, wm, head uint64 }
+	take := func() []sent {
+		t.Helper()
+		r := srv.take()
+		if r == nil {
+			return nil
+		}
+		var out []sent
+		for _, x := range r.GetBatches() {
+			if x.GetEpoch() != 4 {
+				t.Fatalf("batch of follow %d at epoch %d, the follow's is 4", x.GetId(), x.GetEpoch())
+			}
+			out = append(out, sent{x.GetId(), x.GetConfirmWatermark(), x.GetHead()})
+		}
+		return out
+	}
+	a.noteWatermark(5)
+	if got := take(); got != nil {
+		t.Fatalf("a watermark went before the follow's first batch: %v", got)
+	}
+	// The first batch, built at watermark 3 with the head, then the 5 told
+	// before it was taken, in the same response.
+	srv.queue(readyFrame{batch: &strandv1.FollowBatch{Id: a.id, Epoch: 4, ConfirmWatermark: 3, Head: 10}, f: a})
+	if got := take(); len(got) != 2 || got[0] != (sent{1, 3, 10}) || got[1] != (sent{1, 5, 0}) {
+		t.Fatalf("first batch and watermark: %v", got)
+	}
+	a.noteWatermark(5)
+	if got := take(); got != nil {
+		t.Fatalf("a watermark sent already went again: %v", got)
+	}
+	// A batch of records carrying the newest watermark leaves nothing to
+	// send after it.
+	a.noteWatermark(7)
+	srv.queue(readyFrame{batch: &strandv1.FollowBatch{Id: a.id, Epoch: 4, ConfirmWatermark: 7}, f: a})
+	if got := take(); len(got) != 1 || got[0] != (sent{1, 7, 0}) {
+		t.Fatalf("batch at the newest watermark: %v", got)
+	}
+	srv.queue(readyFrame{batch: &strandv1.FollowBatch{Id: b.id, Epoch: 4, ConfirmWatermark: 7}, f: b})
+	if got := take(); len(got) != 1 || got[0] != (sent{2, 7, 0}) {
+		t.Fatalf("b's first batch: %v", got)
+	}
+	// Both move; a ends before the sender looks: only b's goes.
+	a.noteWatermark(9)
+	b.noteWatermark(9)
+	srv.mu.Lock()
+	delete(srv.follows, a.id)
+	srv.mu.Unlock()
+	if got := take(); len(got) != 1 || got[0] != (sent{2, 9, 0}) {
+		t.Fatalf("watermarks after a ended: %v", got)
+	}
+}

@@ -167,6 +167,16 @@ func (c *Copy) followOnce(ctx context.Context, owner string, epoch uint64) error
 			sess.ack(sub, t.Record, t.CursorEvent)
 		}
 	}()
+	// Once the first batch is applied (it alone may carry the head a
+	// copy below the owner's starts at, and ResetTo runs for it), a batch
+	// carrying only the owner's confirm watermark is applied by the
+	// session's receiver (followSub.applyWatermark), waking nothing here:
+	// applyWatermark caps it at this copy's durable tail, whose records
+	// all passed the chain check. It is cleared before this follow
+	// returns, so none is applied after the role ends (endRole waits for
+	// this goroutine).
+	defer sub.setWatermark(nil)
+	direct := false
 	queued := false
 	for {
 		resp, err := sess.next(ctx, sub)
@@ -231,5 +241,15 @@ func (c *Copy) followOnce(ctx context.Context, owner string, epoch uint64) error
 			}
 		}
 		applyWatermark(resp.GetConfirmWatermark())
+		if !direct {
+			direct = true
+			sub.setWatermark(func(e, wm uint64) bool {
+				if e != epoch || ctx.Err() != nil {
+					return false
+				}
+				applyWatermark(wm)
+				return true
+			})
+		}
 	}
 }

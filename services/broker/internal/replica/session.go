@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime"
 	"sync"
 
 	"connectrpc.com/connect"
@@ -63,6 +64,43 @@ type followSub struct {
 	mu    sync.Mutex
 	inbox []*strandv1.FollowBatch
 	err   error
+
+	// wmMu guards onWatermark: set by the follow once its first batch is
+	// applied, cleared before the follow returns, so no watermark is
+	// applied once the follow (and with it the copy's role) ended.
+	wmMu        sync.Mutex
+	onWatermark func(epoch, wm uint64) bool
+}
+
+// setWatermark sets (or, with nil, clears) what applies a batch that only
+// carries the owner's confirm watermark as the receiver reads it.
+func (sub *followSub) setWatermark(fn func(epoch, wm uint64) bool) {
+	sub.wmMu.Lock()
+	sub.onWatermark = fn
+	sub.wmMu.Unlock()
+}
+
+// watermarkOnly reports that b carries nothing to store: no records, no
+// cursor events or snapshot, no head.
+func watermarkOnly(b *strandv1.FollowBatch) bool {
+	return len(b.GetRecordSegment()) == 0 && len(b.GetCursorEvents()) == 0 && b.GetCursorSnapshot() == nil && b.GetHead() == 0
+}
+
+// applyWatermark applies a watermark-only batch on the receiver instead of
+// waking the follow's goroutine for it: only when nothing of the follow
+// waits in its inbox (so it is not applied ahead of a batch still queued)
+// and the follow accepts it (its epoch; otherwise the follow's goroutine
+// gets the batch and ends the follow as it does for any other).
+func (sub *followSub) applyWatermark(b *strandv1.FollowBatch) bool {
+	sub.mu.Lock()
+	idle := len(sub.inbox) == 0 && sub.err == nil
+	sub.mu.Unlock()
+	if !idle {
+		return false
+	}
+	sub.wmMu.Lock()
+	defer sub.wmMu.Unlock()
+	return sub.onWatermark != nil && sub.onWatermark(b.GetEpoch(), b.GetConfirmWatermark())
 }
 
 // followSession returns the session to owner, opening the call if there is
@@ -186,6 +224,10 @@ func (s *followSession) sendLoop(send func(*strandv1.FollowRequest) error) error
 				return nil
 			case <-s.wake:
 			}
+			// The acks of streams made durable by the same sync queue
+			// first (followServer.sendLoop says why): one message for
+			// them rather than one each.
+			runtime.Gosched()
 			continue
 		}
 		if req == nil {
@@ -245,9 +287,13 @@ func (s *followSession) deliver(resp *strandv1.FollowResponse) {
 		s.mu.Lock()
 		sub := s.subs[b.GetId()]
 		s.mu.Unlock()
-		if sub != nil { // nil: a follow stopped here since; dropped
-			sub.push(b)
+		if sub == nil { // a follow stopped here since; dropped
+			continue
 		}
+		if watermarkOnly(b) && sub.applyWatermark(b) {
+			continue
+		}
+		sub.push(b)
 	}
 	for _, e := range resp.GetEnds() {
 		s.mu.Lock()

@@ -322,13 +322,7 @@ type cutIntent struct {
 	ResetCursors bool `json:"reset_cursors,omitempty"`
 }
 
-func encodeMeta(m *meta) []byte {
-	b, err := json.Marshal(m)
-	if err != nil {
-		panic(fmt.Sprintf("storage: encoding meta: %v", err)) // plain data; cannot fail
-	}
-	return b
-}
+func encodeMeta(m *meta) []byte { return appendMeta(nil, m) }
 
 func decodeMeta(b []byte) (meta, error) {
 	var m meta

@@ -110,6 +110,10 @@ func opDone(b *engine.Batch, err error) {
 	}
 }
 
+// metaEncodingGuess is about the size of a stream's metadata encoding
+// with a log epoch or two: what groupMeta reserves per stream.
+const metaEncodingGuess = 320
+
 // groupMeta is the engine's OnGroup: the newest metadata of each stream
 // the group's ops changed (or whose watermark they touch), written after
 // every entry of the group, so a group split by Badger's transaction bound
@@ -145,6 +149,10 @@ func (db *DB) groupMeta(group []*engine.Batch) []engine.Entry {
 	// Both slices are the committer's, kept between groups: the engine is
 	// done with the entries of a group before it asks for the next.
 	out := db.cm.entries[:0]
+	// One buffer holds the group's encodings (a few hundred bytes each),
+	// instead of an allocation per stream: fresh per group, as Badger may
+	// hold the values until the group is written.
+	buf := make([]byte, 0, metaEncodingGuess*len(touched))
 	for _, s := range touched {
 		s.cmTouched = false
 		if s.cmMeta == nil {
@@ -152,7 +160,9 @@ func (db *DB) groupMeta(group []*engine.Batch) []engine.Entry {
 		}
 		m := *s.cmMeta
 		m.ConfirmWatermark = s.durable.persistedWatermark(m.RecordTail)
-		out = append(out, engine.Entry{Key: s.metaKey, Value: encodeMeta(&m)})
+		start := len(buf)
+		buf = appendMeta(buf, &m)
+		out = append(out, engine.Entry{Key: s.metaKey, Value: buf[start:len(buf):len(buf)]})
 	}
 	clear(touched)
 	db.cm.touched, db.cm.entries = touched, out
