@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"math"
 	"math/rand/v2"
+	"reflect"
+	"slices"
 	"testing"
 )
 
@@ -88,4 +90,31 @@ func BenchmarkEncodeMeta(b *testing.B) {
 			_, _ = json.Marshal(&m)
 		}
 	})
+}
+
+// appendMeta names every field it writes: a field added to meta (or to a
+// type it holds) would be dropped from every metadata write without a
+// sign, and TestAppendMetaIsJSONMarshal fills only the fields it knows.
+// This fails first, naming the field to add to both.
+func TestAppendMetaKnowsEveryField(t *testing.T) {
+	known := map[string][]string{
+		"meta": {"Incarnation", "Epoch", "LogEpochs", "SealEpoch", "SealTransition", "SealedLogEpochs", "Head", "HeadChain",
+			"Purged", "RecordTail", "Chain", "CursorEventTail", "CursorEventsPurged", "Bytes", "ConfirmWatermark", "Cut",
+			"Dropping", "ProducerTables", "ProducerGen", "UnsureEpoch"},
+		"cutIntent":   {"RecordTail", "CursorEventTail", "Chain", "Bytes", "ResetCursors"},
+		"producerGen": {"Gen", "Boundary", "Chunks"},
+		"LogEpoch":    {"Epoch", "RecordStart", "CursorEventStart"},
+	}
+	for _, typ := range []reflect.Type{reflect.TypeFor[meta](), reflect.TypeFor[cutIntent](), reflect.TypeFor[producerGen](), reflect.TypeFor[LogEpoch]()} {
+		var fields []string
+		for f := range typ.Fields() {
+			if f.Tag.Get("json") == "-" {
+				continue
+			}
+			fields = append(fields, f.Name)
+		}
+		if !slices.Equal(fields, known[typ.Name()]) {
+			t.Errorf("%s has fields %v; appendMeta writes %v: add the new field to appendMeta (metajson.go), to TestAppendMetaIsJSONMarshal and here", typ.Name(), fields, known[typ.Name()])
+		}
+	}
 }
