@@ -44,6 +44,13 @@ type fakeBroker struct {
 	cancelled       int
 	// onSeal, when set, runs at the start of every call with its number.
 	onSeal func(n int)
+	// many makes the broker serve SealMany, each entry as a Seal; without
+	// it SealMany answers Unimplemented, as a broker older than it does.
+	many bool
+	// manyCalls is the entries of each SealMany served; manyRefused
+	// counts those answered Unimplemented.
+	manyCalls   []int
+	manyRefused int
 }
 
 func startFakeBroker(t *testing.T, node string, mode sealMode, recordTail, cursorEventTail uint64) *fakeBroker {
@@ -83,6 +90,46 @@ func (b *fakeBroker) Seal(ctx context.Context, req *connect.Request[strandv1.Sea
 		return nil, connect.NewError(connect.CodeUnavailable, errors.New("fake broker: unavailable"))
 	}
 	return connect.NewResponse(resp), nil
+}
+
+// SealMany answers each entry as Seal would, the entries at once.
+func (b *fakeBroker) SealMany(ctx context.Context, req *connect.Request[strandv1.SealManyRequest]) (*connect.Response[strandv1.SealManyResponse], error) {
+	b.mu.Lock()
+	if !b.many {
+		b.manyRefused++
+		b.mu.Unlock()
+		return nil, connect.NewError(connect.CodeUnimplemented, errors.New("fake broker: no SealMany"))
+	}
+	b.manyCalls = append(b.manyCalls, len(req.Msg.GetSeals()))
+	b.mu.Unlock()
+	out := &strandv1.SealManyResponse{Results: make([]*strandv1.SealResult, len(req.Msg.GetSeals()))}
+	var wg sync.WaitGroup
+	for i, e := range req.Msg.GetSeals() {
+		wg.Go(func() {
+			res, err := b.Seal(ctx, connect.NewRequest(e))
+			if err != nil {
+				out.Results[i] = &strandv1.SealResult{Outcome: &strandv1.SealResult_Error{Error: &strandv1.PublishError{Code: uint32(connect.CodeOf(err)), Message: err.Error()}}}
+				return
+			}
+			out.Results[i] = &strandv1.SealResult{Outcome: &strandv1.SealResult_Response{Response: res.Msg}}
+		})
+	}
+	wg.Wait()
+	return connect.NewResponse(out), nil
+}
+
+// manyCounts returns the entries of each SealMany served and how many
+// were refused as Unimplemented.
+func (b *fakeBroker) manyCounts() ([]int, int) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return append([]int(nil), b.manyCalls...), b.manyRefused
+}
+
+func (b *fakeBroker) setMany(many bool) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.many = many
 }
 
 func (b *fakeBroker) set(mode sealMode, recordTail, cursorEventTail uint64) {
