@@ -3,23 +3,19 @@ package api
 import (
 	"context"
 	"fmt"
-	"net/http"
 	"testing"
 	"time"
 
 	"connectrpc.com/connect"
-	"github.com/rs/zerolog"
 	"google.golang.org/protobuf/proto"
 
 	strandv1 "github.com/strandhq/strand/api/strand/v1"
 	"github.com/strandhq/strand/api/strand/v1/strandv1connect"
-	"github.com/strandhq/strand/internal/auth"
 	"github.com/strandhq/strand/internal/cluster"
 	"github.com/strandhq/strand/internal/clustertest"
 	"github.com/strandhq/strand/internal/rpcerr"
 	"github.com/strandhq/strand/internal/rpcserver"
 	"github.com/strandhq/strand/services/broker/internal/replica"
-	"github.com/strandhq/strand/services/broker/internal/storage"
 )
 
 // sealBroker is a real broker (a replica manager over Badger in a temp
@@ -35,36 +31,14 @@ var sealStreams = []string{"s0", "s1", "s2", "s3", "s4", "s5"}
 
 func startSealBroker(t *testing.T) *sealBroker {
 	t.Helper()
-	db, err := storage.Open(storage.Options{Dir: t.TempDir(), Logger: zerolog.Nop()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	m, err := replica.NewManager(replica.Config{Node: fuzzNode, Storage: db, Logger: zerolog.Nop(), ConfirmTimeout: 5 * time.Second,
-		History: func(context.Context, string) (cluster.HistoryStarts, error) { return nil, nil },
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	mux := http.NewServeMux()
-	mux.Handle(NewStreamService(m, Limits{}, zerolog.Nop()).Handler(auth.Open()))
-	mux.Handle(NewReplicationService(m, zerolog.Nop()).Handler())
-	ln, err := rpcserver.Listen("127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := rpcserver.Serve(ln, mux)
-	t.Cleanup(func() {
-		_ = srv.Close()
-		m.Close()
-		_ = db.Close()
-	})
+	m, baseURL := serveTestBroker(t)
 	assignments := map[string]cluster.Assignment{}
 	for _, s := range sealStreams {
 		assignments[s] = cluster.Assignment{Stream: s, Epoch: 1, Owner: fuzzNode, Followers: []string{fuzzFollower},
 			Policy: cluster.Policy{Name: cluster.ReplicaDurable, Nodes: 1}, Incarnation: "inc-1"}
 	}
 	m.SyncAssignments(assignments, nil)
-	sc := strandv1connect.NewStreamServiceClient(rpcserver.HTTPClient(), rpcserver.BaseURL(srv.Addr()))
+	sc := strandv1connect.NewStreamServiceClient(rpcserver.HTTPClient(), baseURL)
 	for _, s := range sealStreams {
 		clustertest.Eventually(t, 10*time.Second, "the broker confirms a publish to "+s, func() error {
 			_, err := sc.Publish(context.Background(), connect.NewRequest(&strandv1.PublishRequest{Stream: s,
@@ -72,7 +46,7 @@ func startSealBroker(t *testing.T) *sealBroker {
 			return err
 		})
 	}
-	return &sealBroker{m: m, rc: strandv1connect.NewReplicationServiceClient(rpcserver.HTTPClient(), rpcserver.BaseURL(srv.Addr()))}
+	return &sealBroker{m: m, rc: strandv1connect.NewReplicationServiceClient(rpcserver.HTTPClient(), baseURL)}
 }
 
 // sealOutcome is what a seal answered, comparable across two brokers: the

@@ -165,20 +165,13 @@ func (s *sealSender) send(batch []*sealEntry) {
 		s.sendEach(batch)
 		return
 	}
-	ctx, cancel := context.WithCancel(s.ctx)
-	defer cancel()
-	var left atomic.Int64
-	left.Store(int64(len(batch)))
 	req := &strandv1.SealManyRequest{Seals: make([]*strandv1.SealRequest, len(batch))}
+	waiting := make([]context.Context, len(batch))
 	for i, e := range batch {
-		req.Seals[i] = e.req
-		stop := context.AfterFunc(e.ctx, func() {
-			if left.Add(-1) == 0 {
-				cancel()
-			}
-		})
-		defer stop()
+		req.Seals[i], waiting[i] = e.req, e.ctx
 	}
+	ctx, stop := rpcerr.EntriesContext(s.ctx, waiting)
+	defer stop()
 	res, err := s.rc.SealMany(ctx, connect.NewRequest(req))
 	switch {
 	case connect.CodeOf(err) == connect.CodeUnimplemented:
