@@ -3,6 +3,8 @@ package api
 import (
 	"context"
 	"fmt"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -227,4 +229,96 @@ func TestSealManyRefusals(t *testing.T) {
 	if tails["s1"].SealEpoch != 0 {
 		t.Errorf("s1 sealed by a refused entry: %+v", tails["s1"])
 	}
+}
+
+// BenchmarkSealCalls seals the copies of 512 streams on one broker, 128
+// seals outstanding at a time as a recoverer's rounds in flight keep them
+// (worker.DefaultMaxInFlight): as a Seal each, and gathered into SealMany
+// calls of up to 128 entries, 4 calls at once (the recoverer's
+// sealCallsInFlight). Each op is one seal; after the first pass a seal
+// takes the copy's seal over for a newer transition at the same fence
+// epoch, a durable write as the first seal is (storage.Stream.Seal).
+// cpu-ns/op is the process's CPU (the broker's side and the caller's) per
+// seal, which a shared machine does not inflate as it does ns/op.
+func BenchmarkSealCalls(b *testing.B) {
+	const streams, outstanding, perCall, calls = 512, 128, 128, 4
+	m, baseURL := serveTestBroker(b)
+	names := make([]string, streams)
+	assignments := map[string]cluster.Assignment{}
+	for i := range names {
+		names[i] = fmt.Sprintf("bench-%03d", i)
+		assignments[names[i]] = cluster.Assignment{Stream: names[i], Epoch: 1, Owner: fuzzNode,
+			Policy: cluster.Policy{Name: cluster.ReplicaDurable, Nodes: 1}, Incarnation: "inc-1"}
+	}
+	m.SyncAssignments(assignments, nil)
+	rc := strandv1connect.NewReplicationServiceClient(rpcserver.HTTPClient(), baseURL)
+	ctx := context.Background()
+	// Every seal names a transition new to its copy, so each is a durable
+	// write (the takeover), never a repeat; runs count on from the last.
+	var runs atomic.Int64
+	req := func(run int64, n int) *strandv1.SealRequest {
+		return &strandv1.SealRequest{Stream: names[n%streams], FenceEpoch: 2, TransitionId: fmt.Sprintf("t%d-%d", run, n/streams), Incarnation: "inc-1"}
+	}
+	// The first seal of each copy ends its role too: done before either
+	// is measured, so both measure the same seal.
+	var wg sync.WaitGroup
+	for n := range streams {
+		wg.Go(func() {
+			if _, err := rc.Seal(ctx, connect.NewRequest(req(0, n))); err != nil {
+				b.Error(err)
+			}
+		})
+	}
+	wg.Wait()
+	b.Run("Seal", func(b *testing.B) {
+		run := runs.Add(1)
+		var next atomic.Int64
+		stop := clustertest.CPUPerOp(b)
+		for range outstanding {
+			wg.Go(func() {
+				for n := int(next.Add(1) - 1); n < b.N; n = int(next.Add(1) - 1) {
+					if _, err := rc.Seal(ctx, connect.NewRequest(req(run, n))); err != nil {
+						b.Error(err)
+						return
+					}
+				}
+			})
+		}
+		wg.Wait()
+		stop()
+	})
+	b.Run("SealMany", func(b *testing.B) {
+		run := runs.Add(1)
+		var next atomic.Int64
+		stop := clustertest.CPUPerOp(b)
+		for range calls {
+			wg.Go(func() {
+				for {
+					first := int(next.Add(perCall) - perCall)
+					if first >= b.N {
+						return
+					}
+					// One call's entries are distinct streams: perCall
+					// divides streams.
+					batch := &strandv1.SealManyRequest{}
+					for n := first; n < min(first+perCall, b.N); n++ {
+						batch.Seals = append(batch.Seals, req(run, n))
+					}
+					res, err := rc.SealMany(ctx, connect.NewRequest(batch))
+					if err != nil {
+						b.Error(err)
+						return
+					}
+					for _, r := range res.Msg.GetResults() {
+						if e := r.GetError(); e != nil {
+							b.Error(e)
+							return
+						}
+					}
+				}
+			})
+		}
+		wg.Wait()
+		stop()
+	})
 }
