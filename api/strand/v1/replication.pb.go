@@ -921,10 +921,11 @@ func (x *SealManyRequest) GetSeals() []*SealRequest {
 	return nil
 }
 
+// SealManyResponse carries the results of the entries that finished
+// since the last message; every entry's result comes exactly once.
 type SealManyResponse struct {
-	state protoimpl.MessageState `protogen:"open.v1"`
-	// results[i] is the outcome of seals[i].
-	Results       []*SealResult `protobuf:"bytes,1,rep,name=results,proto3" json:"results,omitempty"`
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Results       []*SealResult          `protobuf:"bytes,1,rep,name=results,proto3" json:"results,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -969,6 +970,8 @@ func (x *SealManyResponse) GetResults() []*SealResult {
 // SealResult is one entry's outcome: what a Seal of it would have answered.
 type SealResult struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
+	// entry is the entry's index in SealManyRequest.seals.
+	Entry uint32 `protobuf:"varint,3,opt,name=entry,proto3" json:"entry,omitempty"`
 	// Types that are valid to be assigned to Outcome:
 	//
 	//	*SealResult_Response
@@ -1006,6 +1009,13 @@ func (x *SealResult) ProtoReflect() protoreflect.Message {
 // Deprecated: Use SealResult.ProtoReflect.Descriptor instead.
 func (*SealResult) Descriptor() ([]byte, []int) {
 	return file_strand_v1_replication_proto_rawDescGZIP(), []int{14}
+}
+
+func (x *SealResult) GetEntry() uint32 {
+	if x != nil {
+		return x.Entry
+	}
+	return 0
 }
 
 func (x *SealResult) GetOutcome() isSealResult_Outcome {
@@ -1299,9 +1309,10 @@ const file_strand_v1_replication_proto_rawDesc = "" +
 	"\x0fSealManyRequest\x12,\n" +
 	"\x05seals\x18\x01 \x03(\v2\x16.strand.v1.SealRequestR\x05seals\"C\n" +
 	"\x10SealManyResponse\x12/\n" +
-	"\aresults\x18\x01 \x03(\v2\x15.strand.v1.SealResultR\aresults\"\x7f\n" +
+	"\aresults\x18\x01 \x03(\v2\x15.strand.v1.SealResultR\aresults\"\x95\x01\n" +
 	"\n" +
-	"SealResult\x125\n" +
+	"SealResult\x12\x14\n" +
+	"\x05entry\x18\x03 \x01(\rR\x05entry\x125\n" +
 	"\bresponse\x18\x01 \x01(\v2\x17.strand.v1.SealResponseH\x00R\bresponse\x12/\n" +
 	"\x05error\x18\x02 \x01(\v2\x17.strand.v1.PublishErrorH\x00R\x05errorB\t\n" +
 	"\aoutcome\"\xa8\x01\n" +
@@ -1318,11 +1329,11 @@ const file_strand_v1_replication_proto_rawDesc = "" +
 	"recordTail\x12*\n" +
 	"\x11cursor_event_tail\x18\x03 \x01(\x04R\x0fcursorEventTail\x12,\n" +
 	"\x12target_record_tail\x18\x04 \x01(\x04R\x10targetRecordTail\x127\n" +
-	"\x18target_cursor_event_tail\x18\x05 \x01(\x04R\x15targetCursorEventTail2\xa2\x02\n" +
+	"\x18target_cursor_event_tail\x18\x05 \x01(\x04R\x15targetCursorEventTail2\xa4\x02\n" +
 	"\x12ReplicationService\x12C\n" +
 	"\x06Follow\x12\x18.strand.v1.FollowRequest\x1a\x19.strand.v1.FollowResponse\"\x00(\x010\x01\x129\n" +
-	"\x04Seal\x12\x16.strand.v1.SealRequest\x1a\x17.strand.v1.SealResponse\"\x00\x12E\n" +
-	"\bSealMany\x12\x1a.strand.v1.SealManyRequest\x1a\x1b.strand.v1.SealManyResponse\"\x00\x12E\n" +
+	"\x04Seal\x12\x16.strand.v1.SealRequest\x1a\x17.strand.v1.SealResponse\"\x00\x12G\n" +
+	"\bSealMany\x12\x1a.strand.v1.SealManyRequest\x1a\x1b.strand.v1.SealManyResponse\"\x000\x01\x12E\n" +
 	"\bHandover\x12\x1a.strand.v1.HandoverRequest\x1a\x1b.strand.v1.HandoverResponse\"\x00B3Z1github.com/strandhq/strand/api/strand/v1;strandv1b\x06proto3"
 
 var (

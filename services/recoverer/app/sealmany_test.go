@@ -142,3 +142,34 @@ func TestSealManyUnimplementedFallsBackToSeal(t *testing.T) {
 		}
 	}
 }
+
+// A seal that hangs at a broker holds up no other round whose seal went in
+// the same SealMany call: each entry's answer goes back as it comes
+// (docs/protocol.md, "Stream failover"). The seal timeout is far beyond
+// the test's wait, so a round answered only with the whole call would not
+// commit in time.
+func TestSealManyAnswersEachSealAsItComes(t *testing.T) {
+	e := newEnv(t)
+	const n = 20
+	b1 := startFakeBroker(t, "b1", fail, 0, 0)
+	b2 := startFakeBroker(t, "b2", answer, 10, 0)
+	b3 := startFakeBroker(t, "b3", answer, 10, 0)
+	for _, b := range []*fakeBroker{b1, b2, b3} {
+		b.setMany(true)
+		b.register(t, e)
+	}
+	streams := putRecoveries(t, e, n)
+	// orders-00's seal at b2 hangs: with b1 down it cannot reach R = 2
+	// answers and waits; every other stream needs b2's answer too.
+	b2.mu.Lock()
+	b2.hangStream = streams[0]
+	b2.mu.Unlock()
+	e.startRecoverer(t, "r1", func(c *app.Config) { c.SealTimeout = time.Minute })
+	clustertest.Eventually(t, 20*time.Second, "every recovery but the hanging one's is committed", func() bool {
+		resp, err := e.cli.Get(context.Background(), e.schema.RecoveriesDir(), clientv3.WithPrefix(), clientv3.WithKeysOnly())
+		return err == nil && len(resp.Kvs) == 1 && string(resp.Kvs[0].Key) == e.schema.RecoveryKey(streams[0])
+	})
+	if calls, _ := b2.manyCounts(); len(calls) == 0 {
+		t.Fatal("b2 served no SealMany")
+	}
+}

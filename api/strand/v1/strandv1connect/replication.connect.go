@@ -62,12 +62,13 @@ type ReplicationServiceClient interface {
 	// SealMany is several Seal calls for copies on this broker in one
 	// request: each entry is handled exactly as a Seal of it (validation,
 	// incarnation check, fence, effective tails), the entries run
-	// concurrently and independently, and the answer holds one result per
-	// entry, in order, once every entry has one (docs/protocol.md, "Stream
-	// failover"). A recoverer sends it for the seals of many recoveries that
-	// go to one broker; a broker older than it answers Unimplemented and
-	// gets a Seal per entry.
-	SealMany(context.Context, *connect.Request[v1.SealManyRequest]) (*connect.Response[v1.SealManyResponse], error)
+	// concurrently and independently, and each entry's result is sent as
+	// soon as it has one, naming its entry, so a slow seal holds up no
+	// other entry's answer; the stream ends once every entry has its result
+	// (docs/protocol.md, "Stream failover"). A recoverer sends it for the
+	// seals of many recoveries that go to one broker; a broker older than it
+	// answers Unimplemented and gets a Seal per entry.
+	SealMany(context.Context, *connect.Request[v1.SealManyRequest]) (*connect.ServerStreamForClient[v1.SealManyResponse], error)
 	// Handover is sent by the controller to a stream's owner before it
 	// records a handover recovery (docs/protocol.md, "Handover"): the owner
 	// stops taking publishes and cursor commits, and answers once the target
@@ -133,8 +134,8 @@ func (c *replicationServiceClient) Seal(ctx context.Context, req *connect.Reques
 }
 
 // SealMany calls strand.v1.ReplicationService.SealMany.
-func (c *replicationServiceClient) SealMany(ctx context.Context, req *connect.Request[v1.SealManyRequest]) (*connect.Response[v1.SealManyResponse], error) {
-	return c.sealMany.CallUnary(ctx, req)
+func (c *replicationServiceClient) SealMany(ctx context.Context, req *connect.Request[v1.SealManyRequest]) (*connect.ServerStreamForClient[v1.SealManyResponse], error) {
+	return c.sealMany.CallServerStream(ctx, req)
 }
 
 // Handover calls strand.v1.ReplicationService.Handover.
@@ -158,12 +159,13 @@ type ReplicationServiceHandler interface {
 	// SealMany is several Seal calls for copies on this broker in one
 	// request: each entry is handled exactly as a Seal of it (validation,
 	// incarnation check, fence, effective tails), the entries run
-	// concurrently and independently, and the answer holds one result per
-	// entry, in order, once every entry has one (docs/protocol.md, "Stream
-	// failover"). A recoverer sends it for the seals of many recoveries that
-	// go to one broker; a broker older than it answers Unimplemented and
-	// gets a Seal per entry.
-	SealMany(context.Context, *connect.Request[v1.SealManyRequest]) (*connect.Response[v1.SealManyResponse], error)
+	// concurrently and independently, and each entry's result is sent as
+	// soon as it has one, naming its entry, so a slow seal holds up no
+	// other entry's answer; the stream ends once every entry has its result
+	// (docs/protocol.md, "Stream failover"). A recoverer sends it for the
+	// seals of many recoveries that go to one broker; a broker older than it
+	// answers Unimplemented and gets a Seal per entry.
+	SealMany(context.Context, *connect.Request[v1.SealManyRequest], *connect.ServerStream[v1.SealManyResponse]) error
 	// Handover is sent by the controller to a stream's owner before it
 	// records a handover recovery (docs/protocol.md, "Handover"): the owner
 	// stops taking publishes and cursor commits, and answers once the target
@@ -191,7 +193,7 @@ func NewReplicationServiceHandler(svc ReplicationServiceHandler, opts ...connect
 		connect.WithSchema(replicationServiceMethods.ByName("Seal")),
 		connect.WithHandlerOptions(opts...),
 	)
-	replicationServiceSealManyHandler := connect.NewUnaryHandler(
+	replicationServiceSealManyHandler := connect.NewServerStreamHandler(
 		ReplicationServiceSealManyProcedure,
 		svc.SealMany,
 		connect.WithSchema(replicationServiceMethods.ByName("SealMany")),
@@ -230,8 +232,8 @@ func (UnimplementedReplicationServiceHandler) Seal(context.Context, *connect.Req
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("strand.v1.ReplicationService.Seal is not implemented"))
 }
 
-func (UnimplementedReplicationServiceHandler) SealMany(context.Context, *connect.Request[v1.SealManyRequest]) (*connect.Response[v1.SealManyResponse], error) {
-	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("strand.v1.ReplicationService.SealMany is not implemented"))
+func (UnimplementedReplicationServiceHandler) SealMany(context.Context, *connect.Request[v1.SealManyRequest], *connect.ServerStream[v1.SealManyResponse]) error {
+	return connect.NewError(connect.CodeUnimplemented, errors.New("strand.v1.ReplicationService.SealMany is not implemented"))
 }
 
 func (UnimplementedReplicationServiceHandler) Handover(context.Context, *connect.Request[v1.HandoverRequest]) (*connect.Response[v1.HandoverResponse], error) {

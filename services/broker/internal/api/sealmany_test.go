@@ -51,6 +51,35 @@ func startSealBroker(t *testing.T) *sealBroker {
 	return &sealBroker{m: m, rc: strandv1connect.NewReplicationServiceClient(rpcserver.HTTPClient(), baseURL)}
 }
 
+// sealMany sends seals as one SealMany and returns each entry's result at
+// its index, checking every entry has exactly one.
+func sealMany(ctx context.Context, rc strandv1connect.ReplicationServiceClient, seals []*strandv1.SealRequest) ([]*strandv1.SealResult, error) {
+	stream, err := rc.SealMany(ctx, connect.NewRequest(&strandv1.SealManyRequest{Seals: seals}))
+	if err != nil {
+		return nil, err
+	}
+	defer func() { _ = stream.Close() }()
+	out := make([]*strandv1.SealResult, len(seals))
+	for stream.Receive() {
+		for _, r := range stream.Msg().GetResults() {
+			i := int(r.GetEntry())
+			if i >= len(seals) || out[i] != nil {
+				return nil, fmt.Errorf("entry %d answered twice or out of range (%d entries)", i, len(seals))
+			}
+			out[i] = r
+		}
+	}
+	if err := stream.Err(); err != nil {
+		return nil, err
+	}
+	for i, r := range out {
+		if r == nil {
+			return nil, fmt.Errorf("entry %d not answered", i)
+		}
+	}
+	return out, nil
+}
+
 // sealOutcome is what a seal answered, comparable across two brokers: the
 // response without its chain (a record's chain covers its publish time),
 // or the error's code and message with the entry's prefix taken off.
@@ -116,12 +145,9 @@ func TestSealManyEntriesAnswerAsSeal(t *testing.T) {
 	}
 	ctx := context.Background()
 	for c, call := range calls {
-		res, err := many.rc.SealMany(ctx, connect.NewRequest(&strandv1.SealManyRequest{Seals: call}))
+		results, err := sealMany(ctx, many.rc, call)
 		if err != nil {
-			t.Fatalf("call %d: SealMany refused whole: %v", c, err)
-		}
-		if got := len(res.Msg.GetResults()); got != len(call) {
-			t.Fatalf("call %d: %d results for %d entries", c, got, len(call))
+			t.Fatalf("call %d: SealMany: %v", c, err)
 		}
 		for i, req := range call {
 			r, err := one.rc.Seal(ctx, connect.NewRequest(req))
@@ -132,7 +158,7 @@ func TestSealManyEntriesAnswerAsSeal(t *testing.T) {
 				want = outcomeOf(r.Msg, nil)
 			}
 			var got sealOutcome
-			switch o := res.Msg.GetResults()[i].GetOutcome().(type) {
+			switch o := results[i].GetOutcome().(type) {
 			case *strandv1.SealResult_Response:
 				got = outcomeOf(o.Response, nil)
 			case *strandv1.SealResult_Error:
@@ -186,7 +212,7 @@ func TestSealManyRefusals(t *testing.T) {
 		{"a stream twice", []*strandv1.SealRequest{entry("s0"), entry("s1"), entry("s0")}, "seals[2].stream"},
 	} {
 		before := b.m.Tails()
-		_, err := b.rc.SealMany(ctx, connect.NewRequest(&strandv1.SealManyRequest{Seals: tc.seals}))
+		_, err := sealMany(ctx, b.rc, tc.seals)
 		if connect.CodeOf(err) != connect.CodeInvalidArgument {
 			t.Fatalf("%s: answered %v, want InvalidArgument", tc.name, err)
 		}
@@ -202,15 +228,11 @@ func TestSealManyRefusals(t *testing.T) {
 
 	// An unknown stream and a bad field among good entries: those two
 	// fail, the others are sealed.
-	res, err := b.rc.SealMany(ctx, connect.NewRequest(&strandv1.SealManyRequest{Seals: []*strandv1.SealRequest{
+	results, err := sealMany(ctx, b.rc, []*strandv1.SealRequest{
 		entry("s0"), entry("unknown"), {Stream: "s1", FenceEpoch: 0, TransitionId: "t2"}, entry("s2"),
-	}}))
+	})
 	if err != nil {
 		t.Fatal(err)
-	}
-	results := res.Msg.GetResults()
-	if len(results) != 4 {
-		t.Fatalf("%d results, want 4", len(results))
 	}
 	// A broker with its assignments current holds no copy of a stream it
 	// has no assignment for (docs/errors.md, ReplicationService).
@@ -300,16 +322,16 @@ func BenchmarkSealCalls(b *testing.B) {
 					}
 					// One call's entries are distinct streams: perCall
 					// divides streams.
-					batch := &strandv1.SealManyRequest{}
+					var batch []*strandv1.SealRequest
 					for n := first; n < min(first+perCall, b.N); n++ {
-						batch.Seals = append(batch.Seals, req(run, n))
+						batch = append(batch, req(run, n))
 					}
-					res, err := rc.SealMany(ctx, connect.NewRequest(batch))
+					results, err := sealMany(ctx, rc, batch)
 					if err != nil {
 						b.Error(err)
 						return
 					}
-					for _, r := range res.Msg.GetResults() {
+					for _, r := range results {
 						if e := r.GetError(); e != nil {
 							b.Error(e)
 							return

@@ -156,8 +156,10 @@ func (s *sealSender) takeLocked() []*sealEntry {
 }
 
 // send sends batch as one SealMany and answers every entry with its own
-// result. The call lasts while any of its rounds does: once none listens
-// it is cancelled, as their Seals would have been.
+// result as it arrives: an entry the broker answered early goes back to
+// its round at once, whatever the others wait for. The call lasts while
+// any of its rounds does: once none listens it is cancelled, as their
+// Seals would have been.
 func (s *sealSender) send(batch []*sealEntry) {
 	if s.single.Load() {
 		// Queued before another call found the broker older than
@@ -172,36 +174,52 @@ func (s *sealSender) send(batch []*sealEntry) {
 	}
 	ctx, stop := rpcerr.EntriesContext(s.ctx, waiting)
 	defer stop()
-	res, err := s.rc.SealMany(ctx, connect.NewRequest(req))
-	switch {
-	case connect.CodeOf(err) == connect.CodeUnimplemented:
+	answered := make([]bool, len(batch))
+	left := len(batch)
+	stream, err := s.rc.SealMany(ctx, connect.NewRequest(req))
+	if err == nil {
+		for left > 0 && stream.Receive() {
+			for _, r := range stream.Msg().GetResults() {
+				i := int(r.GetEntry())
+				if i >= len(batch) || answered[i] {
+					continue // not an entry of this call, or answered already: a broker's fault, not the round's answer
+				}
+				answered[i] = true
+				left--
+				e := batch[i]
+				switch o := r.GetOutcome().(type) {
+				case *strandv1.SealResult_Response:
+					e.res <- sealAnswer{resp: o.Response}
+				case *strandv1.SealResult_Error:
+					e.res <- sealAnswer{err: rpcerr.FromEntry(o.Error, rpcerr.EntryPrefix("seals", i))}
+				default:
+					e.res <- sealAnswer{err: fmt.Errorf("worker: SealMany answered seals[%d] with no outcome", i)}
+				}
+			}
+		}
+		err = stream.Err()
+		_ = stream.Close()
+	}
+	if connect.CodeOf(err) == connect.CodeUnimplemented && left == len(batch) {
 		// A broker older than SealMany: a Seal per copy from now on.
 		s.single.Store(true)
 		s.sendEach(batch)
 		return
-	case err != nil:
-		// Refused whole (the connection, the broker going away, an
-		// InvalidArgument for the call's bounds): what each Seal would
-		// have met. The round counts that copy as not answering.
-		for _, e := range batch {
-			e.res <- sealAnswer{err: err}
-		}
+	}
+	if left == 0 {
+		s.many.Add(1)
 		return
 	}
-	s.many.Add(1)
-	results := res.Msg.GetResults()
+	if err == nil {
+		err = fmt.Errorf("worker: SealMany ended with %d of %d seals unanswered", left, len(batch))
+	}
+	// Refused whole, or cut short (the connection, the broker going away,
+	// an InvalidArgument for the call's bounds): what each Seal not yet
+	// answered would have met. The round counts that copy as not
+	// answering.
 	for i, e := range batch {
-		if i >= len(results) {
-			e.res <- sealAnswer{err: fmt.Errorf("worker: SealMany answered %d results for %d seals", len(results), len(batch))}
-			continue
-		}
-		switch o := results[i].GetOutcome().(type) {
-		case *strandv1.SealResult_Response:
-			e.res <- sealAnswer{resp: o.Response}
-		case *strandv1.SealResult_Error:
-			e.res <- sealAnswer{err: rpcerr.FromEntry(o.Error, rpcerr.EntryPrefix("seals", i))}
-		default:
-			e.res <- sealAnswer{err: fmt.Errorf("worker: SealMany answered seals[%d] with no outcome", i)}
+		if !answered[i] {
+			e.res <- sealAnswer{err: err}
 		}
 	}
 }
