@@ -32,6 +32,23 @@ func putRecoveries(t *testing.T, e *env, n int) []string {
 	return streams
 }
 
+// startThree starts and registers fake brokers b1 (in b1Mode), b2 and b3
+// (answering with record tail 10), each serving SealMany when many is set.
+func startThree(t *testing.T, e *env, b1Mode sealMode, many bool) (b1, b2, b3 *fakeBroker) {
+	t.Helper()
+	b1 = startFakeBroker(t, "b1", b1Mode, 0, 0)
+	if b1Mode == answer {
+		b1.set(answer, 10, 0)
+	}
+	b2 = startFakeBroker(t, "b2", answer, 10, 0)
+	b3 = startFakeBroker(t, "b3", answer, 10, 0)
+	for _, b := range []*fakeBroker{b1, b2, b3} {
+		b.setMany(many)
+		b.register(t, e)
+	}
+	return b1, b2, b3
+}
+
 // allCommitted waits until no recovery is pending, then checks each
 // stream moved to epoch 4.
 func allCommitted(t *testing.T, e *env, streams []string, within time.Duration) {
@@ -55,13 +72,7 @@ func allCommitted(t *testing.T, e *env, streams []string, within time.Duration) 
 func TestSealManyGathersRoundsAndSurvivesABrokerDying(t *testing.T) {
 	e := newEnv(t)
 	const n = 40
-	b1 := startFakeBroker(t, "b1", answer, 10, 0)
-	b2 := startFakeBroker(t, "b2", answer, 10, 0)
-	b3 := startFakeBroker(t, "b3", answer, 10, 0)
-	for _, b := range []*fakeBroker{b1, b2, b3} {
-		b.setMany(true)
-		b.register(t, e)
-	}
+	_, b2, b3 := startThree(t, e, answer, true)
 	// b2 and b3 hold every seal until the gate opens, so the rounds'
 	// seals queue behind the calls in flight.
 	gate := make(chan struct{})
@@ -114,12 +125,7 @@ func TestSealManyGathersRoundsAndSurvivesABrokerDying(t *testing.T) {
 func TestSealManyUnimplementedFallsBackToSeal(t *testing.T) {
 	e := newEnv(t)
 	const n = 20
-	b1 := startFakeBroker(t, "b1", fail, 0, 0)
-	b2 := startFakeBroker(t, "b2", answer, 10, 0)
-	b3 := startFakeBroker(t, "b3", answer, 10, 0)
-	for _, b := range []*fakeBroker{b1, b2, b3} {
-		b.register(t, e)
-	}
+	_, b2, b3 := startThree(t, e, fail, false)
 	streams := putRecoveries(t, e, n)
 	e.startRecoverer(t, "r1", nil)
 	allCommitted(t, e, streams, 30*time.Second)
@@ -151,13 +157,7 @@ func TestSealManyUnimplementedFallsBackToSeal(t *testing.T) {
 func TestSealManyAnswersEachSealAsItComes(t *testing.T) {
 	e := newEnv(t)
 	const n = 20
-	b1 := startFakeBroker(t, "b1", fail, 0, 0)
-	b2 := startFakeBroker(t, "b2", answer, 10, 0)
-	b3 := startFakeBroker(t, "b3", answer, 10, 0)
-	for _, b := range []*fakeBroker{b1, b2, b3} {
-		b.setMany(true)
-		b.register(t, e)
-	}
+	_, b2, _ := startThree(t, e, fail, true)
 	streams := putRecoveries(t, e, n)
 	// orders-00's seal at b2 hangs: with b1 down it cannot reach R = 2
 	// answers and waits; every other stream needs b2's answer too.
