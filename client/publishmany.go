@@ -202,20 +202,13 @@ func (s *publishSender) send(batch []*sendEntry) {
 	// attempt ended (its deadline, or the owner found moved) no longer
 	// waits for it, and once none does it is cancelled, as their
 	// Publishes would have been.
-	ctx, cancel := context.WithCancel(s.c.ctx)
-	defer cancel()
-	var left atomic.Int64
-	left.Store(int64(len(batch)))
 	req := &strandv1.PublishManyRequest{Publishes: make([]*strandv1.PublishRequest, len(batch))}
+	waiting := make([]context.Context, len(batch))
 	for i, e := range batch {
-		req.Publishes[i] = e.req
-		stop := context.AfterFunc(e.ctx, func() {
-			if left.Add(-1) == 0 {
-				cancel()
-			}
-		})
-		defer stop()
+		req.Publishes[i], waiting[i] = e.req, e.ctx
 	}
+	ctx, stop := rpcerr.EntriesContext(s.c.ctx, waiting)
+	defer stop()
 	res, err := s.sc.PublishMany(ctx, connect.NewRequest(req))
 	switch {
 	case connect.CodeOf(err) == connect.CodeUnimplemented:

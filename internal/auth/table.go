@@ -97,11 +97,12 @@ var Rules = map[string]Rule{
 	strandv1connect.AdminServiceUndrainBrokerProcedure:    onCluster(Admin),
 	strandv1connect.AdminServiceGetRebalancePlanProcedure: onCluster(Admin),
 
-	// Broker, strand.v1.ReplicationService: peers only. Follow, Seal and
-	// Handover (the controller pausing an owner) are authorised by node identity (the peer token, and a node certificate
+	// Broker, strand.v1.ReplicationService: peers only. Follow, Seal,
+	// SealMany and Handover (the controller pausing an owner) are authorised by node identity (the peer token, and a node certificate
 	// once TLS is on), never by a client's grants: a grant could otherwise
 	// let a client fence copies (docs/operating.md, "Peer token").
 	strandv1connect.ReplicationServiceFollowProcedure:   {Scope: Peer},
 	strandv1connect.ReplicationServiceSealProcedure:     {Scope: Peer},
+	strandv1connect.ReplicationServiceSealManyProcedure: {Scope: Peer},
 	strandv1connect.ReplicationServiceHandoverProcedure: {Scope: Peer},
 }

@@ -875,6 +875,194 @@ func (x *SealResponse) GetChain() uint64 {
 	return 0
 }
 
+type SealManyRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// seals are the entries, each a Seal of its own stream: at most 1024, no
+	// stream twice.
+	Seals         []*SealRequest `protobuf:"bytes,1,rep,name=seals,proto3" json:"seals,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SealManyRequest) Reset() {
+	*x = SealManyRequest{}
+	mi := &file_strand_v1_replication_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SealManyRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SealManyRequest) ProtoMessage() {}
+
+func (x *SealManyRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_strand_v1_replication_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SealManyRequest.ProtoReflect.Descriptor instead.
+func (*SealManyRequest) Descriptor() ([]byte, []int) {
+	return file_strand_v1_replication_proto_rawDescGZIP(), []int{12}
+}
+
+func (x *SealManyRequest) GetSeals() []*SealRequest {
+	if x != nil {
+		return x.Seals
+	}
+	return nil
+}
+
+// SealManyResponse carries the results of the entries that finished
+// since the last message; every entry's result comes exactly once.
+type SealManyResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Results       []*SealResult          `protobuf:"bytes,1,rep,name=results,proto3" json:"results,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SealManyResponse) Reset() {
+	*x = SealManyResponse{}
+	mi := &file_strand_v1_replication_proto_msgTypes[13]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SealManyResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SealManyResponse) ProtoMessage() {}
+
+func (x *SealManyResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_strand_v1_replication_proto_msgTypes[13]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SealManyResponse.ProtoReflect.Descriptor instead.
+func (*SealManyResponse) Descriptor() ([]byte, []int) {
+	return file_strand_v1_replication_proto_rawDescGZIP(), []int{13}
+}
+
+func (x *SealManyResponse) GetResults() []*SealResult {
+	if x != nil {
+		return x.Results
+	}
+	return nil
+}
+
+// SealResult is one entry's outcome: what a Seal of it would have answered.
+type SealResult struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// entry is the entry's index in SealManyRequest.seals.
+	Entry uint32 `protobuf:"varint,3,opt,name=entry,proto3" json:"entry,omitempty"`
+	// Types that are valid to be assigned to Outcome:
+	//
+	//	*SealResult_Response
+	//	*SealResult_Error
+	Outcome       isSealResult_Outcome `protobuf_oneof:"outcome"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SealResult) Reset() {
+	*x = SealResult{}
+	mi := &file_strand_v1_replication_proto_msgTypes[14]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SealResult) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SealResult) ProtoMessage() {}
+
+func (x *SealResult) ProtoReflect() protoreflect.Message {
+	mi := &file_strand_v1_replication_proto_msgTypes[14]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SealResult.ProtoReflect.Descriptor instead.
+func (*SealResult) Descriptor() ([]byte, []int) {
+	return file_strand_v1_replication_proto_rawDescGZIP(), []int{14}
+}
+
+func (x *SealResult) GetEntry() uint32 {
+	if x != nil {
+		return x.Entry
+	}
+	return 0
+}
+
+func (x *SealResult) GetOutcome() isSealResult_Outcome {
+	if x != nil {
+		return x.Outcome
+	}
+	return nil
+}
+
+func (x *SealResult) GetResponse() *SealResponse {
+	if x != nil {
+		if x, ok := x.Outcome.(*SealResult_Response); ok {
+			return x.Response
+		}
+	}
+	return nil
+}
+
+func (x *SealResult) GetError() *PublishError {
+	if x != nil {
+		if x, ok := x.Outcome.(*SealResult_Error); ok {
+			return x.Error
+		}
+	}
+	return nil
+}
+
+type isSealResult_Outcome interface {
+	isSealResult_Outcome()
+}
+
+type SealResult_Response struct {
+	Response *SealResponse `protobuf:"bytes,1,opt,name=response,proto3,oneof"`
+}
+
+type SealResult_Error struct {
+	// error is the error a Seal of the entry alone would have answered,
+	// in the form PublishMany's entries carry theirs: the code, the
+	// message and the details, every field they name under the entry's
+	// ("seals[2].fence_epoch").
+	Error *PublishError `protobuf:"bytes,2,opt,name=error,proto3,oneof"`
+}
+
+func (*SealResult_Response) isSealResult_Outcome() {}
+
+func (*SealResult_Error) isSealResult_Outcome() {}
+
 type HandoverRequest struct {
 	state  protoimpl.MessageState `protogen:"open.v1"`
 	Stream string                 `protobuf:"bytes,1,opt,name=stream,proto3" json:"stream,omitempty"`
@@ -897,7 +1085,7 @@ type HandoverRequest struct {
 
 func (x *HandoverRequest) Reset() {
 	*x = HandoverRequest{}
-	mi := &file_strand_v1_replication_proto_msgTypes[12]
+	mi := &file_strand_v1_replication_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -909,7 +1097,7 @@ func (x *HandoverRequest) String() string {
 func (*HandoverRequest) ProtoMessage() {}
 
 func (x *HandoverRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_strand_v1_replication_proto_msgTypes[12]
+	mi := &file_strand_v1_replication_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -922,7 +1110,7 @@ func (x *HandoverRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HandoverRequest.ProtoReflect.Descriptor instead.
 func (*HandoverRequest) Descriptor() ([]byte, []int) {
-	return file_strand_v1_replication_proto_rawDescGZIP(), []int{12}
+	return file_strand_v1_replication_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *HandoverRequest) GetStream() string {
@@ -981,7 +1169,7 @@ type HandoverResponse struct {
 
 func (x *HandoverResponse) Reset() {
 	*x = HandoverResponse{}
-	mi := &file_strand_v1_replication_proto_msgTypes[13]
+	mi := &file_strand_v1_replication_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -993,7 +1181,7 @@ func (x *HandoverResponse) String() string {
 func (*HandoverResponse) ProtoMessage() {}
 
 func (x *HandoverResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_strand_v1_replication_proto_msgTypes[13]
+	mi := &file_strand_v1_replication_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1006,7 +1194,7 @@ func (x *HandoverResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HandoverResponse.ProtoReflect.Descriptor instead.
 func (*HandoverResponse) Descriptor() ([]byte, []int) {
-	return file_strand_v1_replication_proto_rawDescGZIP(), []int{13}
+	return file_strand_v1_replication_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *HandoverResponse) GetCaughtUp() bool {
@@ -1048,7 +1236,7 @@ var File_strand_v1_replication_proto protoreflect.FileDescriptor
 
 const file_strand_v1_replication_proto_rawDesc = "" +
 	"\n" +
-	"\x1bstrand/v1/replication.proto\x12\tstrand.v1\"\xfe\x01\n" +
+	"\x1bstrand/v1/replication.proto\x12\tstrand.v1\x1a\x16strand/v1/stream.proto\"\xfe\x01\n" +
 	"\rFollowRequest\x12\x12\n" +
 	"\x04node\x18\x02 \x01(\tR\x04node\x12.\n" +
 	"\x06starts\x18\a \x03(\v2\x16.strand.v1.FollowStartR\x06starts\x12(\n" +
@@ -1117,7 +1305,17 @@ const file_strand_v1_replication_proto_rawDesc = "" +
 	"\x11cursor_event_tail\x18\x04 \x01(\x04R\x0fcursorEventTail\x122\n" +
 	"\n" +
 	"log_epochs\x18\x05 \x03(\v2\x13.strand.v1.LogEpochR\tlogEpochs\x12\x14\n" +
-	"\x05chain\x18\x06 \x01(\x04R\x05chain\"\xa8\x01\n" +
+	"\x05chain\x18\x06 \x01(\x04R\x05chain\"?\n" +
+	"\x0fSealManyRequest\x12,\n" +
+	"\x05seals\x18\x01 \x03(\v2\x16.strand.v1.SealRequestR\x05seals\"C\n" +
+	"\x10SealManyResponse\x12/\n" +
+	"\aresults\x18\x01 \x03(\v2\x15.strand.v1.SealResultR\aresults\"\x95\x01\n" +
+	"\n" +
+	"SealResult\x12\x14\n" +
+	"\x05entry\x18\x03 \x01(\rR\x05entry\x125\n" +
+	"\bresponse\x18\x01 \x01(\v2\x17.strand.v1.SealResponseH\x00R\bresponse\x12/\n" +
+	"\x05error\x18\x02 \x01(\v2\x17.strand.v1.PublishErrorH\x00R\x05errorB\t\n" +
+	"\aoutcome\"\xa8\x01\n" +
 	"\x0fHandoverRequest\x12\x16\n" +
 	"\x06stream\x18\x01 \x01(\tR\x06stream\x12\x14\n" +
 	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\x12\x16\n" +
@@ -1131,10 +1329,11 @@ const file_strand_v1_replication_proto_rawDesc = "" +
 	"recordTail\x12*\n" +
 	"\x11cursor_event_tail\x18\x03 \x01(\x04R\x0fcursorEventTail\x12,\n" +
 	"\x12target_record_tail\x18\x04 \x01(\x04R\x10targetRecordTail\x127\n" +
-	"\x18target_cursor_event_tail\x18\x05 \x01(\x04R\x15targetCursorEventTail2\xdb\x01\n" +
+	"\x18target_cursor_event_tail\x18\x05 \x01(\x04R\x15targetCursorEventTail2\xa4\x02\n" +
 	"\x12ReplicationService\x12C\n" +
 	"\x06Follow\x12\x18.strand.v1.FollowRequest\x1a\x19.strand.v1.FollowResponse\"\x00(\x010\x01\x129\n" +
-	"\x04Seal\x12\x16.strand.v1.SealRequest\x1a\x17.strand.v1.SealResponse\"\x00\x12E\n" +
+	"\x04Seal\x12\x16.strand.v1.SealRequest\x1a\x17.strand.v1.SealResponse\"\x00\x12G\n" +
+	"\bSealMany\x12\x1a.strand.v1.SealManyRequest\x1a\x1b.strand.v1.SealManyResponse\"\x000\x01\x12E\n" +
 	"\bHandover\x12\x1a.strand.v1.HandoverRequest\x1a\x1b.strand.v1.HandoverResponse\"\x00B3Z1github.com/strandhq/strand/api/strand/v1;strandv1b\x06proto3"
 
 var (
@@ -1149,7 +1348,7 @@ func file_strand_v1_replication_proto_rawDescGZIP() []byte {
 	return file_strand_v1_replication_proto_rawDescData
 }
 
-var file_strand_v1_replication_proto_msgTypes = make([]protoimpl.MessageInfo, 15)
+var file_strand_v1_replication_proto_msgTypes = make([]protoimpl.MessageInfo, 18)
 var file_strand_v1_replication_proto_goTypes = []any{
 	(*FollowRequest)(nil),    // 0: strand.v1.FollowRequest
 	(*FollowStart)(nil),      // 1: strand.v1.FollowStart
@@ -1163,9 +1362,13 @@ var file_strand_v1_replication_proto_goTypes = []any{
 	(*SealRequest)(nil),      // 9: strand.v1.SealRequest
 	(*LogEpoch)(nil),         // 10: strand.v1.LogEpoch
 	(*SealResponse)(nil),     // 11: strand.v1.SealResponse
-	(*HandoverRequest)(nil),  // 12: strand.v1.HandoverRequest
-	(*HandoverResponse)(nil), // 13: strand.v1.HandoverResponse
-	nil,                      // 14: strand.v1.CursorSnapshot.CursorsEntry
+	(*SealManyRequest)(nil),  // 12: strand.v1.SealManyRequest
+	(*SealManyResponse)(nil), // 13: strand.v1.SealManyResponse
+	(*SealResult)(nil),       // 14: strand.v1.SealResult
+	(*HandoverRequest)(nil),  // 15: strand.v1.HandoverRequest
+	(*HandoverResponse)(nil), // 16: strand.v1.HandoverResponse
+	nil,                      // 17: strand.v1.CursorSnapshot.CursorsEntry
+	(*PublishError)(nil),     // 18: strand.v1.PublishError
 }
 var file_strand_v1_replication_proto_depIdxs = []int32{
 	1,  // 0: strand.v1.FollowRequest.starts:type_name -> strand.v1.FollowStart
@@ -1175,19 +1378,25 @@ var file_strand_v1_replication_proto_depIdxs = []int32{
 	7,  // 4: strand.v1.FollowResponse.ends:type_name -> strand.v1.FollowEnd
 	8,  // 5: strand.v1.FollowBatch.cursor_events:type_name -> strand.v1.CursorEvent
 	6,  // 6: strand.v1.FollowBatch.cursor_snapshot:type_name -> strand.v1.CursorSnapshot
-	14, // 7: strand.v1.CursorSnapshot.cursors:type_name -> strand.v1.CursorSnapshot.CursorsEntry
+	17, // 7: strand.v1.CursorSnapshot.cursors:type_name -> strand.v1.CursorSnapshot.CursorsEntry
 	10, // 8: strand.v1.SealResponse.log_epochs:type_name -> strand.v1.LogEpoch
-	0,  // 9: strand.v1.ReplicationService.Follow:input_type -> strand.v1.FollowRequest
-	9,  // 10: strand.v1.ReplicationService.Seal:input_type -> strand.v1.SealRequest
-	12, // 11: strand.v1.ReplicationService.Handover:input_type -> strand.v1.HandoverRequest
-	4,  // 12: strand.v1.ReplicationService.Follow:output_type -> strand.v1.FollowResponse
-	11, // 13: strand.v1.ReplicationService.Seal:output_type -> strand.v1.SealResponse
-	13, // 14: strand.v1.ReplicationService.Handover:output_type -> strand.v1.HandoverResponse
-	12, // [12:15] is the sub-list for method output_type
-	9,  // [9:12] is the sub-list for method input_type
-	9,  // [9:9] is the sub-list for extension type_name
-	9,  // [9:9] is the sub-list for extension extendee
-	0,  // [0:9] is the sub-list for field type_name
+	9,  // 9: strand.v1.SealManyRequest.seals:type_name -> strand.v1.SealRequest
+	14, // 10: strand.v1.SealManyResponse.results:type_name -> strand.v1.SealResult
+	11, // 11: strand.v1.SealResult.response:type_name -> strand.v1.SealResponse
+	18, // 12: strand.v1.SealResult.error:type_name -> strand.v1.PublishError
+	0,  // 13: strand.v1.ReplicationService.Follow:input_type -> strand.v1.FollowRequest
+	9,  // 14: strand.v1.ReplicationService.Seal:input_type -> strand.v1.SealRequest
+	12, // 15: strand.v1.ReplicationService.SealMany:input_type -> strand.v1.SealManyRequest
+	15, // 16: strand.v1.ReplicationService.Handover:input_type -> strand.v1.HandoverRequest
+	4,  // 17: strand.v1.ReplicationService.Follow:output_type -> strand.v1.FollowResponse
+	11, // 18: strand.v1.ReplicationService.Seal:output_type -> strand.v1.SealResponse
+	13, // 19: strand.v1.ReplicationService.SealMany:output_type -> strand.v1.SealManyResponse
+	16, // 20: strand.v1.ReplicationService.Handover:output_type -> strand.v1.HandoverResponse
+	17, // [17:21] is the sub-list for method output_type
+	13, // [13:17] is the sub-list for method input_type
+	13, // [13:13] is the sub-list for extension type_name
+	13, // [13:13] is the sub-list for extension extendee
+	0,  // [0:13] is the sub-list for field type_name
 }
 
 func init() { file_strand_v1_replication_proto_init() }
@@ -1195,13 +1404,18 @@ func file_strand_v1_replication_proto_init() {
 	if File_strand_v1_replication_proto != nil {
 		return
 	}
+	file_strand_v1_stream_proto_init()
+	file_strand_v1_replication_proto_msgTypes[14].OneofWrappers = []any{
+		(*SealResult_Response)(nil),
+		(*SealResult_Error)(nil),
+	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_strand_v1_replication_proto_rawDesc), len(file_strand_v1_replication_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   15,
+			NumMessages:   18,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -44,6 +44,16 @@ type fakeBroker struct {
 	cancelled       int
 	// onSeal, when set, runs at the start of every call with its number.
 	onSeal func(n int)
+	// hangStream, when set, is a stream whose seal hangs until the caller
+	// gives up, whatever the mode.
+	hangStream string
+	// many makes the broker serve SealMany, each entry as a Seal; without
+	// it SealMany answers Unimplemented, as a broker older than it does.
+	many bool
+	// manyCalls is the entries of each SealMany served; manyRefused
+	// counts those answered Unimplemented.
+	manyCalls   []int
+	manyRefused int
 }
 
 func startFakeBroker(t *testing.T, node string, mode sealMode, recordTail, cursorEventTail uint64) *fakeBroker {
@@ -58,6 +68,9 @@ func (b *fakeBroker) Seal(ctx context.Context, req *connect.Request[strandv1.Sea
 	b.mu.Lock()
 	b.calls = append(b.calls, req.Msg)
 	n, mode, hook := len(b.calls), b.mode, b.onSeal
+	if b.hangStream != "" && req.Msg.GetStream() == b.hangStream {
+		mode = hang
+	}
 	resp := &strandv1.SealResponse{
 		Node:            b.node,
 		FenceEpoch:      req.Msg.GetFenceEpoch(),
@@ -83,6 +96,51 @@ func (b *fakeBroker) Seal(ctx context.Context, req *connect.Request[strandv1.Sea
 		return nil, connect.NewError(connect.CodeUnavailable, errors.New("fake broker: unavailable"))
 	}
 	return connect.NewResponse(resp), nil
+}
+
+// SealMany answers each entry as Seal would, the entries at once, each
+// result sent as it comes.
+func (b *fakeBroker) SealMany(ctx context.Context, req *connect.Request[strandv1.SealManyRequest], stream *connect.ServerStream[strandv1.SealManyResponse]) error {
+	b.mu.Lock()
+	if !b.many {
+		b.manyRefused++
+		b.mu.Unlock()
+		return connect.NewError(connect.CodeUnimplemented, errors.New("fake broker: no SealMany"))
+	}
+	b.manyCalls = append(b.manyCalls, len(req.Msg.GetSeals()))
+	b.mu.Unlock()
+	results := make(chan *strandv1.SealResult, len(req.Msg.GetSeals()))
+	for i, e := range req.Msg.GetSeals() {
+		go func() {
+			r := &strandv1.SealResult{Entry: uint32(i)}
+			if res, err := b.Seal(ctx, connect.NewRequest(e)); err != nil {
+				r.Outcome = &strandv1.SealResult_Error{Error: &strandv1.PublishError{Code: uint32(connect.CodeOf(err)), Message: err.Error()}}
+			} else {
+				r.Outcome = &strandv1.SealResult_Response{Response: res.Msg}
+			}
+			results <- r
+		}()
+	}
+	for range req.Msg.GetSeals() {
+		if err := stream.Send(&strandv1.SealManyResponse{Results: []*strandv1.SealResult{<-results}}); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// manyCounts returns the entries of each SealMany served and how many
+// were refused as Unimplemented.
+func (b *fakeBroker) manyCounts() ([]int, int) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return append([]int(nil), b.manyCalls...), b.manyRefused
+}
+
+func (b *fakeBroker) setMany(many bool) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.many = many
 }
 
 func (b *fakeBroker) set(mode sealMode, recordTail, cursorEventTail uint64) {

@@ -38,6 +38,9 @@ const (
 	ReplicationServiceFollowProcedure = "/strand.v1.ReplicationService/Follow"
 	// ReplicationServiceSealProcedure is the fully-qualified name of the ReplicationService's Seal RPC.
 	ReplicationServiceSealProcedure = "/strand.v1.ReplicationService/Seal"
+	// ReplicationServiceSealManyProcedure is the fully-qualified name of the ReplicationService's
+	// SealMany RPC.
+	ReplicationServiceSealManyProcedure = "/strand.v1.ReplicationService/SealMany"
 	// ReplicationServiceHandoverProcedure is the fully-qualified name of the ReplicationService's
 	// Handover RPC.
 	ReplicationServiceHandoverProcedure = "/strand.v1.ReplicationService/Handover"
@@ -56,6 +59,16 @@ type ReplicationServiceClient interface {
 	Follow(context.Context) *connect.BidiStreamForClient[v1.FollowRequest, v1.FollowResponse]
 	// Seal fences a copy at the fence epoch and reports its tails.
 	Seal(context.Context, *connect.Request[v1.SealRequest]) (*connect.Response[v1.SealResponse], error)
+	// SealMany is several Seal calls for copies on this broker in one
+	// request: each entry is handled exactly as a Seal of it (validation,
+	// incarnation check, fence, effective tails), the entries run
+	// concurrently and independently, and each entry's result is sent as
+	// soon as it has one, naming its entry, so a slow seal holds up no
+	// other entry's answer; the stream ends once every entry has its result
+	// (docs/protocol.md, "Stream failover"). A recoverer sends it for the
+	// seals of many recoveries that go to one broker; a broker older than it
+	// answers Unimplemented and gets a Seal per entry.
+	SealMany(context.Context, *connect.Request[v1.SealManyRequest]) (*connect.ServerStreamForClient[v1.SealManyResponse], error)
 	// Handover is sent by the controller to a stream's owner before it
 	// records a handover recovery (docs/protocol.md, "Handover"): the owner
 	// stops taking publishes and cursor commits, and answers once the target
@@ -87,6 +100,12 @@ func NewReplicationServiceClient(httpClient connect.HTTPClient, baseURL string, 
 			connect.WithSchema(replicationServiceMethods.ByName("Seal")),
 			connect.WithClientOptions(opts...),
 		),
+		sealMany: connect.NewClient[v1.SealManyRequest, v1.SealManyResponse](
+			httpClient,
+			baseURL+ReplicationServiceSealManyProcedure,
+			connect.WithSchema(replicationServiceMethods.ByName("SealMany")),
+			connect.WithClientOptions(opts...),
+		),
 		handover: connect.NewClient[v1.HandoverRequest, v1.HandoverResponse](
 			httpClient,
 			baseURL+ReplicationServiceHandoverProcedure,
@@ -100,6 +119,7 @@ func NewReplicationServiceClient(httpClient connect.HTTPClient, baseURL string, 
 type replicationServiceClient struct {
 	follow   *connect.Client[v1.FollowRequest, v1.FollowResponse]
 	seal     *connect.Client[v1.SealRequest, v1.SealResponse]
+	sealMany *connect.Client[v1.SealManyRequest, v1.SealManyResponse]
 	handover *connect.Client[v1.HandoverRequest, v1.HandoverResponse]
 }
 
@@ -111,6 +131,11 @@ func (c *replicationServiceClient) Follow(ctx context.Context) *connect.BidiStre
 // Seal calls strand.v1.ReplicationService.Seal.
 func (c *replicationServiceClient) Seal(ctx context.Context, req *connect.Request[v1.SealRequest]) (*connect.Response[v1.SealResponse], error) {
 	return c.seal.CallUnary(ctx, req)
+}
+
+// SealMany calls strand.v1.ReplicationService.SealMany.
+func (c *replicationServiceClient) SealMany(ctx context.Context, req *connect.Request[v1.SealManyRequest]) (*connect.ServerStreamForClient[v1.SealManyResponse], error) {
+	return c.sealMany.CallServerStream(ctx, req)
 }
 
 // Handover calls strand.v1.ReplicationService.Handover.
@@ -131,6 +156,16 @@ type ReplicationServiceHandler interface {
 	Follow(context.Context, *connect.BidiStream[v1.FollowRequest, v1.FollowResponse]) error
 	// Seal fences a copy at the fence epoch and reports its tails.
 	Seal(context.Context, *connect.Request[v1.SealRequest]) (*connect.Response[v1.SealResponse], error)
+	// SealMany is several Seal calls for copies on this broker in one
+	// request: each entry is handled exactly as a Seal of it (validation,
+	// incarnation check, fence, effective tails), the entries run
+	// concurrently and independently, and each entry's result is sent as
+	// soon as it has one, naming its entry, so a slow seal holds up no
+	// other entry's answer; the stream ends once every entry has its result
+	// (docs/protocol.md, "Stream failover"). A recoverer sends it for the
+	// seals of many recoveries that go to one broker; a broker older than it
+	// answers Unimplemented and gets a Seal per entry.
+	SealMany(context.Context, *connect.Request[v1.SealManyRequest], *connect.ServerStream[v1.SealManyResponse]) error
 	// Handover is sent by the controller to a stream's owner before it
 	// records a handover recovery (docs/protocol.md, "Handover"): the owner
 	// stops taking publishes and cursor commits, and answers once the target
@@ -158,6 +193,12 @@ func NewReplicationServiceHandler(svc ReplicationServiceHandler, opts ...connect
 		connect.WithSchema(replicationServiceMethods.ByName("Seal")),
 		connect.WithHandlerOptions(opts...),
 	)
+	replicationServiceSealManyHandler := connect.NewServerStreamHandler(
+		ReplicationServiceSealManyProcedure,
+		svc.SealMany,
+		connect.WithSchema(replicationServiceMethods.ByName("SealMany")),
+		connect.WithHandlerOptions(opts...),
+	)
 	replicationServiceHandoverHandler := connect.NewUnaryHandler(
 		ReplicationServiceHandoverProcedure,
 		svc.Handover,
@@ -170,6 +211,8 @@ func NewReplicationServiceHandler(svc ReplicationServiceHandler, opts ...connect
 			replicationServiceFollowHandler.ServeHTTP(w, r)
 		case ReplicationServiceSealProcedure:
 			replicationServiceSealHandler.ServeHTTP(w, r)
+		case ReplicationServiceSealManyProcedure:
+			replicationServiceSealManyHandler.ServeHTTP(w, r)
 		case ReplicationServiceHandoverProcedure:
 			replicationServiceHandoverHandler.ServeHTTP(w, r)
 		default:
@@ -187,6 +230,10 @@ func (UnimplementedReplicationServiceHandler) Follow(context.Context, *connect.B
 
 func (UnimplementedReplicationServiceHandler) Seal(context.Context, *connect.Request[v1.SealRequest]) (*connect.Response[v1.SealResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("strand.v1.ReplicationService.Seal is not implemented"))
+}
+
+func (UnimplementedReplicationServiceHandler) SealMany(context.Context, *connect.Request[v1.SealManyRequest], *connect.ServerStream[v1.SealManyResponse]) error {
+	return connect.NewError(connect.CodeUnimplemented, errors.New("strand.v1.ReplicationService.SealMany is not implemented"))
 }
 
 func (UnimplementedReplicationServiceHandler) Handover(context.Context, *connect.Request[v1.HandoverRequest]) (*connect.Response[v1.HandoverResponse], error) {

@@ -54,6 +54,33 @@ type fuzzBroker struct {
 // and fuzzCursor committed at 1.
 func startFuzzBroker(tb testing.TB) *fuzzBroker {
 	tb.Helper()
+	m, baseURL := serveTestBroker(tb)
+	b := &fuzzBroker{m: m, incarnation: "inc-1", baseURL: baseURL,
+		sc: strandv1connect.NewStreamServiceClient(rpcserver.HTTPClient(), baseURL),
+		rc: strandv1connect.NewReplicationServiceClient(rpcserver.HTTPClient(), baseURL),
+	}
+	m.SyncAssignments(map[string]cluster.Assignment{fuzzStream: {Stream: fuzzStream, Epoch: 1, Owner: fuzzNode,
+		Followers: []string{fuzzFollower}, Policy: cluster.Policy{Name: cluster.ReplicaDurable, Nodes: 1}, Incarnation: b.incarnation}}, nil)
+	ctx := context.Background()
+	clustertest.Eventually(tb, 10*time.Second, "the fuzz broker confirms a publish", func() error {
+		_, err := b.sc.Publish(ctx, connect.NewRequest(&strandv1.PublishRequest{Stream: fuzzStream,
+			Records: []*strandv1.Record{{Payload: []byte("r0")}, {Payload: []byte("r1")}, {Payload: []byte("r2")}}}))
+		return err
+	})
+	res, err := b.sc.CommitCursor(ctx, connect.NewRequest(&strandv1.CommitCursorRequest{Stream: fuzzStream, Cursor: fuzzCursor, Offset: 1}))
+	if err != nil {
+		tb.Fatal(err)
+	}
+	b.settleCursors(tb, res.Msg.GetCursorEventOffset()+1)
+	return b
+}
+
+// serveTestBroker starts a broker named fuzzNode with no assignments: a
+// replica manager over Badger in a temp dir, its StreamService and
+// ReplicationService served over loopback as the broker serves them. It
+// returns the manager and the base URL.
+func serveTestBroker(tb testing.TB) (*replica.Manager, string) {
+	tb.Helper()
 	db, err := storage.Open(storage.Options{Dir: tb.TempDir(), Logger: zerolog.Nop()})
 	if err != nil {
 		tb.Fatal(err)
@@ -77,24 +104,7 @@ func startFuzzBroker(tb testing.TB) *fuzzBroker {
 		m.Close()
 		_ = db.Close()
 	})
-	b := &fuzzBroker{m: m, incarnation: "inc-1", baseURL: rpcserver.BaseURL(srv.Addr()),
-		sc: strandv1connect.NewStreamServiceClient(rpcserver.HTTPClient(), rpcserver.BaseURL(srv.Addr())),
-		rc: strandv1connect.NewReplicationServiceClient(rpcserver.HTTPClient(), rpcserver.BaseURL(srv.Addr())),
-	}
-	m.SyncAssignments(map[string]cluster.Assignment{fuzzStream: {Stream: fuzzStream, Epoch: 1, Owner: fuzzNode,
-		Followers: []string{fuzzFollower}, Policy: cluster.Policy{Name: cluster.ReplicaDurable, Nodes: 1}, Incarnation: b.incarnation}}, nil)
-	ctx := context.Background()
-	clustertest.Eventually(tb, 10*time.Second, "the fuzz broker confirms a publish", func() error {
-		_, err := b.sc.Publish(ctx, connect.NewRequest(&strandv1.PublishRequest{Stream: fuzzStream,
-			Records: []*strandv1.Record{{Payload: []byte("r0")}, {Payload: []byte("r1")}, {Payload: []byte("r2")}}}))
-		return err
-	})
-	res, err := b.sc.CommitCursor(ctx, connect.NewRequest(&strandv1.CommitCursorRequest{Stream: fuzzStream, Cursor: fuzzCursor, Offset: 1}))
-	if err != nil {
-		tb.Fatal(err)
-	}
-	b.settleCursors(tb, res.Msg.GetCursorEventOffset()+1)
-	return b
+	return m, rpcserver.BaseURL(srv.Addr())
 }
 
 // settleCursors waits until fuzzStream's durable cursor event tail is at

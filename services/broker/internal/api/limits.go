@@ -141,8 +141,14 @@ func (s *StreamService) Handler(opts ...connect.HandlerOption) (string, http.Han
 
 // Handler serves s as strand.v1.ReplicationService (path and handler for
 // a ServeMux), reading messages of at most smallRequestMaxBytes: Follow
-// and Seal requests are names and numbers (records flow the other way).
+// and Seal requests are names and numbers (records flow the other way);
+// SealMany, up to MaxSealManyEntries seals, reads sealManyRequestMaxBytes.
 // opts apply to every procedure.
 func (s *ReplicationService) Handler(opts ...connect.HandlerOption) (string, http.Handler) {
-	return strandv1connect.NewReplicationServiceHandler(s, append(slices.Clone(opts), rpcserver.ReadLimit(smallRequestMaxBytes))...)
+	path, rest := strandv1connect.NewReplicationServiceHandler(s, append(slices.Clone(opts), rpcserver.ReadLimit(smallRequestMaxBytes))...)
+	_, many := strandv1connect.NewReplicationServiceHandler(s, append(slices.Clone(opts), rpcserver.ReadLimit(sealManyRequestMaxBytes))...)
+	mux := http.NewServeMux()
+	mux.Handle(strandv1connect.ReplicationServiceSealManyProcedure, many)
+	mux.Handle(path, rest)
+	return path, mux
 }

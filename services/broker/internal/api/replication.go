@@ -60,7 +60,17 @@ func (s *ReplicationService) Follow(ctx context.Context, stream *connect.BidiStr
 }
 
 func (s *ReplicationService) Seal(ctx context.Context, req *connect.Request[strandv1.SealRequest]) (*connect.Response[strandv1.SealResponse], error) {
-	msg := req.Msg
+	resp, err := s.seal(ctx, req.Msg)
+	if err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(resp), nil
+}
+
+// seal is one Seal, as the call and each SealMany entry answer it: the
+// fields checked, then replica.Manager.Seal (the incarnation check, the
+// fence, the effective tails).
+func (s *ReplicationService) seal(ctx context.Context, msg *strandv1.SealRequest) (*strandv1.SealResponse, error) {
 	if err := validStream(msg.GetStream()); err != nil {
 		return nil, err
 	}
@@ -74,15 +84,14 @@ func (s *ReplicationService) Seal(ctx context.Context, req *connect.Request[stra
 	if err != nil {
 		return nil, toConnect(err)
 	}
-	resp := &strandv1.SealResponse{
+	return &strandv1.SealResponse{
 		Node:            s.m.Node(),
 		FenceEpoch:      msg.GetFenceEpoch(),
 		RecordTail:      st.RecordTail,
 		CursorEventTail: st.CursorEventTail,
 		LogEpochs:       replica.LogEpochsToProto(st.SealedLogEpochs),
 		Chain:           st.Chain,
-	}
-	return connect.NewResponse(resp), nil
+	}, nil
 }
 
 // maxHandoverMillis bounds a handover's catch-up and hold: a pause is

@@ -34,6 +34,11 @@ type term struct {
 	mu    sync.Mutex
 	tasks map[string]*task
 	wg    sync.WaitGroup
+
+	// senders gathers the seals of the rounds in flight per broker
+	// address into SealMany calls (sealsend.go).
+	sendersMu sync.Mutex
+	senders   map[string]*sealSender
 }
 
 // lead runs one leadership term until ctx ends or the leader key is lost.
@@ -106,11 +111,13 @@ func (t *term) watchBrokers() {
 				break
 			}
 			if len(wresp.Events) > 0 {
+				t.forgetSenders()
 				t.kickAll()
 			}
 		}
 		// A broken watch may have missed changes; waking every task once
 		// costs one retry each.
+		t.forgetSenders()
 		t.kickAll()
 		if !sleepCtx(t.ctx, t.w.cfg.BackoffMin) {
 			return

@@ -7,11 +7,7 @@ import (
 	"slices"
 	"time"
 
-	"connectrpc.com/connect"
-
 	strandv1 "github.com/strandhq/strand/api/strand/v1"
-	"github.com/strandhq/strand/api/strand/v1/strandv1connect"
-	"github.com/strandhq/strand/internal/rpcserver"
 	"github.com/strandhq/strand/services/recoverer/internal/pick"
 )
 
@@ -30,7 +26,9 @@ type sealResult struct {
 }
 
 // sealRound sends Seal(stream, fence epoch, transition id) to every copy of
-// the old assignment at once and gathers the answers until every copy has
+// the old assignment at once (each through its broker's sealSender, which
+// carries the seals of every round in flight to that broker in one
+// SealMany) and gathers the answers until every copy has
 // answered or failed, or the seal timeout passes. Copies that fail to answer
 // in time are left out (docs/protocol.md, "Stream failover"). Sealing fences each copy
 // at the fence epoch first, so its tail cannot grow from the old owner while
@@ -93,17 +91,15 @@ func (t *term) seal(ctx context.Context, snap snapshot, node string) sealResult 
 		return sealResult{node: node, err: errNotRegistered}
 	}
 	rec := snap.recovery
-	client := strandv1connect.NewReplicationServiceClient(t.w.cfg.HTTPClient, t.w.cfg.Dialer.BaseURL(addr), rpcserver.WithPeerToken(t.w.cfg.PeerToken))
-	resp, err := client.Seal(ctx, connect.NewRequest(&strandv1.SealRequest{
+	m, err := t.sender(addr).seal(ctx, &strandv1.SealRequest{
 		Stream:       snap.stream,
 		FenceEpoch:   rec.FenceEpoch,
 		TransitionId: rec.TransitionID,
 		Incarnation:  snap.assignment.Incarnation,
-	}))
+	})
 	if err != nil {
 		return sealResult{node: node, err: fmt.Errorf("worker: seal %s at %s: %w", node, addr, err)}
 	}
-	m := resp.Msg
 	if m.GetFenceEpoch() != rec.FenceEpoch {
 		return sealResult{node: node, err: fmt.Errorf("%w: %d, want %d", errWrongFence, m.GetFenceEpoch(), rec.FenceEpoch)}
 	}
