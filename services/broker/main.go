@@ -6,8 +6,6 @@ import (
 	"context"
 	"flag"
 	"fmt"
-	"net/http"
-	_ "net/http/pprof"
 	"os"
 	"os/signal"
 	"runtime/debug"
@@ -16,6 +14,7 @@ import (
 
 	"github.com/strandhq/strand/internal/auth"
 	"github.com/strandhq/strand/internal/cluster"
+	"github.com/strandhq/strand/internal/debugserver"
 	"github.com/strandhq/strand/internal/rpcserver"
 	"github.com/strandhq/strand/services/broker/app"
 	"github.com/strandhq/strand/services/broker/internal/api"
@@ -63,13 +62,9 @@ func main() {
 	cfg.Auth.Enabled = !cfg.TLS.Insecure
 	cfg.PeerToken = rpcserver.PeerToken()
 	cfg.PeerTokensAccepted = rpcserver.PeerTokensAccepted()
-	if *debugAddr != "" {
-		go func() {
-			// DefaultServeMux carries the pprof handlers (blank import).
-			if err := http.ListenAndServe(*debugAddr, nil); err != nil {
-				fmt.Fprintln(os.Stderr, "strand-broker: debug server:", err)
-			}
-		}()
+	if err := debugserver.Listen(*debugAddr); err != nil {
+		fmt.Fprintln(os.Stderr, "strand-broker:", err)
+		os.Exit(2)
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()

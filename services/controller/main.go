@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/strandhq/strand/internal/cluster"
+	"github.com/strandhq/strand/internal/debugserver"
 	"github.com/strandhq/strand/internal/rpcserver"
 	"github.com/strandhq/strand/services/controller/app"
 )
@@ -39,6 +40,7 @@ func run(args []string) error {
 	fs.DurationVar(&cfg.OwnerProbeGrace, "owner-probe-grace", 300*time.Millisecond, "how long the probe of a suspected owner may take")
 	fs.DurationVar(&cfg.ReplaceAfter, "replace-after", 10*time.Minute, "how long a stream's copy may be missing (its broker not live) before the controller replaces it on another broker; a stream that cannot confirm without it is replaced at once")
 	fs.StringVar(&cfg.LogLevel, "log-level", "info", "debug, info, warn or error")
+	debugAddr := fs.String("debug-addr", "", "serve net/http/pprof here (off when empty)")
 	cfg.HTTPLimits.RegisterFlags(fs)
 	fs.Float64Var(&cfg.RebalanceRate, "rebalance-rate", 2, "most handovers and copy replacements a second, for drains and for balancing owners")
 	fs.DurationVar(&cfg.RebalanceDelay, "rebalance-delay", time.Minute, "how long after the brokers last changed owners are balanced")
@@ -55,6 +57,9 @@ func run(args []string) error {
 		return err
 	}
 	cfg.DefaultPolicy = p
+	if err := debugserver.Listen(*debugAddr); err != nil {
+		return err
+	}
 	// Secure by default (docs/operating.md, "Security"): TLS and
 	// authentication go together, and --insecure turns both off.
 	cfg.Auth.Enabled = !cfg.TLS.Insecure

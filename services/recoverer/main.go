@@ -14,6 +14,7 @@ import (
 	"syscall"
 
 	"github.com/strandhq/strand/internal/cluster"
+	"github.com/strandhq/strand/internal/debugserver"
 	"github.com/strandhq/strand/internal/rpcserver"
 	"github.com/strandhq/strand/services/recoverer/app"
 )
@@ -31,6 +32,7 @@ func main() {
 	flag.DurationVar(&cfg.SealTimeout, "seal-timeout", app.DefaultSealTimeout, "how long a round of seals waits for copies to answer")
 	flag.IntVar(&cfg.MaxInFlight, "max-in-flight", app.DefaultMaxInFlight, "pending recoveries sealed and committed at once")
 	flag.StringVar(&cfg.LogLevel, "log-level", "info", "log level: debug, info, warn or error")
+	debugAddr := flag.String("debug-addr", "", "serve net/http/pprof here (off when empty)")
 	cfg.HTTPLimits.RegisterFlags(flag.CommandLine)
 	cfg.TLS.Flags(flag.CommandLine)
 	flag.Parse()
@@ -41,6 +43,10 @@ func main() {
 	}
 
 	cfg.PeerToken = rpcserver.PeerToken()
+	if err := debugserver.Listen(*debugAddr); err != nil {
+		fmt.Fprintln(os.Stderr, "strand-recoverer:", err)
+		os.Exit(2)
+	}
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
