@@ -51,16 +51,20 @@ brokers=127.0.0.1:$((PORT_BASE + 11)),127.0.0.1:$((PORT_BASE + 12)),127.0.0.1:$(
 bench=$!
 
 samples=$dir/samples.tsv
-printf 'secs\tetcd_db_bytes\tbroker_rss_kib\n' >"$samples"
+printf 'secs\tetcd_db_bytes\tbroker_rss_kib\tetcd_db_in_use_bytes\n' >"$samples"
 start=$(date +%s)
 while kill -0 $bench 2>/dev/null; do
-	db=$($GO tool etcdctl --endpoints "$etcd" endpoint status -w fields 2>/dev/null | awk -F: '/"DBSize"/ {gsub(/[ ,]/, "", $2); print $2}')
+	status=$($GO tool etcdctl --endpoints "$etcd" endpoint status -w fields 2>/dev/null || true)
+	db=$(echo "$status" | awk -F: '/"DBSize"/ {gsub(/[ ,]/, "", $2); print $2}')
+	# In use: what the live keys and their kept history take. The file
+	# (DBSize) only ever grows until a defragmentation (docs/etcd.md).
+	inuse=$(echo "$status" | awk -F: '/"DBSizeInUse"/ {gsub(/[ ,]/, "", $2); print $2}')
 	rss=0
 	for pid in $(pgrep -f "strand-broker.*$dir" || true); do
 		kib=$(awk '/^VmRSS:/ {print $2}' "/proc/$pid/status" 2>/dev/null || echo 0)
 		rss=$((rss + ${kib:-0}))
 	done
-	printf '%s\t%s\t%s\n' $(($(date +%s) - start)) "${db:-0}" "$rss" >>"$samples"
+	printf '%s\t%s\t%s\t%s\n' $(($(date +%s) - start)) "${db:-0}" "$rss" "${inuse:-0}" >>"$samples"
 	# Sleep in one-second steps so the loop ends soon after the bench.
 	for _ in $(seq 1 "$EVERY"); do kill -0 $bench 2>/dev/null || break; sleep 1; done
 done
@@ -68,11 +72,12 @@ wait $bench || { echo "soak: bench failed"; tail -20 "$dir/bench.log"; exit 1; }
 
 cat "$samples"
 awk -v after="$FLAT_AFTER" 'NR > 1 {
-	if (!base && $1 >= after) { db0 = $2; rss0 = $3; base = 1 }
-	db1 = $2; rss1 = $3
+	if (!base && $1 >= after) { db0 = $2; rss0 = $3; use0 = $4; base = 1 }
+	db1 = $2; rss1 = $3; use1 = $4
 } END {
 	if (!base) { print "soak: no sample after the warm-up; run longer than FLAT_AFTER"; exit 1 }
 	printf "etcd_db_ratio %.2f (end %d / at warm-up %d bytes)\n", db1 / db0, db1, db0
+	if (use0 > 0) printf "etcd_db_in_use_ratio %.2f (end %d / at warm-up %d bytes)\n", use1 / use0, use1, use0
 	printf "broker_rss_ratio %.2f (end %d / at warm-up %d KiB)\n", rss1 / rss0, rss1, rss0
 }' "$samples"
 echo "bench result: $dir/bench.json"
