@@ -342,6 +342,13 @@ func (db *DB) Drop(name string) error {
 	if s, ok := db.streams.byName[name]; ok {
 		delete(db.streams.byName, name)
 		s.close()
+		// A new copy's first metadata may still be queued (loadStream
+		// does not wait for it): the drop reads what is stored, so it
+		// waits for everything queued before it, or that write would land
+		// after the drop and leave the dropped stream listed.
+		if err := db.do(context.Background(), &op{}); err != nil {
+			return fmt.Errorf("storage: drop %q: %w", name, err)
+		}
 	}
 	return db.drop(name)
 }

@@ -263,7 +263,13 @@ func (db *DB) loadStream(name string) (*Stream, error) {
 	s.durable.dSnap = &snapshot{}
 	if !found {
 		s.assigned.m = meta{}
-		if err := s.commitMeta(ctx, nil); err != nil {
+		// A new copy's first metadata is queued, not waited for: an empty
+		// copy lost to a crash is the same as none, and its assignment
+		// opens it again. Waiting here would hold the caller (the broker's
+		// assignment watch, taking in thousands of new streams) for one
+		// group commit per stream. Every later write of the stream is
+		// queued behind it, and Drop waits for it (DB.Drop).
+		if err := s.queueMeta(ctx); err != nil {
 			return nil, err
 		}
 		return s, nil
@@ -347,6 +353,19 @@ func (s *Stream) rebuildCursors(snap snapshot) error {
 // aborts with nothing changed.
 func (s *Stream) commitMeta(ctx context.Context, change func(m *meta) error) error {
 	return s.commitOp(ctx, change, nil)
+}
+
+// queueMeta queues the assigned metadata as it is and returns without
+// waiting for it to be durable: nobody waits on the op (op.done is nil).
+func (s *Stream) queueMeta(ctx context.Context) error {
+	s.assigned.mu.Lock()
+	defer s.assigned.mu.Unlock()
+	if s.assigned.closed {
+		return s.closedErr()
+	}
+	o := &op{s: s}
+	o.meta, o.version = s.assigned.snapshotMeta()
+	return s.enqueueLocked(ctx, o, s.assigned.m)
 }
 
 // commitOp is commitMeta with build, which may add entries and an apply
