@@ -61,7 +61,7 @@ func New(cfg Config) *Coord {
 		cfg.LeaseTTL = 3 * time.Second
 	}
 	c := &Coord{cfg: cfg, log: cfg.Logger, start: time.Now(), ready: make(chan struct{}), errc: make(chan error, 1)}
-	c.hb = newHeartbeats(cfg.Client, cfg.Schema, cfg.Node, cfg.Logger, cfg.Manager.Tails)
+	c.hb = newHeartbeats(cfg.Client, cfg.Schema, cfg.Node, cfg.Logger, cfg.Manager.AllTails())
 	return c
 }
 

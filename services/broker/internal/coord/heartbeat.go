@@ -3,6 +3,7 @@ package coord
 import (
 	"context"
 	"fmt"
+	"iter"
 	"sync/atomic"
 	"time"
 
@@ -64,7 +65,7 @@ type heartbeats struct {
 	schema cluster.Schema
 	node   string
 	log    zerolog.Logger
-	status func() map[string]cluster.CopyTails
+	status iter.Seq2[string, cluster.CopyTails]
 	// maxValue and maxTxn bound one shard's value and one transaction's
 	// values (cluster.MaxHeartbeatBytes, cluster.MaxHeartbeatTxnBytes),
 	// maxOps a transaction's puts (maxTxnOps).
@@ -89,7 +90,7 @@ type heartbeats struct {
 	omittedTotal atomic.Int64
 }
 
-func newHeartbeats(cli *clientv3.Client, schema cluster.Schema, node string, log zerolog.Logger, status func() map[string]cluster.CopyTails) *heartbeats {
+func newHeartbeats(cli *clientv3.Client, schema cluster.Schema, node string, log zerolog.Logger, status iter.Seq2[string, cluster.CopyTails]) *heartbeats {
 	return &heartbeats{cli: cli, schema: schema, node: node, log: log, status: status,
 		maxValue: cluster.MaxHeartbeatBytes, maxTxn: cluster.MaxHeartbeatTxnBytes, maxOps: maxTxnOps}
 }
@@ -116,7 +117,7 @@ func (h *heartbeats) publish(ctx context.Context, lease clientv3.LeaseID, mode p
 	for i := range cur {
 		cur[i] = map[string]cluster.CopyTails{}
 	}
-	for stream, t := range h.status() {
+	for stream, t := range h.status {
 		cur[cluster.HeartbeatShard(stream)][stream] = t
 	}
 	now := time.Now().UTC()

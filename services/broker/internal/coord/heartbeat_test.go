@@ -22,6 +22,14 @@ type statuses struct {
 	m  map[string]cluster.CopyTails
 }
 
+func (s *statuses) all(yield func(string, cluster.CopyTails) bool) {
+	for stream, t := range s.get() {
+		if !yield(stream, t) {
+			return
+		}
+	}
+}
+
 func (s *statuses) get() map[string]cluster.CopyTails {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -52,7 +60,7 @@ func newHBFixture(t *testing.T, n int) *hbFixture {
 	for i := range n {
 		st.m[fmt.Sprintf("s%04d", i)] = cluster.CopyTails{Epoch: 1, Role: cluster.RoleFollower, RecordTail: uint64(i)}
 	}
-	f := &hbFixture{t: t, cli: cli, st: st, hb: newHeartbeats(cli, cluster.NewSchema(""), "b1", zerolog.Nop(), st.get)}
+	f := &hbFixture{t: t, cli: cli, st: st, hb: newHeartbeats(cli, cluster.NewSchema(""), "b1", zerolog.Nop(), st.all)}
 	f.lease = f.grant()
 	return f
 }

@@ -549,7 +549,7 @@ func (c *Copy) setFollowerWatermark(wm uint64) {
 }
 
 func (c *Copy) tails() (cluster.CopyTails, bool) {
-	s := c.st.State()
+	s := c.st.Status()
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	role := c.role

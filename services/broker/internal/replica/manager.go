@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"iter"
 	"maps"
 	"slices"
 	"sync"
@@ -415,18 +416,24 @@ func (m *Manager) heartbeatNow(takenIn string) {
 	}
 }
 
-// Tails reports every copy for the heartbeat.
+// Tails reports every copy's status, by stream.
 func (m *Manager) Tails() map[string]cluster.CopyTails {
-	m.mu.RLock()
-	copies := slices.Collect(maps.Values(m.copies))
-	m.mu.RUnlock()
-	out := make(map[string]cluster.CopyTails, len(copies))
-	for _, c := range copies {
-		if t, ok := c.tails(); ok {
-			out[c.name] = t
+	return maps.Collect(m.AllTails())
+}
+
+// AllTails yields every copy's status for the heartbeat, which files each
+// in its shard as it comes: no map of every copy is built per interval.
+func (m *Manager) AllTails() iter.Seq2[string, cluster.CopyTails] {
+	return func(yield func(string, cluster.CopyTails) bool) {
+		m.mu.RLock()
+		copies := slices.Collect(maps.Values(m.copies))
+		m.mu.RUnlock()
+		for _, c := range copies {
+			if t, ok := c.tails(); ok && !yield(c.name, t) {
+				return
+			}
 		}
 	}
-	return out
 }
 
 func (m *Manager) retentionLoop() {
