@@ -24,7 +24,6 @@ import (
 	"github.com/strandhq/strand/internal/rpcerr"
 	"github.com/strandhq/strand/services/controller/internal/attention"
 	"github.com/strandhq/strand/services/controller/internal/leader"
-	"github.com/strandhq/strand/services/controller/internal/placement"
 	"github.com/strandhq/strand/services/controller/internal/rebalance"
 	"github.com/strandhq/strand/services/controller/internal/state"
 	"github.com/strandhq/strand/services/controller/internal/transition"
@@ -208,7 +207,7 @@ func (s *Service) CreateStream(ctx context.Context, req *connect.Request[strandv
 		if copies > len(live) {
 			return nil, rpcerr.FieldPrecondition("copies", rpcerr.PreconditionPlacement, "%d copies need %d live brokers, %d are live", copies, copies, len(live))
 		}
-		owner, followers, err := placement.Place(s.loads.of(snap), copies)
+		owner, followers, placed, err := s.loads.place(snap, copies)
 		if err != nil {
 			return nil, rpcerr.FieldPrecondition("copies", rpcerr.PreconditionPlacement, "%v", err)
 		}
@@ -234,9 +233,16 @@ func (s *Service) CreateStream(ctx context.Context, req *connect.Request[strandv
 			clientv3.OpDelete(s.schema.RefusalsKey(name)),
 		}, nil)
 		if err != nil {
+			// The outcome is unknown: if it committed, the snapshot that
+			// holds it counts it from then on.
+			placed(0)
 			return nil, s.toConnect(err)
 		}
+		if !resp.Succeeded {
+			placed(0)
+		}
 		if resp.Succeeded {
+			placed(resp.Header.Revision)
 			s.log.Info().Str(logging.Stream, name).Str(logging.Owner, owner).Strs(logging.Followers, followers).
 				Str(logging.Policy, policy.String()).Msg("stream created")
 			return connect.NewResponse(&strandv1.CreateStreamResponse{Spec: specToProto(spec), Assignment: assignmentToProto(asg)}), nil

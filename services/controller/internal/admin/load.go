@@ -22,6 +22,51 @@ type loads struct {
 	// and owned are its counts, owned by loads alone.
 	base          *state.Snapshot
 	copies, owned map[string]int
+	// placed are the placements creations chose that base does not hold
+	// yet, counted on top of it: concurrent creations would otherwise all
+	// see the same counts and put their owners on the same broker, and the
+	// owner balancing would then hand streams over a minute later, on a
+	// cluster with nothing to do (docs/operating.md, "Balanced owners").
+	placed map[*placed]struct{}
+}
+
+// placed is one creation's placement, counted until a snapshot holds it.
+type placed struct {
+	owner     string
+	followers []string
+	// committed is the revision of the creation's transaction (0 until
+	// it committed).
+	committed int64
+}
+
+// place chooses a new stream's owner and followers (placement.Place) on
+// snap's load with the placements of creations still in flight counted,
+// and counts this one too until done is called, all under one lock so two
+// creations never choose on the same counts. done takes the revision the
+// creation committed at: the placement is then counted until a snapshot
+// at or past it holds it (or its deletion); 0 (the transaction failed or
+// lost its compare) forgets it at once.
+func (l *loads) place(snap *state.Snapshot, copies int) (owner string, followers []string, done func(committed int64), err error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	owner, followers, err = placement.Place(l.ofLocked(snap), copies)
+	if err != nil {
+		return "", nil, nil, err
+	}
+	p := &placed{owner: owner, followers: followers}
+	if l.placed == nil {
+		l.placed = map[*placed]struct{}{}
+	}
+	l.placed[p] = struct{}{}
+	return owner, followers, func(committed int64) {
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		if committed == 0 || l.base.Rev >= committed {
+			delete(l.placed, p)
+			return
+		}
+		p.committed = committed
+	}, nil
 }
 
 // of returns a placement load for snap: exactly transition.LoadOf(snap) for
@@ -33,6 +78,12 @@ type loads struct {
 func (l *loads) of(snap *state.Snapshot) placement.Load {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	return l.ofLocked(snap)
+}
+
+// ofLocked is of with l.mu held, with the placements of creations in
+// flight (place) counted on top.
+func (l *loads) ofLocked(snap *state.Snapshot) placement.Load {
 	switch {
 	case l.base == nil:
 		l.count(snap)
@@ -41,7 +92,15 @@ func (l *loads) of(snap *state.Snapshot) placement.Load {
 			l.count(snap)
 		}
 	}
-	return placement.Load{Live: snap.LiveBrokers(), Copies: maps.Clone(l.copies), Owned: maps.Clone(l.owned), Zone: snap.Zones(), Draining: transition.DrainingOf(snap)}
+	copies, owned := maps.Clone(l.copies), maps.Clone(l.owned)
+	for p := range l.placed {
+		if p.committed != 0 && l.base.Rev >= p.committed {
+			delete(l.placed, p) // the snapshot holds it now
+			continue
+		}
+		tally(copies, owned, cluster.Assignment{Owner: p.owner, Followers: p.followers}, 1)
+	}
+	return placement.Load{Live: snap.LiveBrokers(), Copies: copies, Owned: owned, Zone: snap.Zones(), Draining: transition.DrainingOf(snap)}
 }
 
 // count counts snap whole.

@@ -2,6 +2,7 @@ package admin
 
 import (
 	"context"
+	"fmt"
 	"maps"
 	"slices"
 	"testing"
@@ -76,4 +77,34 @@ func TestLoadsFollowTheSnapshots(t *testing.T) {
 	snap := fresh()
 	l.of(snap).Copies["b1"] = 99
 	check("after a caller changed its load", snap)
+}
+
+// Concurrent creations each count the placements of the others still in
+// flight: owners come out even (within one of each other), so the owner
+// balancing finds nothing to hand over on a cluster just filled with
+// streams. Counted on the snapshots alone, creations that read the same
+// counts put their owners on the same broker.
+func TestConcurrentCreationsSpreadOwnersEvenly(t *testing.T) {
+	const n = 600
+	f := startFlood(t, Config{}, "b1", "b2", "b3")
+	names := make([]string, n)
+	for i := range names {
+		names[i] = fmt.Sprintf("even-%04d", i)
+	}
+	for name, err := range createAll(context.Background(), f.admin, names, 3, 64) {
+		if err != nil {
+			t.Fatalf("create %s: %v", name, err)
+		}
+	}
+	owned := map[string]int{}
+	for _, a := range f.stored(t) {
+		owned[a.Owner]++
+	}
+	lo, hi := n, 0
+	for _, b := range f.live {
+		lo, hi = min(lo, owned[b]), max(hi, owned[b])
+	}
+	if hi-lo > 1 {
+		t.Fatalf("owners %v: %d apart, want within one", owned, hi-lo)
+	}
 }
