@@ -115,7 +115,9 @@ func (h *heartbeats) publish(ctx context.Context, lease clientv3.LeaseID, mode p
 	}
 	var cur [cluster.HeartbeatShards]map[string]cluster.CopyTails
 	for i := range cur {
-		cur[i] = map[string]cluster.CopyTails{}
+		// Sized as the last pass found the shard: grown from empty, the
+		// maps of 10,000 copies were half of what an idle broker allocated.
+		cur[i] = make(map[string]cluster.CopyTails, max(len(h.seen[i]), len(h.published[i])))
 	}
 	for stream, t := range h.status {
 		cur[cluster.HeartbeatShard(stream)][stream] = t
