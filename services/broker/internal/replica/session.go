@@ -130,16 +130,6 @@ func (sub *followSub) setSink(sink *followSink) {
 	sub.sinkMu.Unlock()
 }
 
-// setWatermark lends the session a sink that only applies watermark-only
-// batches (tests).
-func (sub *followSub) setWatermark(fn func(epoch, wm uint64) bool) {
-	if fn == nil {
-		sub.setSink(nil)
-		return
-	}
-	sub.setSink(&followSink{watermark: fn})
-}
-
 // watermarkOnly reports that b carries nothing to store: no records, no
 // cursor events or snapshot, no head.
 func watermarkOnly(b *strandv1.FollowBatch) bool {

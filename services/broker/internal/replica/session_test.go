@@ -16,6 +16,16 @@ import (
 	"github.com/strandhq/strand/services/broker/internal/storage"
 )
 
+// setWatermark lends the session a sink that only applies watermark-only
+// batches (the follow of a test that stores nothing).
+func (sub *followSub) setWatermark(fn func(epoch, wm uint64) bool) {
+	if fn == nil {
+		sub.setSink(nil)
+		return
+	}
+	sub.setSink(&followSink{watermark: fn})
+}
+
 // One response of the owner mixes follows: the receiver applies a
 // watermark-only batch itself for a follow that took its first batch and
 // has nothing queued, hands it to the follow's goroutine when the follow
