@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/strandhq/strand/internal/cluster"
@@ -68,6 +69,9 @@ type Copy struct {
 	// ended (handover.go).
 	pause *handoverPause
 	gate  sync.RWMutex
+	// followQueued says a follow queued a batch for storage since the
+	// last sync before a follow started (followOnce).
+	followQueued atomic.Bool
 }
 
 func newCopy(m *Manager, name string, st *storage.Stream) *Copy {

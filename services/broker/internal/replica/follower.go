@@ -87,8 +87,15 @@ func (c *Copy) followOnce(ctx context.Context, owner string, epoch uint64) error
 	// stops waiting when the follow ends, the writes go on). Starting from
 	// the durable tails before they land would send the owner a tail below
 	// what storage has taken, and its first batch would not line up.
-	if err := c.st.Sync(ctx); err != nil {
-		return localErr(err)
+	// Only a copy that queued a batch since its last sync waits: after a
+	// mass failover thousands of followers retry an owner that is gone,
+	// and a sync per attempt would load the committer that the seals and
+	// the new roles wait on.
+	if c.followQueued.Swap(false) {
+		if err := c.st.Sync(ctx); err != nil {
+			c.followQueued.Store(true)
+			return localErr(err)
+		}
 	}
 	sess, err := c.m.followSession(owner)
 	if err != nil {
@@ -267,6 +274,8 @@ func decodeBatch(b *strandv1.FollowBatch) ([]storage.Record, []storage.CursorEve
 // mismatch (runFollower stops on it), anything else as this copy's own
 // failure. queued is set once anything was queued.
 func (c *Copy) enqueueBatch(ctx context.Context, recs []storage.Record, evs []storage.CursorEvent, queued *atomic.Bool) (storage.Pending, error) {
+	// Set before: a batch refused part way may have queued writes.
+	c.followQueued.Store(true)
 	p, err := c.st.EnqueueReplicated(ctx, recs, evs)
 	if err != nil {
 		if errors.Is(err, storage.ErrChainMismatch) {
