@@ -1,0 +1,182 @@
+package coord
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"reflect"
+	"strings"
+	"sync"
+	"testing"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/strandhq/strand/internal/cluster"
+	"github.com/strandhq/strand/internal/etcdtest"
+)
+
+// historyAlone is what the broker's History read before it was gathered:
+// one linearizable Get of the stream's key.
+func historyAlone(ctx context.Context, cli *clientv3.Client, schema cluster.Schema, stream string) (cluster.HistoryStarts, error) {
+	resp, err := cli.Get(ctx, schema.HistoryKey(stream))
+	if err != nil {
+		return nil, err
+	}
+	if len(resp.Kvs) == 0 {
+		return nil, nil
+	}
+	return cluster.Decode[cluster.HistoryStarts](resp.Kvs[0].Value)
+}
+
+// storeHistories stores n streams' history starts: every fifth missing,
+// every eleventh unreadable, the rest with stream-specific starts.
+func storeHistories(t *testing.T, cli *clientv3.Client, schema cluster.Schema, n int) []string {
+	t.Helper()
+	var streams []string
+	for i := range n {
+		s := fmt.Sprintf("h%03d", i)
+		streams = append(streams, s)
+		var v string
+		switch {
+		case i%5 == 0:
+			continue
+		case i%11 == 0:
+			v = "{not json"
+		default:
+			v = cluster.Encode(cluster.HistoryStarts{{Epoch: 1, Node: "b1"}, {Epoch: uint64(i + 2), RecordTail: uint64(i), Node: "b2"}})
+		}
+		if _, err := cli.Put(context.Background(), schema.HistoryKey(s), v); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return streams
+}
+
+// Many concurrent History calls, more than a batch, some for the same
+// stream, each get what the stream's own Get gives: a missing key an
+// empty list, an unreadable value an error for that stream alone.
+func TestHistoryGatheredAnswersAsEachGet(t *testing.T) {
+	e := etcdtest.Start(t)
+	cli := e.Client(t)
+	schema := cluster.NewSchema("/x")
+	r := newHistoryReader(cli, schema)
+	streams := storeHistories(t, cli, schema, 3*maxHistoryBatch+7)
+	asks := append(append([]string(nil), streams...), streams[:40]...) // some twice, maybe in one batch
+	type answer struct {
+		h   cluster.HistoryStarts
+		err error
+	}
+	answers := make([]answer, len(asks))
+	var wg sync.WaitGroup
+	for i, s := range asks {
+		wg.Go(func() {
+			h, err := r.read(context.Background(), s)
+			answers[i] = answer{h, err}
+		})
+	}
+	wg.Wait()
+	for i, s := range asks {
+		want, wantErr := historyAlone(context.Background(), cli, schema, s)
+		got := answers[i]
+		if wantErr != nil {
+			if !errors.Is(got.err, cluster.ErrCorrupt) || !strings.Contains(got.err.Error(), s) {
+				t.Fatalf("%s: err %v, want ErrCorrupt naming the stream (its Get: %v)", s, got.err, wantErr)
+			}
+			continue
+		}
+		if got.err != nil || !reflect.DeepEqual(got.h, want) {
+			t.Fatalf("%s: %v, %v; its Get: %v", s, got.h, got.err, want)
+		}
+	}
+}
+
+// Each History call sees every write made before it began, although
+// other calls' reads are in flight when it is asked: the gatherer never
+// answers it from a read sent before its call.
+func TestHistoryReadsAfterItsCall(t *testing.T) {
+	e := etcdtest.Start(t)
+	cli := e.Client(t)
+	schema := cluster.NewSchema("")
+	r := newHistoryReader(cli, schema)
+	const writers, rounds = 16, 30
+	var wg sync.WaitGroup
+	errs := make(chan error, writers)
+	for w := range writers {
+		s := fmt.Sprintf("w%02d", w)
+		wg.Go(func() {
+			for i := range rounds {
+				want := cluster.HistoryStarts{{Epoch: uint64(i + 1), RecordTail: uint64(w), Node: s}}
+				if _, err := cli.Put(context.Background(), schema.HistoryKey(s), cluster.Encode(want)); err != nil {
+					errs <- err
+					return
+				}
+				got, err := r.read(context.Background(), s)
+				if err != nil || !reflect.DeepEqual(got, want) {
+					errs <- fmt.Errorf("%s round %d: read %v, %v after writing %v", s, i, got, err, want)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+}
+
+// A caller whose ctx has ended gets its error; the others of its batch
+// are answered.
+func TestHistoryCallerThatLeaves(t *testing.T) {
+	e := etcdtest.Start(t)
+	cli := e.Client(t)
+	schema := cluster.NewSchema("")
+	r := newHistoryReader(cli, schema)
+	streams := storeHistories(t, cli, schema, 2*maxHistoryBatch)
+	cancelled, cancel := context.WithCancel(context.Background())
+	cancel()
+	errs := make([]error, len(streams))
+	var wg sync.WaitGroup
+	for i, s := range streams {
+		ctx := context.Background()
+		if i%3 == 1 {
+			ctx = cancelled
+		}
+		wg.Go(func() { _, errs[i] = r.read(ctx, s) })
+	}
+	wg.Wait()
+	for i, s := range streams {
+		switch {
+		case i%3 == 1:
+			if !errors.Is(errs[i], context.Canceled) {
+				t.Fatalf("%s: cancelled caller got %v", s, errs[i])
+			}
+		case i%11 == 0 && i%5 != 0:
+			if !errors.Is(errs[i], cluster.ErrCorrupt) {
+				t.Fatalf("%s: %v, want ErrCorrupt", s, errs[i])
+			}
+		case errs[i] != nil:
+			t.Fatalf("%s: %v", s, errs[i])
+		}
+	}
+}
+
+// A read of maxHistoryBatch streams is within etcd's --max-txn-ops; one
+// etcd refuses fails every stream of it with the error, none answered as
+// an empty list.
+func TestReadHistoriesFailedReadFailsEveryStream(t *testing.T) {
+	e := etcdtest.Start(t)
+	cli := e.Client(t)
+	schema := cluster.NewSchema("")
+	streams := storeHistories(t, cli, schema, 129)
+	for i, r := range readHistories(context.Background(), cli, schema, streams[:maxHistoryBatch]) {
+		if r.Err != nil && !errors.Is(r.Err, cluster.ErrCorrupt) {
+			t.Fatalf("%s: %v", streams[i], r.Err)
+		}
+	}
+	for i, r := range readHistories(context.Background(), cli, schema, streams) {
+		if r.Err == nil || !strings.Contains(r.Err.Error(), "too many operations") || r.Value != nil {
+			t.Fatalf("%s: %v, %v, want etcd's too many operations", streams[i], r.Value, r.Err)
+		}
+	}
+}
