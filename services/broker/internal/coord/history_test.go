@@ -95,32 +95,43 @@ func TestHistoryGatheredAnswersAsEachGet(t *testing.T) {
 }
 
 // Each History call sees every write made before it began, although
-// other calls' reads are in flight when it is asked: the gatherer never
-// answers it from a read sent before its call.
+// other calls' reads, of its stream too, are in flight when it is asked:
+// the gatherer never answers it from a read sent before its call. Several
+// callers per stream each write the stream's next epoch (writes of one
+// stream in order) and then read: the read must show that epoch or a
+// later one.
 func TestHistoryReadsAfterItsCall(t *testing.T) {
 	e := etcdtest.Start(t)
 	cli := e.Client(t)
 	schema := cluster.NewSchema("")
 	r := newHistoryReader(cli, schema)
-	const writers, rounds = 16, 30
+	const streams, perStream, rounds = 8, 4, 20
 	var wg sync.WaitGroup
-	errs := make(chan error, writers)
-	for w := range writers {
-		s := fmt.Sprintf("w%02d", w)
-		wg.Go(func() {
-			for i := range rounds {
-				want := cluster.HistoryStarts{{Epoch: uint64(i + 1), RecordTail: uint64(w), Node: s}}
-				if _, err := cli.Put(context.Background(), schema.HistoryKey(s), cluster.Encode(want)); err != nil {
-					errs <- err
-					return
+	errs := make(chan error, streams*perStream)
+	for i := range streams {
+		s := fmt.Sprintf("w%02d", i)
+		var mu sync.Mutex
+		var epoch uint64
+		for range perStream {
+			wg.Go(func() {
+				for range rounds {
+					mu.Lock()
+					epoch++
+					wrote := epoch
+					_, err := cli.Put(context.Background(), schema.HistoryKey(s), cluster.Encode(cluster.HistoryStarts{{Epoch: wrote, Node: s}}))
+					mu.Unlock()
+					if err != nil {
+						errs <- err
+						return
+					}
+					got, err := r.read(context.Background(), s)
+					if err != nil || len(got) != 1 || got[0].Epoch < wrote {
+						errs <- fmt.Errorf("%s: read %v, %v after writing epoch %d", s, got, err, wrote)
+						return
+					}
 				}
-				got, err := r.read(context.Background(), s)
-				if err != nil || !reflect.DeepEqual(got, want) {
-					errs <- fmt.Errorf("%s round %d: read %v, %v after writing %v", s, i, got, err, want)
-					return
-				}
-			}
-		})
+			})
+		}
 	}
 	wg.Wait()
 	close(errs)
