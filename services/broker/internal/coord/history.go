@@ -63,7 +63,7 @@ func readHistories(ctx context.Context, cli *clientv3.Client, schema cluster.Sch
 	}
 	if err != nil {
 		for i, s := range streams {
-			out[i].Err = fmt.Errorf("coord: history starts of %s (read with %d streams): %w", s, len(streams), err)
+			out[i].Err = fmt.Errorf("coord: history starts of %s: %w", s, err)
 		}
 		return out
 	}

@@ -61,8 +61,10 @@ func readSnapshots(ctx context.Context, cli *clientv3.Client, schema cluster.Sch
 		err = fmt.Errorf("%d responses for %d gets", len(resp.Responses), len(ops))
 	}
 	if err != nil {
+		// The text is the stream's read alone would give, whatever the
+		// batch: an attempt logs a wait again only when its text changes.
 		for i, s := range streams {
-			out[i].Err = fmt.Errorf("worker: read %s (with %d streams): %w", s, len(streams), err)
+			out[i].Err = fmt.Errorf("worker: read %s: %w", s, err)
 		}
 		return out
 	}
