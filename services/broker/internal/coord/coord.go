@@ -49,7 +49,8 @@ type Coord struct {
 	ready   chan struct{}
 	errc    chan error
 
-	hb *heartbeats
+	hb      *heartbeats
+	history *historyReader
 }
 
 // New returns a Coord; Run starts it.
@@ -62,6 +63,7 @@ func New(cfg Config) *Coord {
 	}
 	c := &Coord{cfg: cfg, log: cfg.Logger, start: time.Now(), ready: make(chan struct{}), errc: make(chan error, 1)}
 	c.hb = newHeartbeats(cfg.Client, cfg.Schema, cfg.Node, cfg.Logger, cfg.Manager.AllTails())
+	c.history = newHistoryReader(cfg.Client, cfg.Schema)
 	return c
 }
 
@@ -83,16 +85,11 @@ func (c *Coord) Ready() <-chan struct{} { return c.ready }
 
 // History reads a stream's history starts. A missing key is an empty list;
 // an unreadable one is an error, so the caller withholds the assignment
-// (docs/protocol.md, "Copies with a longer tail").
+// (docs/protocol.md, "Copies with a longer tail"). Reads asked for
+// together share a transaction (historyReader); each is still a
+// linearizable read made after its call began.
 func (c *Coord) History(ctx context.Context, stream string) (cluster.HistoryStarts, error) {
-	resp, err := c.cfg.Client.Get(ctx, c.cfg.Schema.HistoryKey(stream))
-	if err != nil {
-		return nil, err
-	}
-	if len(resp.Kvs) == 0 {
-		return nil, nil
-	}
-	return cluster.Decode[cluster.HistoryStarts](resp.Kvs[0].Value)
+	return c.history.read(ctx, stream)
 }
 
 // ReadStream reads a stream's assignment and pending recovery in one

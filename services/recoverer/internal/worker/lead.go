@@ -10,6 +10,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/strandhq/strand/internal/cluster"
+	"github.com/strandhq/strand/internal/gather"
 	"github.com/strandhq/strand/internal/logging"
 )
 
@@ -30,6 +31,9 @@ type term struct {
 	// commits carries the promotions the attempts decided to the term's
 	// committer (runCommits), which writes them in batches.
 	commits chan commitReq
+	// reads gathers the snapshot reads of the attempts in flight into
+	// read-only transactions of many streams (snapshots.go).
+	reads *gather.Gatherer[string, snapshot]
 
 	mu    sync.Mutex
 	tasks map[string]*task
@@ -48,9 +52,12 @@ type term struct {
 // task, since a copy that was missing may now answer its seal.
 func (w *Worker) lead(ctx context.Context, leader Leader) error {
 	ctx, depose := context.WithCancelCause(ctx)
-	t := &term{w: w, leader: leader, ctx: ctx, depose: depose, tasks: map[string]*task{}, slots: make(chan struct{}, w.cfg.MaxInFlight), commits: make(chan commitReq)}
-	// Every task and watch stops before the term ends: nothing of a term
-	// runs on into the next one.
+	t := &term{w: w, leader: leader, ctx: ctx, depose: depose, tasks: map[string]*task{}, slots: make(chan struct{}, w.cfg.MaxInFlight), commits: make(chan commitReq),
+		reads: newSnapshotReader(w.cfg.Client, w.cfg.Schema)}
+	// Every task, watch and read stops before the term ends: nothing of a
+	// term runs on into the next one. The reads are waited for last, once
+	// no task is left to start one.
+	defer t.reads.Wait()
 	defer t.wg.Wait()
 	defer depose(nil)
 

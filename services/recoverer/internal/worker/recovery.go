@@ -112,8 +112,10 @@ func (s *taskState) noteWait(key string) bool {
 // attempt reads the stream's state at one revision, seals the old copies,
 // decides and, when it may promote, commits (docs/protocol.md, "Stream failover").
 func (t *term) attempt(k *task, st *taskState, bo *backoff) step {
-	cfg := t.w.cfg
-	snap, err := readSnapshot(t.ctx, cfg.Client, cfg.Schema, k.stream)
+	// The read is gathered with the other attempts' (snapshots.go) and
+	// sent after this call: it sees every write before the attempt began,
+	// as finish needs.
+	snap, err := t.reads.Do(t.ctx, k.stream)
 	if err != nil {
 		if t.ctx.Err() == nil && st.noteWait("read:"+err.Error()) {
 			k.log.Warn().Err(err).Msg("cannot read the recovery state; retrying")

@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 
+	"go.etcd.io/etcd/api/v3/etcdserverpb"
+	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/strandhq/strand/internal/cluster"
@@ -34,7 +36,8 @@ type snapshot struct {
 
 	// brokers maps registered node ids to their addresses. Addresses only
 	// say where to send seals, so they carry no safety weight, but reading
-	// them here costs nothing.
+	// them here costs nothing. Read only: the snapshots of one gathered
+	// read share it.
 	brokers map[string]string
 }
 
@@ -42,32 +45,54 @@ func (s snapshot) hasRecovery() bool   { return s.recoveryRev != 0 }
 func (s snapshot) hasAssignment() bool { return s.assignmentRev != 0 }
 
 // readSnapshot reads one stream's recovery state in a single transaction, so
-// every value is from the same revision.
+// every value is from the same revision. Attempts read through the term's
+// gatherer (readSnapshots); this is the read of one stream alone, which
+// the gathered read must answer exactly as (snapshot_test.go).
 func readSnapshot(ctx context.Context, cli *clientv3.Client, schema cluster.Schema, stream string) (snapshot, error) {
-	resp, err := cli.Txn(ctx).Then(
-		clientv3.OpGet(schema.AssignmentKey(stream)),
-		clientv3.OpGet(schema.RecoveryKey(stream)),
-		clientv3.OpGet(schema.HistoryKey(stream)),
-		clientv3.OpGet(schema.BrokersDir(), clientv3.WithPrefix()),
-		clientv3.OpGet(schema.RefusalsKey(stream)),
+	resp, err := cli.Txn(ctx).Then(append(snapshotOps(schema, stream),
+		clientv3.OpGet(schema.BrokersDir(), clientv3.WithPrefix()))...,
 	).Commit()
 	if err != nil {
 		return snapshot{}, fmt.Errorf("worker: read %s: %w", stream, err)
 	}
-	snap := snapshot{stream: stream, rev: resp.Header.Revision, brokers: map[string]string{}}
-	if kvs := resp.Responses[0].GetResponseRange().GetKvs(); len(kvs) == 1 {
+	brokers := brokersOf(schema, resp.Responses[snapshotOpsPerStream].GetResponseRange().GetKvs())
+	return snapshotOf(stream, resp.Header.Revision, brokers, resp.Responses[:snapshotOpsPerStream])
+}
+
+// snapshotOpsPerStream is how many gets snapshotOps makes.
+const snapshotOpsPerStream = 4
+
+// snapshotOps are the gets of one stream's own keys, in the order
+// snapshotOf decodes them: the assignment, the pending recovery, the
+// history starts and the seal refusals.
+func snapshotOps(schema cluster.Schema, stream string) []clientv3.Op {
+	return []clientv3.Op{
+		clientv3.OpGet(schema.AssignmentKey(stream)),
+		clientv3.OpGet(schema.RecoveryKey(stream)),
+		clientv3.OpGet(schema.HistoryKey(stream)),
+		clientv3.OpGet(schema.RefusalsKey(stream)),
+	}
+}
+
+// snapshotOf decodes the responses to snapshotOps(stream), read at rev. An
+// undecodable assignment, recovery or history starts fails this stream's
+// snapshot alone.
+func snapshotOf(stream string, rev int64, brokers map[string]string, resps []*etcdserverpb.ResponseOp) (snapshot, error) {
+	snap := snapshot{stream: stream, rev: rev, brokers: brokers}
+	var err error
+	if kvs := resps[0].GetResponseRange().GetKvs(); len(kvs) == 1 {
 		if snap.assignment, err = cluster.Decode[cluster.Assignment](kvs[0].Value); err != nil {
 			return snapshot{}, fmt.Errorf("worker: assignment of %s: %w", stream, err)
 		}
 		snap.assignmentRev = kvs[0].ModRevision
 	}
-	if kvs := resp.Responses[1].GetResponseRange().GetKvs(); len(kvs) == 1 {
+	if kvs := resps[1].GetResponseRange().GetKvs(); len(kvs) == 1 {
 		if snap.recovery, err = cluster.Decode[cluster.Recovery](kvs[0].Value); err != nil {
 			return snapshot{}, fmt.Errorf("worker: recovery of %s: %w", stream, err)
 		}
 		snap.recoveryRev = kvs[0].ModRevision
 	}
-	if kvs := resp.Responses[2].GetResponseRange().GetKvs(); len(kvs) == 1 {
+	if kvs := resps[2].GetResponseRange().GetKvs(); len(kvs) == 1 {
 		// An unreadable list withholds the commit: without it the confirmed
 		// prefix cannot be checked (docs/protocol.md, "Copies with a longer tail").
 		if snap.history, err = cluster.Decode[cluster.HistoryStarts](kvs[0].Value); err != nil {
@@ -75,7 +100,20 @@ func readSnapshot(ctx context.Context, cli *clientv3.Client, schema cluster.Sche
 		}
 		snap.historyRev = kvs[0].ModRevision
 	}
-	for _, kv := range resp.Responses[3].GetResponseRange().GetKvs() {
+	if kvs := resps[3].GetResponseRange().GetKvs(); len(kvs) == 1 {
+		snap.refusalsRev = kvs[0].ModRevision
+		if r, err := cluster.Decode[cluster.SealRefusals](kvs[0].Value); err == nil {
+			snap.refusals = r
+		}
+	}
+	return snap, nil
+}
+
+// brokersOf maps the registrations under the brokers prefix to their
+// addresses.
+func brokersOf(schema cluster.Schema, kvs []*mvccpb.KeyValue) map[string]string {
+	brokers := map[string]string{}
+	for _, kv := range kvs {
 		node, err := cluster.NameIn(schema.BrokersDir(), string(kv.Key))
 		if err != nil {
 			continue
@@ -85,13 +123,7 @@ func readSnapshot(ctx context.Context, cli *clientv3.Client, schema cluster.Sche
 			// A broker we cannot reach simply does not answer its seal.
 			continue
 		}
-		snap.brokers[node] = info.Address
+		brokers[node] = info.Address
 	}
-	if kvs := resp.Responses[4].GetResponseRange().GetKvs(); len(kvs) == 1 {
-		snap.refusalsRev = kvs[0].ModRevision
-		if r, err := cluster.Decode[cluster.SealRefusals](kvs[0].Value); err == nil {
-			snap.refusals = r
-		}
-	}
-	return snap, nil
+	return brokers
 }

@@ -1,0 +1,77 @@
+package worker
+
+import (
+	"context"
+	"fmt"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/strandhq/strand/internal/cluster"
+	"github.com/strandhq/strand/internal/gather"
+)
+
+// Bounds of one gathered snapshot read (docs/protocol.md, "Stream
+// failover").
+const (
+	// maxSnapshotBatch is the most streams one read carries. etcd refuses
+	// a transaction of more than --max-txn-ops (128 by default; docs/etcd.md
+	// says not to lower it) operations, read-only ones too: a stream's
+	// snapshot is four gets and the brokers prefix is one get for the
+	// whole batch, so 31 streams make 125. The request is keys only; the
+	// response holds each stream's four values (an assignment, a pending
+	// recovery and a refusal record of well under a KiB each, and the
+	// history starts at some 80 bytes an epoch) and the registrations
+	// once, so it stays under 1 MiB until the streams' history starts
+	// average some 400 epochs each: far below the client's receive limit
+	// (2 GiB, which we leave at its default), and no larger than what the
+	// streams' reads one at a time fetched together.
+	maxSnapshotBatch = (128 - 1) / snapshotOpsPerStream
+	// snapshotReadsInFlight bounds the gathered reads at once: attempts
+	// that read while they are all busy form the next reads, so a lone
+	// failover reads at once and a mass failover's 128 attempts in flight
+	// (DefaultMaxInFlight) read in a few transactions rather than one each.
+	snapshotReadsInFlight = 4
+)
+
+// newSnapshotReader is a term's gatherer of snapshot reads.
+func newSnapshotReader(cli *clientv3.Client, schema cluster.Schema) *gather.Gatherer[string, snapshot] {
+	return gather.New(maxSnapshotBatch, snapshotReadsInFlight, func(ctx context.Context, streams []string) []gather.Result[snapshot] {
+		return readSnapshots(ctx, cli, schema, streams)
+	})
+}
+
+// readSnapshots reads the recovery state of every stream of streams in one
+// read-only transaction: each stream's own keys, and the brokers prefix
+// once for all. Everything is read at the transaction's one revision, so
+// each stream's snapshot is of one revision, as the guarded commit's mod
+// revision compares need (docs/protocol.md, "The guarded commit", "The
+// confirmed prefix"), and each is the snapshot readSnapshot would have
+// read at that revision. A failed read fails every stream with its error,
+// never as "no recovery pending": the attempt waits and reads again. An
+// undecodable value fails its own stream only.
+func readSnapshots(ctx context.Context, cli *clientv3.Client, schema cluster.Schema, streams []string) []gather.Result[snapshot] {
+	out := make([]gather.Result[snapshot], len(streams))
+	ops := make([]clientv3.Op, 0, 1+snapshotOpsPerStream*len(streams))
+	ops = append(ops, clientv3.OpGet(schema.BrokersDir(), clientv3.WithPrefix()))
+	for _, s := range streams {
+		ops = append(ops, snapshotOps(schema, s)...)
+	}
+	resp, err := cli.Txn(ctx).Then(ops...).Commit()
+	if err == nil && len(resp.Responses) != len(ops) {
+		err = fmt.Errorf("%d responses for %d gets", len(resp.Responses), len(ops))
+	}
+	if err != nil {
+		// The text is the stream's read alone would give, whatever the
+		// batch: an attempt logs a wait again only when its text changes.
+		for i, s := range streams {
+			out[i].Err = fmt.Errorf("worker: read %s: %w", s, err)
+		}
+		return out
+	}
+	brokers := brokersOf(schema, resp.Responses[0].GetResponseRange().GetKvs())
+	for i, s := range streams {
+		lo := 1 + snapshotOpsPerStream*i
+		out[i].Value, out[i].Err = snapshotOf(s, resp.Header.Revision, brokers, resp.Responses[lo:lo+snapshotOpsPerStream])
+	}
+	return out
+}
