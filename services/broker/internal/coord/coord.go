@@ -62,7 +62,7 @@ func New(cfg Config) *Coord {
 		cfg.LeaseTTL = 3 * time.Second
 	}
 	c := &Coord{cfg: cfg, log: cfg.Logger, start: time.Now(), ready: make(chan struct{}), errc: make(chan error, 1)}
-	c.hb = newHeartbeats(cfg.Client, cfg.Schema, cfg.Node, cfg.Logger, cfg.Manager.AllTails())
+	c.hb = newHeartbeats(cfg.Client, cfg.Schema, cfg.Node, cfg.Logger, cfg.Manager.AllTails)
 	c.history = newHistoryReader(cfg.Client, cfg.Schema)
 	return c
 }
@@ -178,6 +178,7 @@ func (c *Coord) runSession(ctx context.Context, readyOnce *bool) error {
 	// with it (heartbeats.publish starts afresh on a lease it has not
 	// written under).
 	c.hb.tookIn(c.cfg.Manager.TakeTakenIn())
+	c.hb.signal(c.cfg.Manager.TakeSignalled())
 	if _, err := c.hb.publish(ctx, sess.Lease(), publishTails); err != nil {
 		return err
 	}
@@ -213,6 +214,7 @@ func (c *Coord) runSession(ctx context.Context, readyOnce *bool) error {
 	urgent := c.cfg.Manager.Urgent()
 	publish := func(mode publishMode) {
 		c.hb.tookIn(c.cfg.Manager.TakeTakenIn())
+		c.hb.signal(c.cfg.Manager.TakeSignalled())
 		pctx, cancel := context.WithTimeout(ctx, c.cfg.Heartbeat+time.Second)
 		defer cancel()
 		if _, err := c.hb.publish(pctx, sess.Lease(), mode); err != nil && ctx.Err() == nil {

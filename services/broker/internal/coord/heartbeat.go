@@ -65,7 +65,9 @@ type heartbeats struct {
 	schema cluster.Schema
 	node   string
 	log    zerolog.Logger
-	status iter.Seq2[string, cluster.CopyTails]
+	// status yields the status of every copy whose stream want accepts
+	// (nil: every copy).
+	status func(want func(stream string) bool) iter.Seq2[string, cluster.CopyTails]
 	// maxValue and maxTxn bound one shard's value and one transaction's
 	// values (cluster.MaxHeartbeatBytes, cluster.MaxHeartbeatTxnBytes),
 	// maxOps a transaction's puts (maxTxnOps).
@@ -82,6 +84,12 @@ type heartbeats struct {
 	// takenIn marks shards to write at the next pass even when their
 	// statuses read the same: a copy in them took in an assignment.
 	takenIn [cluster.HeartbeatShards]bool
+	// signalled marks shards where a copy signalled a change the
+	// controller acts on since they were last read: a prompt pass reads
+	// only those (and the ones takenIn or not yet written), so a mass
+	// failover's stream of signals does not re-read every copy of the
+	// broker each promptDelay.
+	signalled [cluster.HeartbeatShards]bool
 	omitted [cluster.HeartbeatShards]int
 
 	// Counters for metrics and tests.
@@ -90,7 +98,7 @@ type heartbeats struct {
 	omittedTotal atomic.Int64
 }
 
-func newHeartbeats(cli *clientv3.Client, schema cluster.Schema, node string, log zerolog.Logger, status iter.Seq2[string, cluster.CopyTails]) *heartbeats {
+func newHeartbeats(cli *clientv3.Client, schema cluster.Schema, node string, log zerolog.Logger, status func(want func(stream string) bool) iter.Seq2[string, cluster.CopyTails]) *heartbeats {
 	return &heartbeats{cli: cli, schema: schema, node: node, log: log, status: status,
 		maxValue: cluster.MaxHeartbeatBytes, maxTxn: cluster.MaxHeartbeatTxnBytes, maxOps: maxTxnOps}
 }
@@ -99,6 +107,13 @@ func newHeartbeats(cli *clientv3.Client, schema cluster.Schema, node string, log
 func (h *heartbeats) tookIn(streams []string) {
 	for _, s := range streams {
 		h.takenIn[cluster.HeartbeatShard(s)] = true
+	}
+}
+
+// signal marks the shards of streams whose copies signalled a change.
+func (h *heartbeats) signal(streams []string) {
+	for _, s := range streams {
+		h.signalled[cluster.HeartbeatShard(s)] = true
 	}
 }
 
@@ -113,13 +128,30 @@ func (h *heartbeats) publish(ctx context.Context, lease clientv3.LeaseID, mode p
 		h.written = [cluster.HeartbeatShards]bool{}
 		h.seen = [cluster.HeartbeatShards]map[string]cluster.CopyTails{}
 	}
+	// The shards this pass reads: a tails pass reads them all; a prompt
+	// pass only those where something it writes may have changed (a copy
+	// signalled, took in an assignment, or the shard is not written under
+	// this lease yet). A change whose signal a prompt pass misses is still
+	// written by the next tails pass, which compares every shard.
+	var read [cluster.HeartbeatShards]bool
+	all := mode == publishTails
+	for i := range read {
+		read[i] = all || !h.written[i] || h.takenIn[i] || h.signalled[i]
+	}
 	var cur [cluster.HeartbeatShards]map[string]cluster.CopyTails
 	for i := range cur {
-		// Sized as the last pass found the shard: grown from empty, the
-		// maps of 10,000 copies were half of what an idle broker allocated.
-		cur[i] = make(map[string]cluster.CopyTails, max(len(h.seen[i]), len(h.published[i])))
+		if read[i] {
+			// Sized as the last pass found the shard: grown from empty,
+			// the maps of 10,000 copies were half of what an idle broker
+			// allocated.
+			cur[i] = make(map[string]cluster.CopyTails, max(len(h.seen[i]), len(h.published[i])))
+		}
 	}
-	for stream, t := range h.status {
+	var want func(string) bool
+	if !all {
+		want = func(stream string) bool { return read[cluster.HeartbeatShard(stream)] }
+	}
+	for stream, t := range h.status(want) {
 		cur[cluster.HeartbeatShard(stream)][stream] = t
 	}
 	now := time.Now().UTC()
@@ -129,11 +161,15 @@ func (h *heartbeats) publish(ctx context.Context, lease clientv3.LeaseID, mode p
 	}
 	var batch []put
 	for i := range cur {
+		if !read[i] {
+			continue
+		}
 		seen := h.seen[i]
 		if mode == publishTails {
 			h.seen[i] = cur[i]
 		}
 		if h.written[i] && !h.takenIn[i] && !changed(h.published[i], seen, cur[i], mode) {
+			h.signalled[i] = false
 			continue
 		}
 		v, left := cluster.BoundHeartbeat(cluster.Heartbeat{Node: h.node, Shard: i, Time: now, Streams: cur[i]}, h.maxValue)
@@ -160,6 +196,7 @@ func (h *heartbeats) publish(ctx context.Context, lease clientv3.LeaseID, mode p
 			h.published[p.shard] = cur[p.shard]
 			h.written[p.shard] = true
 			h.takenIn[p.shard] = false
+			h.signalled[p.shard] = false
 		}
 		batch = batch[n:]
 	}

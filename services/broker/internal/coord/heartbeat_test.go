@@ -3,6 +3,7 @@ package coord
 import (
 	"context"
 	"fmt"
+	"iter"
 	"maps"
 	"sync"
 	"testing"
@@ -20,12 +21,22 @@ import (
 type statuses struct {
 	mu sync.Mutex
 	m  map[string]cluster.CopyTails
+	// read counts the statuses all yielded.
+	read int
 }
 
-func (s *statuses) all(yield func(string, cluster.CopyTails) bool) {
-	for stream, t := range s.get() {
-		if !yield(stream, t) {
-			return
+func (s *statuses) all(want func(string) bool) iter.Seq2[string, cluster.CopyTails] {
+	return func(yield func(string, cluster.CopyTails) bool) {
+		for stream, t := range s.get() {
+			if want != nil && !want(stream) {
+				continue
+			}
+			s.mu.Lock()
+			s.read++
+			s.mu.Unlock()
+			if !yield(stream, t) {
+				return
+			}
 		}
 	}
 }
@@ -190,6 +201,7 @@ func TestHeartbeatTailsWithinSlackWriteNothing(t *testing.T) {
 	// A role change (a small tail move with it) is written at once by a
 	// prompt pass, and carries the tails.
 	f.st.set("s0010", cluster.CopyTails{Epoch: 2, Role: cluster.RoleOwner, RecordTail: 10 + tailStep})
+	f.hb.signal([]string{"s0010"}) // as the copy does (Manager.heartbeatNow)
 	if txns, revs := f.publish(publishPrompt); txns != 1 || revs != 1 {
 		t.Fatalf("role change: %d transactions, revision moved %d; want 1 and 1", txns, revs)
 	}
@@ -245,6 +257,7 @@ func TestHeartbeatBatchesChangesIntoOneRevision(t *testing.T) {
 	f.publish(publishTails)
 	for name := range f.st.get() {
 		f.st.set(name, cluster.CopyTails{Epoch: 2, Role: cluster.RoleOwner})
+		f.hb.signal([]string{name})
 	}
 	if txns, revs := f.publish(publishPrompt); txns != 1 || revs != 1 {
 		t.Fatalf("300 role changes: %d transactions, revision moved %d; want 1 and 1", txns, revs)
@@ -418,4 +431,56 @@ func TestNewSessionRewritesEveryShard(t *testing.T) {
 		}
 		return fmt.Errorf("shards on leases %v (old %x); want all %d on one new lease", got, old, cluster.HeartbeatShards)
 	})
+}
+
+// A prompt pass reads only the shards where a copy signalled a change
+// (or took in an assignment): during a mass failover the signals come
+// every promptDelay, and re-reading every copy of the broker for each was
+// most of its heartbeat's work. A change that no signal named waits for
+// the next tails pass, which reads every shard.
+func TestPromptPassReadsOnlySignalledShards(t *testing.T) {
+	const n = 2000
+	f := newHBFixture(t, n)
+	f.publish(publishTails)
+	readBy := func(mode publishMode) (read, txns int) {
+		t.Helper()
+		f.st.mu.Lock()
+		f.st.read = 0
+		f.st.mu.Unlock()
+		txns, _ = f.publish(mode)
+		f.st.mu.Lock()
+		defer f.st.mu.Unlock()
+		return f.st.read, txns
+	}
+	inShard := 0
+	for name := range f.st.get() {
+		if cluster.HeartbeatShard(name) == cluster.HeartbeatShard("s0042") {
+			inShard++
+		}
+	}
+	f.st.set("s0042", cluster.CopyTails{Epoch: 2, Role: cluster.RoleOwner, RecordTail: 42})
+	f.hb.signal([]string{"s0042"})
+	if read, txns := readBy(publishPrompt); read != inShard || txns != 1 {
+		t.Fatalf("prompt pass after one signal read %d statuses and wrote %d transactions; want its shard's %d and 1", read, txns, inShard)
+	}
+	key := cluster.NewSchema("").HeartbeatKey("b1", cluster.HeartbeatShard("s0042"))
+	if got := f.shards()[key].hb.Streams["s0042"]; got.Epoch != 2 || got.Role != cluster.RoleOwner {
+		t.Fatalf("published %+v, want the owner at epoch 2", got)
+	}
+	if read, txns := readBy(publishPrompt); read != 0 || txns != 0 {
+		t.Fatalf("prompt pass with nothing signalled read %d statuses, wrote %d transactions; want none", read, txns)
+	}
+	// A change no signal named: the prompt pass misses it, the tails pass
+	// writes it.
+	f.st.set("s0077", cluster.CopyTails{Epoch: 2, Role: cluster.RoleOwner, RecordTail: 77})
+	if _, txns := readBy(publishPrompt); txns != 0 {
+		t.Fatalf("prompt pass wrote %d transactions for an unsignalled change", txns)
+	}
+	if read, txns := readBy(publishTails); read != n || txns != 1 {
+		t.Fatalf("tails pass read %d statuses, wrote %d transactions; want %d and 1", read, txns, n)
+	}
+	key = cluster.NewSchema("").HeartbeatKey("b1", cluster.HeartbeatShard("s0077"))
+	if got := f.shards()[key].hb.Streams["s0077"]; got.Epoch != 2 {
+		t.Fatalf("published %+v after the tails pass, want epoch 2", got)
+	}
 }

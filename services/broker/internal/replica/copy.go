@@ -142,7 +142,7 @@ func (c *Copy) reconcileLoop(ctx context.Context) {
 		c.orphanAsked, c.desiredSet = false, false
 		c.mu.Unlock()
 		if orphan && c.dropIfOrphan(ctx) {
-			c.m.heartbeatNow("")
+			c.m.heartbeatNow(c.name, false)
 			return
 		}
 		if orphan && !desiredSet && retry == 0 {
@@ -153,11 +153,7 @@ func (c *Copy) reconcileLoop(ctx context.Context) {
 		dropped, err := c.reconcile(ctx)
 		// The status may have changed (a role, an epoch, a cut, the copy
 		// gone); a copy that took the assignment in says so even if not.
-		taken := ""
-		if err == nil && !dropped {
-			taken = c.name
-		}
-		c.m.heartbeatNow(taken)
+		c.m.heartbeatNow(c.name, err == nil && !dropped)
 		if dropped {
 			return
 		}
@@ -521,7 +517,7 @@ func (c *Copy) signalRoleChangeLocked() {
 	c.roleChanged = make(chan struct{})
 	// A role change is what attention and recovery read (a seal ends the
 	// role too): published at once, not with the next tails.
-	c.m.heartbeatNow("")
+	c.m.heartbeatNow(c.name, false)
 }
 
 func (c *Copy) stop() {
@@ -632,7 +628,7 @@ func (c *Copy) setSuspect(owner string) {
 	c.suspect = owner
 	c.mu.Unlock()
 	if changed {
-		c.m.heartbeatNow("")
+		c.m.heartbeatNow(c.name, false)
 	}
 }
 
@@ -642,7 +638,7 @@ func (c *Copy) setChainMismatch() {
 	c.chainMismatch = true
 	c.mu.Unlock()
 	if changed {
-		c.m.heartbeatNow("")
+		c.m.heartbeatNow(c.name, false)
 	}
 }
 

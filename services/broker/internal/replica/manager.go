@@ -72,6 +72,9 @@ type Manager struct {
 	// assignment since coordination last asked (TakeTakenIn).
 	takenInMu sync.Mutex
 	takenIn   map[string]struct{}
+	// signalled (under takenInMu): streams whose copies signalled a
+	// change since coordination last asked (TakeSignalled).
+	signalled map[string]struct{}
 
 	// followMu guards sessions: this broker's Follow calls, one per owner
 	// broker it follows streams on (followSession).
@@ -119,6 +122,7 @@ func NewManager(cfg Config) (*Manager, error) {
 		seals:       make(chan struct{}, cfg.MaxConcurrentSeals),
 		urgent:      make(chan struct{}, 1),
 		takenIn:     make(map[string]struct{}),
+		signalled:   make(map[string]struct{}),
 		copies:      make(map[string]*Copy),
 		sessions:    make(map[string]*followSession),
 		assignments: make(map[string]cluster.Assignment),
@@ -402,14 +406,26 @@ func (m *Manager) TakeTakenIn() []string {
 	return out
 }
 
-// heartbeatNow asks for a heartbeat now; takenIn names a stream whose
-// copy took in an assignment, "" none.
-func (m *Manager) heartbeatNow(takenIn string) {
-	if takenIn != "" {
-		m.takenInMu.Lock()
-		m.takenIn[takenIn] = struct{}{}
-		m.takenInMu.Unlock()
+// TakeSignalled returns the streams whose copies signalled a change the
+// controller acts on (heartbeatNow) since the last call, and forgets
+// them: a prompt heartbeat reads only their shards.
+func (m *Manager) TakeSignalled() []string {
+	m.takenInMu.Lock()
+	defer m.takenInMu.Unlock()
+	out := slices.Collect(maps.Keys(m.signalled))
+	clear(m.signalled)
+	return out
+}
+
+// heartbeatNow asks for a heartbeat now for stream's copy; takenIn says
+// the copy took in an assignment.
+func (m *Manager) heartbeatNow(stream string, takenIn bool) {
+	m.takenInMu.Lock()
+	m.signalled[stream] = struct{}{}
+	if takenIn {
+		m.takenIn[stream] = struct{}{}
 	}
+	m.takenInMu.Unlock()
 	select {
 	case m.urgent <- struct{}{}:
 	default:
@@ -418,17 +434,22 @@ func (m *Manager) heartbeatNow(takenIn string) {
 
 // Tails reports every copy's status, by stream.
 func (m *Manager) Tails() map[string]cluster.CopyTails {
-	return maps.Collect(m.AllTails())
+	return maps.Collect(m.AllTails(nil))
 }
 
-// AllTails yields every copy's status for the heartbeat, which files each
-// in its shard as it comes: no map of every copy is built per interval.
-func (m *Manager) AllTails() iter.Seq2[string, cluster.CopyTails] {
+// AllTails yields the status of every copy whose stream want accepts (nil:
+// every copy) for the heartbeat, which files each in its shard as it
+// comes: no map of every copy is built per interval, and a prompt pass
+// reads only the shards it needs.
+func (m *Manager) AllTails(want func(stream string) bool) iter.Seq2[string, cluster.CopyTails] {
 	return func(yield func(string, cluster.CopyTails) bool) {
 		m.mu.RLock()
 		copies := slices.Collect(maps.Values(m.copies))
 		m.mu.RUnlock()
 		for _, c := range copies {
+			if want != nil && !want(c.name) {
+				continue
+			}
 			if t, ok := c.tails(); ok && !yield(c.name, t) {
 				return
 			}
