@@ -11,19 +11,22 @@ import (
 )
 
 // Limits of one batched commit transaction (docs/protocol.md, "The guarded
-// commit"). etcd refuses a transaction with more than --max-txn-ops (128 by
-// default) compares or operations in a branch; a stream's commit is three
-// compares and at most four operations, so sixteen streams and the leader
-// guard stay within 128 even counted together. The bytes bound keeps a
-// batch far below --max-request-bytes (1.5 MiB) however long the history
-// starts grow.
+// commit"). etcd refuses a transaction whose compares, or whose operations
+// in either branch, number more than --max-txn-ops (128 by default; it
+// takes the largest of the three, v3rpc checkTxnRequest): a stream's
+// commit is three compares and at most four operations, so 31 streams
+// make 94 compares with the leader guard and 124 operations. The bytes
+// bound keeps a batch far below --max-request-bytes (1.5 MiB) however long
+// the history starts grow.
 const (
-	maxCommitBatch      = 16
+	maxCommitBatch      = 31
 	maxCommitBatchBytes = 256 << 10
 	// commitsInFlight bounds the batched transactions written at once:
 	// etcd commits proposals that arrive together in one raft entry, and
 	// requests queued while these are in flight form the next batches.
-	commitsInFlight = 4
+	// With four, a mass failover's attempts spent most of their time
+	// waiting for a commit slot (the seals had answered).
+	commitsInFlight = 8
 )
 
 // commitReq is one stream's promotion waiting to be committed: what its
@@ -74,7 +77,7 @@ func (t *term) commitBatched(snap snapshot, next cluster.Assignment, starts clus
 // each batch in one transaction (commitBatch), up to commitsInFlight at
 // once. It waits for nothing to fill a batch: a promotion decided while
 // every slot is busy joins the next batch, so a lone failover commits at
-// once and a mass failover writes a transaction per sixteen streams
+// once and a mass failover writes a transaction per 31 streams
 // instead of one per stream.
 func (t *term) runCommits() {
 	slots := make(chan struct{}, commitsInFlight)
