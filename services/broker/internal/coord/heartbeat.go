@@ -105,7 +105,7 @@ type heartbeats struct {
 	// failover's stream of signals does not re-read every copy of the
 	// broker each promptDelay.
 	signalled [cluster.HeartbeatShards]bool
-	omitted [cluster.HeartbeatShards]int
+	omitted   [cluster.HeartbeatShards]int
 
 	// Counters for metrics and tests.
 	ticks        atomic.Int64
