@@ -14,7 +14,7 @@ func TestListenServesProfiles(t *testing.T) {
 		t.Fatal(err)
 	}
 	addr := ln.Addr().String()
-	ln.Close()
+	_ = ln.Close()
 	if err := Listen(addr); err != nil {
 		t.Fatal(err)
 	}
