@@ -14,13 +14,15 @@ import (
 // (docs/limits.md, "Operations").
 func CPUPerOp(b *testing.B) (stop func()) {
 	b.Helper()
-	start := processCPU(b)
+	start := ProcessCPU(b)
 	return func() {
-		b.ReportMetric(float64(processCPU(b)-start)/float64(b.N), "cpu-ns/op")
+		b.ReportMetric(float64(ProcessCPU(b)-start)/float64(b.N), "cpu-ns/op")
 	}
 }
 
-func processCPU(b *testing.B) time.Duration {
+// ProcessCPU is the CPU time the process has spent so far, user and
+// system, for a benchmark that reports it per unit of its own.
+func ProcessCPU(b testing.TB) time.Duration {
 	var ru syscall.Rusage
 	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
 		b.Fatalf("getrusage: %v", err)

@@ -8,13 +8,12 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"testing"
-	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/strandhq/strand/internal/cluster"
+	"github.com/strandhq/strand/internal/clustertest"
 	"github.com/strandhq/strand/internal/etcdtest"
 	"github.com/strandhq/strand/internal/gather"
 )
@@ -229,7 +228,7 @@ func BenchmarkHistoryReads(b *testing.B) {
 				})
 				read = g.Do
 			}
-			cpu0 := cpuTime(b)
+			cpu0 := clustertest.ProcessCPU(b)
 			b.ResetTimer()
 			for range b.N {
 				sem := make(chan struct{}, callers)
@@ -248,17 +247,8 @@ func BenchmarkHistoryReads(b *testing.B) {
 			b.StopTimer()
 			n := float64(b.N * streams)
 			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/n, "ns/stream")
-			b.ReportMetric(float64((cpuTime(b)-cpu0).Nanoseconds())/n, "cpu-ns/stream")
+			b.ReportMetric(float64((clustertest.ProcessCPU(b)-cpu0).Nanoseconds())/n, "cpu-ns/stream")
 			b.ReportMetric(float64(txns.Load())/n, "txns/stream")
 		})
 	}
-}
-
-// cpuTime is the CPU time the process has used, user and system.
-func cpuTime(b *testing.B) time.Duration {
-	var ru syscall.Rusage
-	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
-		b.Fatal(err)
-	}
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }

@@ -10,13 +10,13 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/strandhq/strand/internal/cluster"
+	"github.com/strandhq/strand/internal/clustertest"
 	"github.com/strandhq/strand/internal/etcdtest"
 	"github.com/strandhq/strand/internal/gather"
 )
@@ -318,7 +318,7 @@ func BenchmarkSnapshotReads(b *testing.B) {
 				})
 				read = g.Do
 			}
-			cpu0 := cpuTime(b)
+			cpu0 := clustertest.ProcessCPU(b)
 			b.ResetTimer()
 			for range b.N {
 				sem := make(chan struct{}, attempts)
@@ -337,17 +337,8 @@ func BenchmarkSnapshotReads(b *testing.B) {
 			b.StopTimer()
 			n := float64(b.N * streams)
 			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/n, "ns/stream")
-			b.ReportMetric(float64((cpuTime(b)-cpu0).Nanoseconds())/n, "cpu-ns/stream")
+			b.ReportMetric(float64((clustertest.ProcessCPU(b)-cpu0).Nanoseconds())/n, "cpu-ns/stream")
 			b.ReportMetric(float64(txns.Load())/n, "txns/stream")
 		})
 	}
-}
-
-// cpuTime is the CPU time the process has used, user and system.
-func cpuTime(b *testing.B) time.Duration {
-	var ru syscall.Rusage
-	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
-		b.Fatal(err)
-	}
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
