@@ -13,6 +13,12 @@ import (
 // failing test does not leave the committer held).
 func holdCommitter(t *testing.T, db *DB, s *Stream) (release func(), synced <-chan error) {
 	t.Helper()
+	// Everything queued so far (s's own first metadata, which Open does
+	// not wait for) is written first: the hook is set while the committer
+	// is idle, as holdNextSync needs.
+	if err := s.Sync(context.Background()); err != nil {
+		t.Fatal(err)
+	}
 	inSync, rel := holdNextSync(db)
 	var once sync.Once
 	release = func() { once.Do(func() { close(rel) }) }
