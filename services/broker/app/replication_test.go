@@ -35,7 +35,18 @@ func TestSingleCopyPublishReadAndNotOwnerHint(t *testing.T) {
 	if err != nil || len(recs) != 3 || string(recs[2].GetPayload()) != "c" {
 		t.Fatalf("read %v %v", recs, err)
 	}
-	// b2 holds no copy: it answers FailedPrecondition with the owner hint.
+	// b2 holds no copy: once its assignment watch has brought it the
+	// stream, it answers FailedPrecondition with the owner hint.
+	clustertest.Eventually(t, 10*time.Second, "b2 knows the stream's owner", func() error {
+		loc, err := h.streams("b2").Locate(context.Background(), connect.NewRequest(&strandv1.LocateRequest{Stream: "solo"}))
+		if err != nil {
+			return err
+		}
+		if loc.Msg.GetOwner().GetNode() != "b1" {
+			return fmt.Errorf("owner %v", loc.Msg.GetOwner())
+		}
+		return nil
+	})
 	_, err = h.streams("b2").Publish(context.Background(), connect.NewRequest(&strandv1.PublishRequest{
 		Stream: "solo", Records: []*strandv1.Record{{Payload: []byte("x")}},
 	}))
