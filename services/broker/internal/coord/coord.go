@@ -206,14 +206,12 @@ func (c *Coord) runSession(ctx context.Context, readyOnce *bool) error {
 	c.log.Info().Str(logging.Node, c.cfg.Node).Str(logging.Addr, c.cfg.Address).Int64("lease", int64(sess.Lease())).Msg("broker registered")
 	// Tails alone are written at most once per heartbeat interval (t);
 	// a change the controller acts on goes out promptDelay after it is
-	// signalled (prompt), gathered with the others of its burst, and at
-	// least promptGap after the last prompt pass began (nextPrompt).
+	// signalled (prompt), gathered with the others of its burst.
 	t := time.NewTicker(c.cfg.Heartbeat)
 	defer t.Stop()
 	prompt := time.NewTimer(promptDelay)
 	prompt.Stop()
 	urgent := c.cfg.Manager.Urgent()
-	var lastPrompt time.Time
 	publish := func(mode publishMode) {
 		c.hb.tookIn(c.cfg.Manager.TakeTakenIn())
 		c.hb.signal(c.cfg.Manager.TakeSignalled())
@@ -235,10 +233,9 @@ func (c *Coord) runSession(ctx context.Context, readyOnce *bool) error {
 			// Until the gathered pass has run, further signals wait in
 			// the channel (its buffer of one) for the pass after it.
 			urgent = nil
-			prompt.Reset(nextPrompt(time.Now(), lastPrompt))
+			prompt.Reset(promptDelay)
 		case <-prompt.C:
 			urgent = c.cfg.Manager.Urgent()
-			lastPrompt = time.Now()
 			publish(publishPrompt)
 		case <-t.C:
 			publish(publishTails)

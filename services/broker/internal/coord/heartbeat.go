@@ -26,21 +26,6 @@ const maxTxnOps = 128
 // a revision per copy.
 const promptDelay = 25 * time.Millisecond
 
-// promptGap is the least time between the starts of two prompt passes: a
-// lone change goes out promptDelay after its signal, while a storm of them
-// (a mass failover changes the roles of thousands of copies over seconds,
-// in every shard) is written a few times a second instead of every
-// promptDelay, each pass encoding and writing most shards and costing etcd
-// a revision. What waits is the controller's view of the roles, never a
-// role itself: a copy serves its new role as soon as it takes it.
-const promptGap = 200 * time.Millisecond
-
-// nextPrompt is how long after a signal at now the prompt pass runs, the
-// last one having started at last (zero: none yet).
-func nextPrompt(now, last time.Time) time.Duration {
-	return max(promptDelay, promptGap-now.Sub(last))
-}
-
 // publishMode says which shards a pass writes.
 type publishMode int
 

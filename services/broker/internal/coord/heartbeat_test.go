@@ -484,24 +484,3 @@ func TestPromptPassReadsOnlySignalledShards(t *testing.T) {
 		t.Fatalf("published %+v after the tails pass, want epoch 2", got)
 	}
 }
-
-// A lone signal goes out promptDelay after it; one soon after the last
-// prompt pass waits until promptGap has passed since that pass began.
-func TestNextPrompt(t *testing.T) {
-	now := time.Date(2026, 12, 2, 10, 0, 0, 0, time.UTC)
-	for _, tc := range []struct {
-		name string
-		last time.Time
-		want time.Duration
-	}{
-		{"no pass yet", time.Time{}, promptDelay},
-		{"last pass long ago", now.Add(-time.Minute), promptDelay},
-		{"last pass just began", now, promptGap},
-		{"last pass 150ms ago", now.Add(-150 * time.Millisecond), promptGap - 150*time.Millisecond},
-		{"last pass 190ms ago", now.Add(-190 * time.Millisecond), promptDelay},
-	} {
-		if got := nextPrompt(now, tc.last); got != tc.want {
-			t.Errorf("%s: %v, want %v", tc.name, got, tc.want)
-		}
-	}
-}
