@@ -16,6 +16,7 @@ import (
 	"go.etcd.io/etcd/client/v3/concurrency"
 
 	"github.com/strandhq/strand/internal/cluster"
+	"github.com/strandhq/strand/internal/gather"
 	"github.com/strandhq/strand/internal/logging"
 	"github.com/strandhq/strand/services/broker/internal/replica"
 )
@@ -50,7 +51,7 @@ type Coord struct {
 	errc    chan error
 
 	hb      *heartbeats
-	history *historyReader
+	history *gather.Gatherer[string, cluster.HistoryStarts]
 }
 
 // New returns a Coord; Run starts it.
@@ -86,10 +87,10 @@ func (c *Coord) Ready() <-chan struct{} { return c.ready }
 // History reads a stream's history starts. A missing key is an empty list;
 // an unreadable one is an error, so the caller withholds the assignment
 // (docs/protocol.md, "Copies with a longer tail"). Reads asked for
-// together share a transaction (historyReader); each is still a
+// together share a transaction (newHistoryReader); each is still a
 // linearizable read made after its call began.
 func (c *Coord) History(ctx context.Context, stream string) (cluster.HistoryStarts, error) {
-	return c.history.read(ctx, stream)
+	return c.history.Do(ctx, stream)
 }
 
 // ReadStream reads a stream's assignment and pending recovery in one

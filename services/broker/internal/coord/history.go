@@ -27,24 +27,16 @@ const (
 	historyReadsInFlight = 4
 )
 
-// historyReader gathers the History reads of the broker's copies (a role
-// change after a seal, an effective tail in a seal answer: docs/protocol.md,
-// "Copies with a longer tail") into read-only transactions of many gets.
-// Each caller gets what its own linearizable Get would have given: its
-// stream's starts at a revision read after its call began, or the error.
-type historyReader struct {
-	g *gather.Gatherer[string, cluster.HistoryStarts]
-}
-
-func newHistoryReader(cli *clientv3.Client, schema cluster.Schema) *historyReader {
-	return &historyReader{g: gather.New(maxHistoryBatch, historyReadsInFlight, func(ctx context.Context, streams []string) []gather.Result[cluster.HistoryStarts] {
+// newHistoryReader gathers the History reads of the broker's copies (a
+// role change after a seal, an effective tail in a seal answer:
+// docs/protocol.md, "Copies with a longer tail") into read-only
+// transactions of many gets. Each caller gets what its own linearizable
+// Get would have given: its stream's starts at a revision read after its
+// call began, or the error.
+func newHistoryReader(cli *clientv3.Client, schema cluster.Schema) *gather.Gatherer[string, cluster.HistoryStarts] {
+	return gather.New(maxHistoryBatch, historyReadsInFlight, func(ctx context.Context, streams []string) []gather.Result[cluster.HistoryStarts] {
 		return readHistories(ctx, cli, schema, streams)
-	})}
-}
-
-// read returns stream's history starts.
-func (r *historyReader) read(ctx context.Context, stream string) (cluster.HistoryStarts, error) {
-	return r.g.Do(ctx, stream)
+	})
 }
 
 // readHistories reads the history starts of streams in one read-only

@@ -73,7 +73,7 @@ func TestHistoryGatheredAnswersAsEachGet(t *testing.T) {
 	var wg sync.WaitGroup
 	for i, s := range asks {
 		wg.Go(func() {
-			h, err := r.read(context.Background(), s)
+			h, err := r.Do(context.Background(), s)
 			answers[i] = answer{h, err}
 		})
 	}
@@ -123,7 +123,7 @@ func TestHistoryReadsAfterItsCall(t *testing.T) {
 						errs <- err
 						return
 					}
-					got, err := r.read(context.Background(), s)
+					got, err := r.Do(context.Background(), s)
 					if err != nil || len(got) != 1 || got[0].Epoch < wrote {
 						errs <- fmt.Errorf("%s: read %v, %v after writing epoch %d", s, got, err, wrote)
 						return
@@ -156,7 +156,7 @@ func TestHistoryCallerThatLeaves(t *testing.T) {
 		if i%3 == 1 {
 			ctx = cancelled
 		}
-		wg.Go(func() { _, errs[i] = r.read(ctx, s) })
+		wg.Go(func() { _, errs[i] = r.Do(ctx, s) })
 	}
 	wg.Wait()
 	for i, s := range streams {
@@ -198,7 +198,7 @@ func TestReadHistoriesFailedReadFailsEveryStream(t *testing.T) {
 // BenchmarkHistoryReads measures what the copies taking a role after a
 // mass failover cost etcd in history reads: each op reads 1,000 streams'
 // history starts from 128 callers at once, each a Get of its own (the read
-// before gathering) against through the historyReader. ns/stream is wall
+// before gathering) against through newHistoryReader. ns/stream is wall
 // time; cpu-ns/stream is the process's CPU time, which here includes the
 // embedded etcd's; txns/stream counts the requests sent. Figures for the
 // docs, never an assertion.
@@ -228,27 +228,12 @@ func BenchmarkHistoryReads(b *testing.B) {
 				})
 				read = g.Do
 			}
-			cpu0 := clustertest.ProcessCPU(b)
-			b.ResetTimer()
-			for range b.N {
-				sem := make(chan struct{}, callers)
-				var wg sync.WaitGroup
-				for _, s := range names {
-					sem <- struct{}{}
-					wg.Go(func() {
-						defer func() { <-sem }()
-						if h, err := read(context.Background(), s); err != nil || len(h) != 2 {
-							b.Errorf("%s: %v, %v", s, h, err)
-						}
-					})
+			clustertest.ReadEach(b, names, callers, &txns, func(ctx context.Context, s string) error {
+				if h, err := read(ctx, s); err != nil || len(h) != 2 {
+					return fmt.Errorf("%v, %v", h, err)
 				}
-				wg.Wait()
-			}
-			b.StopTimer()
-			n := float64(b.N * streams)
-			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/n, "ns/stream")
-			b.ReportMetric(float64((clustertest.ProcessCPU(b)-cpu0).Nanoseconds())/n, "cpu-ns/stream")
-			b.ReportMetric(float64(txns.Load())/n, "txns/stream")
+				return nil
+			})
 		})
 	}
 }

@@ -63,28 +63,15 @@
 // by the stream's confirm tracker, and the sender adds a batch carrying
 // only it after the ready batches of its next response, for each follow
 // whose newest watermark was not sent yet and whose first batch was
-// (followServer.take). The follower's receiver never waits on a stream's
-// goroutine or on a sync. Once a follow applied its first batch (which
-// alone may carry a head), the receiver applies the follow's batches
-// itself while nothing of the follow is queued or in its goroutine's
-// hands (followSub.applyDirect): a batch carrying only the watermark at
-// once, capped at the copy's durable tail as every watermark is; a batch
-// of records and cursor events it checks and queues for storage
-// (storage.EnqueueReplicated, the same check the follow's goroutine makes:
-// a refused batch ends that follow alone, with the error the goroutine
-// would have returned). The batches of every stream one response carries
-// thus enter one group commit, and the session's acker (ackStored) waits
-// for them to be durable and acknowledges each follow's durable tails
-// once, in one message for all of them: per record, the follower wakes no
-// goroutine of the stream. What the receiver must not apply itself (a
-// head, a cursor snapshot, another epoch, a batch behind one still
-// queued) goes to the follow's goroutine, which stores it and whose own
-// acker acknowledges it. A follow clears what it lent the receiver before
-// it returns, so nothing is stored, acknowledged or applied for it after
-// its role ended. Starts, stops and acks go in messages of a bounded
-// number of frames, under the owner's read limit; acks waiting to be sent
-// are replaced by later ones of the same follow, never by lower tails.
-// The call ends when its last follow stops.
+// (followServer.take). The follower's receiver never waits on a stream: it
+// queues each batch for its follow, whose own goroutine stores it, and
+// whose acker waits for it to be durable; a batch carrying only the
+// watermark it applies itself when the follow took its first batch and
+// has nothing queued (followSub.applyWatermark), capped at the copy's
+// durable tail as every watermark is. Starts, stops and acks go in messages of a
+// bounded number of frames, under the owner's read limit; acks waiting to
+// be sent are replaced by later ones of the same follow. The call ends
+// when its last follow stops.
 //
 // Before any role change at a new epoch a copy is cut back onto the history
 // of that epoch (docs/protocol.md, "Copies with a longer tail"); a sealed copy that a new

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"connectrpc.com/connect"
@@ -176,23 +175,16 @@ func (c *Copy) followOnce(ctx context.Context, owner string, epoch uint64) error
 		}
 	}()
 	// Once the first batch is applied (it alone may carry the head a
-	// copy below the owner's starts at, and ResetTo runs for it), the
-	// session's receiver applies the follow's batches itself while this
-	// goroutine has none queued (followSub.applyDirect): a batch carrying
-	// only the owner's confirm watermark it applies at once, capped at
-	// this copy's durable tail, whose records all passed the chain check;
-	// a batch of records and cursor events it checks and queues for
-	// storage (store, the same steps as below), and the session's acker
-	// acknowledges it once durable (durable), together with the batches
-	// of the other streams in the same response. A batch this goroutine
-	// must handle (a head, a cursor snapshot, another epoch) it hands
-	// here. The sink is cleared before this follow returns, so nothing is
-	// stored, acknowledged or applied for it after the role ends (endRole
-	// waits for this goroutine, and clearing waits for a use under way).
-	defer sub.setSink(nil)
-	var queued atomic.Bool
-	sink := c.followSink(ctx, epoch, applyWatermark, &queued)
+	// copy below the owner's starts at, and ResetTo runs for it), a batch
+	// carrying only the owner's confirm watermark is applied by the
+	// session's receiver (followSub.applyWatermark), waking nothing here:
+	// applyWatermark caps it at this copy's durable tail, whose records
+	// all passed the chain check. It is cleared before this follow
+	// returns, so none is applied after the role ends (endRole waits for
+	// this goroutine).
+	defer sub.setWatermark(nil)
 	direct := false
+	queued := false
 	for {
 		resp, err := sess.next(ctx, sub)
 		arrived := time.Now()
@@ -211,16 +203,16 @@ func (c *Copy) followOnce(ctx context.Context, owner string, epoch uint64) error
 		if head := resp.GetHead(); head > 0 && head > c.st.State().RecordTail {
 			// The owner names its head only before its first batch, so
 			// nothing is queued here yet.
-			if queued.Load() {
+			if queued {
 				return fmt.Errorf("owner sent head %d after records; following again", head)
 			}
 			if err := c.st.ResetTo(ctx, head, resp.GetChainAtHead()); err != nil {
 				return localErr(err)
 			}
 		}
-		recs, evs, err := decodeBatch(resp)
+		recs, err := storage.DecodeSegment(resp.GetRecordSegment())
 		if err != nil {
-			return err
+			return fmt.Errorf("owner sent an unreadable record segment: %w", err)
 		}
 		if cs := resp.GetCursorSnapshot(); cs != nil {
 			// Below the owner's retained cursor events: its snapshot
@@ -236,11 +228,21 @@ func (c *Copy) followOnce(ctx context.Context, owner string, epoch uint64) error
 				return ctx.Err()
 			}
 		}
+		evs := make([]storage.CursorEvent, 0, len(resp.GetCursorEvents()))
+		for _, e := range resp.GetCursorEvents() {
+			evs = append(evs, eventFromProto(e))
+		}
 		if len(recs) > 0 || len(evs) > 0 {
-			p, err := c.enqueueBatch(ctx, recs, evs, &queued)
+			// Set before: a batch refused part way may have queued writes.
+			c.followQueued.Store(true)
+			p, err := c.st.EnqueueReplicated(ctx, recs, evs)
 			if err != nil {
-				return err
+				if errors.Is(err, storage.ErrChainMismatch) {
+					return fmt.Errorf("%w: %v", ErrChainMismatch, err)
+				}
+				return localErr(err)
 			}
+			queued = true
 			select {
 			case pending <- receivedBatch{Pending: p, at: arrived, recs: len(recs) > 0, bytes: len(resp.GetRecordSegment())}:
 			case <-ctx.Done():
@@ -250,89 +252,13 @@ func (c *Copy) followOnce(ctx context.Context, owner string, epoch uint64) error
 		applyWatermark(resp.GetConfirmWatermark())
 		if !direct {
 			direct = true
-			sub.setSink(sink)
-		}
-	}
-}
-
-// decodeBatch turns a batch into what storage takes.
-func decodeBatch(b *strandv1.FollowBatch) ([]storage.Record, []storage.CursorEvent, error) {
-	recs, err := storage.DecodeSegment(b.GetRecordSegment())
-	if err != nil {
-		return nil, nil, fmt.Errorf("owner sent an unreadable record segment: %w", err)
-	}
-	evs := make([]storage.CursorEvent, 0, len(b.GetCursorEvents()))
-	for _, e := range b.GetCursorEvents() {
-		evs = append(evs, eventFromProto(e))
-	}
-	return recs, evs, nil
-}
-
-// enqueueBatch hands a follow's batch to storage, which checks it against
-// this copy's tails and chain (storage.EnqueueReplicated): a refused
-// batch ends this follow alone, a chain that does not follow as a chain
-// mismatch (runFollower stops on it), anything else as this copy's own
-// failure. queued is set once anything was queued.
-func (c *Copy) enqueueBatch(ctx context.Context, recs []storage.Record, evs []storage.CursorEvent, queued *atomic.Bool) (storage.Pending, error) {
-	// Set before: a batch refused part way may have queued writes.
-	c.followQueued.Store(true)
-	p, err := c.st.EnqueueReplicated(ctx, recs, evs)
-	if err != nil {
-		if errors.Is(err, storage.ErrChainMismatch) {
-			return storage.Pending{}, fmt.Errorf("%w: %v", ErrChainMismatch, err)
-		}
-		return storage.Pending{}, localErr(err)
-	}
-	queued.Store(true)
-	return p, nil
-}
-
-// followSink is what a follow at epoch lends its session once its first
-// batch is applied (followOnce): the receiver stores its batches and the
-// session's acker acknowledges them, rule for rule as followOnce does.
-// applyWatermark is the follow's (capped at the durable tail); ctx ends
-// with the follow.
-func (c *Copy) followSink(ctx context.Context, epoch uint64, applyWatermark func(uint64), queued *atomic.Bool) *followSink {
-	return &followSink{
-		watermark: func(e, wm uint64) bool {
-			if e != epoch || ctx.Err() != nil {
-				return false
-			}
-			applyWatermark(wm)
-			return true
-		},
-		store: func(b *strandv1.FollowBatch, arrived time.Time) (storage.Pending, bool, error) {
-			// Fencing: a batch of another epoch is the follow's goroutine's
-			// to refuse (ending the follow); a head or a cursor snapshot
-			// is its to apply.
-			if b.GetEpoch() != epoch || b.GetHead() != 0 || b.GetCursorSnapshot() != nil || ctx.Err() != nil {
-				return storage.Pending{}, false, nil
-			}
-			recs, evs, err := decodeBatch(b)
-			if err != nil {
-				return storage.Pending{}, true, err
-			}
-			var p storage.Pending
-			if len(recs) > 0 || len(evs) > 0 {
-				if p, err = c.enqueueBatch(ctx, recs, evs, queued); err != nil {
-					return storage.Pending{}, true, err
+			sub.setWatermark(func(e, wm uint64) bool {
+				if e != epoch || ctx.Err() != nil {
+					return false
 				}
-			}
-			applyWatermark(b.GetConfirmWatermark())
-			return p, true, nil
-		},
-		// Only once storage synced them (the acker waited for every
-		// batch): a follower acknowledges only durable tails
-		// (docs/protocol.md, "One rule for W").
-		durable: func(stored []storedBatch) (uint64, uint64) {
-			for _, g := range stored {
-				if g.records {
-					c.m.cfg.Metrics.FollowApplied(g.arrived, g.bytes)
-				}
-			}
-			t := c.st.Tails()
-			applyWatermark(0)
-			return t.Record, t.CursorEvent
-		},
+				applyWatermark(wm)
+				return true
+			})
+		}
 	}
 }

@@ -6,12 +6,10 @@ import (
 	"fmt"
 	"runtime"
 	"sync"
-	"time"
 
 	"connectrpc.com/connect"
 
 	strandv1 "github.com/strandhq/strand/api/strand/v1"
-	"github.com/strandhq/strand/services/broker/internal/storage"
 )
 
 const (
@@ -50,11 +48,6 @@ type followSession struct {
 	acks    map[uint64]*strandv1.FollowAck
 	ackIDs  []uint64
 	wake    chan struct{}
-	// stored holds, per response, the batches the receiver queued for
-	// storage itself (followSub.applyDirect), in the order it queued
-	// them, for the acker (ackStored); storedWake wakes it.
-	stored     [][]storedBatch
-	storedWake chan struct{}
 }
 
 type controlFrame struct {
@@ -71,63 +64,20 @@ type followSub struct {
 	mu    sync.Mutex
 	inbox []*strandv1.FollowBatch
 	err   error
-	// working is set while the follow's goroutine holds a batch it took
-	// from the inbox and has not yet handed to storage: the receiver then
-	// stores nothing of the follow itself, or it would reach storage
-	// ahead of that batch.
-	working bool
 
-	// sinkMu guards sink: set by the follow once its first batch is
-	// applied, cleared before the follow returns, so nothing is stored,
-	// acknowledged or applied as a watermark by the receiver or the
-	// session's acker once the follow (and with it the copy's role)
-	// ended. Both hold it while they use the sink, so clearing it waits
-	// for a use under way.
-	sinkMu sync.Mutex
-	sink   *followSink
+	// wmMu guards onWatermark: set by the follow once its first batch is
+	// applied, cleared before the follow returns, so no watermark is
+	// applied once the follow (and with it the copy's role) ended.
+	wmMu        sync.Mutex
+	onWatermark func(epoch, wm uint64) bool
 }
 
-// followSink is what a follow lends the session once its first batch is
-// applied, so that the batches of many streams arriving in one response
-// are checked and queued for storage by the receiver, made durable by one
-// group commit (storage.EnqueueReplicated) and acknowledged by the
-// session's acker in one step, instead of waking two goroutines of each
-// stream per batch (doc.go, "One Follow call per pair of brokers").
-type followSink struct {
-	// watermark applies a batch that only carries the owner's confirm
-	// watermark; false when the follow refuses it (another epoch) or is
-	// ending, and its goroutine must take the batch.
-	watermark func(epoch, wm uint64) bool
-	// store checks b and queues it for storage. handled false: the
-	// follow's goroutine must take b (it carries a head or a cursor
-	// snapshot, another epoch, or the follow is ending); err: storage
-	// refused b, and the follow ends with err. nil stores nothing here.
-	store func(b *strandv1.FollowBatch, arrived time.Time) (p storage.Pending, handled bool, err error)
-	// durable runs once every batch store queued for the follow in one
-	// response is durable: it applies what it changes (the watermark
-	// capped at the new durable tail, metrics) and returns the durable
-	// tails to acknowledge.
-	durable func(stored []storedBatch) (recordTail, eventTail uint64)
-}
-
-// storedBatch is a batch the receiver queued for storage on a follow's
-// behalf, waiting in the session's acker to become durable.
-type storedBatch struct {
-	sub     *followSub
-	pending storage.Pending
-	arrived time.Time
-	// records says the batch held records, and bytes is its record
-	// segment as the owner sent it (follow metrics).
-	records bool
-	bytes   int
-}
-
-// setSink sets (or, with nil, clears) what the receiver and the acker use
-// to apply the follow's batches themselves.
-func (sub *followSub) setSink(sink *followSink) {
-	sub.sinkMu.Lock()
-	sub.sink = sink
-	sub.sinkMu.Unlock()
+// setWatermark sets (or, with nil, clears) what applies a batch that only
+// carries the owner's confirm watermark as the receiver reads it.
+func (sub *followSub) setWatermark(fn func(epoch, wm uint64) bool) {
+	sub.wmMu.Lock()
+	sub.onWatermark = fn
+	sub.wmMu.Unlock()
 }
 
 // watermarkOnly reports that b carries nothing to store: no records, no
@@ -136,51 +86,21 @@ func watermarkOnly(b *strandv1.FollowBatch) bool {
 	return len(b.GetRecordSegment()) == 0 && len(b.GetCursorEvents()) == 0 && b.GetCursorSnapshot() == nil && b.GetHead() == 0
 }
 
-// idle reports that nothing of the follow waits in its inbox or is being
-// handed to storage by its goroutine, and it has not ended: only then may
-// the receiver apply a batch of it itself without overtaking one.
-func (sub *followSub) idle() bool {
+// applyWatermark applies a watermark-only batch on the receiver instead of
+// waking the follow's goroutine for it: only when nothing of the follow
+// waits in its inbox (so it is not applied ahead of a batch still queued)
+// and the follow accepts it (its epoch; otherwise the follow's goroutine
+// gets the batch and ends the follow as it does for any other).
+func (sub *followSub) applyWatermark(b *strandv1.FollowBatch) bool {
 	sub.mu.Lock()
-	defer sub.mu.Unlock()
-	return len(sub.inbox) == 0 && !sub.working && sub.err == nil
-}
-
-// applyDirect applies b on the receiver instead of waking the follow's
-// goroutine for it, when the follow is idle and lent a sink: a
-// watermark-only batch is applied at once (capped at the copy's durable
-// tail, as every watermark is), a batch to store is checked and queued for
-// storage and added to stored, for the acker. It reports whether b was
-// taken; otherwise the follow's goroutine gets it, and handles it (or
-// refuses it, ending the follow) as it does any other.
-func (sub *followSub) applyDirect(b *strandv1.FollowBatch, arrived time.Time, stored *[]storedBatch) bool {
-	if !sub.idle() {
+	idle := len(sub.inbox) == 0 && sub.err == nil
+	sub.mu.Unlock()
+	if !idle {
 		return false
 	}
-	sub.sinkMu.Lock()
-	defer sub.sinkMu.Unlock()
-	sink := sub.sink
-	if sink == nil {
-		return false
-	}
-	if watermarkOnly(b) {
-		return sink.watermark != nil && sink.watermark(b.GetEpoch(), b.GetConfirmWatermark())
-	}
-	if sink.store == nil {
-		return false
-	}
-	p, handled, err := sink.store(b, arrived)
-	if !handled {
-		return false
-	}
-	if err != nil {
-		// Refused: this follow alone ends, with the error its goroutine
-		// would have returned; its stop goes from there. Later batches of
-		// it are dropped (push after finish).
-		sub.finish(err)
-		return true
-	}
-	*stored = append(*stored, storedBatch{sub: sub, pending: p, arrived: arrived, records: len(b.GetRecordSegment()) > 0, bytes: len(b.GetRecordSegment())})
-	return true
+	sub.wmMu.Lock()
+	defer sub.wmMu.Unlock()
+	return sub.onWatermark != nil && sub.onWatermark(b.GetEpoch(), b.GetConfirmWatermark())
 }
 
 // followSession returns the session to owner, opening the call if there is
@@ -206,14 +126,9 @@ func (m *Manager) followSession(owner string) (*followSession, error) {
 	}
 	ctx, cancel := context.WithCancel(m.ctx)
 	s := &followSession{m: m, owner: owner, addr: addr, ctx: ctx, cancel: cancel, done: make(chan struct{}), refs: 1,
-		subs: make(map[uint64]*followSub), acks: make(map[uint64]*strandv1.FollowAck), wake: make(chan struct{}, 1),
-		storedWake: make(chan struct{}, 1)}
+		subs: make(map[uint64]*followSub), acks: make(map[uint64]*strandv1.FollowAck), wake: make(chan struct{}, 1)}
 	m.sessions[owner] = s
-	m.wg.Add(2)
-	go func() {
-		defer m.wg.Done()
-		s.ackStored()
-	}()
+	m.wg.Add(1)
 	go func() {
 		defer m.wg.Done()
 		err := s.call()
@@ -368,8 +283,6 @@ func (s *followSession) signal() {
 // a stream that is slow to take its batches holds up no other (the owner's
 // flow control bounds what each one queues).
 func (s *followSession) deliver(resp *strandv1.FollowResponse) {
-	arrived := time.Now()
-	var stored []storedBatch
 	for _, b := range resp.GetBatches() {
 		s.mu.Lock()
 		sub := s.subs[b.GetId()]
@@ -377,19 +290,10 @@ func (s *followSession) deliver(resp *strandv1.FollowResponse) {
 		if sub == nil { // a follow stopped here since; dropped
 			continue
 		}
-		if sub.applyDirect(b, arrived, &stored) {
+		if watermarkOnly(b) && sub.applyWatermark(b) {
 			continue
 		}
 		sub.push(b)
-	}
-	if len(stored) > 0 {
-		s.mu.Lock()
-		s.stored = append(s.stored, stored)
-		s.mu.Unlock()
-		select {
-		case s.storedWake <- struct{}{}:
-		default:
-		}
 	}
 	for _, e := range resp.GetEnds() {
 		s.mu.Lock()
@@ -436,11 +340,7 @@ func (s *followSession) stop(sub *followSub) {
 }
 
 // ack queues a follow's durable tails; a later ack before the send
-// replaces it. Two goroutines ack a follow (its own acker, for the batches
-// its goroutine stored, and the session's, for those the receiver stored),
-// each with tails it read after a wait: the queued ack keeps the higher of
-// each, so a late ack of lower tails never takes back a higher one not
-// yet sent (the owner ignores lower tails, never needs them).
+// replaces it (the tails only grow).
 func (s *followSession) ack(sub *followSub, recordTail, eventTail uint64) {
 	s.mu.Lock()
 	if _, live := s.subs[sub.id]; !live {
@@ -448,7 +348,7 @@ func (s *followSession) ack(sub *followSub, recordTail, eventTail uint64) {
 		return
 	}
 	if a, ok := s.acks[sub.id]; ok {
-		a.RecordTail, a.CursorEventTail = max(a.RecordTail, recordTail), max(a.CursorEventTail, eventTail)
+		a.RecordTail, a.CursorEventTail = recordTail, eventTail
 	} else {
 		s.acks[sub.id] = &strandv1.FollowAck{Id: sub.id, RecordTail: recordTail, CursorEventTail: eventTail}
 		s.ackIDs = append(s.ackIDs, sub.id)
@@ -461,18 +361,12 @@ func (s *followSession) ack(sub *followSub, recordTail, eventTail uint64) {
 // the batches received before the call broke or the owner ended the
 // follow come first, then the error.
 func (s *followSession) next(ctx context.Context, sub *followSub) (*strandv1.FollowBatch, error) {
-	// The batch taken before, if any, is in storage's queue (or refused,
-	// and the follow ends): the receiver may store the next ones itself.
-	sub.mu.Lock()
-	sub.working = false
-	sub.mu.Unlock()
 	for {
 		sub.mu.Lock()
 		if len(sub.inbox) > 0 {
 			b := sub.inbox[0]
 			sub.inbox[0] = nil
 			sub.inbox = sub.inbox[1:]
-			sub.working = true
 			sub.mu.Unlock()
 			return b, nil
 		}
@@ -520,86 +414,4 @@ func (sub *followSub) wakeUp() {
 	case sub.notify <- struct{}{}:
 	default:
 	}
-}
-
-// ackStored waits for the batches the receiver queued for storage to be
-// durable and acknowledges them: per response, each follow's durable tails
-// once, read after every batch of it in the response is durable, in one
-// step for every follow the response carried. The follower acknowledges
-// only what storage synced (docs/protocol.md, "One rule for W"): a batch
-// whose write failed ends its follow with the error and acknowledges
-// nothing. Batches of one response were queued in order, and the
-// committer reports them in queue order, so waiting in order costs no
-// more than the last one's sync.
-func (s *followSession) ackStored() {
-	for {
-		select {
-		case <-s.ctx.Done():
-			return
-		case <-s.storedWake:
-		}
-		for {
-			s.mu.Lock()
-			if len(s.stored) == 0 {
-				s.mu.Unlock()
-				break
-			}
-			group := s.stored[0]
-			s.stored[0] = nil
-			s.stored = s.stored[1:]
-			s.mu.Unlock()
-			if !s.ackGroup(group) {
-				return
-			}
-		}
-	}
-}
-
-// ackGroup acknowledges one response's stored batches; false once the
-// session ended.
-func (s *followSession) ackGroup(group []storedBatch) bool {
-	failed := map[*followSub]bool{}
-	for _, g := range group {
-		if failed[g.sub] {
-			continue
-		}
-		if err := g.pending.Wait(s.ctx); err != nil {
-			if s.ctx.Err() != nil {
-				return false // the call ended: every follow on it ends too
-			}
-			// Its write failed: nothing of it is acknowledged, and only
-			// this follow ends (the storage error is this copy's, not the
-			// owner's).
-			failed[g.sub] = true
-			g.sub.finish(localErr(err))
-		}
-	}
-	// Each follow once, after every batch of it in the response.
-	var order []*followSub
-	mine := make(map[*followSub][]storedBatch, len(group))
-	for _, g := range group {
-		if _, ok := mine[g.sub]; !ok {
-			order = append(order, g.sub)
-		}
-		mine[g.sub] = append(mine[g.sub], g)
-	}
-	for _, sub := range order {
-		if !failed[sub] {
-			s.ackDurable(sub, mine[sub])
-		}
-	}
-	return true
-}
-
-// ackDurable acknowledges a follow's durable tails once its stored batches
-// are durable, unless the follow ended meanwhile (its sink cleared): then
-// it acknowledges and applies nothing, as its own acker would not.
-func (s *followSession) ackDurable(sub *followSub, mine []storedBatch) {
-	sub.sinkMu.Lock()
-	defer sub.sinkMu.Unlock()
-	if sub.sink == nil || sub.sink.durable == nil {
-		return
-	}
-	rec, ev := sub.sink.durable(mine)
-	s.ack(sub, rec, ev)
 }

@@ -93,7 +93,7 @@
 //     fsync); the event is synced with the next batch. A crash may lose
 //     returned cursor commits, never records.
 //   - SetConfirmWatermark is persisted lazily: with the stream's next
-//     metadata write, or within a second by a write of its own (synced like
+//     metadata write, or within 500 ms by a write of its own (synced like
 //     every batch, so that only the newest transaction can be torn; nobody
 //     waits for it; a crash can only leave an older value).
 //   - A stream's meta is written in the same transaction as (or a later one

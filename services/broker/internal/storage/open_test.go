@@ -29,15 +29,27 @@ func holdCommitter(t *testing.T, db *DB, s *Stream) (release func(), synced <-ch
 	return release, done
 }
 
-// waitDone fails the test if done does not close within d: the call it
-// stands for is blocked.
-func waitDone(t *testing.T, done <-chan struct{}, d time.Duration, what string) {
+// openWhileHeld opens name with the committer held (holdCommitter) and
+// fails the test if Open does not return: a store whose Open waits for the
+// new metadata to be durable never returns while the sync is held.
+func openWhileHeld(t *testing.T, db *DB, name string) *Stream {
 	t.Helper()
+	opened := make(chan struct{})
+	var s *Stream
+	var err error
+	go func() {
+		defer close(opened)
+		s, err = db.Open(name)
+	}()
 	select {
-	case <-done:
-	case <-time.After(d):
-		t.Fatalf("%s did not return within %s", what, d)
+	case <-opened:
+	case <-time.After(10 * time.Second):
+		t.Fatalf("Open(%q) with the committer held did not return within 10s", name)
 	}
+	if err != nil {
+		t.Fatalf("Open(%q): %v", name, err)
+	}
+	return s
 }
 
 // A broker takes in thousands of new streams from one assignment watch:
@@ -49,20 +61,7 @@ func TestOpenOfANewStreamDoesNotWaitForTheCommitter(t *testing.T) {
 	db := openDB(t, dir)
 	held := openStream(t, db, "held")
 	release, synced := holdCommitter(t, db, held)
-
-	opened := make(chan struct{})
-	var s *Stream
-	var err error
-	go func() {
-		defer close(opened)
-		s, err = db.Open("fresh")
-	}()
-	// On a store whose Open waits for the new metadata to be durable this
-	// never returns while the sync is held.
-	waitDone(t, opened, 10*time.Second, `Open("fresh") with the committer held`)
-	if err != nil {
-		t.Fatal(err)
-	}
+	s := openWhileHeld(t, db, "fresh")
 	release()
 	if err := <-synced; err != nil {
 		t.Fatal(err)
@@ -91,12 +90,7 @@ func TestDropRightAfterOpenLeavesNothing(t *testing.T) {
 	db := openDB(t, dir)
 	held := openStream(t, db, "held")
 	release, synced := holdCommitter(t, db, held)
-	opened := make(chan struct{})
-	go func() {
-		defer close(opened)
-		_, _ = db.Open("brief")
-	}()
-	waitDone(t, opened, 10*time.Second, `Open("brief") with the committer held`)
+	openWhileHeld(t, db, "brief")
 	dropped := make(chan error, 1)
 	go func() { dropped <- db.Drop("brief") }()
 	release()

@@ -191,44 +191,28 @@ func (s *Stream) watermarkTouch() *op {
 	return &op{s: s, touchWM: true}
 }
 
-// watermarkQueue is the streams whose raised watermark waits for a flush,
-// with the lock that guards the lists (doc.go, "Locks"). A leaf:
+// watermarkQueue is the streams whose raised watermark waits for the next
+// flush, with the lock that guards the list (doc.go, "Locks"). A leaf:
 // SetConfirmWatermark adds under the stream's durable.dmu.
-//
-// A stream waits one whole flush interval before it is flushed: dirty
-// holds the streams queued since the last flush, aged those queued before
-// it, and a flush writes only the aged. A stream that writes its metadata
-// in the meantime (its next batch) carries the watermark there, and its
-// flush finds nothing to do (watermarkTouch). Without the wait, a stream
-// taking a batch every second or so, as each of a thousand streams sharing
-// a few thousand records a second does, has its watermark raised after
-// every batch (on every confirm) and flushed before the next batch comes:
-// a second metadata write per batch, on every copy.
 type watermarkQueue struct {
 	mu    sync.Mutex
 	dirty []*Stream
-	aged  []*Stream
 }
 
-// add queues s for a flush after the next.
+// add queues s for the next flush.
 func (w *watermarkQueue) add(s *Stream) {
 	w.mu.Lock()
 	w.dirty = append(w.dirty, s)
 	w.mu.Unlock()
 }
 
-// take returns the streams due: those queued before the last flush, and
-// with all every one queued. The rest are due at the next.
-func (w *watermarkQueue) take(all bool) []*Stream {
+// take empties the queue and returns what it held.
+func (w *watermarkQueue) take() []*Stream {
 	w.mu.Lock()
-	defer w.mu.Unlock()
-	due := w.aged
-	if all {
-		due = append(due, w.dirty...)
-		w.dirty = nil
-	}
-	w.aged, w.dirty = w.dirty, nil
-	return due
+	dirty := w.dirty
+	w.dirty = nil
+	w.mu.Unlock()
+	return dirty
 }
 
 // noteWatermark queues s for the next watermark flush.
@@ -236,19 +220,17 @@ func (db *DB) noteWatermark(s *Stream) {
 	db.wm.add(s)
 }
 
-// watermarkPersistInterval is how often raised watermarks are flushed: a
-// raised watermark stays unwritten two intervals at most when its stream
-// writes no metadata (watermarkQueue), one at least.
+// watermarkPersistInterval bounds how long a raised watermark may stay
+// unwritten when its stream writes no metadata.
 const watermarkPersistInterval = 500 * time.Millisecond
 
 // flushWatermarks hands the committer a watermark write for every stream
-// due (watermarkQueue; with wait, every stream queued) whose raised
-// watermark no metadata write has carried yet. With wait it waits for
-// room in the queue (Close); without, a full queue leaves the stream for
-// the next flush, so the periodic flush never holds up behind a busy
-// committer.
+// whose raised watermark no metadata write has carried yet. With wait it
+// waits for room in the queue (Close); without, a full queue leaves the
+// stream for the next flush, so the periodic flush never holds up behind
+// a busy committer.
 func (db *DB) flushWatermarks(wait bool) {
-	for _, s := range db.wm.take(wait) {
+	for _, s := range db.wm.take() {
 		o := s.watermarkTouch()
 		if o == nil {
 			continue

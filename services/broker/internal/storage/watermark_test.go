@@ -82,28 +82,3 @@ func TestWatermarkKeptByCleanClose(t *testing.T) {
 		t.Fatalf("watermark %d after a clean close, want 9", got)
 	}
 }
-
-// A raised watermark waits one whole flush interval before its own write
-// is due, so that a stream whose next batch comes within it carries the
-// watermark in that batch's metadata instead of a second write: a flush
-// right after the raise leaves the stream queued, the next takes it. A
-// flush that waits (Close) takes every stream queued.
-func TestWatermarkFlushWaitsOneInterval(t *testing.T) {
-	var w watermarkQueue
-	a, b := &Stream{name: "a"}, &Stream{name: "b"}
-	w.add(a)
-	if due := w.take(false); len(due) != 0 {
-		t.Fatalf("a stream queued since the last flush is due at once: %v", due)
-	}
-	w.add(b)
-	if due := w.take(false); len(due) != 1 || due[0] != a {
-		t.Fatalf("due %v, want a alone (b was queued after the last flush)", due)
-	}
-	w.add(a)
-	if due := w.take(true); len(due) != 2 {
-		t.Fatalf("a flush of everything took %d streams, want b and a", len(due))
-	}
-	if due := w.take(false); len(due) != 0 {
-		t.Fatalf("%d streams left after a flush of everything", len(due))
-	}
-}

@@ -232,17 +232,18 @@ func (s *Service) CreateStream(ctx context.Context, req *connect.Request[strandv
 			clientv3.OpDelete(s.schema.RecoveryKey(name)),
 			clientv3.OpDelete(s.schema.RefusalsKey(name)),
 		}, nil)
+		// Counted until a snapshot holds the creation, or forgotten now if
+		// it did not commit. A failed call's outcome is unknown: if it did
+		// commit, the snapshot that holds it counts it from then on.
+		committed := int64(0)
+		if err == nil && resp.Succeeded {
+			committed = resp.Header.Revision
+		}
+		placed(committed)
 		if err != nil {
-			// The outcome is unknown: if it committed, the snapshot that
-			// holds it counts it from then on.
-			placed(0)
 			return nil, s.toConnect(err)
 		}
-		if !resp.Succeeded {
-			placed(0)
-		}
 		if resp.Succeeded {
-			placed(resp.Header.Revision)
 			s.log.Info().Str(logging.Stream, name).Str(logging.Owner, owner).Strs(logging.Followers, followers).
 				Str(logging.Policy, policy.String()).Msg("stream created")
 			return connect.NewResponse(&strandv1.CreateStreamResponse{Spec: specToProto(spec), Assignment: assignmentToProto(asg)}), nil

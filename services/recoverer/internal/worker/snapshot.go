@@ -1,7 +1,6 @@
 package worker
 
 import (
-	"context"
 	"fmt"
 
 	"go.etcd.io/etcd/api/v3/etcdserverpb"
@@ -43,21 +42,6 @@ type snapshot struct {
 
 func (s snapshot) hasRecovery() bool   { return s.recoveryRev != 0 }
 func (s snapshot) hasAssignment() bool { return s.assignmentRev != 0 }
-
-// readSnapshot reads one stream's recovery state in a single transaction, so
-// every value is from the same revision. Attempts read through the term's
-// gatherer (readSnapshots); this is the read of one stream alone, which
-// the gathered read must answer exactly as (snapshot_test.go).
-func readSnapshot(ctx context.Context, cli *clientv3.Client, schema cluster.Schema, stream string) (snapshot, error) {
-	resp, err := cli.Txn(ctx).Then(append(snapshotOps(schema, stream),
-		clientv3.OpGet(schema.BrokersDir(), clientv3.WithPrefix()))...,
-	).Commit()
-	if err != nil {
-		return snapshot{}, fmt.Errorf("worker: read %s: %w", stream, err)
-	}
-	brokers := brokersOf(schema, resp.Responses[snapshotOpsPerStream].GetResponseRange().GetKvs())
-	return snapshotOf(stream, resp.Header.Revision, brokers, resp.Responses[:snapshotOpsPerStream])
-}
 
 // snapshotOpsPerStream is how many gets snapshotOps makes.
 const snapshotOpsPerStream = 4

@@ -318,27 +318,27 @@ func BenchmarkSnapshotReads(b *testing.B) {
 				})
 				read = g.Do
 			}
-			cpu0 := clustertest.ProcessCPU(b)
-			b.ResetTimer()
-			for range b.N {
-				sem := make(chan struct{}, attempts)
-				var wg sync.WaitGroup
-				for _, s := range f.streams {
-					sem <- struct{}{}
-					wg.Go(func() {
-						defer func() { <-sem }()
-						if snap, err := read(context.Background(), s); err != nil || !snap.hasRecovery() {
-							b.Errorf("%s: %v", s, err)
-						}
-					})
+			clustertest.ReadEach(b, f.streams, attempts, &txns, func(ctx context.Context, s string) error {
+				if snap, err := read(ctx, s); err != nil || !snap.hasRecovery() {
+					return fmt.Errorf("no recovery read: %v", err)
 				}
-				wg.Wait()
-			}
-			b.StopTimer()
-			n := float64(b.N * streams)
-			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/n, "ns/stream")
-			b.ReportMetric(float64((clustertest.ProcessCPU(b)-cpu0).Nanoseconds())/n, "cpu-ns/stream")
-			b.ReportMetric(float64(txns.Load())/n, "txns/stream")
+				return nil
+			})
 		})
 	}
+}
+
+// readSnapshot reads one stream's recovery state alone, in a transaction of
+// its own: the read before gathering, which the gathered read
+// (readSnapshots) must answer exactly as, and the tests' way to look at a
+// stream's state.
+func readSnapshot(ctx context.Context, cli *clientv3.Client, schema cluster.Schema, stream string) (snapshot, error) {
+	resp, err := cli.Txn(ctx).Then(append(snapshotOps(schema, stream),
+		clientv3.OpGet(schema.BrokersDir(), clientv3.WithPrefix()))...,
+	).Commit()
+	if err != nil {
+		return snapshot{}, fmt.Errorf("worker: read %s: %w", stream, err)
+	}
+	brokers := brokersOf(schema, resp.Responses[snapshotOpsPerStream].GetResponseRange().GetKvs())
+	return snapshotOf(stream, resp.Header.Revision, brokers, resp.Responses[:snapshotOpsPerStream])
 }
