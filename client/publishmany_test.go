@@ -25,10 +25,18 @@ type manyBroker struct {
 }
 
 func (f *manyBroker) PublishMany(ctx context.Context, req *connect.Request[strandv1.PublishManyRequest]) (*connect.Response[strandv1.PublishManyResponse], error) {
+	// Recorded as it arrives: an entry may be one of the publishes
+	// heldPublishes holds, and a test waits for the call before it
+	// releases them.
 	var streams []string
+	for _, p := range req.Msg.GetPublishes() {
+		streams = append(streams, p.GetStream())
+	}
+	f.mu.Lock()
+	f.calls = append(f.calls, streams)
+	f.mu.Unlock()
 	out := &strandv1.PublishManyResponse{}
 	for i, p := range req.Msg.GetPublishes() {
-		streams = append(streams, p.GetStream())
 		res, err := f.Publish(ctx, connect.NewRequest(p))
 		if err != nil {
 			out.Results = append(out.Results, &strandv1.PublishResult{Outcome: &strandv1.PublishResult_Error{Error: rpcerr.ToEntry(err, rpcerr.EntryPrefix("publishes", i))}})
@@ -36,9 +44,6 @@ func (f *manyBroker) PublishMany(ctx context.Context, req *connect.Request[stran
 		}
 		out.Results = append(out.Results, &strandv1.PublishResult{Outcome: &strandv1.PublishResult_Response{Response: res.Msg}})
 	}
-	f.mu.Lock()
-	f.calls = append(f.calls, streams)
-	f.mu.Unlock()
 	return connect.NewResponse(out), nil
 }
 
@@ -69,6 +74,12 @@ func heldPublishes(f *fakeBroker, n int) (release chan struct{}) {
 	return release
 }
 
+// gatherLinger is the Linger of the tests that need the attempts behind
+// the held Publishes gathered into one PublishMany. The default 2 ms is
+// shorter than the start of a dozen goroutines on a loaded machine: the
+// attempts then trickle out one Publish at a time as each linger ends.
+const gatherLinger = 500 * time.Millisecond
+
 // publishStreams publishes one record to each of n streams at once and
 // returns the calls' errors once all are answered.
 func publishStreams(c *Client, n int) <-chan []error {
@@ -95,7 +106,7 @@ func TestPublishManyFallsBackToPublishOnUnimplemented(t *testing.T) {
 	// The first maxManyInFlight publishes hold the sender's slots, so the
 	// other streams' attempts are gathered into a PublishMany.
 	release := heldPublishes(f, maxManyInFlight)
-	c := newTestClient(t, Config{Brokers: []string{f.addr}})
+	c := newTestClient(t, Config{Brokers: []string{f.addr}, Linger: gatherLinger})
 	const n = 12
 	done := publishStreams(c, n)
 	sender := c.stream(f.addr).pub
@@ -135,12 +146,12 @@ func TestPublishManyEntryFollowsItsOwnerHint(t *testing.T) {
 		}
 		return inner(req)
 	}
-	c := newTestClient(t, Config{Brokers: []string{f.addr}})
+	c := newTestClient(t, Config{Brokers: []string{f.addr}, Linger: gatherLinger})
 	const n = 12
 	done := publishStreams(c, n)
 	// Behind the held Publishes the others wait Linger at most, then go
 	// in one PublishMany.
-	clustertest.Eventually(t, 10*time.Second, "a PublishMany served", func() bool {
+	clustertest.Eventually(t, 10*time.Second, "a PublishMany sent", func() bool {
 		f.mu.Lock()
 		defer f.mu.Unlock()
 		return len(f.calls) > 0

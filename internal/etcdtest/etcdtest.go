@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"net/url"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -21,6 +22,8 @@ import (
 type Server struct {
 	Etcd      *embed.Etcd
 	Endpoints []string
+
+	closeOnce sync.Once
 }
 
 // Start launches etcd and waits until it serves; it is stopped at cleanup.
@@ -105,10 +108,13 @@ func (s *Server) Client(t testing.TB) *clientv3.Client {
 	return c
 }
 
-// Close stops the server.
+// Close stops the server. A test may stop it early; the cleanup's Close
+// then does nothing.
 func (s *Server) Close() {
-	s.Etcd.Close()
-	<-s.Etcd.Server.StopNotify()
+	s.closeOnce.Do(func() {
+		s.Etcd.Close()
+		<-s.Etcd.Server.StopNotify()
+	})
 }
 
 func freeURL() (*url.URL, error) {

@@ -352,36 +352,66 @@ func (m *Manager) hintLocked(a cluster.Assignment) *strandv1.OwnerHint {
 // Locate answers who owns a stream.
 func (m *Manager) Locate(stream string) (*strandv1.LocateResponse, error) {
 	m.mu.RLock()
-	defer m.mu.RUnlock()
 	a, ok := m.assignments[stream]
-	if !ok {
-		return nil, m.unknownLocked(stream)
+	current := m.assignmentsCurrent
+	var resp *strandv1.LocateResponse
+	if ok {
+		resp = &strandv1.LocateResponse{
+			Owner:     m.hintLocked(a),
+			Followers: slices.Clone(a.Followers),
+			Policy:    &strandv1.ConfirmPolicy{Name: a.Policy.Name, Nodes: uint32(a.Policy.Nodes)},
+		}
 	}
-	return &strandv1.LocateResponse{
-		Owner:     m.hintLocked(a),
-		Followers: slices.Clone(a.Followers),
-		Policy:    &strandv1.ConfirmPolicy{Name: a.Policy.Name, Nodes: uint32(a.Policy.Nodes)},
-	}, nil
+	m.mu.RUnlock()
+	if !ok {
+		return nil, m.unknown(stream, current)
+	}
+	return resp, nil
 }
 
 func (m *Manager) notHere(stream string) error {
 	m.mu.RLock()
-	defer m.mu.RUnlock()
 	a, ok := m.assignments[stream]
-	if !ok {
-		return m.unknownLocked(stream)
+	current := m.assignmentsCurrent
+	var err error
+	if ok {
+		err = &NotOwnerError{Hint: m.hintLocked(a)}
 	}
-	return &NotOwnerError{Hint: m.hintLocked(a)}
+	m.mu.RUnlock()
+	if !ok {
+		return m.unknown(stream, current)
+	}
+	return err
 }
 
-// unknownLocked is the error for a stream with no assignment here:
-// ErrUnknownStream only while the assignments mirror etcd, so NotFound
-// means the stream does not exist; ErrUnavailable before that, since the
-// stream may exist and a retry, here once the listing is in or at another
-// broker, may find it. m.mu must be held.
-func (m *Manager) unknownLocked(stream string) error {
-	if !m.assignmentsCurrent {
+// unknownReadTimeout bounds the etcd read that confirms a stream unknown
+// here does not exist.
+const unknownReadTimeout = 2 * time.Second
+
+// unknown is the error for a stream with no assignment here; current is
+// whether the assignments mirrored etcd when the stream was looked up.
+// NotFound (ErrUnknownStream) is a promise that the stream does not
+// exist, and a watch that mirrors etcd can still lag it: a stream created
+// a moment ago may not have reached this broker yet. So absence here is
+// confirmed by a linearizable read of the stream's assignment, and a
+// stream that exists, or a read that fails, is ErrUnavailable: a retry,
+// here once the watch brings it or at another broker, finds it
+// (docs/errors.md). m.mu must not be held.
+func (m *Manager) unknown(stream string, current bool) error {
+	if !current {
 		return fmt.Errorf("%w: stream %q: this broker's view of the assignments is not current (starting, or reconnecting to etcd)", ErrUnavailable, stream)
+	}
+	if m.cfg.ReadStream == nil {
+		return fmt.Errorf("%w: no stream %q", ErrUnknownStream, stream)
+	}
+	ctx, cancel := context.WithTimeout(m.ctx, unknownReadTimeout)
+	defer cancel()
+	keys, err := m.cfg.ReadStream(ctx, stream)
+	switch {
+	case err != nil:
+		return fmt.Errorf("%w: stream %q is not known here and etcd cannot be read to confirm it does not exist: %v", ErrUnavailable, stream, err)
+	case keys.Assignment != nil:
+		return fmt.Errorf("%w: stream %q exists (epoch %d) but this broker's watch has not brought its assignment yet", ErrUnavailable, stream, keys.Assignment.Epoch)
 	}
 	return fmt.Errorf("%w: no stream %q", ErrUnknownStream, stream)
 }

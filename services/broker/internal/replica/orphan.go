@@ -82,7 +82,7 @@ type orphanFacts struct {
 	// incarnation is the copy's ("" when it never recorded one).
 	incarnation string
 	// mirrored: the broker's assignments mirror etcd (a full listing
-	// done and the watch running), as for NotFound (unknownLocked).
+	// done and the watch running), as for NotFound (unknown).
 	mirrored bool
 	// view is the broker's view of the stream's assignment; current and
 	// recovery are etcd's, read at the check (nil: none, or not read).

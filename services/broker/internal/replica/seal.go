@@ -50,10 +50,7 @@ func (m *Manager) Seal(ctx context.Context, stream string, fenceEpoch uint64, tr
 	if c == nil {
 		if !known && !current {
 			// An assignment not seen yet may name this broker.
-			m.mu.RLock()
-			err := m.unknownLocked(stream)
-			m.mu.RUnlock()
-			return storage.State{}, err
+			return storage.State{}, m.unknown(stream, current)
 		}
 		if !known || !a.Includes(m.cfg.Node) {
 			// The stream may well exist: this broker holds no copy of it.
