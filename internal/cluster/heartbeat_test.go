@@ -88,3 +88,22 @@ func TestBoundHeartbeat(t *testing.T) {
 		}
 	}
 }
+
+func TestOfIncarnation(t *testing.T) {
+	const inc = "0123456789abcdef0123456789abcdef"
+	for _, c := range []struct {
+		status, assignment string
+		want               bool
+	}{
+		{IncarnationTag(inc), inc, true},
+		{"", inc, true},                 // a copy that recorded none
+		{IncarnationTag(inc), "", true}, // a stream placed before incarnations
+		{"fedcba98", inc, false},        // a deleted stream's copy
+		{"01234567", "0123", false},     // a tag is not a prefix match the other way
+		{"0123", "0123", true},          // ids shorter than a tag are whole
+	} {
+		if got := (CopyTails{Incarnation: c.status}).OfIncarnation(c.assignment); got != c.want {
+			t.Errorf("status %q OfIncarnation(%q) = %v, want %v", c.status, c.assignment, got, c.want)
+		}
+	}
+}

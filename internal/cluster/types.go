@@ -37,6 +37,35 @@ type CopyTails struct {
 	Suspect string `json:"suspect,omitempty"`
 	// ChainMismatch is set when the copy's prefix disagrees with its owner's.
 	ChainMismatch bool `json:"chain_mismatch,omitempty"`
+	// Incarnation is the tag (IncarnationTag) of the stream incarnation
+	// the copy belongs to, empty for a copy that recorded none. A status
+	// of another incarnation is about a deleted stream of the same name,
+	// whose copy a broker still held or had not yet dropped when it wrote
+	// the value: the controller reads it as no status for the stream now
+	// assigned (OfIncarnation; docs/etcd-schema.md, "Heartbeat shards").
+	Incarnation string `json:"inc,omitempty"`
+}
+
+// incarnationTagLen is how much of an incarnation a status carries: 8 of
+// the controller's 32 random hex digits. Two lives of one name share a tag
+// once in 2^32, and what that costs is one status read as the new
+// stream's, as every status was read before tags; the full id would add
+// 40 bytes to each copy's status in every heartbeat write.
+const incarnationTagLen = 8
+
+// IncarnationTag is the part of an incarnation id a copy's status carries.
+func IncarnationTag(incarnation string) string {
+	if len(incarnation) > incarnationTagLen {
+		return incarnation[:incarnationTagLen]
+	}
+	return incarnation
+}
+
+// OfIncarnation reports whether the status may be of the stream
+// incarnation named: it is, or either side names none (a copy that
+// recorded none, a stream placed before incarnations).
+func (t CopyTails) OfIncarnation(incarnation string) bool {
+	return t.Incarnation == "" || incarnation == "" || t.Incarnation == IncarnationTag(incarnation)
 }
 
 // InSyncSlack is how many records a live follower at its assignment's

@@ -570,6 +570,7 @@ func (c *Copy) tails() (cluster.CopyTails, bool) {
 		SealEpoch:        s.SealEpoch,
 		Suspect:          c.suspect,
 		ChainMismatch:    c.chainMismatch,
+		Incarnation:      cluster.IncarnationTag(s.Incarnation),
 	}, true
 }
 

@@ -191,6 +191,8 @@ func (s *Stream) State() State {
 // Status is what a copy's heartbeat reports of its stream (Stream.Status).
 type Status struct {
 	Epoch, SealEpoch, Head, RecordTail, CursorEventTail uint64
+	// Incarnation is State's: a string, so no copy.
+	Incarnation string
 }
 
 // Status returns the epochs and log ends without State's copies of the
@@ -203,6 +205,7 @@ func (s *Stream) Status() Status {
 	s.durable.dmu.Lock()
 	defer s.durable.dmu.Unlock()
 	return Status{
+		Incarnation:     s.assigned.m.Incarnation,
 		Epoch:           s.assigned.m.Epoch,
 		SealEpoch:       s.assigned.m.SealEpoch,
 		Head:            s.assigned.m.Head,

@@ -122,8 +122,8 @@ func judgeStream(s *state.Snapshot, name string, mem *Memory) []Entry {
 		out = append(out, e)
 	}
 	suspects := map[string][]string{}
-	for node, hb := range s.Heartbeats {
-		t, ok := hb.Tails(name)
+	for node := range s.Heartbeats {
+		t, ok := s.Tails(node, name)
 		if !ok {
 			continue
 		}

@@ -315,8 +315,21 @@ func (s *Snapshot) IsDraining(node string) bool {
 
 // Tails returns the tails node last published for stream, if its heartbeat
 // is present and names the stream.
+//
+// A status of another incarnation than the stream's assignment is not the
+// stream's: it is of a deleted stream of the same name, whose copy the
+// broker held when it wrote the value (cluster.CopyTails.Incarnation). Read
+// as the new stream's, its epoch, seal or suspect could fail the new
+// stream over, or its tails could pass for a copy the new stream has.
 func (s *Snapshot) Tails(node, stream string) (cluster.CopyTails, bool) {
-	return s.Heartbeats[node].Tails(stream)
+	t, ok := s.Heartbeats[node].Tails(stream)
+	if !ok {
+		return cluster.CopyTails{}, false
+	}
+	if a, assigned := s.Assignments[stream]; assigned && !t.OfIncarnation(a.Value.Incarnation) {
+		return cluster.CopyTails{}, false
+	}
+	return t, true
 }
 
 // CopyCounts returns how many copies each node holds across assignments,

@@ -128,3 +128,54 @@ func TestDecodeHeartbeatReplacesShard(t *testing.T) {
 		t.Fatal("the broker outlived its last shard")
 	}
 }
+
+// A status of another incarnation than the stream's assignment is of a
+// deleted stream of the same name: Tails reads it as no status, so its
+// seal epoch or suspect cannot fail the new stream over. A status that
+// names no incarnation, or one of a stream with no assignment, is read as
+// before.
+func TestTailsOfAnotherIncarnationAreNotTheStreams(t *testing.T) {
+	e := etcdtest.Start(t)
+	cli := e.Client(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	s := cluster.NewSchema("")
+	const inc = "0123456789abcdef0123456789abcdef"
+	a := cluster.Assignment{Stream: "re", Epoch: 1, Owner: "b1", Followers: []string{"b2", "b3"}, Incarnation: inc}
+	if _, err := cli.Put(ctx, s.AssignmentKey("re"), cluster.Encode(a)); err != nil {
+		t.Fatal(err)
+	}
+	statuses := map[string]cluster.CopyTails{
+		"b1": {Epoch: 1, Role: cluster.RoleOwner, RecordTail: 3, Incarnation: cluster.IncarnationTag(inc)},
+		"b2": {Epoch: 1, Role: cluster.RoleFollower, RecordTail: 3},
+		"b3": {Epoch: 4, Role: cluster.RoleSealed, SealEpoch: 5, RecordTail: 10, Incarnation: "fedcba98"},
+	}
+	for node, tails := range statuses {
+		for _, stream := range []string{"re", "unassigned"} {
+			shard := cluster.HeartbeatShard(stream)
+			key := s.HeartbeatKey(node, shard)
+			hb := cluster.Heartbeat{Node: node, Shard: shard, Streams: map[string]cluster.CopyTails{stream: tails}}
+			if cluster.HeartbeatShard("re") == cluster.HeartbeatShard("unassigned") {
+				hb.Streams = map[string]cluster.CopyTails{"re": tails, "unassigned": tails}
+			}
+			if _, err := cli.Put(ctx, key, cluster.Encode(hb)); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	snap, err := Load(ctx, cli, s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for node, want := range map[string]bool{"b1": true, "b2": true, "b3": false} {
+		if got, ok := snap.Tails(node, "re"); ok != want {
+			t.Errorf("Tails(%s, re) = %+v, %v; want found %v", node, got, ok, want)
+		}
+		if _, ok := snap.Tails(node, "unassigned"); !ok {
+			t.Errorf("Tails(%s, unassigned): not found; a stream with no assignment has no incarnation to tell statuses apart", node)
+		}
+		if !snap.Heartbeats[node].Holds("re") {
+			t.Errorf("%s holds no copy of re: a copy of another incarnation is still a copy on the broker", node)
+		}
+	}
+}
