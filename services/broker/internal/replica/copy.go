@@ -434,6 +434,33 @@ func (c *Copy) bringOntoHistory(ctx context.Context, state storage.State, target
 	return history, nil
 }
 
+// awaitApplied returns once the copy has applied an assignment at epoch
+// or later, or after wait, whichever is first (the caller then judges
+// the copy's role as it finds it), or with ctx's error once ctx ends.
+func (c *Copy) awaitApplied(ctx context.Context, epoch uint64, wait time.Duration) error {
+	var timeout <-chan time.Time
+	for {
+		c.mu.Lock()
+		applied, changed := c.applied.Epoch, c.roleChanged
+		c.mu.Unlock()
+		if applied >= epoch {
+			return nil
+		}
+		if timeout == nil {
+			timer := time.NewTimer(wait)
+			defer timer.Stop()
+			timeout = timer.C
+		}
+		select {
+		case <-changed:
+		case <-timeout:
+			return nil
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+}
+
 func (c *Copy) startRole(a cluster.Assignment, role string) {
 	c.mu.Lock()
 	defer c.mu.Unlock()

@@ -412,6 +412,17 @@ func (f *servedFollow) ack(node string, recordTail, eventTail uint64) {
 // cursor events at the owner's offsets, each with its epoch, and the
 // confirm watermark. The follower's acknowledgements (servedFollow.ack)
 // advance the watermark. It returns the error that ends the follow.
+// followApplyWait bounds how long a follow at an epoch this copy has not
+// applied yet waits for the copy to apply it. A recovery's commit reaches
+// the new owner and its followers through their own assignment watches,
+// in no order: a follower that asked before its owner took the role was
+// refused and backed off, and after a mass failover thousands of them did,
+// so new owners served their first confirm seconds after they could have.
+// Waiting here instead answers the follow the moment the role is taken.
+// Bounded, since the epoch may never come to this copy (it was left out,
+// or the owner role is withheld): then the follow is refused as before.
+const followApplyWait = time.Second
+
 func (m *Manager) serveFollow(ctx context.Context, srv *followServer, f *servedFollow, first *strandv1.FollowStart) error {
 	if srv.edge.CheckStream != nil {
 		if err := srv.edge.CheckStream(first.GetStream()); err != nil {
@@ -421,6 +432,9 @@ func (m *Manager) serveFollow(ctx context.Context, srv *followServer, f *servedF
 	c := m.copy(first.GetStream())
 	if c == nil {
 		return m.notHere(first.GetStream())
+	}
+	if err := c.awaitApplied(ctx, first.GetEpoch(), followApplyWait); err != nil {
+		return err
 	}
 	a, tracker, roleCtx, ok := c.ownerRole()
 	if !ok {

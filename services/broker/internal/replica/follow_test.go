@@ -2,11 +2,13 @@ package replica
 
 import (
 	"context"
+	"errors"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	strandv1 "github.com/strandhq/strand/api/strand/v1"
+	"github.com/strandhq/strand/internal/cluster"
 	"github.com/strandhq/strand/internal/clustertest"
 )
 
@@ -155,5 +157,55 @@ func TestWatermarkFollowsTheFirstBatchOnTheCall(t *testing.T) {
 	srv.mu.Unlock()
 	if got := take(); len(got) != 1 || got[0] != (sent{2, 9, 0}) {
 		t.Fatalf("watermarks after a ended: %v", got)
+	}
+}
+
+// A follow at an epoch the owner's copy has not applied yet waits for the
+// copy to apply it (followApplyWait), rather than being refused: a
+// recovery's commit reaches the new owner and its followers in no order.
+// It waits only so long, and the caller then judges the copy as it finds
+// it.
+func TestFollowAtAnEpochNotAppliedYetWaitsForIt(t *testing.T) {
+	m := newTestManager(t, "b1", func() cluster.HistoryStarts { return nil })
+	const stream = "next"
+	m.SetAssignment(cluster.Assignment{Stream: stream, Epoch: 1, Owner: "b1"})
+	clustertest.Eventually(t, 10*time.Second, "the owner at epoch 1", func() bool {
+		c := m.copy(stream)
+		if c == nil {
+			return false
+		}
+		_, _, _, ok := c.ownerRole()
+		return ok
+	})
+	c := m.copy(stream)
+	ctx := context.Background()
+
+	// Bounded: epoch 2 never comes within the wait.
+	if err := c.awaitApplied(ctx, 2, 0); err != nil {
+		t.Fatalf("a wait that ran out: %v, want nil (the caller judges the role)", err)
+	}
+	cctx, cancel := context.WithCancel(ctx)
+	cancel()
+	if err := c.awaitApplied(cctx, 2, time.Minute); !errors.Is(err, context.Canceled) {
+		t.Fatalf("a wait whose call ended: %v, want context.Canceled", err)
+	}
+
+	appliedAtReturn := make(chan uint64, 1)
+	go func() {
+		if err := c.awaitApplied(ctx, 2, time.Minute); err != nil {
+			t.Error(err)
+		}
+		c.mu.Lock()
+		appliedAtReturn <- c.applied.Epoch
+		c.mu.Unlock()
+	}()
+	m.SetAssignment(cluster.Assignment{Stream: stream, Epoch: 2, Owner: "b1"})
+	select {
+	case got := <-appliedAtReturn:
+		if got < 2 {
+			t.Fatalf("the wait returned with epoch %d applied, want 2", got)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the wait did not end once epoch 2 was applied")
 	}
 }

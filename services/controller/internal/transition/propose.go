@@ -57,9 +57,20 @@ func Candidates(s *state.Snapshot, stream string, nodes []string) []Candidate {
 	return out
 }
 
-// LoadOf is what placement needs from a snapshot.
+// LoadOf is what placement needs from a snapshot. A stream with a pending
+// recovery counts as owned by its proposed owner, which the recovery
+// promotes unless the sealed tails say otherwise: proposals made in
+// earlier passes of a mass failover are counted, and the next ones spread
+// over the other survivors (ProposeRecoveryWith).
 func LoadOf(s *state.Snapshot) placement.Load {
 	copies, owned := s.CopyCounts()
+	for stream, rv := range s.Recoveries {
+		av, ok := s.Assignments[stream]
+		if p := rv.Value.ProposedOwner; ok && p != "" && p != av.Value.Owner {
+			owned[p]++
+			owned[av.Value.Owner]--
+		}
+	}
 	return placement.Load{Live: s.LiveBrokers(), Copies: copies, Owned: owned, Zone: s.Zones(), Draining: DrainingOf(s)}
 }
 
@@ -87,10 +98,18 @@ func ProposeRecovery(s *state.Snapshot, stream string, lost []string, reason str
 }
 
 // ProposeRecoveryWith is ProposeRecovery for a caller proposing for many
-// streams of one snapshot with its placement load taken already. The
-// proposal itself places nothing; the caller places replacements due now
-// with WithReplacement.
-func ProposeRecoveryWith(s *state.Snapshot, _ placement.Load, stream string, lost []string, reason string) (cluster.Recovery, error) {
+// streams of one snapshot with its placement load taken already. Among
+// the live followers tied for furthest it proposes the one owning fewest
+// streams, and counts the proposal in load, so a lost owner's streams
+// spread over the survivors instead of all going to the follower whose
+// id sorts first: that one broker would take on every seal answer, epoch
+// advance and new follow of the failover, and the balancing would hand
+// half of them over again a minute later. Tied copies hold the same
+// records (docs/protocol.md, "Invariants"), so any of them is a correct
+// owner; the proposal is only the recoverer's tie-break among sealed
+// copies (pick.DecideFor). The proposal itself places nothing; the caller
+// places replacements due now with WithReplacement.
+func ProposeRecoveryWith(s *state.Snapshot, load placement.Load, stream string, lost []string, reason string) (cluster.Recovery, error) {
 	av, ok := s.Assignments[stream]
 	if !ok {
 		return cluster.Recovery{}, ErrNoStream
@@ -104,8 +123,18 @@ func ProposeRecoveryWith(s *state.Snapshot, _ placement.Load, stream string, los
 	}
 	down := func(n string) bool { return !s.Live(n) || slices.Contains(lost, n) }
 	var proposed string
-	if best, ok := Furthest(slices.DeleteFunc(Candidates(s, stream, a.Followers), func(c Candidate) bool { return down(c.Node) })); ok {
+	live := slices.DeleteFunc(Candidates(s, stream, a.Followers), func(c Candidate) bool { return down(c.Node) })
+	if best, ok := Furthest(live); ok {
 		proposed = best.Node
+		for _, c := range live {
+			if c.RecordTail == best.RecordTail && c.CursorEventTail == best.CursorEventTail && load.Owned[c.Node] < load.Owned[proposed] {
+				proposed = c.Node
+			}
+		}
+		if load.Owned != nil {
+			load.Owned[proposed]++
+			load.Owned[a.Owner]--
+		}
 	} else {
 		// No follower is live: propose the lowest follower; the recovery
 		// waits under attention until enough copies answer its seals.

@@ -2,6 +2,7 @@ package transition
 
 import (
 	"errors"
+	"fmt"
 	"slices"
 	"testing"
 
@@ -169,5 +170,55 @@ func TestAcceptLoss(t *testing.T) {
 		case out.Start != nil && *out.Start != *c.wantStart:
 			t.Errorf("%s: start %+v, want %+v", c.name, *out.Start, *c.wantStart)
 		}
+	}
+}
+
+// The streams of a lost owner, their followers tied, are proposed to the
+// survivors in turn by the streams each owns, counting the proposals of
+// the same pass and the pending recoveries of earlier ones (LoadOf): not
+// all to the follower whose id sorts first. A follower ahead is still
+// proposed whatever it owns.
+func TestProposalsSpreadTiedStreamsOverTheSurvivors(t *testing.T) {
+	b := state.Build().Live("b2", "b3")
+	var names []string
+	for i := range 12 {
+		name := fmt.Sprintf("s%02d", i)
+		names = append(names, name)
+		a := cluster.Assignment{Stream: name, Epoch: 1, Owner: "b1", Followers: []string{"b2", "b3"}, Policy: majority}
+		b.Stream(a).Tails("b2", name, cluster.CopyTails{RecordTail: 5}).Tails("b3", name, cluster.CopyTails{RecordTail: 5})
+	}
+	// One stream's b3 is ahead; and b2 already owns two other streams.
+	b.Tails("b3", "s11", cluster.CopyTails{RecordTail: 6})
+	b.Stream(cluster.Assignment{Stream: "o1", Epoch: 1, Owner: "b2", Followers: []string{"b3"}, Policy: majority})
+	b.Stream(cluster.Assignment{Stream: "o2", Epoch: 1, Owner: "b2", Followers: []string{"b3"}, Policy: majority})
+	// An earlier pass proposed b3 for a recovery still pending.
+	b.Stream(cluster.Assignment{Stream: "p1", Epoch: 1, Owner: "b1", Followers: []string{"b2", "b3"}, Policy: majority})
+	b.Recovery(cluster.Recovery{Stream: "p1", FromEpoch: 1, FenceEpoch: 2, OldOwner: "b1", OldFollowers: []string{"b2", "b3"}, ProposedOwner: "b3"})
+	s := b.Snapshot()
+
+	load := LoadOf(s)
+	if load.Owned["b2"] != 2 || load.Owned["b3"] != 1 {
+		t.Fatalf("owned before the pass %v, want b2 2 (its streams) and b3 1 (a pending proposal)", load.Owned)
+	}
+	proposed := map[string]int{}
+	for _, name := range names {
+		rec, err := ProposeRecoveryWith(s, load, name, nil, "owner lost")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if name == "s11" && rec.ProposedOwner != "b3" {
+			t.Fatalf("s11 proposed to %s, want b3, the furthest", rec.ProposedOwner)
+		}
+		proposed[rec.ProposedOwner]++
+	}
+	// b2 from 2, b3 from 1 and s11 to b3 whatever: they alternate from
+	// the first tie, b2 ending with 7 and b3 with 8.
+	if proposed["b2"] != 5 || proposed["b3"] != 7 {
+		t.Fatalf("proposed %v, want b2 5 and b3 7", proposed)
+	}
+	// Without a load (ProposeRecovery), ties go by node id as before.
+	rec, err := ProposeRecovery(s, "s00", nil, "owner lost")
+	if err != nil || rec.ProposedOwner != "b2" {
+		t.Fatalf("ProposeRecovery: %+v, %v; want b2", rec, err)
 	}
 }
