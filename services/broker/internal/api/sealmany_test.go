@@ -255,7 +255,8 @@ func TestSealManyRefusals(t *testing.T) {
 
 // BenchmarkSealCalls seals the copies of 512 streams on one broker, 128
 // seals outstanding at a time as a recoverer's rounds in flight keep them
-// (worker.DefaultMaxInFlight): as a Seal each, and gathered into SealMany
+// (fewer than worker.DefaultMaxInFlight, so each pass holds every stream
+// once): as a Seal each, and gathered into SealMany
 // calls of up to 128 entries, 4 calls at once (the recoverer's
 // sealCallsInFlight). Each op is one seal; after the first pass a seal
 // takes the copy's seal over for a newer transition at the same fence

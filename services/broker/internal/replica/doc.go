@@ -30,7 +30,10 @@
 //     the same checks per start (stream known and owned here, the call's
 //     node a follower at the owner's epoch, tails not past the owner's,
 //     chains equal) and serves each follow from its own goroutine
-//     (serveFollow) with its own flow control: record bytes and batches
+//     (serveFollow); a start at an epoch the owner's copy has not applied
+//     yet first waits up to a second for it (followApplyWait), since a
+//     new assignment reaches the owner and its followers in no order. Each
+//     follow has its own flow control: record bytes and batches
 //     sent and not acknowledged, so one follow cannot queue without bound
 //     on the follower.
 //   - Every batch (FollowBatch) carries the follow's id and the owner's

@@ -32,7 +32,10 @@ type Config struct {
 	// stream and not yet acknowledged (each stream's follow has its own
 	// flow control on the shared Follow call).
 	MaxInflightBytes int
-	// MaxConcurrentSeals bounds seals served at once.
+	// MaxConcurrentSeals bounds seals served at once (0: 512). A seal
+	// mostly waits, for its metadata's group commit and for the copy's
+	// role to end, so many share each commit: at 64, the seals of a mass
+	// failover queued for slots and were most of a recovery round.
 	MaxConcurrentSeals int
 	// RetentionInterval is how often retention runs on every copy.
 	RetentionInterval time.Duration
@@ -105,7 +108,7 @@ func NewManager(cfg Config) (*Manager, error) {
 		cfg.MaxInflightBytes = 8 << 20
 	}
 	if cfg.MaxConcurrentSeals <= 0 {
-		cfg.MaxConcurrentSeals = 64
+		cfg.MaxConcurrentSeals = 512
 	}
 	if cfg.RetentionInterval <= 0 {
 		cfg.RetentionInterval = 2 * time.Second

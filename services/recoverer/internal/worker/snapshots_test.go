@@ -294,8 +294,8 @@ func TestSnapshotReaderConcurrentAttempts(t *testing.T) {
 }
 
 // BenchmarkSnapshotReads measures what a mass failover's snapshot reads
-// cost on a real etcd: each op reads 1,000 streams' snapshots from 128
-// attempts at once (DefaultMaxInFlight), each stream read alone
+// cost on a real etcd: each op reads 1,000 streams' snapshots from
+// DefaultMaxInFlight attempts at once, each stream read alone
 // (readSnapshot, the read before gathering) against through the term's
 // gatherer. ns/stream is wall time; cpu-ns/stream is the process's CPU
 // time, which here includes the embedded etcd's; txns/stream counts the
