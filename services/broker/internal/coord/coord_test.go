@@ -25,8 +25,13 @@ func newTestCoord(t *testing.T) (*Coord, *etcdtest.Server) {
 	}
 	schema := cluster.NewSchema("")
 	cli := e.Client(t)
+	var c *Coord
+	// The manager reads a stream's keys through the Coord, as the broker
+	// app wires it (unknown streams, orphans).
 	m, err := replica.NewManager(replica.Config{Node: "b1", Storage: db, Logger: zerolog.Nop(),
-		History: func(context.Context, string) (cluster.HistoryStarts, error) { return nil, nil }})
+		History:    func(context.Context, string) (cluster.HistoryStarts, error) { return nil, nil },
+		ReadStream: func(ctx context.Context, stream string) (replica.StreamKeys, error) { return c.ReadStream(ctx, stream) },
+	})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -34,8 +39,9 @@ func newTestCoord(t *testing.T) (*Coord, *etcdtest.Server) {
 		m.Close()
 		_ = db.Close()
 	})
-	return New(Config{Client: cli, Schema: schema, Node: "b1", Address: "127.0.0.1:1",
-		Heartbeat: 100 * time.Millisecond, LeaseTTL: time.Minute, Logger: zerolog.Nop(), Manager: m}), e
+	c = New(Config{Client: cli, Schema: schema, Node: "b1", Address: "127.0.0.1:1",
+		Heartbeat: 100 * time.Millisecond, LeaseTTL: time.Minute, Logger: zerolog.Nop(), Manager: m})
+	return c, e
 }
 
 func registered(t *testing.T, c *Coord) bool {

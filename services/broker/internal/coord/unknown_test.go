@@ -7,10 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/rs/zerolog"
-
 	"github.com/strandhq/strand/internal/cluster"
-	"github.com/strandhq/strand/internal/etcdtest"
 	"github.com/strandhq/strand/services/broker/internal/replica"
 	"github.com/strandhq/strand/services/broker/internal/storage"
 )
@@ -22,29 +19,8 @@ import (
 // a lagging watch looks like from the manager's side; the read is the
 // broker's real one (Coord.ReadStream) against real etcd.
 func TestUnknownStreamIsNotFoundOnlyOnceEtcdConfirmsIt(t *testing.T) {
-	e := etcdtest.Start(t)
-	db, err := storage.Open(storage.Options{Dir: t.TempDir(), Logger: zerolog.Nop()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	schema := cluster.NewSchema("")
-	cli := e.Client(t)
-	var co *Coord
-	m, err := replica.NewManager(replica.Config{Node: "b1", Storage: db, Logger: zerolog.Nop(),
-		History: func(context.Context, string) (cluster.HistoryStarts, error) { return nil, nil },
-		ReadStream: func(ctx context.Context, stream string) (replica.StreamKeys, error) {
-			return co.ReadStream(ctx, stream)
-		},
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		m.Close()
-		_ = db.Close()
-	})
-	co = New(Config{Client: cli, Schema: schema, Node: "b1", Address: "127.0.0.1:1",
-		Heartbeat: 100 * time.Millisecond, LeaseTTL: time.Minute, Logger: zerolog.Nop(), Manager: m})
+	co, e := newTestCoord(t)
+	m, cli, schema := co.cfg.Manager, co.cfg.Client, co.cfg.Schema
 
 	if _, err := m.Locate("fresh"); !errors.Is(err, replica.ErrUnavailable) {
 		t.Fatalf("Locate before the assignments were listed: %v, want ErrUnavailable", err)

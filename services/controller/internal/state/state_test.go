@@ -2,13 +2,24 @@ package state
 
 import (
 	"context"
-	"go.etcd.io/etcd/api/v3/mvccpb"
 	"testing"
 	"time"
+
+	"go.etcd.io/etcd/api/v3/mvccpb"
+	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/strandhq/strand/internal/cluster"
 	"github.com/strandhq/strand/internal/etcdtest"
 )
+
+// startEtcd starts embedded etcd for a test: a client, a context that
+// bounds the test's calls, and the schema at the default prefix.
+func startEtcd(t *testing.T) (*clientv3.Client, context.Context, cluster.Schema) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	t.Cleanup(cancel)
+	return etcdtest.Start(t).Client(t), ctx, cluster.NewSchema("")
+}
 
 // streamsInShards returns two stream names that fall in different shards.
 func streamsInShards(t *testing.T) (string, string) {
@@ -27,11 +38,7 @@ func streamsInShards(t *testing.T) (string, string) {
 // holds for a stream once its shard is written after the revision asked,
 // and a key that is not <node>/<shard> is listed corrupt, not guessed at.
 func TestLoadMergesHeartbeatShards(t *testing.T) {
-	e := etcdtest.Start(t)
-	cli := e.Client(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	s := cluster.NewSchema("")
+	cli, ctx, s := startEtcd(t)
 	a, b := streamsInShards(t)
 	put := func(node, stream string, tails cluster.CopyTails) int64 {
 		t.Helper()
@@ -135,11 +142,7 @@ func TestDecodeHeartbeatReplacesShard(t *testing.T) {
 // names no incarnation, or one of a stream with no assignment, is read as
 // before.
 func TestTailsOfAnotherIncarnationAreNotTheStreams(t *testing.T) {
-	e := etcdtest.Start(t)
-	cli := e.Client(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	s := cluster.NewSchema("")
+	cli, ctx, s := startEtcd(t)
 	const inc = "0123456789abcdef0123456789abcdef"
 	a := cluster.Assignment{Stream: "re", Epoch: 1, Owner: "b1", Followers: []string{"b2", "b3"}, Incarnation: inc}
 	if _, err := cli.Put(ctx, s.AssignmentKey("re"), cluster.Encode(a)); err != nil {
