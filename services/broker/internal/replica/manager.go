@@ -50,7 +50,9 @@ type Config struct {
 	// is kept before it is deleted (orphan.go; 0: DefaultOrphanGrace).
 	OrphanGrace time.Duration
 	// ReadStream reads a stream's assignment and pending recovery from
-	// etcd, for the orphan check; nil deletes no orphan.
+	// etcd: for the orphan check, and to confirm that a stream with no
+	// assignment here does not exist before answering NotFound (unknown).
+	// nil deletes no orphan and answers NotFound from the view alone.
 	ReadStream func(ctx context.Context, stream string) (StreamKeys, error)
 }
 
