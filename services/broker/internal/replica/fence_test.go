@@ -66,14 +66,7 @@ func TestAdmittedWriteOfTheOldRoleIsCut(t *testing.T) {
 	// here, so what b1 holds past b2's start was never confirmed.
 	majority := cluster.Policy{Name: cluster.MajorityDurable}
 	m.SetAssignment(cluster.Assignment{Stream: stream, Epoch: 1, Owner: "b1", Followers: []string{"b2"}, Policy: majority})
-	clustertest.Eventually(t, 10*time.Second, "b1 owns the stream at epoch 1", func() bool {
-		c := m.copy(stream)
-		if c == nil {
-			return false
-		}
-		_, _, _, ok := c.ownerRole()
-		return ok
-	})
+	waitOwnerRole(t, m, stream, "b1 owns the stream at epoch 1")
 	// Records b2 holds too (as a recovery would have found): the shared
 	// prefix below epoch 2's start.
 	if _, err := m.copy(stream).st.Append(ctx, 1, []storage.Record{{Payload: []byte("r0")}, {Payload: []byte("r1")}}); err != nil {

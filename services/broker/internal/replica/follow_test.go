@@ -169,14 +169,7 @@ func TestFollowAtAnEpochNotAppliedYetWaitsForIt(t *testing.T) {
 	m := newTestManager(t, "b1", func() cluster.HistoryStarts { return nil })
 	const stream = "next"
 	m.SetAssignment(cluster.Assignment{Stream: stream, Epoch: 1, Owner: "b1"})
-	clustertest.Eventually(t, 10*time.Second, "the owner at epoch 1", func() bool {
-		c := m.copy(stream)
-		if c == nil {
-			return false
-		}
-		_, _, _, ok := c.ownerRole()
-		return ok
-	})
+	waitOwnerRole(t, m, stream, "the owner at epoch 1")
 	c := m.copy(stream)
 	ctx := context.Background()
 

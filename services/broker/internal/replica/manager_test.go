@@ -265,6 +265,19 @@ func TestOwnerCountsRecordsNoPublishWaitedFor(t *testing.T) {
 
 // ownTenRecords makes m's node, b1, the single-copy owner of stream at
 // epoch 1 and publishes r0..r9 to it, each confirmed.
+// waitOwnerRole waits until m's copy of stream has taken the owner role.
+func waitOwnerRole(t *testing.T, m *Manager, stream, what string) {
+	t.Helper()
+	clustertest.Eventually(t, 10*time.Second, what, func() bool {
+		c := m.copy(stream)
+		if c == nil {
+			return false
+		}
+		_, _, _, ok := c.ownerRole()
+		return ok
+	})
+}
+
 func ownTenRecords(t *testing.T, m *Manager, stream string) {
 	t.Helper()
 	ctx := context.Background()

@@ -207,7 +207,7 @@ func (s *Service) CreateStream(ctx context.Context, req *connect.Request[strandv
 		if copies > len(live) {
 			return nil, rpcerr.FieldPrecondition("copies", rpcerr.PreconditionPlacement, "%d copies need %d live brokers, %d are live", copies, copies, len(live))
 		}
-		owner, followers, placed, err := s.loads.place(snap, copies)
+		owner, followers, placed, err := s.loads.place(snap, name, copies)
 		if err != nil {
 			return nil, rpcerr.FieldPrecondition("copies", rpcerr.PreconditionPlacement, "%v", err)
 		}

@@ -32,6 +32,7 @@ type loads struct {
 
 // placed is one creation's placement, counted until a snapshot holds it.
 type placed struct {
+	stream    string
 	owner     string
 	followers []string
 	// committed is the revision of the creation's transaction (0 until
@@ -46,14 +47,14 @@ type placed struct {
 // creation committed at: the placement is then counted until a snapshot
 // at or past it holds it (or its deletion); 0 (the transaction failed or
 // lost its compare) forgets it at once.
-func (l *loads) place(snap *state.Snapshot, copies int) (owner string, followers []string, done func(committed int64), err error) {
+func (l *loads) place(snap *state.Snapshot, stream string, copies int) (owner string, followers []string, done func(committed int64), err error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	owner, followers, err = placement.Place(l.ofLocked(snap), copies)
 	if err != nil {
 		return "", nil, nil, err
 	}
-	p := &placed{owner: owner, followers: followers}
+	p := &placed{stream: stream, owner: owner, followers: followers}
 	if l.placed == nil {
 		l.placed = map[*placed]struct{}{}
 	}
@@ -96,6 +97,14 @@ func (l *loads) ofLocked(snap *state.Snapshot) placement.Load {
 	for p := range l.placed {
 		if p.committed != 0 && l.base.Rev >= p.committed {
 			delete(l.placed, p) // the snapshot holds it now
+			continue
+		}
+		if _, held := l.base.Assignments[p.stream]; held {
+			// The creation committed and the snapshot holds it before its
+			// call learned its revision (or another creation of the name
+			// won, and this one will fail): counted by the snapshot, so
+			// not again. Counted twice, it skewed the next choice, and
+			// concurrent creations ended two apart.
 			continue
 		}
 		tally(copies, owned, cluster.Assignment{Owner: p.owner, Followers: p.followers}, 1)

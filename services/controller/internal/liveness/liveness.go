@@ -279,6 +279,7 @@ func (l *loop) watch(stream string) {
 func (l *loop) placementLoad(s *state.Snapshot) placement.Load {
 	if l.loadFor != s {
 		l.load, l.loadFor = transition.LoadOf(s), s
+		transition.CountProposals(s, l.load)
 	}
 	return l.load
 }

@@ -57,21 +57,27 @@ func Candidates(s *state.Snapshot, stream string, nodes []string) []Candidate {
 	return out
 }
 
-// LoadOf is what placement needs from a snapshot. A stream with a pending
-// recovery counts as owned by its proposed owner, which the recovery
-// promotes unless the sealed tails say otherwise: proposals made in
-// earlier passes of a mass failover are counted, and the next ones spread
-// over the other survivors (ProposeRecoveryWith).
+// LoadOf is what placement needs from a snapshot.
 func LoadOf(s *state.Snapshot) placement.Load {
 	copies, owned := s.CopyCounts()
+	return placement.Load{Live: s.LiveBrokers(), Copies: copies, Owned: owned, Zone: s.Zones(), Draining: DrainingOf(s)}
+}
+
+// CountProposals counts each pending recovery of s in load as owned by its
+// proposed owner instead of its old owner: the recovery promotes it unless
+// the sealed tails say otherwise. A liveness pass proposing for a mass
+// failover counts this way the proposals of the passes before it, which
+// s holds as pending recoveries, and spreads its own over the other
+// survivors (ProposeRecoveryWith). LoadOf itself counts assignments only,
+// as the admin's incremental counts (admin.loads) do.
+func CountProposals(s *state.Snapshot, load placement.Load) {
 	for stream, rv := range s.Recoveries {
 		av, ok := s.Assignments[stream]
 		if p := rv.Value.ProposedOwner; ok && p != "" && p != av.Value.Owner {
-			owned[p]++
-			owned[av.Value.Owner]--
+			load.Owned[p]++
+			load.Owned[av.Value.Owner]--
 		}
 	}
-	return placement.Load{Live: s.LiveBrokers(), Copies: copies, Owned: owned, Zone: s.Zones(), Draining: DrainingOf(s)}
 }
 
 // DrainingOf is the set of brokers an operator drains, for placement.
@@ -98,9 +104,9 @@ func ProposeRecovery(s *state.Snapshot, stream string, lost []string, reason str
 }
 
 // ProposeRecoveryWith is ProposeRecovery for a caller proposing for many
-// streams of one snapshot with its placement load taken already. Among
-// the live followers tied for furthest it proposes the one owning fewest
-// streams, and counts the proposal in load, so a lost owner's streams
+// streams of one snapshot with its placement load taken already (with
+// CountProposals). Among the live followers tied for furthest it proposes
+// the one owning fewest streams, and counts the proposal in load, so a lost owner's streams
 // spread over the survivors instead of all going to the follower whose
 // id sorts first: that one broker would take on every seal answer, epoch
 // advance and new follow of the failover, and the balancing would hand

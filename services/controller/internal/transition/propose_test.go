@@ -175,7 +175,7 @@ func TestAcceptLoss(t *testing.T) {
 
 // The streams of a lost owner, their followers tied, are proposed to the
 // survivors in turn by the streams each owns, counting the proposals of
-// the same pass and the pending recoveries of earlier ones (LoadOf): not
+// the same pass and the pending recoveries of earlier ones (CountProposals): not
 // all to the follower whose id sorts first. A follower ahead is still
 // proposed whatever it owns.
 func TestProposalsSpreadTiedStreamsOverTheSurvivors(t *testing.T) {
@@ -197,6 +197,10 @@ func TestProposalsSpreadTiedStreamsOverTheSurvivors(t *testing.T) {
 	s := b.Snapshot()
 
 	load := LoadOf(s)
+	if load.Owned["b3"] != 0 {
+		t.Fatalf("LoadOf counted a pending proposal: %v; it counts assignments only", load.Owned)
+	}
+	CountProposals(s, load)
 	if load.Owned["b2"] != 2 || load.Owned["b3"] != 1 {
 		t.Fatalf("owned before the pass %v, want b2 2 (its streams) and b3 1 (a pending proposal)", load.Owned)
 	}
