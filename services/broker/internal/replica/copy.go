@@ -20,8 +20,12 @@ type Copy struct {
 	name string
 	st   *storage.Stream
 
-	kick chan struct{}
-	done chan struct{}
+	// kick wakes a reconcile run waiting out its retry backoff; done is
+	// closed once the copy is closed for good (dropped, or its manager
+	// closed): readers parked on the copy leave then.
+	kick     chan struct{}
+	done     chan struct{}
+	doneOnce sync.Once
 
 	mu      sync.Mutex
 	desired *cluster.Assignment
@@ -52,9 +56,15 @@ type Copy struct {
 	// (withholdOwner).
 	unsureEpoch   uint64
 	ownerWithheld bool
-	// orphanAsked and desiredSet say why the loop was kicked: an orphan
+	// orphanAsked and desiredSet say why the copy was woken: an orphan
 	// check (askOrphanCheck), a new assignment (setDesired).
 	orphanAsked, desiredSet bool
+	// runDone is the running reconcile's (nil when none runs: a copy
+	// costs no goroutine while there is nothing to apply), closed when it
+	// ends; closed says the copy takes nothing more in (dropped, or its
+	// manager closing).
+	runDone chan struct{}
+	closed  bool
 	// dropMu orders a seal against the copy's deletion as an orphan
 	// (dropIfOrphan); dropped, set under dropMu, says the deletion
 	// happened.
@@ -104,45 +114,87 @@ func (c *Copy) setDesired(a *cluster.Assignment) {
 		c.desired = &cp
 	}
 	c.desiredSet = true
+	c.wakeLocked()
 	c.mu.Unlock()
+}
+
+// wakeLocked has a reconcile run take in what was asked (c.mu held): it
+// starts one when none runs, and wakes one waiting out a retry. One run
+// at a time per copy, so assignments are applied in order; none once the
+// copy is closed.
+func (c *Copy) wakeLocked() {
+	if c.closed || c.m.ctx.Err() != nil {
+		return
+	}
+	if c.runDone == nil {
+		done := make(chan struct{})
+		c.runDone = done
+		// Added under c.mu, before stop can see the run: Close waits for
+		// every copy's run (stop) before it waits for the group.
+		c.m.wg.Add(1)
+		go func() {
+			defer c.m.wg.Done()
+			defer close(done)
+			c.reconcileRun(c.m.ctx)
+		}()
+		return
+	}
 	select {
 	case c.kick <- struct{}{}:
 	default:
 	}
 }
 
-// reconcileLoop applies the latest desired assignment, retrying with backoff
+// endRun ends a run that dropped the copy: nothing more is taken in.
+func (c *Copy) endRun() {
+	c.mu.Lock()
+	c.runDone = nil
+	c.mu.Unlock()
+	c.closeDone()
+}
+
+// closeDone marks the copy closed for good and releases its readers.
+func (c *Copy) closeDone() {
+	c.mu.Lock()
+	c.closed = true
+	c.mu.Unlock()
+	c.doneOnce.Do(func() { close(c.done) })
+}
+
+// reconcileRun applies the latest desired assignment, retrying with backoff
 // while it cannot (history unreadable, storage error): an assignment is
-// withheld rather than applied on a guess (docs/protocol.md, "Copies with a longer tail").
-func (c *Copy) reconcileLoop(ctx context.Context) {
-	defer close(c.done)
+// withheld rather than applied on a guess (docs/protocol.md, "Copies with
+// a longer tail"). It runs only while there is something to take in, and
+// ends once there is not: at 10,000 copies a goroutine parked per copy
+// was a quarter of a broker's goroutines, stacks the garbage collector
+// scans at every cycle (docs/limits.md, "Memory grows with the copies a
+// broker holds"). wakeLocked starts it; the check that nothing is left and
+// the end of the run are one step under c.mu, so no wake is lost.
+func (c *Copy) reconcileRun(ctx context.Context) {
 	retry := time.Duration(0)
 	for {
-		var timer <-chan time.Time
 		if retry > 0 {
 			t := time.NewTimer(retry)
-			timer = t.C
 			select {
 			case <-ctx.Done():
 				t.Stop()
-				return
 			case <-c.kick:
 				t.Stop()
-			case <-timer:
-			}
-		} else {
-			select {
-			case <-ctx.Done():
-				return
-			case <-c.kick:
+			case <-t.C:
 			}
 		}
 		c.mu.Lock()
 		orphan, desiredSet := c.orphanAsked, c.desiredSet
+		if ctx.Err() != nil || c.closed || (!orphan && !desiredSet && retry == 0) {
+			c.runDone = nil
+			c.mu.Unlock()
+			return
+		}
 		c.orphanAsked, c.desiredSet = false, false
 		c.mu.Unlock()
 		if orphan && c.dropIfOrphan(ctx) {
 			c.m.heartbeatNow(c.name, false)
+			c.endRun()
 			return
 		}
 		if orphan && !desiredSet && retry == 0 {
@@ -155,11 +207,12 @@ func (c *Copy) reconcileLoop(ctx context.Context) {
 		// gone); a copy that took the assignment in says so even if not.
 		c.m.heartbeatNow(c.name, err == nil && !dropped)
 		if dropped {
+			c.endRun()
 			return
 		}
 		if err != nil {
 			if ctx.Err() != nil {
-				return
+				continue
 			}
 			retry = min(max(2*retry, 50*time.Millisecond), 2*time.Second)
 			c.mu.Lock()
@@ -547,9 +600,19 @@ func (c *Copy) signalRoleChangeLocked() {
 	c.m.heartbeatNow(c.name, false)
 }
 
+// stop closes the copy as its manager closes (after cancelling the
+// manager's context): its role ends, a running reconcile ends, and no
+// other starts.
 func (c *Copy) stop() {
 	c.endRole("")
-	<-c.done
+	c.mu.Lock()
+	c.closed = true
+	run := c.runDone
+	c.mu.Unlock()
+	if run != nil {
+		<-run
+	}
+	c.closeDone()
 }
 
 // visible returns the watermark below which readers may see records, a

@@ -196,11 +196,6 @@ func (m *Manager) openCopy(name string) (*Copy, error) {
 	}
 	c := newCopy(m, name, st)
 	m.copies[name] = c
-	m.wg.Add(1)
-	go func() {
-		defer m.wg.Done()
-		c.reconcileLoop(m.ctx)
-	}()
 	return c, nil
 }
 

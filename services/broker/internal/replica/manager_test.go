@@ -340,3 +340,44 @@ func (h *historyBox) read() cluster.HistoryStarts {
 	defer h.mu.Unlock()
 	return slices.Clone(h.starts)
 }
+
+// A copy runs its reconcile only while there is something to take in
+// (copy.go, reconcileRun): assignments that arrive from many goroutines at
+// once are all applied, the last one of each stream winning, and once they
+// are, no copy keeps a run, so an idle broker parks no goroutine per copy
+// for it (docs/limits.md, "Memory grows with the copies a broker holds").
+func TestIdleCopiesKeepNoReconcileRun(t *testing.T) {
+	m := newTestManager(t, "b1", func() cluster.HistoryStarts { return nil })
+	const streams, epochs = 40, 5
+	var wg sync.WaitGroup
+	for i := range streams {
+		wg.Go(func() {
+			for e := uint64(1); e <= epochs; e++ {
+				m.SetAssignment(cluster.Assignment{Stream: fmt.Sprintf("s%02d", i), Epoch: e, Owner: "b1"})
+			}
+		})
+	}
+	wg.Wait()
+	settled := func(c *Copy) bool {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		return c.applied.Epoch == epochs && c.runDone == nil
+	}
+	clustertest.Eventually(t, 20*time.Second, "every copy at its last epoch with no reconcile running", func() bool {
+		for i := range streams {
+			c := m.copy(fmt.Sprintf("s%02d", i))
+			if c == nil || !settled(c) {
+				return false
+			}
+		}
+		return true
+	})
+	// A copy woken again after its run ended takes the new assignment in.
+	m.SetAssignment(cluster.Assignment{Stream: "s00", Epoch: epochs + 1, Owner: "b1"})
+	clustertest.Eventually(t, 10*time.Second, "s00 at the epoch after", func() bool {
+		c := m.copy("s00")
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		return c.applied.Epoch == epochs+1 && c.runDone == nil
+	})
+}

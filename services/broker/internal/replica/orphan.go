@@ -222,11 +222,8 @@ func (m *Manager) sweepOrphans(now time.Time) {
 func (c *Copy) askOrphanCheck() {
 	c.mu.Lock()
 	c.orphanAsked = true
+	c.wakeLocked()
 	c.mu.Unlock()
-	select {
-	case c.kick <- struct{}{}:
-	default:
-	}
 }
 
 // orphanReadTimeout bounds an orphan check's read of etcd.
