@@ -71,7 +71,7 @@ type Copy struct {
 	dropMu  sync.Mutex
 	dropped bool
 	// orphanHeldFor is the transition id of the pending recovery the last
-	// orphan check kept the copy for (the copy's loop alone uses it).
+	// orphan check kept the copy for (the copy's reconcile run alone uses it).
 	orphanHeldFor string
 	// pause is the handover this owner is paused for (nil when none), and
 	// gate is held shared by every append and cursor commit of the owner

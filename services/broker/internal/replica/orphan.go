@@ -218,7 +218,7 @@ func (m *Manager) sweepOrphans(now time.Time) {
 	}
 }
 
-// askOrphanCheck has the copy's loop check it against etcd.
+// askOrphanCheck has the copy's reconcile run check it against etcd.
 func (c *Copy) askOrphanCheck() {
 	c.mu.Lock()
 	c.orphanAsked = true
@@ -230,7 +230,7 @@ func (c *Copy) askOrphanCheck() {
 const orphanReadTimeout = 5 * time.Second
 
 // dropIfOrphan deletes the copy if it is an orphan, reporting whether it
-// did (the copy is then gone: its loop ends). It runs in the copy's loop,
+// did (the copy is then gone: its run ends). It runs in the copy's run,
 // so no assignment is applied to the copy meanwhile, and holds dropMu, so
 // no seal runs on it meanwhile (Seal).
 //
