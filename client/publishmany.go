@@ -167,7 +167,7 @@ func (s *publishSender) takeLocked() []*sendEntry {
 	)
 	rest := s.queue[:0]
 	for _, e := range s.queue {
-		if ended(e.ctx) {
+		if rpcerr.EntryEnded(e.ctx) {
 			// Never sent. Answered once ctx says it ended (at once, but
 			// for a deadline whose timer has not fired yet), so the
 			// answer is ctx's error as the caller's retry loop reads it.
@@ -285,20 +285,6 @@ func ctxError(ctx context.Context) error {
 		return connect.NewError(connect.CodeDeadlineExceeded, err)
 	}
 	return connect.NewError(connect.CodeCanceled, err)
-}
-
-// ended reports whether ctx has ended, or its deadline has passed: a
-// context's deadline timer fires on a goroutine of its own, and on a busy
-// machine ctx.Err() can stay nil for milliseconds past the deadline, while
-// the caller, woken by another context with the same deadline, has already
-// been answered. An attempt taken then would reach the broker after its
-// caller gave up on it.
-func ended(ctx context.Context) bool {
-	if ctx.Err() != nil {
-		return true
-	}
-	d, ok := ctx.Deadline()
-	return ok && !time.Now().Before(d)
 }
 
 // recordsBytes is what the brokers count of records toward the batch

@@ -3,7 +3,24 @@ package rpcerr
 import (
 	"context"
 	"sync/atomic"
+	"time"
 )
+
+// EntryEnded reports whether an entry's caller has stopped waiting: its
+// context ended, or its deadline passed. A context's deadline timer fires
+// on a goroutine of its own, and on a busy machine ctx.Err() can stay nil
+// for milliseconds past the deadline while the caller, woken by another
+// context with the same deadline, has already been answered. An entry
+// taken into a call then would reach the server after its caller gave up
+// on it: a publish the caller was told timed out, a seal for a round no
+// longer listening.
+func EntryEnded(ctx context.Context) bool {
+	if ctx.Err() != nil {
+		return true
+	}
+	d, ok := ctx.Deadline()
+	return ok && !time.Now().Before(d)
+}
 
 // EntriesContext is the context of a call carrying the entries of several
 // callers (PublishMany, SealMany): derived from parent, it lasts while any

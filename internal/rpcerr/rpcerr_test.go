@@ -1,6 +1,7 @@
 package rpcerr
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"testing"
@@ -63,5 +64,32 @@ func TestRetryDelay(t *testing.T) {
 	}
 	if got, ok := RetryDelay(errors.New("plain")); ok {
 		t.Fatalf("RetryDelay of a non-Connect error = %v, want none", got)
+	}
+}
+
+// pastDeadline is a context whose deadline has passed while its Err still
+// reads nil, as a context.WithDeadline's does until its timer fires.
+type pastDeadline struct{ context.Context }
+
+func (pastDeadline) Deadline() (time.Time, bool) { return time.Now().Add(-time.Millisecond), true }
+
+func TestEntryEnded(t *testing.T) {
+	cancelled, cancel := context.WithCancel(context.Background())
+	cancel()
+	later, cancelLater := context.WithTimeout(context.Background(), time.Hour)
+	defer cancelLater()
+	for _, c := range []struct {
+		name string
+		ctx  context.Context
+		want bool
+	}{
+		{"no deadline", context.Background(), false},
+		{"deadline ahead", later, false},
+		{"cancelled", cancelled, true},
+		{"deadline passed, Err still nil", pastDeadline{context.Background()}, true},
+	} {
+		if got := EntryEnded(c.ctx); got != c.want {
+			t.Errorf("%s: EntryEnded = %v, want %v", c.name, got, c.want)
+		}
 	}
 }

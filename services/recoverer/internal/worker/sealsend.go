@@ -131,15 +131,23 @@ func (s *sealSender) run(batch []*sealEntry) {
 // takeLocked takes the next call's entries: in queue order, at most
 // maxSealManyEntries, one per stream (the broker refuses a stream twice in
 // a call; a second round of one stream waits for the next call). A seal
-// whose round has ended is answered and dropped, never sent: a late seal
-// would only fence a copy for a round no longer listening. s.mu must be
-// held.
+// whose round has ended, or whose deadline has passed even if its context
+// does not say so yet (rpcerr.EntryEnded), is answered and dropped, never
+// sent: a late seal would only fence a copy for a round no longer
+// listening. s.mu must be held.
 func (s *sealSender) takeLocked() []*sealEntry {
 	var batch []*sealEntry
 	streams := map[string]bool{}
 	rest := s.queue[:0]
 	for _, e := range s.queue {
-		if err := e.ctx.Err(); err != nil {
+		if rpcerr.EntryEnded(e.ctx) {
+			// Answered with what its context says, or will say once
+			// its timer fires: the round reads this or its context's
+			// end, the same outcome.
+			err := e.ctx.Err()
+			if err == nil {
+				err = context.DeadlineExceeded
+			}
 			e.res <- sealAnswer{err: err}
 			continue
 		}
