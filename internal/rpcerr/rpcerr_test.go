@@ -10,6 +10,8 @@ import (
 	"connectrpc.com/connect"
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/protobuf/types/known/durationpb"
+
+	"github.com/strandhq/strand/internal/clustertest"
 )
 
 // Each builder's detail is read back through wrapping, and only the reader
@@ -67,12 +69,6 @@ func TestRetryDelay(t *testing.T) {
 	}
 }
 
-// pastDeadline is a context whose deadline has passed while its Err still
-// reads nil, as a context.WithDeadline's does until its timer fires.
-type pastDeadline struct{ context.Context }
-
-func (pastDeadline) Deadline() (time.Time, bool) { return time.Now().Add(-time.Millisecond), true }
-
 func TestEntryEnded(t *testing.T) {
 	cancelled, cancel := context.WithCancel(context.Background())
 	cancel()
@@ -86,7 +82,7 @@ func TestEntryEnded(t *testing.T) {
 		{"no deadline", context.Background(), false},
 		{"deadline ahead", later, false},
 		{"cancelled", cancelled, true},
-		{"deadline passed, Err still nil", pastDeadline{context.Background()}, true},
+		{"deadline passed, Err still nil", clustertest.PastDeadline(), true},
 	} {
 		if got := EntryEnded(c.ctx); got != c.want {
 			t.Errorf("%s: EntryEnded = %v, want %v", c.name, got, c.want)

@@ -145,19 +145,20 @@ func (c *Copy) wakeLocked() {
 	}
 }
 
-// endRun ends a run that dropped the copy: nothing more is taken in.
+// endRun ends a run that dropped the copy. The copy is marked closed in
+// the same step that ends the run: a wake between the two would start a
+// run on the dropped copy, and its reconcile would drop the stream's name
+// again, by then perhaps the copy created for it anew.
 func (c *Copy) endRun() {
 	c.mu.Lock()
 	c.runDone = nil
-	c.mu.Unlock()
-	c.closeDone()
-}
-
-// closeDone marks the copy closed for good and releases its readers.
-func (c *Copy) closeDone() {
-	c.mu.Lock()
 	c.closed = true
 	c.mu.Unlock()
+	c.releaseReaders()
+}
+
+// releaseReaders wakes the readers parked on a copy closed for good.
+func (c *Copy) releaseReaders() {
 	c.doneOnce.Do(func() { close(c.done) })
 }
 
@@ -212,7 +213,7 @@ func (c *Copy) reconcileRun(ctx context.Context) {
 		}
 		if err != nil {
 			if ctx.Err() != nil {
-				continue
+				continue // the check above ends the run
 			}
 			retry = min(max(2*retry, 50*time.Millisecond), 2*time.Second)
 			c.mu.Lock()
@@ -601,10 +602,10 @@ func (c *Copy) signalRoleChangeLocked() {
 }
 
 // stop closes the copy as its manager closes (after cancelling the
-// manager's context): its role ends, a running reconcile ends, and no
-// other starts.
+// manager's context): no reconcile starts, a running one ends, and only
+// then the role ends, so no role the run was starting outlives the stop
+// and runs on into a closed store.
 func (c *Copy) stop() {
-	c.endRole("")
 	c.mu.Lock()
 	c.closed = true
 	run := c.runDone
@@ -612,7 +613,8 @@ func (c *Copy) stop() {
 	if run != nil {
 		<-run
 	}
-	c.closeDone()
+	c.endRole("")
+	c.releaseReaders()
 }
 
 // visible returns the watermark below which readers may see records, a

@@ -4,17 +4,10 @@ import (
 	"context"
 	"errors"
 	"testing"
-	"time"
 
 	strandv1 "github.com/strandhq/strand/api/strand/v1"
+	"github.com/strandhq/strand/internal/clustertest"
 )
-
-// pastDeadline is a context whose deadline has passed while its Err still
-// reads nil, as a context.WithDeadline's does until its timer goroutine
-// runs on a busy machine.
-type pastDeadline struct{ context.Context }
-
-func (pastDeadline) Deadline() (time.Time, bool) { return time.Now().Add(-time.Millisecond), true }
 
 // A seal whose round has stopped listening is never sent: not one whose
 // context ended, nor one whose deadline passed before its context says so
@@ -28,7 +21,7 @@ func TestSealSenderTakesNoEndedSeal(t *testing.T) {
 	}
 	live := entry(context.Background(), "live")
 	gone := entry(cancelled, "gone")
-	late := entry(pastDeadline{context.Background()}, "late")
+	late := entry(clustertest.PastDeadline(), "late")
 	s := &sealSender{queue: []*sealEntry{gone, late, live}}
 	s.mu.Lock()
 	batch := s.takeLocked()
