@@ -74,6 +74,11 @@ func TestValidate(t *testing.T) {
 		// 123 characters fit one stream's name but not with "-0000".
 		{"longest single name", func(c *Config) { c.Stream = strings.Repeat("s", 128) }, ""},
 		{"derived names too long", func(c *Config) { c.Stream, c.Streams = strings.Repeat("s", 124), 2 }, "--stream"},
+		{"no probes", func(c *Config) { c.ProbeWorkers = 0 }, ""},
+		{"a probe per stream of a large broker", func(c *Config) { c.ProbeWorkers = MaxProbeWorkers }, ""},
+		{"more probes than the bound", func(c *Config) { c.ProbeWorkers = MaxProbeWorkers + 1 }, "--probe-workers"},
+		{"negative probes", func(c *Config) { c.ProbeWorkers = -1 }, "--probe-workers"},
+		{"more create workers than the bound", func(c *Config) { c.CreateWorkers = MaxWorkers + 1 }, "--create-workers"},
 		{"no idle window", func(c *Config) { c.IdleWindow = 0 }, ""},
 		{"negative idle window", func(c *Config) { c.IdleWindow = -time.Second }, "--idle-window"},
 		{"kill on an external cluster", func(c *Config) { c.External = true }, "drop --controller/--broker"},

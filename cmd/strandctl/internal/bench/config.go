@@ -102,20 +102,28 @@ const (
 	DefaultKillSignal = "KILL"
 	DefaultStreams    = 1
 	DefaultIdleWindow = 10 * time.Second
-	// DefaultProbeWorkers probes 512 streams at once after a kill. The
-	// probes stand for each stream's own producers, which do not wait for
-	// one another: at 64, the 3,334 streams of a killed broker of 10,000
+	// DefaultProbeWorkers probes up to 4,096 streams at once after a
+	// kill. The probes stand for each stream's own producers, which do not
+	// wait for one another, so a probe should wait for its stream, never
+	// for a worker: at 64, the 3,334 streams of a killed broker of 10,000
 	// queued 52 deep for the workers, and the queue, not the cluster, was
-	// most of serve_after_assigned (p50 1.8-3.3 s; at 512, 0.6 s). A
-	// probe is sent only once its stream's new assignment is committed,
-	// so a worker seldom waits on a stream still recovering.
-	DefaultProbeWorkers = 512
+	// most of serve_after_assigned (p50 1.8-3.3 s); at 512 it still was
+	// (p50 1.9 s, all serving 6.0-6.5 s), at 1,024 p50 0.8 s and all
+	// serving 4.2 s. A probe is sent only once its stream's new assignment
+	// is committed, so a worker seldom waits on a stream still
+	// recovering, and the client gathers the probes bound for one broker
+	// into a few PublishMany calls, so a worker costs the bench a
+	// goroutine, not a connection.
+	DefaultProbeWorkers = 4096
 	// DefaultCreateWorkers matches the admin calls the controller serves
 	// at once (docs/errors.md, "AdminService"): more only wait in its
 	// queue, and the bench's other admin calls would wait behind them.
 	DefaultCreateWorkers = 64
-	// MaxWorkers bounds --probe-workers and --create-workers.
+	// MaxWorkers bounds --create-workers.
 	MaxWorkers = 1024
+	// MaxProbeWorkers bounds --probe-workers: one per stream of a killed
+	// broker of a large cluster, a goroutine each.
+	MaxProbeWorkers = 16384
 )
 
 // The two ways of keeping the window full (Config.Publishers).
@@ -205,8 +213,8 @@ func (c Config) Validate() error {
 	if c.Publishers != "" && c.Publishers != PublishersAsync && c.Publishers != PublishersSync {
 		return bad("--publishers %q: want async or sync", c.Publishers)
 	}
-	if c.ProbeWorkers < 0 || c.ProbeWorkers > MaxWorkers {
-		return bad("--probe-workers must be 0 (no probes) to %d, got %d", MaxWorkers, c.ProbeWorkers)
+	if c.ProbeWorkers < 0 || c.ProbeWorkers > MaxProbeWorkers {
+		return bad("--probe-workers must be 0 (no probes) to %d, got %d", MaxProbeWorkers, c.ProbeWorkers)
 	}
 	if c.CreateWorkers < 0 || c.CreateWorkers > MaxWorkers {
 		return bad("--create-workers must be 1 to %d (0: %d), got %d", MaxWorkers, DefaultCreateWorkers, c.CreateWorkers)
