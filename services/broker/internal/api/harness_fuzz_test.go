@@ -132,7 +132,7 @@ func (b *fuzzBroker) state(cursors ...string) fuzzState {
 		if validCursor(c, "cursor") != nil {
 			continue
 		}
-		if pos, ok, err := b.m.Cursor(fuzzStream, c); err == nil && ok {
+		if pos, ok, err := b.m.Cursor(context.Background(), fuzzStream, c); err == nil && ok {
 			st.cursors[c] = pos
 		}
 	}

@@ -168,9 +168,9 @@ func (s *StreamService) Read(ctx context.Context, req *connect.Request[strandv1.
 		err error
 	)
 	if msg.GetFromEarliest() {
-		res, err = s.m.ReadEarliest(msg.GetStream(), n, b)
+		res, err = s.m.ReadEarliest(ctx, msg.GetStream(), n, b)
 	} else {
-		res, err = s.m.Read(msg.GetStream(), msg.GetFromOffset(), n, b)
+		res, err = s.m.Read(ctx, msg.GetStream(), msg.GetFromOffset(), n, b)
 		if errors.Is(err, storage.ErrOutOfRange) {
 			// Below the retained head or past the record tail: the
 			// request's offset, named as its field.
@@ -211,7 +211,7 @@ func (s *StreamService) Subscribe(ctx context.Context, req *connect.Request[stra
 		if err := validCursor(msg.GetCursor(), "cursor"); err != nil {
 			return err
 		}
-		pos, _, err := s.m.LocalCursor(msg.GetStream(), msg.GetCursor())
+		pos, _, err := s.m.LocalCursor(ctx, msg.GetStream(), msg.GetCursor())
 		if err != nil {
 			return toConnect(err)
 		}
@@ -220,7 +220,7 @@ func (s *StreamService) Subscribe(ctx context.Context, req *connect.Request[stra
 		return rpcerr.InvalidArgument("start", "unknown start position %d", msg.GetStart())
 	}
 	n, b := s.readLimits(msg.GetMaxBatch(), 0)
-	sub, err := s.m.Subscribe(msg.GetStream(), from)
+	sub, err := s.m.Subscribe(ctx, msg.GetStream(), from)
 	if errors.Is(err, storage.ErrOutOfRange) && msg.GetStart() == strandv1.StartPosition_START_POSITION_OFFSET {
 		return rpcerr.BadField(connect.CodeOutOfRange, "offset", "%v", err)
 	}
@@ -281,7 +281,7 @@ func (s *StreamService) GetCursor(ctx context.Context, req *connect.Request[stra
 	if err := validCursor(msg.GetCursor(), "cursor"); err != nil {
 		return nil, err
 	}
-	pos, found, err := s.m.Cursor(msg.GetStream(), msg.GetCursor())
+	pos, found, err := s.m.Cursor(ctx, msg.GetStream(), msg.GetCursor())
 	if err != nil {
 		return nil, toConnect(err)
 	}
@@ -292,7 +292,7 @@ func (s *StreamService) Locate(ctx context.Context, req *connect.Request[strandv
 	if err := validStream(req.Msg.GetStream()); err != nil {
 		return nil, err
 	}
-	resp, err := s.m.Locate(req.Msg.GetStream())
+	resp, err := s.m.Locate(ctx, req.Msg.GetStream())
 	if err != nil {
 		return nil, toConnect(err)
 	}

@@ -191,7 +191,7 @@ func FuzzCommitCursor(f *testing.F) {
 			t.Fatalf("committed %d to a cursor at %d (%v) with head %d and watermark %d, answered %d",
 				offset, prev, existed, tails.Head, tails.ConfirmWatermark, res.Msg.GetOffset())
 		}
-		if pos, ok, err := b.m.Cursor(fuzzStream, cursor); err != nil || !ok || pos != want {
+		if pos, ok, err := b.m.Cursor(t.Context(), fuzzStream, cursor); err != nil || !ok || pos != want {
 			t.Fatalf("cursor %q after committing %d: %d, %v, %v", cursor, want, pos, ok, err)
 		}
 		if existed && want == prev {

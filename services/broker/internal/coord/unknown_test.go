@@ -22,11 +22,11 @@ func TestUnknownStreamIsNotFoundOnlyOnceEtcdConfirmsIt(t *testing.T) {
 	co, e := newTestCoord(t)
 	m, cli, schema := co.cfg.Manager, co.cfg.Client, co.cfg.Schema
 
-	if _, err := m.Locate("fresh"); !errors.Is(err, replica.ErrUnavailable) {
+	if _, err := m.Locate(t.Context(), "fresh"); !errors.Is(err, replica.ErrUnavailable) {
 		t.Fatalf("Locate before the assignments were listed: %v, want ErrUnavailable", err)
 	}
 	m.SyncAssignments(nil, nil)
-	if _, err := m.Locate("fresh"); !errors.Is(err, replica.ErrUnknownStream) {
+	if _, err := m.Locate(t.Context(), "fresh"); !errors.Is(err, replica.ErrUnknownStream) {
 		t.Fatalf("Locate of a stream etcd does not hold: %v, want ErrUnknownStream", err)
 	}
 
@@ -40,8 +40,8 @@ func TestUnknownStreamIsNotFoundOnlyOnceEtcdConfirmsIt(t *testing.T) {
 		name string
 		do   func() error
 	}{
-		{"Locate", func() error { _, err := m.Locate("fresh"); return err }},
-		{"Read", func() error { _, err := m.Read("fresh", 0, 10, 1<<20); return err }},
+		{"Locate", func() error { _, err := m.Locate(t.Context(), "fresh"); return err }},
+		{"Read", func() error { _, err := m.Read(t.Context(), "fresh", 0, 10, 1<<20); return err }},
 		{"Publish", func() error {
 			_, err := m.Publish(ctx, "fresh", []storage.Record{{Payload: []byte("x")}})
 			return err
@@ -59,13 +59,22 @@ func TestUnknownStreamIsNotFoundOnlyOnceEtcdConfirmsIt(t *testing.T) {
 	if _, err := cli.Delete(ctx, schema.AssignmentKey("fresh")); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := m.Locate("fresh"); !errors.Is(err, replica.ErrUnknownStream) {
+	if _, err := m.Locate(t.Context(), "fresh"); !errors.Is(err, replica.ErrUnknownStream) {
 		t.Fatalf("Locate of a deleted stream: %v, want ErrUnknownStream", err)
+	}
+
+	// The read that would confirm the absence is the caller's: a call
+	// that has ended does not have it made (nor waits for it), so nothing
+	// is promised to it either.
+	ended, end := context.WithCancel(ctx)
+	end()
+	if _, err := m.Locate(ended, "fresh"); !errors.Is(err, replica.ErrUnavailable) {
+		t.Fatalf("Locate by a caller that has gone: %v, want ErrUnavailable (the read is bounded by the call)", err)
 	}
 
 	// etcd gone: absence cannot be confirmed, so it is not promised.
 	e.Close()
-	if _, err := m.Locate("fresh"); !errors.Is(err, replica.ErrUnavailable) {
+	if _, err := m.Locate(t.Context(), "fresh"); !errors.Is(err, replica.ErrUnavailable) {
 		t.Fatalf("Locate with etcd down: %v, want ErrUnavailable", err)
 	}
 }

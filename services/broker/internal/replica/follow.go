@@ -431,14 +431,14 @@ func (m *Manager) serveFollow(ctx context.Context, srv *followServer, f *servedF
 	}
 	c := m.copy(first.GetStream())
 	if c == nil {
-		return m.notHere(first.GetStream())
+		return m.notHere(ctx, first.GetStream())
 	}
 	if err := c.awaitApplied(ctx, first.GetEpoch(), followApplyWait); err != nil {
 		return err
 	}
 	a, tracker, roleCtx, ok := c.ownerRole()
 	if !ok {
-		return m.notHere(first.GetStream())
+		return m.notHere(ctx, first.GetStream())
 	}
 	node := srv.node
 	if !isFollowerOf(a, node) {

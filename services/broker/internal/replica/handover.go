@@ -59,11 +59,11 @@ func (m *Manager) Handover(ctx context.Context, stream string, epoch uint64, tar
 	}
 	c := m.copy(stream)
 	if c == nil {
-		return HandoverResult{}, m.notHere(stream)
+		return HandoverResult{}, m.notHere(ctx, stream)
 	}
 	a, tracker, roleCtx, ok := c.ownerRole()
 	if !ok {
-		return HandoverResult{}, m.notHere(stream)
+		return HandoverResult{}, m.notHere(ctx, stream)
 	}
 	if a.Epoch != epoch {
 		return HandoverResult{}, fmt.Errorf("%w: stream %q is at epoch %d here, not %d", ErrHandover, stream, a.Epoch, epoch)

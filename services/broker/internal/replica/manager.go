@@ -350,7 +350,7 @@ func (m *Manager) hintLocked(a cluster.Assignment) *strandv1.OwnerHint {
 }
 
 // Locate answers who owns a stream.
-func (m *Manager) Locate(stream string) (*strandv1.LocateResponse, error) {
+func (m *Manager) Locate(ctx context.Context, stream string) (*strandv1.LocateResponse, error) {
 	m.mu.RLock()
 	a, ok := m.assignments[stream]
 	current := m.assignmentsCurrent
@@ -364,12 +364,15 @@ func (m *Manager) Locate(stream string) (*strandv1.LocateResponse, error) {
 	}
 	m.mu.RUnlock()
 	if !ok {
-		return nil, m.unknown(stream, current)
+		return nil, m.unknown(ctx, stream, current)
 	}
 	return resp, nil
 }
 
-func (m *Manager) notHere(stream string) error {
+// notHere is the error for a call about a stream this broker does not
+// serve: the owner's hint when the stream is assigned, else unknown's
+// answer, its etcd read bounded by ctx (the caller's call).
+func (m *Manager) notHere(ctx context.Context, stream string) error {
 	m.mu.RLock()
 	a, ok := m.assignments[stream]
 	current := m.assignmentsCurrent
@@ -379,7 +382,7 @@ func (m *Manager) notHere(stream string) error {
 	}
 	m.mu.RUnlock()
 	if !ok {
-		return m.unknown(stream, current)
+		return m.unknown(ctx, stream, current)
 	}
 	return err
 }
@@ -396,16 +399,19 @@ const unknownReadTimeout = 2 * time.Second
 // confirmed by a linearizable read of the stream's assignment, and a
 // stream that exists, or a read that fails, is ErrUnavailable: a retry,
 // here once the watch brings it or at another broker, finds it
-// (docs/errors.md). m.mu must not be held.
-func (m *Manager) unknown(stream string, current bool) error {
+// (docs/errors.md). The read is bounded by ctx, the call it answers (a
+// caller that gave up has no use for it), by unknownReadTimeout, and by
+// the manager's life. m.mu must not be held.
+func (m *Manager) unknown(ctx context.Context, stream string, current bool) error {
 	if !current {
 		return fmt.Errorf("%w: stream %q: this broker's view of the assignments is not current (starting, or reconnecting to etcd)", ErrUnavailable, stream)
 	}
 	if m.cfg.ReadStream == nil {
 		return fmt.Errorf("%w: no stream %q", ErrUnknownStream, stream)
 	}
-	ctx, cancel := context.WithTimeout(m.ctx, unknownReadTimeout)
+	ctx, cancel := context.WithTimeout(ctx, unknownReadTimeout)
 	defer cancel()
+	defer context.AfterFunc(m.ctx, cancel)()
 	keys, err := m.cfg.ReadStream(ctx, stream)
 	switch {
 	case err != nil:

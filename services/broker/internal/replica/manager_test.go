@@ -45,7 +45,7 @@ func TestDeletedAndRecreatedAtOnceIsApplied(t *testing.T) {
 		}
 		m.SetAssignment(a)
 		publish(inc)
-		res, err := m.Read(stream, 0, 10, 1<<20)
+		res, err := m.Read(t.Context(), stream, 0, 10, 1<<20)
 		if err != nil || len(res.Records) != 1 || string(res.Records[0].Payload) != inc {
 			t.Fatalf("incarnation %q holds %v, %v; want only its own record", inc, res.Records, err)
 		}
@@ -109,7 +109,7 @@ func TestOwnerIsNotCutAtItsOwnStart(t *testing.T) {
 	if res.Offsets[0] != 10 {
 		t.Fatalf("the first record at epoch 2 went to offset %d, want 10: the owner was cut at its own start", res.Offsets[0])
 	}
-	got, err := m.Read(stream, 0, 20, 1<<20)
+	got, err := m.Read(t.Context(), stream, 0, 20, 1<<20)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -231,7 +231,7 @@ func TestCursorStopsAtTheConfirmWatermark(t *testing.T) {
 	if ev.Position != 0 {
 		t.Fatalf("cursor committed at %d with the confirm watermark at 0", ev.Position)
 	}
-	if got, _, err := m.Cursor(stream, "c"); err != nil || got != 0 {
+	if got, _, err := m.Cursor(t.Context(), stream, "c"); err != nil || got != 0 {
 		t.Fatalf("cursor reads %d (%v) with the confirm watermark at 0", got, err)
 	}
 }
@@ -257,7 +257,7 @@ func TestOwnerCountsRecordsNoPublishWaitedFor(t *testing.T) {
 		tails, _ := m.copy(stream).tails()
 		return tails.ConfirmWatermark == 3
 	})
-	res, err := m.Read(stream, 0, 10, 1<<20)
+	res, err := m.Read(t.Context(), stream, 0, 10, 1<<20)
 	if err != nil || len(res.Records) != 3 {
 		t.Fatalf("read %d records (%v), want 3", len(res.Records), err)
 	}
@@ -309,15 +309,15 @@ func TestReopenedCopyServesNoReadsBeforeItsAssignment(t *testing.T) {
 	if m.copy(stream) == nil {
 		t.Fatal("the reopened manager has no copy of the stream on disk; the test needs one")
 	}
-	if res, err := m.Read(stream, 0, 100, 1<<20); err == nil {
+	if res, err := m.Read(t.Context(), stream, 0, 100, 1<<20); err == nil {
 		t.Fatalf("a copy with no assignment yet served %d records", len(res.Records))
 	}
-	if _, err := m.Subscribe(stream, 0); err == nil {
+	if _, err := m.Subscribe(t.Context(), stream, 0); err == nil {
 		t.Fatal("a copy with no assignment yet took a subscription")
 	}
 	m.SetAssignment(cluster.Assignment{Stream: stream, Epoch: 1, Owner: "b1"})
 	clustertest.Eventually(t, 10*time.Second, "reads once the copy is owner again", func() bool {
-		res, err := m.Read(stream, 0, 100, 1<<20)
+		res, err := m.Read(t.Context(), stream, 0, 100, 1<<20)
 		return err == nil && len(res.Records) == 10
 	})
 }

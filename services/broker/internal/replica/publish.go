@@ -33,7 +33,7 @@ func (m *Manager) Publish(ctx context.Context, stream string, recs []storage.Rec
 	}
 	c := m.copy(stream)
 	if c == nil {
-		return PublishResult{}, m.notHere(stream)
+		return PublishResult{}, m.notHere(ctx, stream)
 	}
 	a, tracker, roleCtx, ok := c.ownerRole()
 	if !ok {
@@ -43,7 +43,7 @@ func (m *Manager) Publish(ctx context.Context, stream string, recs []storage.Rec
 		if c.standingDown() {
 			return PublishResult{}, fmt.Errorf("%w: stream %q: the owner restarted after an unclean stop and waits for a recovery", ErrUnavailable, stream)
 		}
-		return PublishResult{}, m.notHere(stream)
+		return PublishResult{}, m.notHere(ctx, stream)
 	}
 	leave, err := c.enterOwnerWrite(ctx, roleCtx)
 	if err != nil {
@@ -107,10 +107,10 @@ type ReadResult struct {
 
 // Read returns confirmed records from any copy this broker holds; readers
 // only ever see records below the confirm watermark.
-func (m *Manager) Read(stream string, from uint64, maxRecords, maxBytes int) (ReadResult, error) {
+func (m *Manager) Read(ctx context.Context, stream string, from uint64, maxRecords, maxBytes int) (ReadResult, error) {
 	c := m.copy(stream)
 	if c == nil || !c.everApplied() {
-		return ReadResult{}, m.notHere(stream)
+		return ReadResult{}, m.notHere(ctx, stream)
 	}
 	wm, _, _ := c.visible()
 	return c.readBelow(from, wm, maxRecords, maxBytes)
@@ -125,10 +125,10 @@ const earliestAttempts = 3
 // retained (Kafka's auto.offset.reset=earliest, NATS's DeliverAll).
 // Retention may move the head on between learning it and reading, which
 // is then OutOfRange: the read is made again at the new head.
-func (m *Manager) ReadEarliest(stream string, maxRecords, maxBytes int) (ReadResult, error) {
+func (m *Manager) ReadEarliest(ctx context.Context, stream string, maxRecords, maxBytes int) (ReadResult, error) {
 	c := m.copy(stream)
 	if c == nil || !c.everApplied() {
-		return ReadResult{}, m.notHere(stream)
+		return ReadResult{}, m.notHere(ctx, stream)
 	}
 	for attempt := 1; ; attempt++ {
 		wm, _, _ := c.visible()
@@ -171,10 +171,10 @@ type Subscription struct {
 
 // Subscribe starts a subscription at from on any copy this broker holds.
 // from of ^uint64(0) means the latest confirmed position.
-func (m *Manager) Subscribe(stream string, from uint64) (*Subscription, error) {
+func (m *Manager) Subscribe(ctx context.Context, stream string, from uint64) (*Subscription, error) {
 	c := m.copy(stream)
 	if c == nil || !c.everApplied() {
-		return nil, m.notHere(stream)
+		return nil, m.notHere(ctx, stream)
 	}
 	s := c.st.State()
 	if from == ^uint64(0) {
@@ -242,11 +242,11 @@ func (m *Manager) CommitCursor(ctx context.Context, stream, cursor string, posit
 	}
 	c := m.copy(stream)
 	if c == nil {
-		return storage.CursorEvent{}, m.notHere(stream)
+		return storage.CursorEvent{}, m.notHere(ctx, stream)
 	}
 	a, tracker, roleCtx, ok := c.ownerRole()
 	if !ok {
-		return storage.CursorEvent{}, m.notHere(stream)
+		return storage.CursorEvent{}, m.notHere(ctx, stream)
 	}
 	leave, err := c.enterOwnerWrite(ctx, roleCtx)
 	if err != nil {
@@ -266,13 +266,13 @@ func (m *Manager) CommitCursor(ctx context.Context, stream, cursor string, posit
 }
 
 // Cursor returns a named cursor's position from the owner's copy.
-func (m *Manager) Cursor(stream, cursor string) (uint64, bool, error) {
+func (m *Manager) Cursor(ctx context.Context, stream, cursor string) (uint64, bool, error) {
 	c := m.copy(stream)
 	if c == nil {
-		return 0, false, m.notHere(stream)
+		return 0, false, m.notHere(ctx, stream)
 	}
 	if _, _, _, ok := c.ownerRole(); !ok {
-		return 0, false, m.notHere(stream)
+		return 0, false, m.notHere(ctx, stream)
 	}
 	pos, ok := c.st.Cursor(cursor)
 	return pos, ok, nil
@@ -280,10 +280,10 @@ func (m *Manager) Cursor(stream, cursor string) (uint64, bool, error) {
 
 // LocalCursor returns a cursor from whatever copy is here (for Subscribe
 // from a cursor on a follower).
-func (m *Manager) LocalCursor(stream, cursor string) (uint64, bool, error) {
+func (m *Manager) LocalCursor(ctx context.Context, stream, cursor string) (uint64, bool, error) {
 	c := m.copy(stream)
 	if c == nil {
-		return 0, false, m.notHere(stream)
+		return 0, false, m.notHere(ctx, stream)
 	}
 	pos, ok := c.st.Cursor(cursor)
 	return pos, ok, nil

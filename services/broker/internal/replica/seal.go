@@ -50,7 +50,7 @@ func (m *Manager) Seal(ctx context.Context, stream string, fenceEpoch uint64, tr
 	if c == nil {
 		if !known && !current {
 			// An assignment not seen yet may name this broker.
-			return storage.State{}, m.unknown(stream, current)
+			return storage.State{}, m.unknown(ctx, stream, current)
 		}
 		if !known || !a.Includes(m.cfg.Node) {
 			// The stream may well exist: this broker holds no copy of it.
