@@ -51,8 +51,9 @@ func main() {
 	cfg.TLS.Flags(fs)
 	debugAddr := fs.String("debug-addr", "", "serve net/http/pprof here (off when empty)")
 	// A soft limit below what the broker holds live makes the garbage
-	// collector run back to back (docs/limits.md, "Memory grows with the copies a broker holds"): 1 GiB leaves a
-	// 10,000-copy broker, about 400 MiB live, its headroom.
+	// collector run back to back (docs/limits.md, "Memory grows with the
+	// copies a broker holds"): 1 GiB leaves a 10,000-copy broker, about
+	// 400 MiB live, its headroom.
 	memLimit := fs.Int64("memory-limit-mb", 1024, "soft Go memory limit in MiB (GOMEMLIMIT wins when set); keeps a broker's resident memory flat under load: size it at twice its live memory, about 40 KiB per copy it holds (docs/limits.md)")
 	cfg.HTTPLimits.RegisterFlags(fs)
 	_ = fs.Parse(os.Args[1:])

@@ -1267,7 +1267,9 @@ func (r *runner) probe(ctx context.Context, streams []int, until time.Duration) 
 			}
 		}
 	})
-	for range r.o.ProbeWorkers {
+	// No more workers than streams to probe: a 1,000-stream run needs a
+	// few hundred, not the default's thousands of idle goroutines.
+	for range min(r.o.ProbeWorkers, len(streams)) {
 		wg.Go(func() {
 			for stream := range feed {
 				r.probeOne(ctx, stream)

@@ -211,12 +211,17 @@ func TestFollowAtAnEpochNotAppliedYetWaitsForIt(t *testing.T) {
 
 // waitParked waits until a goroutine is blocked in a select inside fn
 // (its name as a goroutine dump gives it), read from the runtime's
-// goroutine dump.
+// goroutine dump. A dump that fills the buffer may have been cut short,
+// so the buffer grows until the whole dump fits.
 func waitParked(t *testing.T, fn string) {
 	t.Helper()
 	buf := make([]byte, 1<<20)
 	clustertest.Eventually(t, 10*time.Second, "a goroutine parked in "+fn, func() bool {
 		n := runtime.Stack(buf, true)
+		for n == len(buf) {
+			buf = make([]byte, 2*len(buf))
+			n = runtime.Stack(buf, true)
+		}
 		for g := range strings.SplitSeq(string(buf[:n]), "\n\n") {
 			if strings.Contains(g, "[select") && strings.Contains(g, fn+"(") {
 				return true

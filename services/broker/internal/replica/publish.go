@@ -170,7 +170,9 @@ type Subscription struct {
 }
 
 // Subscribe starts a subscription at from on any copy this broker holds.
-// from of ^uint64(0) means the latest confirmed position.
+// from of ^uint64(0) means the latest confirmed position. ctx bounds the
+// call (the look-up of a stream not here), not the subscription, which
+// lives until its Close.
 func (m *Manager) Subscribe(ctx context.Context, stream string, from uint64) (*Subscription, error) {
 	c := m.copy(stream)
 	if c == nil || !c.everApplied() {
