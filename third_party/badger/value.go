@@ -7,7 +7,9 @@
 // into the file mapping, and a failed write gives its offset back
 // (third_party/badger-patches/0001-value-log-pwrite.patch); its encoding
 // buffer is kept between calls
-// (third_party/badger-patches/0003-value-log-keep-encode-buffer.patch).
+// (third_party/badger-patches/0003-value-log-keep-encode-buffer.patch);
+// each request's entries go in one write
+// (third_party/badger-patches/0004-value-log-one-write-per-request.patch).
 
 package badger
 
@@ -927,9 +929,14 @@ func (vlog *valueLog) write(reqs []*request) error {
 		b.Ptrs = b.Ptrs[:0]
 		var written, bytesWritten int
 		valueSizes := make([]int64, 0, len(b.Entries))
+		// Strand: a request's entries are encoded one after another and
+		// written with one pwrite, not one each
+		// (third_party/badger-patches/0004-value-log-one-write-per-request.patch).
+		// An entry's offset is where it lands in that write: the file's
+		// writable offset plus what the buffer holds before it.
+		buf.Reset()
+		base := vlog.woffset()
 		for j := range b.Entries {
-			buf.Reset()
-
 			e := b.Entries[j]
 			valueSizes = append(valueSizes, int64(len(e.Value)))
 			if e.skipVlogAndSetThreshold(vlog.db.valueThreshold()) {
@@ -939,7 +946,7 @@ func (vlog *valueLog) write(reqs []*request) error {
 			var p valuePointer
 
 			p.Fid = curlf.fid
-			p.Offset = vlog.woffset()
+			p.Offset = base + uint32(buf.Len())
 
 			// We should not store transaction marks in the vlog file because it will never have all
 			// the entries in a transaction. If we store entries with transaction marks then value
@@ -957,12 +964,15 @@ func (vlog *valueLog) write(reqs []*request) error {
 
 			p.Len = uint32(plen)
 			b.Ptrs = append(b.Ptrs, p)
-			if err := write(buf); err != nil {
-				return err
-			}
 			written++
-			bytesWritten += buf.Len()
-			// No need to flush anything, we write to file directly via mmap.
+			bytesWritten += plen
+		}
+		// The request's pointers reach the LSM tree only after this write
+		// returns (writeRequests), so no reader follows one into bytes not
+		// yet written; a failed write fails every request of the call, as
+		// a failed entry's write did.
+		if err := write(buf); err != nil {
+			return err
 		}
 		y.NumWritesVlogAdd(vlog.opt.MetricsEnabled, int64(written))
 		y.NumBytesWrittenVlogAdd(vlog.opt.MetricsEnabled, int64(bytesWritten))

@@ -402,3 +402,72 @@ func TestValueLogWriteKeepsItsBuffer(t *testing.T) {
 	}
 	t.Logf("a commit of a %d KiB value allocates %d KiB", len(value)>>10, perCommit>>10)
 }
+
+// writeSyscalls is how many write system calls (write, pwrite, ...) this
+// process has made: syscw of /proc/self/io.
+func writeSyscalls(t *testing.T) int64 {
+	t.Helper()
+	data, err := os.ReadFile("/proc/self/io")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for line := range strings.SplitSeq(string(data), "\n") {
+		if v, ok := strings.CutPrefix(line, "syscw: "); ok {
+			n, err := strconv.ParseInt(v, 10, 64)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return n
+		}
+	}
+	t.Fatalf("no syscw in /proc/self/io:\n%s", data)
+	return 0
+}
+
+// A group commit of many small segments (a producer spread over many
+// streams) is one Badger transaction; its values go to the value log in one
+// write, not one system call each, and each is read back from where its
+// pointer says (third_party/badger-patches/0004).
+func TestValueLogWritesAGroupInOneSystemCall(t *testing.T) {
+	bdb := vlogscanOpen(t, t.TempDir())
+	defer bdb.Close()
+	const entries = 64
+	value := func(i int) []byte { return bytes.Repeat([]byte{byte(i)}, 1024+i) }
+	before := writeSyscalls(t)
+	txn := bdb.NewTransaction(true)
+	defer txn.Discard()
+	for i := range entries {
+		if err := txn.Set(fmt.Appendf(nil, "k%03d", i), value(i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := txn.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	writes := writeSyscalls(t) - before
+	// The value log write, and whatever else of the process wrote
+	// meanwhile (the memtable's write-ahead log is a mapping, no write).
+	if writes >= entries/4 {
+		t.Fatalf("a commit of %d values above the value threshold made %d write system calls: one per value; is go.mod's replace of Badger (third_party/badger) in effect?", entries, writes)
+	}
+	t.Logf("a commit of %d values made %d write system calls", entries, writes)
+	err := bdb.View(func(txn *badger.Txn) error {
+		for i := range entries {
+			item, err := txn.Get(fmt.Appendf(nil, "k%03d", i))
+			if err != nil {
+				return err
+			}
+			got, err := item.ValueCopy(nil)
+			if err != nil {
+				return err
+			}
+			if !bytes.Equal(got, value(i)) {
+				return fmt.Errorf("k%03d: %d bytes read back, not the %d written", i, len(got), len(value(i)))
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
