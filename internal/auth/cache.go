@@ -32,6 +32,9 @@ type Cache struct {
 	tokens map[string]TokenRecord
 	grants map[string]map[string]GrantRecord
 	rev    int64
+	// readRev is the revision of the last whole read (load, Sync): the
+	// watch skips the events it already holds.
+	readRev int64
 	// loaded is closed while the cache is current; replaced by an open
 	// channel while it reads etcd again.
 	loaded chan struct{}
@@ -50,7 +53,27 @@ type Cache struct {
 	// knownMax, so unknown secrets sent by anyone cannot grow it.
 	knownMu sync.Mutex
 	known   map[string]string
+
+	// Sync's rounds (Sync): how many began and how many ended, whether
+	// one is reading now and its end, the last one's error, and when the
+	// last began (syncEvery apart).
+	syncMu       sync.Mutex
+	syncBegun    uint64
+	syncEnded    uint64
+	syncing      bool
+	syncDone     chan struct{}
+	syncErr      error
+	syncLastRead time.Time
 }
+
+// syncEvery spaces Sync's reads of etcd: calls with secrets nobody holds,
+// however many, cost etcd at most one read of the credentials per
+// syncEvery on each node, and a call with a token made a moment ago waits
+// at most about that long for it. syncTimeout bounds one read.
+const (
+	syncEvery   = 25 * time.Millisecond
+	syncTimeout = 2 * time.Second
+)
 
 // knownMax bounds Cache.known: far more live secrets than a broker's
 // clients hold; reaching it empties the memo, which costs one hash each.
@@ -97,25 +120,99 @@ func sleep(ctx context.Context, d time.Duration) bool {
 
 // load reads every credential at one revision and marks the cache current.
 func (c *Cache) load(ctx context.Context) (int64, error) {
+	return c.read(ctx, true)
+}
+
+// read reads every credential at one revision and replaces what the cache
+// holds with it, unless the cache already applied a later revision. With
+// markFresh it marks the cache current; Sync's reads do not, so a cache
+// whose watch is down stays stale (calls wait) until Run has a watch
+// again: a current cache is one a watch keeps current.
+func (c *Cache) read(ctx context.Context, markFresh bool) (int64, error) {
 	resp, err := c.cli.Get(ctx, c.schema.AuthDir(), clientv3.WithPrefix())
 	if err != nil {
 		return 0, err
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.tokens = map[string]TokenRecord{}
-	c.grants = map[string]map[string]GrantRecord{}
-	c.forgetLocked()
-	for _, kv := range resp.Kvs {
-		c.applyLocked(string(kv.Key), kv)
+	if resp.Header.Revision > c.rev {
+		c.tokens = map[string]TokenRecord{}
+		c.grants = map[string]map[string]GrantRecord{}
+		c.forgetLocked()
+		for _, kv := range resp.Kvs {
+			c.applyLocked(string(kv.Key), kv)
+		}
+		c.rev = resp.Header.Revision
+		c.readRev = resp.Header.Revision
 	}
-	c.rev = resp.Header.Revision
-	if !c.fresh {
+	if markFresh && !c.fresh {
 		c.fresh = true
 		close(c.loaded)
 	}
 	c.notifyLocked()
 	return resp.Header.Revision, nil
+}
+
+// Sync brings the cache up to a read of etcd made after Sync was called,
+// so what it then says of a secret or a grant holds of etcd at that
+// moment or later. The guard asks it before refusing a call the cache
+// alone would refuse: a token or grant made a moment ago (strandctl token
+// create, then a call to another node) may not have reached this node's
+// watch yet, and Unauthenticated or PermissionDenied promise that the
+// credential does not exist (docs/operating.md, "Permissions").
+//
+// Calls share reads: one is in flight at a time, a call waits for the
+// first read that began after it was made, and reads begin at most once
+// per syncEvery. A read that fails is the error of every call that waited
+// for it; ctx bounds only this call's wait, never the read, which others
+// may be waiting for.
+func (c *Cache) Sync(ctx context.Context) error {
+	c.syncMu.Lock()
+	// The first read to begin from now on: one in flight began before
+	// this call and may have read etcd before what the caller looks for
+	// was written.
+	want := c.syncBegun + 1
+	for c.syncEnded < want {
+		if !c.syncing {
+			c.syncing = true
+			c.syncBegun++
+			c.syncDone = make(chan struct{})
+			go c.syncRound(c.syncBegun, syncEvery-time.Since(c.syncLastRead), c.syncDone)
+		}
+		done := c.syncDone
+		c.syncMu.Unlock()
+		select {
+		case <-done:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+		c.syncMu.Lock()
+	}
+	err := c.syncErr
+	c.syncMu.Unlock()
+	return err
+}
+
+// syncRound is Sync's read number n, after waiting out wait (the spacing
+// from the read before), bounded by syncTimeout; done is closed once it
+// has ended.
+func (c *Cache) syncRound(n uint64, wait time.Duration, done chan struct{}) {
+	if wait > 0 {
+		t := time.NewTimer(wait)
+		<-t.C
+	}
+	c.syncMu.Lock()
+	c.syncLastRead = time.Now()
+	c.syncMu.Unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), syncTimeout)
+	_, err := c.read(ctx, false)
+	cancel()
+	c.syncMu.Lock()
+	c.syncing = false
+	c.syncEnded = n
+	c.syncErr = err
+	close(done)
+	c.syncMu.Unlock()
 }
 
 // stale marks the cache as not current: calls wait for the next load.
@@ -144,6 +241,14 @@ func (c *Cache) watch(ctx context.Context, rev int64) {
 		}
 		c.mu.Lock()
 		for _, ev := range resp.Events {
+			// A read of Sync's may have taken the cache past this event
+			// already: applied now, an old put could bring back a token
+			// revoked since (until the revoke's own event came). Only a
+			// read's revision says so: the events of one transaction
+			// share theirs, and each must be applied.
+			if ev.Kv.ModRevision <= c.readRev {
+				continue
+			}
 			var kv *mvccpb.KeyValue
 			if ev.Type == clientv3.EventTypePut {
 				kv = ev.Kv

@@ -3,37 +3,47 @@ package auth
 import (
 	"context"
 	"errors"
+	"fmt"
+	"strings"
 	"testing"
 	"time"
 
+	"connectrpc.com/connect"
 	"github.com/rs/zerolog"
+	clientv3 "go.etcd.io/etcd/client/v3"
 
+	strandv1 "github.com/strandhq/strand/api/strand/v1"
 	"github.com/strandhq/strand/internal/cluster"
 	"github.com/strandhq/strand/internal/etcdtest"
 )
+
+// runCache starts etcd and a cache of prefix's credentials, run until the
+// test ends; ctx bounds the test.
+func runCache(t *testing.T, prefix string) (context.Context, *clientv3.Client, cluster.Schema, *Cache, *Store) {
+	t.Helper()
+	e := etcdtest.Start(t)
+	cli := e.Client(t)
+	schema := cluster.NewSchema(prefix)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	cache := NewCache(cli, schema, zerolog.Nop())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		cache.Run(ctx)
+	}()
+	t.Cleanup(func() {
+		cancel()
+		<-done
+	})
+	return ctx, cli, schema, cache, &Store{KV: cli, Schema: schema, Txn: PlainTxn(cli)}
+}
 
 // The cache follows etcd: a token made is admitted and one revoked is not,
 // a grant made or revoked changes what is allowed, and a value that does
 // not decode admits no one. Each change is waited for on the cache's own
 // change signal, with a deadline.
 func TestCacheFollowsEtcd(t *testing.T) {
-	e := etcdtest.Start(t)
-	cli := e.Client(t)
-	schema := cluster.NewSchema("/cachetest")
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	cache := NewCache(cli, schema, zerolog.Nop())
-	runCtx, stop := context.WithCancel(ctx)
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		cache.Run(runCtx)
-	}()
-	defer func() {
-		stop()
-		<-done
-	}()
-	st := &Store{KV: cli, Schema: schema, Txn: PlainTxn(cli)}
+	ctx, cli, schema, cache, st := runCache(t, "/cachetest")
 
 	rec, secret, err := st.CreateToken(ctx, "alice")
 	if err != nil {
@@ -210,5 +220,115 @@ func BenchmarkAuthenticate(b *testing.B) {
 				b.Fatalf("Authenticate = %q, %v", p, ok)
 			}
 		}
+	}
+}
+
+// A token or grant made in etcd that this node's watch has not delivered is
+// not refused: the guard reads etcd (Cache.Sync) before it answers
+// Unauthenticated or PermissionDenied, which promise the credential does
+// not exist. The cache here is loaded once and runs no watch, so only that
+// read can show it the new credentials. A secret etcd does not hold is
+// still refused, after the read; and a read that cannot be made is
+// Unavailable, not a refusal.
+func TestGuardReadsEtcdBeforeRefusing(t *testing.T) {
+	e := etcdtest.Start(t)
+	cli := e.Client(t)
+	schema := cluster.NewSchema("/synctest")
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	cache := NewCache(cli, schema, zerolog.Nop())
+	if _, err := cache.load(ctx); err != nil {
+		t.Fatal(err)
+	}
+	g := NewGuard(cache, Options{})
+	st := &Store{KV: cli, Schema: schema, Txn: PlainTxn(cli)}
+	_, secret, err := st.CreateToken(ctx, "bob")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := cache.Authenticate(secret); ok {
+		t.Fatal("the cache knows the new token without a read: the test shows nothing")
+	}
+	p, err := g.bearer(ctx, "Bearer "+secret)
+	if err != nil || p != "bob" {
+		t.Fatalf("a token made before the call: got %q, %v; want bob", p, err)
+	}
+	if _, err := st.Grant(ctx, "bob", Read, "orders.*"); err != nil {
+		t.Fatal(err)
+	}
+	if err := g.authorize(ctx, Rule{Scope: OnStream, Perms: []Permission{Read}, Field: "stream"}, "bob", &strandv1.ReadRequest{Stream: "orders.eu"}); err != nil {
+		t.Fatalf("a grant made before the call: %v", err)
+	}
+	err = g.authorize(ctx, Rule{Scope: OnCluster, Perms: []Permission{Admin}}, "bob", nil)
+	if connect.CodeOf(err) != connect.CodePermissionDenied {
+		t.Fatalf("admin without a grant: %v, want PermissionDenied", err)
+	}
+	unknown := TokenPrefix + strings.Repeat("0", len(secret)-len(TokenPrefix))
+	if _, err := g.bearer(ctx, "Bearer "+unknown); connect.CodeOf(err) != connect.CodeUnauthenticated {
+		t.Fatalf("a secret etcd does not hold: %v, want Unauthenticated", err)
+	}
+
+	// Calls at once share reads, and each sees what was made before it.
+	_, late, err := st.CreateToken(ctx, "carol")
+	if err != nil {
+		t.Fatal(err)
+	}
+	errs := make(chan error, 32)
+	for range cap(errs) {
+		go func() {
+			p, err := g.bearer(ctx, "Bearer "+late)
+			if err == nil && p != "carol" {
+				err = fmt.Errorf("principal %q", p)
+			}
+			errs <- err
+		}()
+	}
+	for range cap(errs) {
+		if err := <-errs; err != nil {
+			t.Fatalf("a call at once with others: %v", err)
+		}
+	}
+
+	e.Close()
+	_, err = g.bearer(ctx, "Bearer "+unknown)
+	if connect.CodeOf(err) != connect.CodeUnavailable {
+		t.Fatalf("a refusal etcd could not confirm: %v, want Unavailable", err)
+	}
+}
+
+// The watch skips only what a read of Sync's already holds: the deletes of
+// one transaction (all of a principal's tokens revoked at once) share a
+// revision, and every one of them is applied.
+func TestCacheAppliesEveryEventOfATransactionAfterASync(t *testing.T) {
+	ctx, _, _, cache, st := runCache(t, "/synctxn")
+	var secrets []string
+	for range 3 {
+		_, s, err := st.CreateToken(ctx, "dave")
+		if err != nil {
+			t.Fatal(err)
+		}
+		secrets = append(secrets, s)
+	}
+	admitted := func(c *Cache) int {
+		n := 0
+		for _, s := range secrets {
+			if _, ok := c.Authenticate(s); ok {
+				n++
+			}
+		}
+		return n
+	}
+	if err := cache.Until(ctx, func(c *Cache) bool { return admitted(c) == len(secrets) }); err != nil {
+		t.Fatalf("tokens never admitted: %v", err)
+	}
+	if err := cache.Sync(ctx); err != nil {
+		t.Fatal(err)
+	}
+	gone, err := st.RevokeTokens(ctx, "", "dave")
+	if err != nil || len(gone) != len(secrets) {
+		t.Fatalf("revoke dave's tokens: %v, %v", gone, err)
+	}
+	if err := cache.Until(ctx, func(c *Cache) bool { return admitted(c) == 0 }); err != nil {
+		t.Fatalf("%d of dave's %d revoked tokens still admitted: %v", admitted(cache), len(secrets), err)
 	}
 }

@@ -108,15 +108,58 @@ func (g *Guard) wait(ctx context.Context) error {
 }
 
 // bearer returns the principal of the Authorization header value v, or
-// Unauthenticated: a value that is not a bearer token of a known secret.
-func (g *Guard) bearer(v string) (string, error) {
+// Unauthenticated: a value that is not a bearer token of a secret etcd
+// holds.
+func (g *Guard) bearer(ctx context.Context, v string) (string, error) {
 	scheme, secret, _ := strings.Cut(v, " ")
 	if strings.EqualFold(scheme, "Bearer") {
-		if p, ok := g.cache.Authenticate(strings.TrimSpace(secret)); ok {
+		secret = strings.TrimSpace(secret)
+		if p, ok := g.cache.Authenticate(secret); ok {
 			return p, nil
+		}
+		// Unknown here may be only not here yet: a token made a moment
+		// ago. A secret without the prefix can never match.
+		if strings.HasPrefix(secret, TokenPrefix) {
+			if err := g.sync(ctx); err != nil {
+				return "", err
+			}
+			if p, ok := g.cache.Authenticate(secret); ok {
+				return p, nil
+			}
 		}
 	}
 	return "", connect.NewError(connect.CodeUnauthenticated, errCredentials)
+}
+
+// sync brings the cache up to etcd before a refusal (Cache.Sync), or
+// answers Unavailable: a refusal the node could not confirm is not made.
+func (g *Guard) sync(ctx context.Context) error {
+	if err := g.cache.Sync(ctx); err != nil {
+		return connect.NewError(connect.CodeUnavailable, fmt.Errorf("credentials could not be read from etcd to confirm a refusal (%w); retry", err))
+	}
+	return nil
+}
+
+// allowed reports whether principal holds one of perms on stream, asking
+// etcd (Cache.Sync) before it says no: a grant made a moment ago may not
+// have reached this node's watch yet. The error is Unavailable when etcd
+// could not be read.
+func (g *Guard) allowed(ctx context.Context, principal string, perms []Permission, stream string) (bool, error) {
+	check := func() bool {
+		for _, p := range perms {
+			if g.cache.Allowed(principal, p, stream) {
+				return true
+			}
+		}
+		return false
+	}
+	if check() {
+		return true, nil
+	}
+	if err := g.sync(ctx); err != nil {
+		return false, err
+	}
+	return check(), nil
 }
 
 // identify returns the call's principal: its bearer token's, else the
@@ -127,7 +170,7 @@ func (g *Guard) identify(ctx context.Context, spec connect.Spec, peer connect.Pe
 		return "", err
 	}
 	if v := h.Get("Authorization"); v != "" {
-		return g.bearer(v)
+		return g.bearer(ctx, v)
 	}
 	if g.transport != nil {
 		if p, ok := g.transport(ctx, spec, peer, h); ok && p != "" {
@@ -154,7 +197,7 @@ func (g *Guard) Precheck(h http.Handler) http.Handler {
 				if v == "" {
 					err = connect.NewError(connect.CodeUnauthenticated, errCredentials)
 				} else {
-					_, err = g.bearer(v)
+					_, err = g.bearer(r.Context(), v)
 				}
 			}
 			if err != nil {
@@ -186,29 +229,28 @@ func Denied(principal string, perms []Permission, stream string) *connect.Error 
 
 // authorize checks rule for principal, msg being the request (nil for a
 // rule that reads no field).
-func (g *Guard) authorize(rule Rule, principal string, msg any) error {
+func (g *Guard) authorize(ctx context.Context, rule Rule, principal string, msg any) error {
+	var stream string
 	switch rule.Scope {
 	case Authenticated:
 		return nil
 	case OnCluster:
-		for _, p := range rule.Perms {
-			if g.cache.Allowed(principal, p, All) {
-				return nil
-			}
-		}
-		return Denied(principal, rule.Perms, All)
+		stream = All
 	case OnStream:
 		// A malformed name is the handler's to refuse, naming the field,
 		// once a grant covers it (only "*" covers an empty one).
-		name := streamOf(msg, rule.Field)
-		for _, p := range rule.Perms {
-			if g.cache.Allowed(principal, p, name) {
-				return nil
-			}
-		}
-		return Denied(principal, rule.Perms, name)
+		stream = streamOf(msg, rule.Field)
+	default:
+		return connect.NewError(connect.CodeInternal, errors.New("auth: no rule scope"))
 	}
-	return connect.NewError(connect.CodeInternal, errors.New("auth: no rule scope"))
+	ok, err := g.allowed(ctx, principal, rule.Perms, stream)
+	switch {
+	case err != nil:
+		return err
+	case !ok:
+		return Denied(principal, rule.Perms, stream)
+	}
+	return nil
 }
 
 // streamOf reads the string field of msg.
@@ -308,7 +350,7 @@ func (g *Guard) WrapUnary(next connect.UnaryFunc) connect.UnaryFunc {
 			// refuses every entry of a call without it.
 			return next(context.WithValue(ctx, entryKey{}, &entryGuard{g: g, rule: rule, principal: principal}), req)
 		}
-		if err := g.authorize(rule, principal, req.Any()); err != nil {
+		if err := g.authorize(ctx, rule, principal, req.Any()); err != nil {
 			return nil, err
 		}
 		if rule.Limit == PublishBytes {
@@ -362,15 +404,16 @@ func CheckEntry(ctx context.Context, stream string, entry proto.Message) error {
 	if eg.open {
 		return nil
 	}
-	for _, p := range eg.rule.Perms {
-		if eg.g.cache.Allowed(eg.principal, p, stream) {
-			if eg.rule.Limit == PublishBytes {
-				return eg.g.publish(eg.principal, proto.Size(entry))
-			}
-			return nil
-		}
+	ok, err := eg.g.allowed(ctx, eg.principal, eg.rule.Perms, stream)
+	switch {
+	case err != nil:
+		return err
+	case !ok:
+		return Denied(eg.principal, eg.rule.Perms, stream)
+	case eg.rule.Limit == PublishBytes:
+		return eg.g.publish(eg.principal, proto.Size(entry))
 	}
-	return Denied(eg.principal, eg.rule.Perms, stream)
+	return nil
 }
 
 // Open is the interceptor a client-facing service runs in place of a
@@ -419,7 +462,7 @@ func (g *Guard) WrapStreamingHandler(next connect.StreamingHandlerFunc) connect.
 		if err != nil {
 			return err
 		}
-		gc := &guardedConn{StreamingHandlerConn: conn, g: g, rule: rule, principal: principal}
+		gc := &guardedConn{StreamingHandlerConn: conn, ctx: ctx, g: g, rule: rule, principal: principal}
 		defer gc.release()
 		return next(ctx, gc)
 	}
@@ -428,6 +471,9 @@ func (g *Guard) WrapStreamingHandler(next connect.StreamingHandlerFunc) connect.
 // guardedConn authorises a stream at its first message.
 type guardedConn struct {
 	connect.StreamingHandlerConn
+	// ctx is the call's: it bounds the wait of a refusal's read of etcd
+	// (Guard.allowed).
+	ctx       context.Context
 	g         *Guard
 	rule      Rule
 	principal string
@@ -447,7 +493,7 @@ func (c *guardedConn) Receive(msg any) error {
 		return nil
 	}
 	c.checked = true
-	if c.err = c.g.authorize(c.rule, c.principal, msg); c.err != nil {
+	if c.err = c.g.authorize(c.ctx, c.rule, c.principal, msg); c.err != nil {
 		return c.err
 	}
 	if c.rule.Limit == Subscriptions {
