@@ -5,6 +5,7 @@ import (
 	"crypto/subtle"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/rs/zerolog"
@@ -12,6 +13,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/strandhq/strand/internal/cluster"
+	"github.com/strandhq/strand/internal/gather"
 )
 
 // Cache holds every token and grant of the cluster, read once and kept up
@@ -54,16 +56,11 @@ type Cache struct {
 	knownMu sync.Mutex
 	known   map[string]string
 
-	// Sync's rounds (Sync): how many began and how many ended, whether
-	// one is reading now and its end, the last one's error, and when the
-	// last began (syncEvery apart).
-	syncMu       sync.Mutex
-	syncBegun    uint64
-	syncEnded    uint64
-	syncing      bool
-	syncDone     chan struct{}
-	syncErr      error
-	syncLastRead time.Time
+	// syncs gathers Sync's calls into shared reads, one at a time;
+	// lastSync is when the last began (unix nanoseconds), syncEvery
+	// before the next.
+	syncs    *gather.Gatherer[struct{}, struct{}]
+	lastSync atomic.Int64
 }
 
 // syncEvery spaces Sync's reads of etcd: calls with secrets nobody holds,
@@ -73,6 +70,8 @@ type Cache struct {
 const (
 	syncEvery   = 25 * time.Millisecond
 	syncTimeout = 2 * time.Second
+	// syncBatch is how many waiting calls one read answers at most.
+	syncBatch = 4096
 )
 
 // knownMax bounds Cache.known: far more live secrets than a broker's
@@ -81,8 +80,10 @@ const knownMax = 1024
 
 // NewCache returns a cache of schema's credentials; Run fills it.
 func NewCache(cli *clientv3.Client, schema cluster.Schema, log zerolog.Logger) *Cache {
-	return &Cache{cli: cli, schema: schema, log: log, tokens: map[string]TokenRecord{}, grants: map[string]map[string]GrantRecord{},
+	c := &Cache{cli: cli, schema: schema, log: log, tokens: map[string]TokenRecord{}, grants: map[string]map[string]GrantRecord{},
 		loaded: make(chan struct{}), changed: make(chan struct{})}
+	c.syncs = gather.New(syncBatch, 1, c.syncRead)
+	return c
 }
 
 // Run reads the credentials and watches them until ctx ends, reading them
@@ -161,58 +162,32 @@ func (c *Cache) read(ctx context.Context, markFresh bool) (int64, error) {
 // watch yet, and Unauthenticated or PermissionDenied promise that the
 // credential does not exist (docs/operating.md, "Permissions").
 //
-// Calls share reads: one is in flight at a time, a call waits for the
-// first read that began after it was made, and reads begin at most once
-// per syncEvery. A read that fails is the error of every call that waited
-// for it; ctx bounds only this call's wait, never the read, which others
-// may be waiting for.
+// Calls share reads (internal/gather: a call is answered by a read sent
+// after it began, never by one already in flight): one read at a time,
+// at most one per syncEvery. A read lasts while any of its callers waits,
+// at most syncTimeout.
 func (c *Cache) Sync(ctx context.Context) error {
-	c.syncMu.Lock()
-	// The first read to begin from now on: one in flight began before
-	// this call and may have read etcd before what the caller looks for
-	// was written.
-	want := c.syncBegun + 1
-	for c.syncEnded < want {
-		if !c.syncing {
-			c.syncing = true
-			c.syncBegun++
-			c.syncDone = make(chan struct{})
-			go c.syncRound(c.syncBegun, syncEvery-time.Since(c.syncLastRead), c.syncDone)
-		}
-		done := c.syncDone
-		c.syncMu.Unlock()
-		select {
-		case <-done:
-		case <-ctx.Done():
-			return ctx.Err()
-		}
-		c.syncMu.Lock()
-	}
-	err := c.syncErr
-	c.syncMu.Unlock()
+	_, err := c.syncs.Do(ctx, struct{}{})
 	return err
 }
 
-// syncRound is Sync's read number n, after waiting out wait (the spacing
-// from the read before), bounded by syncTimeout; done is closed once it
-// has ended.
-func (c *Cache) syncRound(n uint64, wait time.Duration, done chan struct{}) {
-	if wait > 0 {
-		t := time.NewTimer(wait)
-		<-t.C
+// syncRead is the read of one batch of Sync calls, once syncEvery has
+// passed since the read before.
+func (c *Cache) syncRead(ctx context.Context, batch []struct{}) []gather.Result[struct{}] {
+	ctx, cancel := context.WithTimeout(ctx, syncTimeout)
+	defer cancel()
+	var err error
+	if wait := syncEvery - time.Since(time.Unix(0, c.lastSync.Load())); wait > 0 && !sleep(ctx, wait) {
+		err = ctx.Err()
+	} else {
+		c.lastSync.Store(time.Now().UnixNano())
+		_, err = c.read(ctx, false)
 	}
-	c.syncMu.Lock()
-	c.syncLastRead = time.Now()
-	c.syncMu.Unlock()
-	ctx, cancel := context.WithTimeout(context.Background(), syncTimeout)
-	_, err := c.read(ctx, false)
-	cancel()
-	c.syncMu.Lock()
-	c.syncing = false
-	c.syncEnded = n
-	c.syncErr = err
-	close(done)
-	c.syncMu.Unlock()
+	out := make([]gather.Result[struct{}], len(batch))
+	for i := range out {
+		out[i].Err = err
+	}
+	return out
 }
 
 // stale marks the cache as not current: calls wait for the next load.

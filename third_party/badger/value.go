@@ -933,8 +933,16 @@ func (vlog *valueLog) write(reqs []*request) error {
 		// written with one pwrite, not one each
 		// (third_party/badger-patches/0004-value-log-one-write-per-request.patch).
 		// An entry's offset is where it lands in that write: the file's
-		// writable offset plus what the buffer holds before it.
+		// writable offset plus what the buffer holds before it. The
+		// buffer is grown once to the request's size (values kept in the
+		// LSM tree counted too, a little over), not doubled and copied
+		// as entries are encoded.
 		buf.Reset()
+		need := 0
+		for _, e := range b.Entries {
+			need += maxHeaderSize + len(e.Key) + len(e.Value) + crc32.Size
+		}
+		buf.Grow(need)
 		base := vlog.woffset()
 		for j := range b.Entries {
 			e := b.Entries[j]
