@@ -66,15 +66,21 @@
 // by the stream's confirm tracker, and the sender adds a batch carrying
 // only it after the ready batches of its next response, for each follow
 // whose newest watermark was not sent yet and whose first batch was
-// (followServer.take). The follower's receiver never waits on a stream: it
-// queues each batch for its follow, whose own goroutine stores it, and
-// whose acker waits for it to be durable; a batch carrying only the
-// watermark it applies itself when the follow took its first batch and
-// has nothing queued (followSub.applyWatermark), capped at the copy's
-// durable tail as every watermark is. Starts, stops and acks go in messages of a
-// bounded number of frames, under the owner's read limit; acks waiting to
-// be sent are replaced by later ones of the same follow. The call ends
-// when its last follow stops.
+// (followServer.take). The follower's receiver never waits on a stream's
+// goroutine. A follow's goroutine applies its first batch (which alone may
+// carry the head a copy below the owner starts at) and any batch that
+// waits in its inbox; from then on the receiver stores each batch of the
+// follow's epoch in storage itself and applies its watermark, when nothing
+// of the follow is queued or being applied (followSub.applyDirect), so a
+// batch wakes no goroutine of its stream. Storage's committer tells each
+// stored batch's outcome to the session (noteDurable), whose one acker
+// acknowledges the copies' durable tails after each group commit: the
+// goroutines a record wakes on a follower are per broker pair, not per
+// stream. A watermark is capped at the copy's durable tail wherever it is
+// applied. Starts, stops and acks go in messages of a bounded number of
+// frames, under the owner's read limit; acks waiting to be sent are
+// replaced by later ones of the same follow. The call ends when its last
+// follow stops.
 //
 // Before any role change at a new epoch a copy is cut back onto the history
 // of that epoch (docs/protocol.md, "Copies with a longer tail"); a sealed copy that a new

@@ -109,29 +109,12 @@ func (c *Copy) followOnce(ctx context.Context, owner string, epoch uint64) error
 	// Only this stream's follow ends here; the call and the other streams'
 	// follows on it go on.
 	defer sess.stop(sub)
-	// This goroutine takes each batch and goes back for the next while the
-	// acker waits for queued batches to become durable, in order, and
-	// acknowledges the durable tails: batches that arrive during one fsync
-	// share the next one (storage.EnqueueReplicated), and the owner's next
+	// Storage queues each batch (EnqueueReplicated) and the committer
+	// tells its outcome once it is durable; the session's acker then
+	// acknowledges the copy's durable tails (onDurable below). Batches that
+	// arrive during one fsync share the next one, and the owner's next
 	// batch travels while this one syncs. The owner's flow control bounds
 	// what is queued here (followInflightBatches).
-	type receivedBatch struct {
-		storage.Pending
-		at   time.Time // when the batch arrived (follow_apply_seconds)
-		recs bool      // whether it held records
-		// bytes is the batch's record segment as the owner sent it
-		// (follow_stored_bytes_total).
-		bytes int
-	}
-	pending := make(chan receivedBatch, followInflightBatches)
-	ackErr := make(chan error, 1)
-	ackerDone := make(chan struct{})
-	// The acker ends before the follow is stopped and the call released:
-	// nothing is acknowledged on a follow the owner no longer serves.
-	defer func() {
-		cancel()
-		<-ackerDone
-	}()
 	var wmMu sync.Mutex
 	var ownerWM uint64
 	// applyWatermark makes the owner's confirm watermark visible here, never
@@ -145,55 +128,64 @@ func (c *Copy) followOnce(ctx context.Context, owner string, epoch uint64) error
 		c.st.SetConfirmWatermark(ownerWM)
 		c.setFollowerWatermark(min(ownerWM, c.st.Tails().Record))
 	}
-	go func() {
-		defer close(ackerDone)
-		ackedRec, ackedEv := s.RecordTail, s.CursorEventTail
-		for {
-			var p receivedBatch
-			select {
-			case p = <-pending:
-			case <-ctx.Done():
-				return
-			}
-			if err := p.Wait(ctx); err != nil {
-				ackErr <- localErr(err)
-				cancel()
-				return
-			}
-			if p.recs {
-				c.m.cfg.Metrics.FollowApplied(p.at, p.bytes)
-			}
-			t := c.st.Tails()
-			applyWatermark(0)
-			// A batch that became durable with an earlier one was
-			// acknowledged with it.
-			if t.Record == ackedRec && t.CursorEvent == ackedEv {
-				continue
-			}
-			ackedRec, ackedEv = t.Record, t.CursorEvent
-			sess.ack(sub, t.Record, t.CursorEvent)
+	// onDurable runs on the session's acker, under the sub's applyMu, which
+	// the follow clears before it returns: nothing is acknowledged on a
+	// follow the owner no longer serves, or after the role ended. A failed
+	// write ends the follow (this copy's storage, not the owner, failed).
+	sub.setOnDurable(func(err error, b storedBatch) {
+		if err != nil {
+			sub.finish(localErr(err))
+			return
 		}
-	}()
+		if b.records {
+			c.m.cfg.Metrics.FollowApplied(b.arrived, b.bytes)
+		}
+		t := c.st.Tails()
+		applyWatermark(0)
+		sess.ack(sub, t.Record, t.CursorEvent)
+	})
+	defer sub.setOnDurable(nil)
+	// store queues a batch's records and cursor events. It runs on this
+	// goroutine until the first batch is applied, then on the session's
+	// receiver (followDirect).
+	store := func(ctx context.Context, resp *strandv1.FollowBatch, arrived time.Time) error {
+		recs, err := storage.DecodeSegment(resp.GetRecordSegment())
+		if err != nil {
+			return fmt.Errorf("owner sent an unreadable record segment: %w", err)
+		}
+		evs := make([]storage.CursorEvent, 0, len(resp.GetCursorEvents()))
+		for _, e := range resp.GetCursorEvents() {
+			evs = append(evs, eventFromProto(e))
+		}
+		if len(recs) == 0 && len(evs) == 0 {
+			return nil
+		}
+		// Set before: a batch refused part way may have queued writes.
+		c.followQueued.Store(true)
+		stored := storedBatch{arrived: arrived, records: len(recs) > 0, bytes: len(resp.GetRecordSegment())}
+		_, err = c.st.EnqueueReplicated(ctx, recs, evs, func(err error) { sess.noteDurable(sub, err, stored) })
+		if errors.Is(err, storage.ErrChainMismatch) {
+			return fmt.Errorf("%w: %v", ErrChainMismatch, err)
+		}
+		if err != nil {
+			return localErr(err)
+		}
+		return nil
+	}
 	// Once the first batch is applied (it alone may carry the head a
-	// copy below the owner's starts at, and ResetTo runs for it), a batch
-	// carrying only the owner's confirm watermark is applied by the
-	// session's receiver (followSub.applyWatermark), waking nothing here:
-	// applyWatermark caps it at this copy's durable tail, whose records
-	// all passed the chain check. It is cleared before this follow
-	// returns, so none is applied after the role ends (endRole waits for
-	// this goroutine).
-	defer sub.setWatermark(nil)
+	// copy below the owner's starts at, and ResetTo runs for it), the
+	// session's receiver stores and applies each later batch of this
+	// epoch itself (followSub.applyDirect), waking nothing here, unless
+	// one waits in the inbox before it. It is cleared before this follow
+	// returns, so none is stored or applied after the role ends (endRole
+	// waits for this goroutine).
+	defer sub.setDirect(nil)
 	direct := false
-	queued := false
 	for {
+		sub.settle()
 		resp, err := sess.next(ctx, sub)
 		arrived := time.Now()
 		if err != nil {
-			select {
-			case aerr := <-ackErr:
-				return aerr
-			default:
-			}
 			return err
 		}
 		c.setSuspect("")
@@ -203,61 +195,36 @@ func (c *Copy) followOnce(ctx context.Context, owner string, epoch uint64) error
 		if head := resp.GetHead(); head > 0 && head > c.st.State().RecordTail {
 			// The owner names its head only before its first batch, so
 			// nothing is queued here yet.
-			if queued {
+			if direct {
 				return fmt.Errorf("owner sent head %d after records; following again", head)
 			}
 			if err := c.st.ResetTo(ctx, head, resp.GetChainAtHead()); err != nil {
 				return localErr(err)
 			}
 		}
-		recs, err := storage.DecodeSegment(resp.GetRecordSegment())
-		if err != nil {
-			return fmt.Errorf("owner sent an unreadable record segment: %w", err)
-		}
 		if cs := resp.GetCursorSnapshot(); cs != nil {
 			// Below the owner's retained cursor events: its snapshot
 			// stands for them. Durable before any later event is
-			// applied over it (storage waits for it).
+			// applied over it (storage waits for it), so it is
+			// acknowledged at once.
 			err := c.st.InstallCursorSnapshot(ctx, storage.CursorSnapshot{Boundary: cs.GetBoundary(), Epoch: cs.GetEpoch(), Cursors: cs.GetCursors()})
 			if err != nil {
 				return localErr(err)
 			}
-			select {
-			case pending <- receivedBatch{at: arrived}: // acknowledged like a batch
-			case <-ctx.Done():
-				return ctx.Err()
-			}
+			sub.durable(nil, storedBatch{arrived: arrived})
 		}
-		evs := make([]storage.CursorEvent, 0, len(resp.GetCursorEvents()))
-		for _, e := range resp.GetCursorEvents() {
-			evs = append(evs, eventFromProto(e))
-		}
-		if len(recs) > 0 || len(evs) > 0 {
-			// Set before: a batch refused part way may have queued writes.
-			c.followQueued.Store(true)
-			p, err := c.st.EnqueueReplicated(ctx, recs, evs)
-			if err != nil {
-				if errors.Is(err, storage.ErrChainMismatch) {
-					return fmt.Errorf("%w: %v", ErrChainMismatch, err)
-				}
-				return localErr(err)
-			}
-			queued = true
-			select {
-			case pending <- receivedBatch{Pending: p, at: arrived, recs: len(recs) > 0, bytes: len(resp.GetRecordSegment())}:
-			case <-ctx.Done():
-				return ctx.Err()
-			}
+		if err := store(ctx, resp, arrived); err != nil {
+			return err
 		}
 		applyWatermark(resp.GetConfirmWatermark())
 		if !direct {
 			direct = true
-			sub.setWatermark(func(e, wm uint64) bool {
-				if e != epoch || ctx.Err() != nil {
-					return false
-				}
-				applyWatermark(wm)
-				return true
+			sub.setDirect(&followDirect{
+				epoch: epoch,
+				store: func(b *strandv1.FollowBatch, arrived time.Time) error {
+					return store(ctx, b, arrived)
+				},
+				watermark: applyWatermark,
 			})
 		}
 	}

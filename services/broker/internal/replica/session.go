@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"runtime"
 	"sync"
+	"time"
 
 	"connectrpc.com/connect"
 
@@ -48,6 +49,20 @@ type followSession struct {
 	acks    map[uint64]*strandv1.FollowAck
 	ackIDs  []uint64
 	wake    chan struct{}
+
+	// stored holds the outcomes of the follows' batches that the
+	// committer told (noteDurable), for the acker (ackLoop) to hand to
+	// their follows: one goroutine per session wakes per group commit,
+	// not one per stream per batch.
+	storedMu   sync.Mutex
+	stored     []storedNote
+	storedWake chan struct{}
+}
+
+type storedNote struct {
+	sub *followSub
+	err error
+	b   storedBatch
 }
 
 type controlFrame struct {
@@ -64,20 +79,56 @@ type followSub struct {
 	mu    sync.Mutex
 	inbox []*strandv1.FollowBatch
 	err   error
+	// taking is set while the follow's goroutine applies a batch it took
+	// from the inbox: the receiver stores none ahead of it.
+	taking bool
 
-	// wmMu guards onWatermark: set by the follow once its first batch is
-	// applied, cleared before the follow returns, so no watermark is
-	// applied once the follow (and with it the copy's role) ended.
-	wmMu        sync.Mutex
-	onWatermark func(epoch, wm uint64) bool
+	// applyMu guards direct and onDurable, which the follow sets and
+	// clears (nil) before it returns, so nothing is stored, applied or
+	// acknowledged here once the follow (and with it the copy's role)
+	// ended: the receiver and the acker call them under it.
+	applyMu   sync.Mutex
+	direct    *followDirect
+	onDurable func(err error, b storedBatch)
 }
 
-// setWatermark sets (or, with nil, clears) what applies a batch that only
-// carries the owner's confirm watermark as the receiver reads it.
-func (sub *followSub) setWatermark(fn func(epoch, wm uint64) bool) {
-	sub.wmMu.Lock()
-	sub.onWatermark = fn
-	sub.wmMu.Unlock()
+// followDirect is what a follow lends the session's receiver once it has
+// applied its first batch (which alone may carry the head a copy below the
+// owner starts at): the receiver then stores each batch of the follow's
+// epoch itself, with no goroutine of the follow woken per batch (doc.go).
+type followDirect struct {
+	epoch uint64
+	// store queues a batch's records and cursor events in storage; its
+	// outcome comes back through onDurable. An error ends the follow.
+	store func(b *strandv1.FollowBatch, arrived time.Time) error
+	// watermark applies the owner's confirm watermark, capped at the copy's
+	// durable tail.
+	watermark func(wm uint64)
+}
+
+// storedBatch is a batch queued in storage, as its acknowledgement needs it.
+type storedBatch struct {
+	arrived time.Time // when it came (follow_apply_seconds)
+	records bool      // whether it held records
+	// bytes is its record segment as the owner sent it
+	// (follow_stored_bytes_total).
+	bytes int
+}
+
+// setDirect sets (or, with nil, clears) what the receiver applies the
+// follow's batches with.
+func (sub *followSub) setDirect(d *followDirect) {
+	sub.applyMu.Lock()
+	sub.direct = d
+	sub.applyMu.Unlock()
+}
+
+// setOnDurable sets (or, with nil, clears) what the session's acker tells
+// each of the follow's stored batches' outcome to.
+func (sub *followSub) setOnDurable(fn func(error, storedBatch)) {
+	sub.applyMu.Lock()
+	sub.onDurable = fn
+	sub.applyMu.Unlock()
 }
 
 // watermarkOnly reports that b carries nothing to store: no records, no
@@ -86,21 +137,43 @@ func watermarkOnly(b *strandv1.FollowBatch) bool {
 	return len(b.GetRecordSegment()) == 0 && len(b.GetCursorEvents()) == 0 && b.GetCursorSnapshot() == nil && b.GetHead() == 0
 }
 
-// applyWatermark applies a watermark-only batch on the receiver instead of
-// waking the follow's goroutine for it: only when nothing of the follow
-// waits in its inbox (so it is not applied ahead of a batch still queued)
-// and the follow accepts it (its epoch; otherwise the follow's goroutine
-// gets the batch and ends the follow as it does for any other).
-func (sub *followSub) applyWatermark(b *strandv1.FollowBatch) bool {
+// applyDirect stores and applies b on the receiver instead of waking the
+// follow's goroutine for it: only when nothing of the follow waits in its
+// inbox or is being applied by its goroutine (so b never goes ahead of an
+// earlier batch), the follow lent its direct path, b is of the follow's
+// epoch, and b carries no head or cursor snapshot (the follow's goroutine
+// takes those, and another epoch, which ends the follow). A batch the
+// store refuses ends the follow with the store's error.
+func (sub *followSub) applyDirect(b *strandv1.FollowBatch, arrived time.Time) bool {
 	sub.mu.Lock()
-	idle := len(sub.inbox) == 0 && sub.err == nil
+	idle := len(sub.inbox) == 0 && sub.err == nil && !sub.taking
 	sub.mu.Unlock()
-	if !idle {
+	if !idle || b.GetHead() != 0 || b.GetCursorSnapshot() != nil {
 		return false
 	}
-	sub.wmMu.Lock()
-	defer sub.wmMu.Unlock()
-	return sub.onWatermark != nil && sub.onWatermark(b.GetEpoch(), b.GetConfirmWatermark())
+	sub.applyMu.Lock()
+	defer sub.applyMu.Unlock()
+	d := sub.direct
+	if d == nil || b.GetEpoch() != d.epoch {
+		return false
+	}
+	if !watermarkOnly(b) {
+		if err := d.store(b, arrived); err != nil {
+			sub.finish(err)
+			return true
+		}
+	}
+	d.watermark(b.GetConfirmWatermark())
+	return true
+}
+
+// durable tells the follow a stored batch's outcome, unless it ended.
+func (sub *followSub) durable(err error, b storedBatch) {
+	sub.applyMu.Lock()
+	defer sub.applyMu.Unlock()
+	if sub.onDurable != nil {
+		sub.onDurable(err, b)
+	}
 }
 
 // followSession returns the session to owner, opening the call if there is
@@ -126,9 +199,14 @@ func (m *Manager) followSession(owner string) (*followSession, error) {
 	}
 	ctx, cancel := context.WithCancel(m.ctx)
 	s := &followSession{m: m, owner: owner, addr: addr, ctx: ctx, cancel: cancel, done: make(chan struct{}), refs: 1,
-		subs: make(map[uint64]*followSub), acks: make(map[uint64]*strandv1.FollowAck), wake: make(chan struct{}, 1)}
+		subs: make(map[uint64]*followSub), acks: make(map[uint64]*strandv1.FollowAck), wake: make(chan struct{}, 1),
+		storedWake: make(chan struct{}, 1)}
 	m.sessions[owner] = s
-	m.wg.Add(1)
+	m.wg.Add(2)
+	go func() {
+		defer m.wg.Done()
+		s.ackLoop()
+	}()
 	go func() {
 		defer m.wg.Done()
 		err := s.call()
@@ -279,10 +357,48 @@ func (s *followSession) signal() {
 	}
 }
 
-// deliver hands each batch and end to its follow. It never waits on one:
-// a stream that is slow to take its batches holds up no other (the owner's
-// flow control bounds what each one queues).
+// noteDurable is a stored batch's outcome, told by the committer
+// (storage.Stream.EnqueueReplicated's onDurable): queued for the acker, so
+// the committer neither waits nor takes a lock of the follow's.
+func (s *followSession) noteDurable(sub *followSub, err error, b storedBatch) {
+	s.storedMu.Lock()
+	s.stored = append(s.stored, storedNote{sub: sub, err: err, b: b})
+	s.storedMu.Unlock()
+	select {
+	case s.storedWake <- struct{}{}:
+	default:
+	}
+}
+
+// ackLoop hands each stored batch's outcome to its follow, which
+// acknowledges the copy's durable tails (or ends on a failed write), until
+// the session ends, which ends its follows too.
+func (s *followSession) ackLoop() {
+	var notes []storedNote
+	for {
+		select {
+		case <-s.ctx.Done():
+			return
+		case <-s.storedWake:
+		}
+		s.storedMu.Lock()
+		notes, s.stored = s.stored, notes[:0]
+		s.storedMu.Unlock()
+		for i, n := range notes {
+			n.sub.durable(n.err, n.b)
+			notes[i] = storedNote{}
+		}
+	}
+}
+
+// deliver hands each batch and end to its follow, or stores the batch
+// itself for a follow that lent it its direct path (applyDirect). It never
+// waits on a follow's goroutine: a stream that is slow to take its batches
+// holds up no other (the owner's flow control bounds what each one
+// queues); a store waits only when the storage queue is full, which every
+// stream of this broker shares.
 func (s *followSession) deliver(resp *strandv1.FollowResponse) {
+	arrived := time.Now()
 	for _, b := range resp.GetBatches() {
 		s.mu.Lock()
 		sub := s.subs[b.GetId()]
@@ -290,7 +406,7 @@ func (s *followSession) deliver(resp *strandv1.FollowResponse) {
 		if sub == nil { // a follow stopped here since; dropped
 			continue
 		}
-		if watermarkOnly(b) && sub.applyWatermark(b) {
+		if sub.applyDirect(b, arrived) {
 			continue
 		}
 		sub.push(b)
@@ -359,7 +475,8 @@ func (s *followSession) ack(sub *followSub, recordTail, eventTail uint64) {
 
 // next returns the follow's next batch, in the order the owner sent them:
 // the batches received before the call broke or the owner ended the
-// follow come first, then the error.
+// follow come first, then the error. The follow applies the batch and
+// calls settle before the receiver may store a later one itself.
 func (s *followSession) next(ctx context.Context, sub *followSub) (*strandv1.FollowBatch, error) {
 	for {
 		sub.mu.Lock()
@@ -367,6 +484,7 @@ func (s *followSession) next(ctx context.Context, sub *followSub) (*strandv1.Fol
 			b := sub.inbox[0]
 			sub.inbox[0] = nil
 			sub.inbox = sub.inbox[1:]
+			sub.taking = true
 			sub.mu.Unlock()
 			return b, nil
 		}
@@ -389,6 +507,13 @@ func (s *followSession) next(ctx context.Context, sub *followSub) (*strandv1.Fol
 			return nil, ctx.Err()
 		}
 	}
+}
+
+// settle says the follow's goroutine is done with the batch next gave it.
+func (sub *followSub) settle() {
+	sub.mu.Lock()
+	sub.taking = false
+	sub.mu.Unlock()
 }
 
 func (sub *followSub) push(b *strandv1.FollowBatch) {

@@ -42,6 +42,9 @@ type op struct {
 	snap *snapshot
 	// done receives the outcome; nil when nobody waits.
 	done chan error
+	// onDurable, when set, is told the outcome on the committer, after
+	// apply (Stream.EnqueueReplicated).
+	onDurable func(error)
 }
 
 func (o *op) add(key, val []byte) { o.b.Set(key, val) }
@@ -104,6 +107,9 @@ func opDone(b *engine.Batch, err error) {
 		// Waiters on durable state (a duplicate publish waiting for its
 		// original) re-check and find the DB stopped.
 		o.s.durable.wakeAll()
+	}
+	if o.onDurable != nil {
+		o.onDurable(err)
 	}
 	if o.done != nil {
 		o.done <- err

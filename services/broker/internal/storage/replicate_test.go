@@ -189,7 +189,7 @@ func TestSyncCoversQueuedBatches(t *testing.T) {
 	inSync, release := holdNextSync(db)
 	// Two batches queued, nobody waiting on them: the first holds the
 	// committer at its fsync, the second queues behind it.
-	if _, err := f.EnqueueReplicated(ctx, all[:3], nil); err != nil {
+	if _, err := f.EnqueueReplicated(ctx, all[:3], nil, nil); err != nil {
 		t.Fatal(err)
 	}
 	select {
@@ -197,7 +197,7 @@ func TestSyncCoversQueuedBatches(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("the first batch never reached its fsync")
 	}
-	if _, err := f.EnqueueReplicated(ctx, all[3:], nil); err != nil {
+	if _, err := f.EnqueueReplicated(ctx, all[3:], nil, nil); err != nil {
 		t.Fatal(err)
 	}
 	if st := f.State(); st.RecordTail != 0 {
@@ -232,5 +232,56 @@ func TestResetToBelowTheTailIsRefused(t *testing.T) {
 	}
 	if !equalState(s.State(), before) {
 		t.Fatalf("a refused reset changed the copy: %+v, was %+v", s.State(), before)
+	}
+}
+
+// A batch's onDurable is told its outcome once the durable tails moved over
+// it, in queue order, and not while its fsync is held.
+func TestEnqueueReplicatedTellsOnDurableAfterTheTailsMoved(t *testing.T) {
+	db := openDB(t, t.TempDir())
+	defer db.Close()
+	ctx := context.Background()
+	owner := ownerStream(t, db, "owner", 1)
+	all := mustAppend(t, owner, 1, recs("a", 6))
+	f := openStream(t, db, "follower")
+	if err := f.AdvanceEpoch(ctx, 1); err != nil {
+		t.Fatal(err)
+	}
+	type told struct {
+		batch int
+		err   error
+		tails Tails
+	}
+	got := make(chan told, 2)
+	note := func(batch int) func(error) {
+		return func(err error) { got <- told{batch, err, f.Tails()} }
+	}
+	inSync, release := holdNextSync(db)
+	if _, err := f.EnqueueReplicated(ctx, all[:3], nil, note(1)); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-inSync:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the first batch never reached its fsync")
+	}
+	if _, err := f.EnqueueReplicated(ctx, all[3:], nil, note(2)); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case n := <-got:
+		t.Fatalf("batch %d told durable while the first fsync is held", n.batch)
+	default:
+	}
+	close(release)
+	for i, want := range []uint64{3, 6} {
+		select {
+		case n := <-got:
+			if n.batch != i+1 || n.err != nil || n.tails.Record != want {
+				t.Fatalf("told batch %d (err %v) at durable tail %d, want batch %d at %d", n.batch, n.err, n.tails.Record, i+1, want)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatalf("batch %d was never told durable", i+1)
+		}
 	}
 }

@@ -713,7 +713,7 @@ func (a *assignedView) snapshotMeta() (*meta, uint64) {
 // the copy's (else ErrFenced); a sealed copy takes nothing (ErrFenced). On
 // any error nothing is stored. It returns once the batch is fsynced.
 func (s *Stream) AppendReplicated(ctx context.Context, recs []Record, evs []CursorEvent) error {
-	p, err := s.EnqueueReplicated(ctx, recs, evs)
+	p, err := s.EnqueueReplicated(ctx, recs, evs, nil)
 	if err != nil {
 		return err
 	}
@@ -738,7 +738,15 @@ func (p Pending) Wait(ctx context.Context) error {
 // its next batch while this one is being synced and the committer writes
 // both with one fsync. The durable tail moves over the batch only once it
 // is synced, in queue order (doc.go, "Ordering invariants").
-func (s *Stream) EnqueueReplicated(ctx context.Context, recs []Record, evs []CursorEvent) (Pending, error) {
+//
+// onDurable, when set, is called with the batch's outcome once the durable
+// tails moved over it (err nil) or the write failed, as Wait would
+// return. It runs on the committer, between the group's other batches, so
+// it must only hand the outcome on (a follower's acknowledgement is
+// raised by the committer rather than by a goroutine per stream waiting on
+// Wait): it may read the stream's Tails, and must not block, take the
+// stream's other locks, or enqueue.
+func (s *Stream) EnqueueReplicated(ctx context.Context, recs []Record, evs []CursorEvent, onDurable func(error)) (Pending, error) {
 	if len(recs) == 0 && len(evs) == 0 {
 		return Pending{}, nil
 	}
@@ -800,6 +808,7 @@ func (s *Stream) EnqueueReplicated(ctx context.Context, recs []Record, evs []Cur
 	s.maybeSnapshotLocked(o)
 	o.meta, o.version = s.assigned.snapshotMeta()
 	o.done = make(chan error, 1)
+	o.onDurable = onDurable
 	tail, evTail := s.assigned.m.RecordTail, s.assigned.m.CursorEventTail
 	o.written = func() { s.durable.advanceWritten(tail, chain, recs) }
 	o.apply = func() {
