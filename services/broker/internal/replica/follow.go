@@ -22,8 +22,9 @@ const (
 	followBatchEvents  = 512
 	// followInflightBatches bounds the batches of one follow sent and not
 	// yet acknowledged, whatever their size. The follower queues what
-	// arrives for each stream without blocking the shared call (doc.go),
-	// so the owner's flow control is what bounds that queue.
+	// arrives for each stream without waiting on the stream's goroutine
+	// (doc.go), so the owner's flow control is what bounds that queue and
+	// what it has in storage's queue.
 	followInflightBatches = 64
 	// followResponseBytes is about what one response carries: batches of
 	// several follows are sent together up to it, one at least.

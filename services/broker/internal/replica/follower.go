@@ -82,8 +82,8 @@ func ownerSuspected(err error) bool {
 func (c *Copy) followOnce(ctx context.Context, owner string, epoch uint64) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	// Batches an earlier follow queued may still be syncing (its acker
-	// stops waiting when the follow ends, the writes go on). Starting from
+	// Batches an earlier follow queued may still be syncing (a follow
+	// ends without waiting for them, the writes go on). Starting from
 	// the durable tails before they land would send the owner a tail below
 	// what storage has taken, and its first batch would not line up.
 	// Only a copy that queued a batch since its last sync waits: after a
@@ -193,10 +193,10 @@ func (c *Copy) followOnce(ctx context.Context, owner string, epoch uint64) error
 			return fmt.Errorf("%w: owner at epoch %d, follower at %d", ErrEpochMismatch, resp.GetEpoch(), epoch)
 		}
 		if head := resp.GetHead(); head > 0 && head > c.st.State().RecordTail {
-			// The owner names its head only before its first batch, so
-			// nothing is queued here yet.
+			// The owner names its head only in its first batch, before
+			// anything of the follow is queued here.
 			if direct {
-				return fmt.Errorf("owner sent head %d after records; following again", head)
+				return fmt.Errorf("owner sent head %d after its first batch; following again", head)
 			}
 			if err := c.st.ResetTo(ctx, head, resp.GetChainAtHead()); err != nil {
 				return localErr(err)

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
 )
 
@@ -130,15 +131,24 @@ func TestGroupCallbacks(t *testing.T) {
 	})
 	defer e.Close()
 	// The first batch is held at its fsync, so the next two queue and go
-	// in one group.
-	inSync, release := make(chan struct{}), make(chan struct{})
-	var once sync.Once
-	e.hooks.BeforeSync = func() { once.Do(func() { close(inSync); <-release }) }
+	// in one group. The last is enqueued only once the committer took
+	// that group (it reached its fsync): enqueued as soon as the first
+	// group was done, it could join the second before the committer took
+	// it.
+	inSync := []chan struct{}{make(chan struct{}), make(chan struct{})}
+	release := []chan struct{}{make(chan struct{}), make(chan struct{})}
+	var syncs atomic.Int32
+	e.hooks.BeforeSync = func() {
+		if n := syncs.Add(1) - 1; n < 2 {
+			close(inSync[n])
+			<-release[n]
+		}
+	}
 	first := &Batch{Tag: "1"}
 	first.Set([]byte("k1"), []byte("1"))
 	done1 := make(chan error, 1)
 	go func() { done1 <- e.Do(context.Background(), first) }()
-	<-inSync
+	<-inSync[0]
 	second, third := &Batch{Tag: "2"}, &Batch{Tag: "3"}
 	second.Set([]byte("k2"), []byte("2"))
 	third.Set([]byte("k3"), []byte("3"))
@@ -148,11 +158,14 @@ func TestGroupCallbacks(t *testing.T) {
 	if err := e.Enqueue(context.Background(), third); err != nil {
 		t.Fatal(err)
 	}
-	close(release)
+	close(release[0])
 	if err := <-done1; err != nil {
 		t.Fatal(err)
 	}
-	// A batch behind the group: once it is durable, so is the group.
+	// A batch behind the group (the committer took the group before its
+	// fsync): once it is durable, so is the group.
+	<-inSync[1]
+	close(release[1])
 	last := &Batch{Tag: "4"}
 	if err := e.Do(context.Background(), last); err != nil {
 		t.Fatal(err)
