@@ -220,6 +220,7 @@ func (c *Copy) followOnce(ctx context.Context, owner string, epoch uint64) error
 		if !direct {
 			direct = true
 			sub.setDirect(&followDirect{
+				ctx:   ctx,
 				epoch: epoch,
 				store: func(b *strandv1.FollowBatch, arrived time.Time) error {
 					return store(ctx, b, arrived)

@@ -97,6 +97,9 @@ type followSub struct {
 // owner starts at): the receiver then stores each batch of the follow's
 // epoch itself, with no goroutine of the follow woken per batch (doc.go).
 type followDirect struct {
+	// ctx is the follow's: once it ended (the role ends, the follow
+	// returns) the receiver stores and applies nothing more for it.
+	ctx   context.Context
 	epoch uint64
 	// store queues a batch's records and cursor events in storage; its
 	// outcome comes back through onDurable. An error ends the follow.
@@ -154,7 +157,7 @@ func (sub *followSub) applyDirect(b *strandv1.FollowBatch, arrived time.Time) bo
 	sub.applyMu.Lock()
 	defer sub.applyMu.Unlock()
 	d := sub.direct
-	if d == nil || b.GetEpoch() != d.epoch {
+	if d == nil || b.GetEpoch() != d.epoch || d.ctx.Err() != nil {
 		return false
 	}
 	if !watermarkOnly(b) {

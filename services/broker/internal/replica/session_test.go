@@ -1,6 +1,7 @@
 package replica
 
 import (
+	"context"
 	"errors"
 	"testing"
 	"time"
@@ -19,6 +20,8 @@ import (
 // refuses ends that follow alone.
 func TestReceiverAppliesBatchesDirectlyPerFollow(t *testing.T) {
 	s := &followSession{subs: map[uint64]*followSub{}, done: make(chan struct{})}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
 	applied := map[uint64][]uint64{}
 	stored := map[uint64][]uint64{}
 	refuse := errors.New("refused by storage")
@@ -26,6 +29,7 @@ func TestReceiverAppliesBatchesDirectlyPerFollow(t *testing.T) {
 		x := &followSub{id: id, notify: make(chan struct{}, 1)}
 		if direct {
 			x.setDirect(&followDirect{
+				ctx:   ctx,
 				epoch: 2,
 				store: func(b *strandv1.FollowBatch, _ time.Time) error {
 					if b.GetRecordSegment()[0] == 0xff {
@@ -107,6 +111,16 @@ func TestReceiverAppliesBatchesDirectlyPerFollow(t *testing.T) {
 	if !errors.Is(berr, refuse) || bin != 0 || len(stored[8]) != 0 || len(applied[8]) != 0 {
 		t.Fatalf("refused batch: follow ended with %v, inbox %d, stored %v, applied %v; want it ended with the store's error and nothing after it kept", berr, bin, stored[8], applied[8])
 	}
+	// Once the follow's context ended (its role ended, it is returning),
+	// nothing is stored or applied here, even before it clears its path.
+	cancel()
+	s.deliver(&strandv1.FollowResponse{Batches: []*strandv1.FollowBatch{wm(1, 2, 19)}})
+	if got := applied[1]; len(got) != 3 || !eq(inbox(idle), 19) {
+		t.Fatalf("applied %v after the follow's context ended, inbox %v", got, inbox(idle))
+	}
+	idle.mu.Lock()
+	idle.inbox = nil
+	idle.mu.Unlock()
 	// Once the follow cleared it (it returned), nothing is applied here.
 	idle.setDirect(nil)
 	s.deliver(&strandv1.FollowResponse{Batches: []*strandv1.FollowBatch{wm(1, 2, 20), recs(1, 21)}})
