@@ -26,12 +26,7 @@ func TestStorageFailureStopsTheBroker(t *testing.T) {
 	var fault atomic.Bool
 	h := newHarness(t)
 	h.configure = func(c *Config) {
-		c.StorageFault = func() error {
-			if fault.Load() {
-				return errors.New("injected: input/output error")
-			}
-			return nil
-		}
+		c.StorageFault = injectedFault(&fault)
 	}
 	b := h.start("b1")
 	h.assign(cluster.Assignment{Stream: "s", Epoch: 1, Owner: "b1"})
@@ -60,6 +55,17 @@ func TestStorageFailureStopsTheBroker(t *testing.T) {
 	}
 	if resp.Count != 0 {
 		t.Fatal("the stopped broker is still registered: its streams would not fail over until its lease expired")
+	}
+}
+
+// injectedFault fails every storage write with an input/output error once
+// fault is set.
+func injectedFault(fault *atomic.Bool) func() error {
+	return func() error {
+		if fault.Load() {
+			return errors.New("injected: input/output error")
+		}
+		return nil
 	}
 }
 
@@ -97,12 +103,7 @@ func TestFollowerStorageFailureDoesNotBlameTheOwner(t *testing.T) {
 		if c.Node != "b2" {
 			return
 		}
-		c.StorageFault = func() error {
-			if fault.Load() {
-				return errors.New("injected: input/output error")
-			}
-			return nil
-		}
+		c.StorageFault = injectedFault(&fault)
 		l := zerolog.New(retried)
 		c.Logger = &l
 	}

@@ -128,7 +128,7 @@ func (c *Copy) followOnce(ctx context.Context, owner string, epoch uint64) error
 		c.st.SetConfirmWatermark(ownerWM)
 		c.setFollowerWatermark(min(ownerWM, c.st.Tails().Record))
 	}
-	// onDurable runs on the session's acker, under the sub's applyMu, which
+	// onDurable runs on the session's acker, under the sub's durableMu, which
 	// the follow clears before it returns: nothing is acknowledged on a
 	// follow the owner no longer serves, or after the role ended. A failed
 	// write ends the follow (this copy's storage, not the owner, failed).
@@ -163,7 +163,7 @@ func (c *Copy) followOnce(ctx context.Context, owner string, epoch uint64) error
 		// Set before: a batch refused part way may have queued writes.
 		c.followQueued.Store(true)
 		stored := storedBatch{arrived: arrived, records: len(recs) > 0, bytes: len(resp.GetRecordSegment())}
-		_, err = c.st.EnqueueReplicated(ctx, recs, evs, func(err error) { sess.noteDurable(sub, err, stored) })
+		err = c.st.EnqueueReplicated(ctx, recs, evs, func(err error) { sess.noteDurable(sub, err, stored) })
 		if errors.Is(err, storage.ErrChainMismatch) {
 			return fmt.Errorf("%w: %v", ErrChainMismatch, err)
 		}

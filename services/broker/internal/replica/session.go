@@ -83,12 +83,16 @@ type followSub struct {
 	// from the inbox: the receiver stores none ahead of it.
 	taking bool
 
-	// applyMu guards direct and onDurable, which the follow sets and
-	// clears (nil) before it returns, so nothing is stored, applied or
-	// acknowledged here once the follow (and with it the copy's role)
-	// ended: the receiver and the acker call them under it.
+	// applyMu guards direct and durableMu onDurable, which the follow
+	// sets and clears (nil) before it returns, so nothing is stored,
+	// applied or acknowledged here once the follow (and with it the copy's
+	// role) ended: the receiver and the acker call them under their lock.
+	// Two locks, so that the acker, which serves every follow of the
+	// session, never waits on a receiver waiting for room in storage's
+	// queue under applyMu.
 	applyMu   sync.Mutex
 	direct    *followDirect
+	durableMu sync.Mutex
 	onDurable func(err error, b storedBatch)
 }
 
@@ -129,9 +133,9 @@ func (sub *followSub) setDirect(d *followDirect) {
 // setOnDurable sets (or, with nil, clears) what the session's acker tells
 // each of the follow's stored batches' outcome to.
 func (sub *followSub) setOnDurable(fn func(error, storedBatch)) {
-	sub.applyMu.Lock()
+	sub.durableMu.Lock()
 	sub.onDurable = fn
-	sub.applyMu.Unlock()
+	sub.durableMu.Unlock()
 }
 
 // watermarkOnly reports that b carries nothing to store: no records, no
@@ -172,8 +176,8 @@ func (sub *followSub) applyDirect(b *strandv1.FollowBatch, arrived time.Time) bo
 
 // durable tells the follow a stored batch's outcome, unless it ended.
 func (sub *followSub) durable(err error, b storedBatch) {
-	sub.applyMu.Lock()
-	defer sub.applyMu.Unlock()
+	sub.durableMu.Lock()
+	defer sub.durableMu.Unlock()
 	if sub.onDurable != nil {
 		sub.onDurable(err, b)
 	}

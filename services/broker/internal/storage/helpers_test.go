@@ -179,6 +179,17 @@ func (s *Stream) storedOffsets(t testing.TB) []uint64 {
 	return out
 }
 
+// awaitClosed waits up to 10 s for ch to be closed, naming what in the
+// failure.
+func awaitClosed(t testing.TB, ch <-chan struct{}, what string) {
+	t.Helper()
+	select {
+	case <-ch:
+	case <-time.After(10 * time.Second):
+		t.Fatalf("no %s within 10s", what)
+	}
+}
+
 // holdNextSync stops the committer at its next fsync, after the batch's
 // Badger commit, until release is closed: inSync is closed once it is
 // there. Fsyncs after that one run as usual.

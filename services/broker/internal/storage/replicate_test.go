@@ -179,25 +179,16 @@ func TestSyncCoversQueuedBatches(t *testing.T) {
 	db := openDB(t, t.TempDir())
 	defer db.Close()
 	ctx := context.Background()
-	owner := ownerStream(t, db, "owner", 1)
-	all := mustAppend(t, owner, 1, recs("a", 6))
-	f := openStream(t, db, "follower")
-	if err := f.AdvanceEpoch(context.Background(), 1); err != nil {
-		t.Fatal(err)
-	}
+	f, all := followerOfSix(t, db)
 
 	inSync, release := holdNextSync(db)
 	// Two batches queued, nobody waiting on them: the first holds the
 	// committer at its fsync, the second queues behind it.
-	if _, err := f.EnqueueReplicated(ctx, all[:3], nil, nil); err != nil {
+	if err := f.EnqueueReplicated(ctx, all[:3], nil, nil); err != nil {
 		t.Fatal(err)
 	}
-	select {
-	case <-inSync:
-	case <-time.After(10 * time.Second):
-		t.Fatal("the first batch never reached its fsync")
-	}
-	if _, err := f.EnqueueReplicated(ctx, all[3:], nil, nil); err != nil {
+	awaitClosed(t, inSync, "the first batch reaching its fsync")
+	if err := f.EnqueueReplicated(ctx, all[3:], nil, nil); err != nil {
 		t.Fatal(err)
 	}
 	if st := f.State(); st.RecordTail != 0 {
@@ -241,12 +232,7 @@ func TestEnqueueReplicatedTellsOnDurableAfterTheTailsMoved(t *testing.T) {
 	db := openDB(t, t.TempDir())
 	defer db.Close()
 	ctx := context.Background()
-	owner := ownerStream(t, db, "owner", 1)
-	all := mustAppend(t, owner, 1, recs("a", 6))
-	f := openStream(t, db, "follower")
-	if err := f.AdvanceEpoch(ctx, 1); err != nil {
-		t.Fatal(err)
-	}
+	f, all := followerOfSix(t, db)
 	type told struct {
 		batch int
 		err   error
@@ -257,15 +243,11 @@ func TestEnqueueReplicatedTellsOnDurableAfterTheTailsMoved(t *testing.T) {
 		return func(err error) { got <- told{batch, err, f.Tails()} }
 	}
 	inSync, release := holdNextSync(db)
-	if _, err := f.EnqueueReplicated(ctx, all[:3], nil, note(1)); err != nil {
+	if err := f.EnqueueReplicated(ctx, all[:3], nil, note(1)); err != nil {
 		t.Fatal(err)
 	}
-	select {
-	case <-inSync:
-	case <-time.After(10 * time.Second):
-		t.Fatal("the first batch never reached its fsync")
-	}
-	if _, err := f.EnqueueReplicated(ctx, all[3:], nil, note(2)); err != nil {
+	awaitClosed(t, inSync, "the first batch reaching its fsync")
+	if err := f.EnqueueReplicated(ctx, all[3:], nil, note(2)); err != nil {
 		t.Fatal(err)
 	}
 	select {
@@ -284,4 +266,17 @@ func TestEnqueueReplicatedTellsOnDurableAfterTheTailsMoved(t *testing.T) {
 			t.Fatalf("batch %d was never told durable", i+1)
 		}
 	}
+}
+
+// followerOfSix is a follower copy at epoch 1 with nothing stored, and the
+// six records an owner of epoch 1 stored for it to take.
+func followerOfSix(t *testing.T, db *DB) (*Stream, []Record) {
+	t.Helper()
+	owner := ownerStream(t, db, "owner", 1)
+	all := mustAppend(t, owner, 1, recs("a", 6))
+	f := openStream(t, db, "follower")
+	if err := f.AdvanceEpoch(context.Background(), 1); err != nil {
+		t.Fatal(err)
+	}
+	return f, all
 }

@@ -713,24 +713,11 @@ func (a *assignedView) snapshotMeta() (*meta, uint64) {
 // the copy's (else ErrFenced); a sealed copy takes nothing (ErrFenced). On
 // any error nothing is stored. It returns once the batch is fsynced.
 func (s *Stream) AppendReplicated(ctx context.Context, recs []Record, evs []CursorEvent) error {
-	p, err := s.EnqueueReplicated(ctx, recs, evs, nil)
-	if err != nil {
+	o, err := s.enqueueReplicated(ctx, recs, evs, nil)
+	if err != nil || o == nil {
 		return err
 	}
-	return p.Wait(ctx)
-}
-
-// Pending is a write handed to the committer; Wait returns once it is
-// durable (or failed). Abandoning a Pending does not stop the write.
-type Pending struct{ o *op }
-
-// Wait waits until the write is durable. Cancelling ctx stops the wait,
-// not the write.
-func (p Pending) Wait(ctx context.Context) error {
-	if p.o == nil {
-		return nil
-	}
-	return wait(ctx, p.o)
+	return wait(ctx, o)
 }
 
 // EnqueueReplicated is AppendReplicated without the wait: the batch is
@@ -740,26 +727,34 @@ func (p Pending) Wait(ctx context.Context) error {
 // is synced, in queue order (doc.go, "Ordering invariants").
 //
 // onDurable, when set, is called with the batch's outcome once the durable
-// tails moved over it (err nil) or the write failed, as Wait would
-// return. It runs on the committer, between the group's other batches, so
-// it must only hand the outcome on (a follower's acknowledgement is
-// raised by the committer rather than by a goroutine per stream waiting on
-// Wait): it may read the stream's Tails, and must not block, take the
-// stream's other locks, or enqueue.
-func (s *Stream) EnqueueReplicated(ctx context.Context, recs []Record, evs []CursorEvent, onDurable func(error)) (Pending, error) {
+// tails moved over it (err nil) or the write failed, exactly once for a
+// batch that was queued (never when EnqueueReplicated returns an error or
+// the batch is empty). It runs on the committer, between the group's other
+// batches, so it must only hand the outcome on (a follower's
+// acknowledgement is raised by the committer rather than by a goroutine
+// per stream waiting for it): it may read the stream's Tails, and must not
+// block, take the stream's other locks, or enqueue.
+func (s *Stream) EnqueueReplicated(ctx context.Context, recs []Record, evs []CursorEvent, onDurable func(error)) error {
+	_, err := s.enqueueReplicated(ctx, recs, evs, onDurable)
+	return err
+}
+
+// enqueueReplicated is EnqueueReplicated; the op it returns (nil for an
+// empty batch) has a done channel to wait on when onDurable is nil.
+func (s *Stream) enqueueReplicated(ctx context.Context, recs []Record, evs []CursorEvent, onDurable func(error)) (*op, error) {
 	if len(recs) == 0 && len(evs) == 0 {
-		return Pending{}, nil
+		return nil, nil
 	}
 	for i := range evs {
 		if err := validCursorName(evs[i].Cursor); err != nil {
-			return Pending{}, fmt.Errorf("cursor event %d: %w", evs[i].Offset, err)
+			return nil, fmt.Errorf("cursor event %d: %w", evs[i].Offset, err)
 		}
 	}
 	estimate := 1 // newSegmentBuilder
 	for i := range recs {
 		size := recordSize(&recs[i])
 		if n := size + 32; n > s.db.maxEntryBytes {
-			return Pending{}, fmt.Errorf("%w: record %d of %d bytes above the %d-byte limit", ErrTooLarge, recs[i].Offset, n, s.db.maxEntryBytes)
+			return nil, fmt.Errorf("%w: record %d of %d bytes above the %d-byte limit", ErrTooLarge, recs[i].Offset, n, s.db.maxEntryBytes)
 		}
 		estimate += size + segmentSlack
 	}
@@ -767,7 +762,7 @@ func (s *Stream) EnqueueReplicated(ctx context.Context, recs []Record, evs []Cur
 	s.assigned.mu.Lock()
 	if err := s.checkReplicatedLocked(recs, evs); err != nil {
 		s.assigned.mu.Unlock()
-		return Pending{}, err
+		return nil, err
 	}
 	chain := s.assigned.m.Chain
 	if n := len(recs); n > 0 {
@@ -807,8 +802,11 @@ func (s *Stream) EnqueueReplicated(ctx context.Context, recs []Record, evs []Cur
 	s.assigned.evBytes += evBytes
 	s.maybeSnapshotLocked(o)
 	o.meta, o.version = s.assigned.snapshotMeta()
-	o.done = make(chan error, 1)
-	o.onDurable = onDurable
+	// Nobody waits on done when the outcome goes to onDurable: the
+	// follower's path, a batch at a time, makes no channel for it.
+	if o.onDurable = onDurable; onDurable == nil {
+		o.done = make(chan error, 1)
+	}
 	tail, evTail := s.assigned.m.RecordTail, s.assigned.m.CursorEventTail
 	o.written = func() { s.durable.advanceWritten(tail, chain, recs) }
 	o.apply = func() {
@@ -825,14 +823,14 @@ func (s *Stream) EnqueueReplicated(ctx context.Context, recs []Record, evs []Cur
 			}
 		}
 		s.assigned.mu.Unlock()
-		return Pending{}, err
+		return nil, err
 	}
 	// The same table the owner built: a promoted copy deduplicates what
 	// the old owner stored (doc.go, "Idempotent publish").
 	s.assigned.applyProducersLocked(recs)
 	s.maybeCheckpointProducersLocked(ctx)
 	s.assigned.mu.Unlock()
-	return Pending{o: o}, nil
+	return o, nil
 }
 
 // checkReplicatedLocked validates a replicated batch against the assigned
