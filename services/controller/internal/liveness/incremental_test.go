@@ -183,3 +183,45 @@ func TestFullPassFindsWhatIncrementalMissed(t *testing.T) {
 	f.standDown("s")
 	f.waitRecovery("s", from)
 }
+
+// A pass that recorded pending recoveries does not wait for the view to
+// hold them before the next pass: the streams it recorded are skipped
+// until the view shows them (unseenRecovery), and another owner loss the
+// view shows meanwhile is recorded at once. After a mass failover the
+// view trails etcd by every heartbeat that changed, and that wait held
+// back the recording of the rest of a lost owner's streams. Here the wait
+// for a fresh view never ends (within the loop's hour-long Resync), so the
+// second stream's recovery is recorded only if the loop does not wait.
+func TestRecordedRecoveriesDoNotWaitForTheView(t *testing.T) {
+	f := newIncFixture(t)
+	l := newLoop(Config{View: f.view, Schema: f.schema, Log: zerolog.Nop(), ProbeGrace: time.Second,
+		Probe: func(context.Context, string) error { return nil }, Resync: time.Hour, FullResync: time.Hour}, f.term)
+	waited := make(chan struct{}, 1)
+	l.awaitFresh = func(ctx context.Context) {
+		select {
+		case waited <- struct{}{}:
+		default:
+		}
+		<-ctx.Done()
+	}
+	first := make(chan struct{}, 1)
+	l.cfg.Pass = func(*state.Snapshot, []string, bool) {
+		select {
+		case first <- struct{}{}:
+		default:
+		}
+	}
+	f.run(l)
+	<-first
+	from := f.rev() + 1
+	f.standDown("s")
+	f.waitRecovery("s", from)
+	from = f.rev() + 1
+	f.standDown("t")
+	f.waitRecovery("t", from)
+	select {
+	case <-waited:
+		t.Fatal("the loop waited for a fresh view after recording recoveries")
+	default:
+	}
+}

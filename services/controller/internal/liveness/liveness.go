@@ -114,7 +114,9 @@ func newLoop(cfg Config, term *leader.Term) *loop {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
-	return &loop{cfg: cfg, commit: transition.Committer{Term: term, Schema: cfg.Schema}}
+	l := &loop{cfg: cfg, commit: transition.Committer{Term: term, Schema: cfg.Schema}}
+	l.awaitFresh = func(ctx context.Context) { _, _ = cfg.View.Fresh(ctx) }
+	return l
 }
 
 // run is Run's loop, once cfg has its defaults.
@@ -149,14 +151,22 @@ func (l *loop) run(ctx context.Context) error {
 					streams = l.incremental(streams)
 				}
 			}
-			if l.reconcile(ctx, snap, streams) {
+			if l.reconcile(ctx, snap, streams) && l.awaitView {
 				// Wait for the view to hold the pass's own writes, and
 				// pass again at once over what changed meanwhile: a pass
 				// on a view without them would propose again what this
-				// one recorded, which its compare refuses at the cost of
-				// a transaction per stream after a failover.
+				// one wrote, which its compare refuses at the cost of a
+				// transaction per stream. Recorded recoveries alone need
+				// no wait (unseenRecovery skips them until the view holds
+				// them): after a mass failover the view trails etcd by
+				// the heartbeats of every copy that changed, and a wait
+				// for it held the recording of the lost owner's other
+				// streams back by up to a Resync while their suspicions
+				// were already in the view's hands. The loop then waits
+				// for the view's next change, as after a pass that wrote
+				// nothing.
 				wctx, cancel := context.WithTimeout(ctx, cfg.Resync)
-				_, _ = cfg.View.Fresh(wctx)
+				l.awaitFresh(wctx)
 				cancel()
 				if ctx.Err() != nil {
 					return ctx.Err()
@@ -184,8 +194,10 @@ type loop struct {
 	// needs a broker placed.
 	load    placement.Load
 	loadFor *state.Snapshot
-	// wrote is set when the pass committed a write.
-	wrote bool
+	// wrote is set when the pass committed a write; awaitView when one
+	// of its writes is not a batched recovery record (recordedAt), so a
+	// pass on a view without it would propose it again.
+	wrote, awaitView bool
 	// placeProbed holds what this pass's probes of brokers placement
 	// picked found (true: failed), so each broker is probed once a pass
 	// however many streams it is picked for: after a mass failover
@@ -194,6 +206,9 @@ type loop struct {
 	// watching holds the streams a pass left something to do on: the next
 	// pass looks at them again whether or not their keys changed (watch).
 	watching map[string]struct{}
+	// awaitFresh waits, until ctx ends, for the view to hold every write
+	// made before the call (View.Fresh; tests stand in for it).
+	awaitFresh func(ctx context.Context)
 	// incremental, when set (tests), sees and may change the streams of
 	// each incremental pass: a change the pass is not told of is how a
 	// test shows the full pass finding what it missed.
@@ -287,7 +302,7 @@ func (l *loop) placementLoad(s *state.Snapshot) placement.Load {
 // reconcile passes over streams of s (those of them with an assignment)
 // and reports whether it wrote anything. streams must be in order.
 func (l *loop) reconcile(ctx context.Context, s *state.Snapshot, streams []string) bool {
-	l.loadFor, l.wrote, l.placeProbed = nil, false, map[string]bool{}
+	l.loadFor, l.wrote, l.awaitView, l.placeProbed = nil, false, false, map[string]bool{}
 	// Looked at now: watched again only if this pass finds a need.
 	for _, stream := range streams {
 		delete(l.watching, stream)
@@ -664,7 +679,7 @@ func (l *loop) replenish(ctx context.Context, s *state.Snapshot, stream string) 
 		l.logWriteError(err, stream, "liveness: follower not added; trying again at the next pass")
 		return
 	}
-	l.wrote = true
+	l.wrote, l.awaitView = true, true
 	l.cfg.Log.Info().Str(logging.Stream, stream).Uint64(logging.Epoch, next.Epoch).Strs("added", added).
 		Strs(logging.Followers, next.Followers).Msg("followers added on the fast path")
 }
@@ -775,7 +790,7 @@ func (l *loop) restoreThroughRecovery(ctx context.Context, s *state.Snapshot, st
 		l.logWriteError(err, stream, "liveness: copy restore not recorded; trying again at the next pass")
 		return
 	}
-	l.wrote = true
+	l.wrote, l.awaitView = true, true
 	l.cfg.Log.Info().Str(logging.Stream, stream).Uint64(logging.FenceEpoch, rec.FenceEpoch).Str(logging.Transition, rec.TransitionID).
 		Strs("added_members", rec.AddedMembers).Str(logging.Reason, rec.Reason).Msg("copies restored through a pending recovery")
 }

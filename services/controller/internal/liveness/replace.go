@@ -109,7 +109,7 @@ func (l *loop) replace(ctx context.Context, s *state.Snapshot, stream string) bo
 			l.logWriteError(err, stream, "liveness: missing member not replaced; trying again at the next pass")
 			return false
 		}
-		l.wrote = true
+		l.wrote, l.awaitView = true, true
 		l.cfg.Log.Info().Str(logging.Stream, stream).Uint64(logging.Epoch, a.Epoch).Strs("removed", d.Remove).Strs("added", d.Add).
 			Str(logging.Reason, reason).Msg("missing members replaced on the fast path")
 		return true
@@ -127,7 +127,7 @@ func (l *loop) replace(ctx context.Context, s *state.Snapshot, stream string) bo
 		l.logWriteError(err, stream, "liveness: replacement not recorded; trying again at the next pass")
 		return false
 	}
-	l.wrote = true
+	l.wrote, l.awaitView = true, true
 	l.cfg.Log.Info().Str(logging.Stream, stream).Uint64(logging.FenceEpoch, rec.FenceEpoch).Str(logging.Transition, rec.TransitionID).
 		Strs("removed_members", rec.RemovedMembers).Strs("added_members", rec.AddedMembers).Str(logging.Reason, rec.Reason).
 		Msg("missing members replaced through a pending recovery")
