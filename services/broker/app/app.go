@@ -48,6 +48,10 @@ type Config struct {
 	Heartbeat      time.Duration
 	LeaseTTL       time.Duration
 	ConfirmTimeout time.Duration
+	// PublishApplyWait bounds how long a publish to a copy sealed for a
+	// recovery waits for the recovery's assignment (0:
+	// replica.DefaultPublishApplyWait).
+	PublishApplyWait time.Duration
 	// MaxRecordBytes, MaxBatchBytes and MaxBatchRecords bound what one
 	// publish may carry (0: api.Default*). They also set how large a
 	// publish request is read at all (api.StreamService.Handler).
@@ -236,6 +240,7 @@ func Start(ctx context.Context, cfg Config) (*App, error) {
 		Storage:          a.db,
 		Logger:           log,
 		ConfirmTimeout:   cfg.ConfirmTimeout,
+		PublishApplyWait: cfg.PublishApplyWait,
 		MaxInflightBytes: cfg.MaxInflightBytes,
 		History: func(ctx context.Context, stream string) (cluster.HistoryStarts, error) {
 			return co.History(ctx, stream)

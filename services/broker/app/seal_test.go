@@ -178,3 +178,81 @@ func TestSealOfAnotherIncarnationIsRefused(t *testing.T) {
 		t.Fatalf("seal of the stream's own incarnation: %v", err)
 	}
 }
+
+// A publish that reaches a copy sealed for a recovery is held until the
+// recovery's assignment makes the copy its owner, and then served, rather
+// than refused at once and left to the client's backoff. A PublishMany
+// entry is refused at once, Unavailable, so one stream's recovery never
+// holds the answer for the call's other streams. The held publish shows
+// in strand_broker_publishes_awaiting_recovery while it waits.
+func TestPublishToASealedCopyWaitsForItsRecovery(t *testing.T) {
+	h := newHarness(t)
+	// Long enough that the assignment below is always applied within it,
+	// however slow the machine.
+	h.configure = func(c *Config) { c.PublishApplyWait = time.Minute }
+	for _, n := range []string{"b1", "b2", "b3"} {
+		h.start(n)
+	}
+	pol := cluster.Policy{Name: cluster.MajorityDurable}
+	h.assign(threeCopies("held", pol))
+	h.publish("b1", "held", "a", "b")
+	var tail uint64
+	for _, n := range []string{"b2", "b3"} {
+		clustertest.Eventually(t, 10*time.Second, n+" caught up before the seal", func() error {
+			_, err := h.heartbeat(n, "held")
+			return err
+		})
+		resp, err := h.replication(n).Seal(context.Background(), connect.NewRequest(&strandv1.SealRequest{Stream: "held", FenceEpoch: 2, TransitionId: "t1"}))
+		if err != nil {
+			t.Fatalf("seal %s: %v", n, err)
+		}
+		if n == "b2" {
+			tail = resp.Msg.GetRecordTail()
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	recs := []*strandv1.Record{{Payload: []byte("after-seal")}}
+	many, err := h.streams("b2").PublishMany(ctx, connect.NewRequest(&strandv1.PublishManyRequest{
+		Publishes: []*strandv1.PublishRequest{{Stream: "held", Records: recs}},
+	}))
+	if err != nil {
+		t.Fatalf("PublishMany to the sealed copy: %v", err)
+	}
+	if e := many.Msg.GetResults()[0].GetError(); e == nil || connect.Code(e.GetCode()) != connect.CodeUnavailable {
+		t.Fatalf("PublishMany entry to the sealed copy: %v, want an Unavailable entry error", many.Msg.GetResults()[0])
+	}
+
+	type result struct {
+		resp *connect.Response[strandv1.PublishResponse]
+		err  error
+	}
+	done := make(chan result, 1)
+	go func() {
+		resp, err := h.streams("b2").Publish(ctx, connect.NewRequest(&strandv1.PublishRequest{Stream: "held", Records: recs}))
+		done <- result{resp, err}
+	}()
+	clustertest.Eventually(t, 10*time.Second, "the publish held by b2", func() error {
+		select {
+		case r := <-done:
+			t.Fatalf("publish to the sealed copy answered before its recovery: %v", r.err)
+		default:
+		}
+		if v := gaugeValue(h.scrape("b2"), "strand_broker_publishes_awaiting_recovery"); v != 1 {
+			return fmt.Errorf("%v publishes awaiting recovery", v)
+		}
+		return nil
+	})
+	// The recovery's assignment at the fence epoch promotes b2.
+	h.assign(cluster.Assignment{Stream: "held", Epoch: 2, Owner: "b2", Followers: []string{"b3"}, Policy: pol})
+	r := <-done
+	if r.err != nil {
+		t.Fatalf("held publish: %v, want it served once b2 owns the stream", r.err)
+	}
+	if got := r.resp.Msg.GetOffsets(); len(got) != 1 || got[0] != tail || r.resp.Msg.GetEpoch() != 2 {
+		t.Fatalf("held publish at %v epoch %d, want offset %d at epoch 2", got, r.resp.Msg.GetEpoch(), tail)
+	}
+	if v := gaugeValue(h.scrape("b2"), "strand_broker_publishes_awaiting_recovery"); v != 0 {
+		t.Fatalf("%v publishes awaiting recovery after it was served, want 0", v)
+	}
+}

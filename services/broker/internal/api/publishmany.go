@@ -77,7 +77,7 @@ func (s *StreamService) publishEntry(ctx context.Context, i int, p *strandv1.Pub
 	err := auth.CheckEntry(ctx, p.GetStream(), p)
 	var res *strandv1.PublishResponse
 	if err == nil {
-		res, err = s.publish(ctx, p)
+		res, err = s.publish(ctx, p, s.m.PublishEntry)
 	}
 	if err != nil {
 		return &strandv1.PublishResult{Outcome: &strandv1.PublishResult_Error{Error: rpcerr.ToEntry(err, rpcerr.EntryPrefix("publishes", i))}}

@@ -74,15 +74,16 @@ func validStreamField(field, name string) error {
 // Any error stores nothing of the batch. Records without a producer_id or
 // without a sequence are never deduplicated.
 func (s *StreamService) Publish(ctx context.Context, req *connect.Request[strandv1.PublishRequest]) (*connect.Response[strandv1.PublishResponse], error) {
-	res, err := s.publish(ctx, req.Msg)
+	res, err := s.publish(ctx, req.Msg, s.m.Publish)
 	if err != nil {
 		return nil, err
 	}
 	return connect.NewResponse(res), nil
 }
 
-// publish is Publish of msg: a Publish call's, or a PublishMany entry's.
-func (s *StreamService) publish(ctx context.Context, msg *strandv1.PublishRequest) (*strandv1.PublishResponse, error) {
+// publish is Publish of msg: a Publish call's (with replica's Publish), or a
+// PublishMany entry's (with its PublishEntry).
+func (s *StreamService) publish(ctx context.Context, msg *strandv1.PublishRequest, publish func(context.Context, string, []storage.Record) (replica.PublishResult, error)) (*strandv1.PublishResponse, error) {
 	// First: of a batch above the limit, Handler's codecs decode only the
 	// first MaxBatchRecords+1 records (publishcodec.go), so nothing else in
 	// it is known, and what was decoded must never be stored.
@@ -96,7 +97,7 @@ func (s *StreamService) publish(ctx context.Context, msg *strandv1.PublishReques
 	if err != nil {
 		return nil, err
 	}
-	res, err := s.m.Publish(ctx, msg.GetStream(), recs)
+	res, err := publish(ctx, msg.GetStream(), recs)
 	if err != nil {
 		return nil, toConnect(err)
 	}

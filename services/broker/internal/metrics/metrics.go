@@ -137,6 +137,18 @@ func (b *Broker) PublishGate(waiting, held, refused func() int64) {
 	)
 }
 
+// PublishesAwaitingRecovery registers the gauge of publishes held, each
+// for up to a second, for their copy sealed for a recovery to take the
+// recovery's assignment in.
+func (b *Broker) PublishesAwaitingRecovery(held func() int64) {
+	if b == nil {
+		return
+	}
+	b.registry.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "strand", Subsystem: "broker", Name: "publishes_awaiting_recovery",
+		Help: "Publishes held, each up to a second, for their copy sealed for a recovery to take in the recovery's assignment; then served as its owner or refused Unavailable."},
+		func() float64 { return float64(held()) }))
+}
+
 // Heartbeats registers the series of the broker's heartbeat: the
 // intervals it went through, the transactions it wrote (on change only, so
 // an idle broker's stays flat while its ticks grow), and the copies its

@@ -28,6 +28,10 @@ type Config struct {
 	Logger  zerolog.Logger
 	// ConfirmTimeout bounds how long Publish waits for W copies.
 	ConfirmTimeout time.Duration
+	// PublishApplyWait bounds how long Publish holds a publish to a copy
+	// sealed for a recovery, waiting for it to take the recovery's
+	// assignment in (0: DefaultPublishApplyWait; publish.go).
+	PublishApplyWait time.Duration
 	// MaxInflightBytes bounds record bytes sent to one follower on one
 	// stream and not yet acknowledged (each stream's follow has its own
 	// flow control on the shared Follow call).
@@ -98,6 +102,9 @@ type Manager struct {
 	// does not exist (unknown).
 	assignmentsCurrent bool
 	orphans            orphans
+	// publishesAwaitingRecovery counts the publishes held for their sealed
+	// copy's recovery to commit (Config.PublishApplyWait).
+	publishesAwaitingRecovery atomic.Int64
 }
 
 // NewManager opens every stream storage already holds, so a restarted broker
@@ -105,6 +112,9 @@ type Manager struct {
 func NewManager(cfg Config) (*Manager, error) {
 	if cfg.ConfirmTimeout <= 0 {
 		cfg.ConfirmTimeout = 5 * time.Second
+	}
+	if cfg.PublishApplyWait <= 0 {
+		cfg.PublishApplyWait = DefaultPublishApplyWait
 	}
 	if cfg.MaxInflightBytes <= 0 {
 		cfg.MaxInflightBytes = 8 << 20
@@ -161,6 +171,7 @@ func NewManager(cfg Config) (*Manager, error) {
 		go m.orphanLoop()
 	}
 	cfg.Metrics.Orphans(func() int64 { return m.orphans.waiting.Load() }, func() int64 { return m.orphans.held.Load() })
+	cfg.Metrics.PublishesAwaitingRecovery(m.publishesAwaitingRecovery.Load)
 	return m, nil
 }
 

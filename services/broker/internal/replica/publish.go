@@ -28,6 +28,18 @@ type PublishResult struct {
 // confirm timeout it returns ErrConfirmTimeout; the records may remain,
 // unconfirmed.
 func (m *Manager) Publish(ctx context.Context, stream string, recs []storage.Record) (PublishResult, error) {
+	return m.publish(ctx, stream, recs, m.cfg.PublishApplyWait)
+}
+
+// PublishEntry is Publish for one entry of a PublishMany: a copy sealed
+// for a recovery refuses it at once rather than hold the call's answer
+// for every other stream of it (Config.PublishApplyWait).
+func (m *Manager) PublishEntry(ctx context.Context, stream string, recs []storage.Record) (PublishResult, error) {
+	return m.publish(ctx, stream, recs, m.cfg.PublishApplyWait)
+}
+
+// publish is Publish, holding a publish to a sealed copy up to applyWait.
+func (m *Manager) publish(ctx context.Context, stream string, recs []storage.Record, applyWait time.Duration) (PublishResult, error) {
 	if m.stopping.Load() {
 		return PublishResult{}, fmt.Errorf("%w: broker shutting down", ErrUnavailable)
 	}
@@ -36,6 +48,16 @@ func (m *Manager) Publish(ctx context.Context, stream string, recs []storage.Rec
 		return PublishResult{}, m.notHere(ctx, stream)
 	}
 	a, tracker, roleCtx, ok := c.ownerRole()
+	if !ok {
+		if s := c.st.State(); applyWait > 0 && s.SealEpoch != 0 {
+			m.publishesAwaitingRecovery.Add(1)
+			err := c.awaitApplied(ctx, s.SealEpoch, applyWait)
+			m.publishesAwaitingRecovery.Add(-1)
+			if err == nil {
+				a, tracker, roleCtx, ok = c.ownerRole()
+			}
+		}
+	}
 	if !ok {
 		if s := c.st.State(); s.SealEpoch != 0 {
 			return PublishResult{}, fmt.Errorf("%w: stream %q sealed at epoch %d for recovery", ErrUnavailable, stream, s.SealEpoch)
@@ -76,6 +98,21 @@ func (m *Manager) Publish(ctx context.Context, stream string, recs []storage.Rec
 	m.cfg.Metrics.PublishConfirmed(start)
 	return out, nil
 }
+
+// DefaultPublishApplyWait bounds how long a publish to a copy sealed for a
+// recovery waits for the copy to apply the recovery's assignment, and is
+// then served as the copy finds itself: as the owner, or refused as
+// before. A recovery seals the copies it may promote before it commits
+// (docs/protocol.md, "Stream failover"), so a client that learns of the
+// new owner from the commit often reaches it still sealed. Refused at
+// once, it backed off (exponentially, up to half a second) and had its
+// first record confirmed up to that much later than the owner could have.
+// Bounded, since the recovery may wait (for a quorum of seals) or promote
+// another copy; it is no longer than the Go client's ProbeAfter, so a
+// held publish does not send the client looking for another owner.
+// PublishMany does not hold its entries: one stream's recovery would
+// delay the answer for every stream of the call.
+const DefaultPublishApplyWait = time.Second
 
 func waitConfirmed(ctx, roleCtx context.Context, tracker *confirmTracker, tail uint64, timeout time.Duration) error {
 	timer := time.NewTimer(timeout)
