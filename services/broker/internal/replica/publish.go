@@ -35,7 +35,7 @@ func (m *Manager) Publish(ctx context.Context, stream string, recs []storage.Rec
 // for a recovery refuses it at once rather than hold the call's answer
 // for every other stream of it (Config.PublishApplyWait).
 func (m *Manager) PublishEntry(ctx context.Context, stream string, recs []storage.Record) (PublishResult, error) {
-	return m.publish(ctx, stream, recs, m.cfg.PublishApplyWait)
+	return m.publish(ctx, stream, recs, 0)
 }
 
 // publish is Publish, holding a publish to a sealed copy up to applyWait.
