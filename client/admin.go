@@ -93,6 +93,10 @@ func adminRetry[Req, Res any](ctx context.Context, a *adminClient, name string, 
 	b := a.c.newBackoff()
 	redirects := 0
 	attempts := 0
+	// last is the latest answer an attempt got before the deadline: an
+	// attempt the deadline cuts answers only the deadline, and the error
+	// names what the calls were told (as call does with lastOf).
+	var last error
 	for {
 		addr, cl := a.target()
 		next := connect.NewRequest(req.Msg)
@@ -105,8 +109,9 @@ func adminRetry[Req, Res any](ctx context.Context, a *adminClient, name string, 
 			return res, earlierMayHaveApplied, nil
 		}
 		if ctx.Err() != nil {
-			return nil, earlierMayHaveApplied, fmt.Errorf("client: admin %s: %w after %d attempts; last error: %w", name, ctx.Err(), attempts, err)
+			return nil, earlierMayHaveApplied, fmt.Errorf("client: admin %s: %w after %d attempts; last error: %w", name, ctx.Err(), attempts, lastOf(err, last))
 		}
+		last = err
 		if hint, ok := rpcerr.LeaderHint(err); ok && hint.GetAddress() != addr && redirects < maxLeaderRedirects {
 			redirects++
 			a.setLeader(hint.GetAddress())
