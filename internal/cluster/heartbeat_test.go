@@ -2,6 +2,7 @@ package cluster
 
 import (
 	"fmt"
+	"strings"
 	"testing"
 )
 
@@ -105,5 +106,35 @@ func TestOfIncarnation(t *testing.T) {
 		if got := (CopyTails{Incarnation: c.status}).OfIncarnation(c.assignment); got != c.want {
 			t.Errorf("status %q OfIncarnation(%q) = %v, want %v", c.status, c.assignment, got, c.want)
 		}
+	}
+}
+
+// A copy's head and cursor event tail are left out of its heartbeat
+// encoding when 0, and a value that carries them (as brokers wrote before)
+// or leaves them out decodes to the same status: readers of either
+// version read both.
+func TestCopyTailsLeavesZeroHeadAndCursorTailOut(t *testing.T) {
+	zero := CopyTails{Epoch: 2, Role: RoleFollower, RecordTail: 5, ConfirmWatermark: 5, Incarnation: "7c98055c"}
+	enc := Encode(zero)
+	if strings.Contains(enc, `"head"`) || strings.Contains(enc, `"cursor_event_tail"`) {
+		t.Fatalf("zero head and cursor event tail encoded: %s", enc)
+	}
+	old := `{"epoch":2,"role":"follower","head":0,"record_tail":5,"cursor_event_tail":0,"confirm_watermark":5,"inc":"7c98055c"}`
+	for _, v := range []string{enc, old} {
+		got, err := Decode[CopyTails]([]byte(v))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got != zero {
+			t.Fatalf("%s decoded to %+v, want %+v", v, got, zero)
+		}
+	}
+	set := CopyTails{Epoch: 2, Role: RoleOwner, Head: 3, RecordTail: 9, CursorEventTail: 4, ConfirmWatermark: 8}
+	got, err := Decode[CopyTails]([]byte(Encode(set)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got != set {
+		t.Fatalf("round trip of %+v gave %+v", set, got)
 	}
 }

@@ -25,12 +25,18 @@ const (
 )
 
 // CopyTails is what a broker publishes about one copy in its heartbeat.
+//
+// Head and CursorEventTail are left out when 0, as they are for most
+// copies (nothing retention dropped, no cursor committed): a mass failover
+// rewrites every shard holding a changed copy several times, and their
+// encodings were a quarter of what those writes carried. A reader takes a
+// missing field as 0, as it did for values written with them.
 type CopyTails struct {
 	Epoch            uint64 `json:"epoch"`
 	Role             string `json:"role"`
-	Head             uint64 `json:"head"`
+	Head             uint64 `json:"head,omitempty"`
 	RecordTail       uint64 `json:"record_tail"`
-	CursorEventTail  uint64 `json:"cursor_event_tail"`
+	CursorEventTail  uint64 `json:"cursor_event_tail,omitempty"`
 	ConfirmWatermark uint64 `json:"confirm_watermark"`
 	SealEpoch        uint64 `json:"seal_epoch,omitempty"`
 	// Suspect names an owner this copy could not follow (eager failover).
