@@ -14,6 +14,26 @@ import (
 	"github.com/strandhq/strand/internal/clustertest"
 )
 
+// sealFollowers seals the copies of stream on nodes at fence epoch 2 for
+// transition t1, each once its heartbeat reports the copy, and returns
+// what each seal answered.
+func (h *harness) sealFollowers(stream string, nodes ...string) map[string]*strandv1.SealResponse {
+	h.t.Helper()
+	sealed := map[string]*strandv1.SealResponse{}
+	for _, n := range nodes {
+		clustertest.Eventually(h.t, 10*time.Second, n+" caught up before the seal", func() error {
+			_, err := h.heartbeat(n, stream)
+			return err
+		})
+		resp, err := h.replication(n).Seal(context.Background(), connect.NewRequest(&strandv1.SealRequest{Stream: stream, FenceEpoch: 2, TransitionId: "t1"}))
+		if err != nil {
+			h.t.Fatalf("seal %s: %v", n, err)
+		}
+		sealed[n] = resp.Msg
+	}
+	return sealed
+}
+
 // After the followers are sealed at the next epoch, the old owner's batches
 // are rejected: it confirms nothing after the fence (docs/protocol.md, "Safety argument").
 func TestSealFencesTheStaleOwner(t *testing.T) {
@@ -24,18 +44,7 @@ func TestSealFencesTheStaleOwner(t *testing.T) {
 	}
 	h.assign(threeCopies("fenced", cluster.Policy{Name: cluster.MajorityDurable}))
 	h.publish("b1", "fenced", "a", "b")
-	sealed := map[string]*strandv1.SealResponse{}
-	for _, n := range []string{"b2", "b3"} {
-		clustertest.Eventually(t, 10*time.Second, n+" caught up before the seal", func() error {
-			_, err := h.heartbeat(n, "fenced")
-			return err
-		})
-		resp, err := h.replication(n).Seal(context.Background(), connect.NewRequest(&strandv1.SealRequest{Stream: "fenced", FenceEpoch: 2, TransitionId: "t1"}))
-		if err != nil {
-			t.Fatalf("seal %s: %v", n, err)
-		}
-		sealed[n] = resp.Msg
-	}
+	sealed := h.sealFollowers("fenced", "b2", "b3")
 	_, err := h.streams("b1").Publish(context.Background(), connect.NewRequest(&strandv1.PublishRequest{
 		Stream: "fenced", Records: []*strandv1.Record{{Payload: []byte("after-fence")}},
 	}))
@@ -196,20 +205,7 @@ func TestPublishToASealedCopyWaitsForItsRecovery(t *testing.T) {
 	pol := cluster.Policy{Name: cluster.MajorityDurable}
 	h.assign(threeCopies("held", pol))
 	h.publish("b1", "held", "a", "b")
-	var tail uint64
-	for _, n := range []string{"b2", "b3"} {
-		clustertest.Eventually(t, 10*time.Second, n+" caught up before the seal", func() error {
-			_, err := h.heartbeat(n, "held")
-			return err
-		})
-		resp, err := h.replication(n).Seal(context.Background(), connect.NewRequest(&strandv1.SealRequest{Stream: "held", FenceEpoch: 2, TransitionId: "t1"}))
-		if err != nil {
-			t.Fatalf("seal %s: %v", n, err)
-		}
-		if n == "b2" {
-			tail = resp.Msg.GetRecordTail()
-		}
-	}
+	tail := h.sealFollowers("held", "b2", "b3")["b2"].GetRecordTail()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	recs := []*strandv1.Record{{Payload: []byte("after-seal")}}

@@ -33,20 +33,8 @@ func TestStorageFailureStopsTheBroker(t *testing.T) {
 	h.publish("b1", "s", "before")
 
 	fault.Store(true)
-	_, err := h.streams("b1").Publish(context.Background(), connect.NewRequest(&strandv1.PublishRequest{
-		Stream: "s", Records: []*strandv1.Record{{Payload: []byte("lost")}},
-	}))
-	if err == nil {
-		t.Fatal("a publish whose write failed was confirmed")
-	}
-	select {
-	case err := <-b.Err():
-		if !strings.Contains(err.Error(), "storage failed") || !strings.Contains(err.Error(), "injected") {
-			t.Fatalf("the broker stopped with %v, want the storage failure", err)
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("the broker did not report its failed store within 10s")
-	}
+	h.publishUnconfirmed("b1", "s", "lost", "a publish whose write failed was confirmed")
+	awaitStorageFailure(t, "b1", b, "storage failed", "injected")
 	// What Run does next: close, which revokes the lease.
 	h.stop("b1")
 	resp, err := h.cli.Get(context.Background(), h.schema.BrokerKey("b1"))
@@ -60,6 +48,34 @@ func TestStorageFailureStopsTheBroker(t *testing.T) {
 
 // injectedFault fails every storage write with an input/output error once
 // fault is set.
+// publishUnconfirmed publishes payload to stream on node and fails the
+// test with msg if it is confirmed.
+func (h *harness) publishUnconfirmed(node, stream, payload, msg string) {
+	h.t.Helper()
+	_, err := h.streams(node).Publish(context.Background(), connect.NewRequest(&strandv1.PublishRequest{
+		Stream: stream, Records: []*strandv1.Record{{Payload: []byte(payload)}},
+	}))
+	if err == nil {
+		h.t.Fatal(msg)
+	}
+}
+
+// awaitStorageFailure waits for b (node) to stop on its failed store, with
+// an error naming every one of want.
+func awaitStorageFailure(t *testing.T, node string, b *App, want ...string) {
+	t.Helper()
+	select {
+	case err := <-b.Err():
+		for _, w := range want {
+			if !strings.Contains(err.Error(), w) {
+				t.Fatalf("%s stopped with %v, want the storage failure", node, err)
+			}
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatalf("%s did not report its failed store within 10s", node)
+	}
+}
+
 func injectedFault(fault *atomic.Bool) func() error {
 	return func() error {
 		if fault.Load() {
@@ -117,20 +133,8 @@ func TestFollowerStorageFailureDoesNotBlameTheOwner(t *testing.T) {
 	h.publish("b1", "s", "b", "c")
 
 	fault.Store(true)
-	_, err := h.streams("b1").Publish(context.Background(), connect.NewRequest(&strandv1.PublishRequest{
-		Stream: "s", Records: []*strandv1.Record{{Payload: []byte("unconfirmed")}},
-	}))
-	if err == nil {
-		t.Fatal("a publish the follower could not store was confirmed under local_durable")
-	}
-	select {
-	case err := <-b2.Err():
-		if !strings.Contains(err.Error(), "injected") {
-			t.Fatalf("b2 stopped with %v, want the storage failure", err)
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("b2 did not report its failed store within 10s")
-	}
+	h.publishUnconfirmed("b1", "s", "unconfirmed", "a publish the follower could not store was confirmed under local_durable")
+	awaitStorageFailure(t, "b2", b2, "injected")
 	// The follow ended on the failed store, and runFollower decided whom
 	// to blame before it logged the retry (at most one such line per 5 s:
 	// the retries go on until the broker is closed).

@@ -67,6 +67,27 @@ func newIncFixture(t *testing.T) *incFixture {
 	return f
 }
 
+// loop is a loop on the fixture's view whose probes all pass, with no
+// resync due and a full pass every fullResync.
+func (f *incFixture) loop(fullResync time.Duration) *loop {
+	return newLoop(Config{View: f.view, Schema: f.schema, Log: zerolog.Nop(), ProbeGrace: time.Second,
+		Probe: func(context.Context, string) error { return nil }, Resync: time.Hour, FullResync: fullResync}, f.term)
+}
+
+// runPastFirstPass runs l until the test ends and returns once its first
+// pass (a full one) has begun.
+func (f *incFixture) runPastFirstPass(l *loop) {
+	first := make(chan struct{}, 1)
+	l.cfg.Pass = func(*state.Snapshot, []string, bool) {
+		select {
+		case first <- struct{}{}:
+		default:
+		}
+	}
+	f.run(l)
+	<-first
+}
+
 // run runs l until the test ends.
 func (f *incFixture) run(l *loop) {
 	ctx, stop := context.WithCancel(f.ctx)
@@ -124,8 +145,7 @@ func (f *incFixture) rev() int64 {
 // recorded with neither a full pass nor a resync due.
 func TestIncrementalPassActsOnChangedStream(t *testing.T) {
 	f := newIncFixture(t)
-	l := newLoop(Config{View: f.view, Schema: f.schema, Log: zerolog.Nop(), ProbeGrace: time.Second,
-		Probe: func(context.Context, string) error { return nil }, Resync: time.Hour, FullResync: time.Hour}, f.term)
+	l := f.loop(time.Hour)
 	var mu sync.Mutex
 	var passes [][]string
 	l.incremental = func(streams []string) []string {
@@ -165,20 +185,11 @@ func TestIncrementalPassActsOnChangedStream(t *testing.T) {
 // down is still acted on, within FullResync.
 func TestFullPassFindsWhatIncrementalMissed(t *testing.T) {
 	f := newIncFixture(t)
-	l := newLoop(Config{View: f.view, Schema: f.schema, Log: zerolog.Nop(), ProbeGrace: time.Second,
-		Probe: func(context.Context, string) error { return nil }, Resync: time.Hour, FullResync: 200 * time.Millisecond}, f.term)
+	l := f.loop(200 * time.Millisecond)
 	l.incremental = func(streams []string) []string {
 		return slices.DeleteFunc(streams, func(s string) bool { return s == "s" })
 	}
-	first := make(chan struct{}, 1)
-	l.cfg.Pass = func(*state.Snapshot, []string, bool) {
-		select {
-		case first <- struct{}{}:
-		default:
-		}
-	}
-	f.run(l)
-	<-first
+	f.runPastFirstPass(l)
 	from := f.rev() + 1
 	f.standDown("s")
 	f.waitRecovery("s", from)
@@ -194,8 +205,7 @@ func TestFullPassFindsWhatIncrementalMissed(t *testing.T) {
 // second stream's recovery is recorded only if the loop does not wait.
 func TestRecordedRecoveriesDoNotWaitForTheView(t *testing.T) {
 	f := newIncFixture(t)
-	l := newLoop(Config{View: f.view, Schema: f.schema, Log: zerolog.Nop(), ProbeGrace: time.Second,
-		Probe: func(context.Context, string) error { return nil }, Resync: time.Hour, FullResync: time.Hour}, f.term)
+	l := f.loop(time.Hour)
 	waited := make(chan struct{}, 1)
 	l.awaitFresh = func(ctx context.Context) {
 		select {
@@ -204,15 +214,7 @@ func TestRecordedRecoveriesDoNotWaitForTheView(t *testing.T) {
 		}
 		<-ctx.Done()
 	}
-	first := make(chan struct{}, 1)
-	l.cfg.Pass = func(*state.Snapshot, []string, bool) {
-		select {
-		case first <- struct{}{}:
-		default:
-		}
-	}
-	f.run(l)
-	<-first
+	f.runPastFirstPass(l)
 	from := f.rev() + 1
 	f.standDown("s")
 	f.waitRecovery("s", from)
