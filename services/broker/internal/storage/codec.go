@@ -307,6 +307,10 @@ type meta struct {
 	// none. It is cleared when the copy moves to a later epoch
 	// (AdvanceEpoch) or ClearUnsure says the copy may go on.
 	UnsureEpoch uint64 `json:"unsure_epoch,omitempty"`
+	// TailsSeq is the group (commit.go) that wrote this metadata: a tails
+	// entry of that group or an earlier one does not apply to it
+	// (tails.go). 0 in metadata written before tails entries existed.
+	TailsSeq uint64 `json:"tails_seq,omitempty"`
 }
 
 type cutIntent struct {

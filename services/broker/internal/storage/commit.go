@@ -31,6 +31,8 @@ type op struct {
 	// touchWM asks for the stream's newest metadata to be rewritten with the
 	// current confirm watermark (SetConfirmWatermark's lazy persistence).
 	touchWM bool
+	// checkpoint asks for a tails checkpoint in the op's group (tails.go).
+	checkpoint bool
 	// written runs on the committer once Badger has taken the op, before
 	// the fsync, in queue order (Stream.WrittenTail).
 	written func()
@@ -120,19 +122,25 @@ func opDone(b *engine.Batch, err error) {
 // with a log epoch or two: what groupMeta reserves per stream.
 const metaEncodingGuess = 320
 
-// groupMeta is the engine's OnGroup: the newest metadata of each stream
-// the group's ops changed (or whose watermark they touch), written after
-// every entry of the group, so a group split by Badger's transaction bound
-// may leave entries past a durable tail (ignored and cleaned on open),
-// never a tail past its entries. It runs on the committer only, which owns
-// the streams' cm fields and db.cm.
+// groupMeta is the engine's OnGroup: the newest state of each stream the
+// group's ops changed (or whose watermark they touch), written after every
+// entry of the group, so a group split by Badger's transaction bound may
+// leave entries past a durable tail (ignored and cleaned on open), never a
+// tail past its entries. A stream whose state changed only in its tails
+// has them written in the group's tails entries, any other its whole
+// metadata (tails.go). It runs on the committer only, which owns the
+// streams' cm fields and db.cm.
 func (db *DB) groupMeta(group []*engine.Batch) []engine.Entry {
+	db.cm.seq++
+	seq := db.cm.seq
+	checkpoint := len(db.cm.live) >= db.tailsCheckpointChunks
 	touched := db.cm.touched[:0]
 	for _, b := range group {
 		o, ok := b.Tag.(*op)
 		if !ok {
 			continue
 		}
+		checkpoint = checkpoint || o.checkpoint
 		s := o.s
 		// A closed stream's metadata is not written: the stream is being
 		// dropped (DB.Close stops the committer before it closes streams),
@@ -158,17 +166,61 @@ func (db *DB) groupMeta(group []*engine.Batch) []engine.Entry {
 	// One buffer holds the group's encodings (a few hundred bytes each),
 	// instead of an allocation per stream: fresh per group, as Badger may
 	// hold the values until the group is written.
-	buf := make([]byte, 0, metaEncodingGuess*len(touched))
+	var buf []byte
+	full := func(s *Stream) {
+		if buf == nil {
+			buf = make([]byte, 0, metaEncodingGuess*len(touched))
+		}
+		m := *s.cmMeta
+		m.ConfirmWatermark = s.durable.persistedWatermark(m.RecordTail)
+		m.TailsSeq = seq
+		start := len(buf)
+		buf = appendMeta(buf, &m)
+		out = append(out, engine.Entry{Key: s.metaKey, Value: buf[start:len(buf):len(buf)]})
+		s.cmFull, s.cmInTails = s.cmMeta, false
+	}
+	tw := &db.cm.tails
+	tw.reset()
 	for _, s := range touched {
 		s.cmTouched = false
 		if s.cmMeta == nil {
 			continue
 		}
-		m := *s.cmMeta
-		m.ConfirmWatermark = s.durable.persistedWatermark(m.RecordTail)
-		start := len(buf)
-		buf = appendMeta(buf, &m)
-		out = append(out, engine.Entry{Key: s.metaKey, Value: buf[start:len(buf):len(buf)]})
+		if checkpoint || s.cmFull == nil || !onlyTailsDiffer(s.cmFull, s.cmMeta) {
+			full(s)
+			continue
+		}
+		t := tailsOf(s.cmMeta)
+		t.ConfirmWatermark = s.durable.persistedWatermark(t.RecordTail)
+		tw.add(s.name, t)
+		s.cmInTails = true
+		if !s.cmListed {
+			s.cmListed = true
+			db.cm.dirty = append(db.cm.dirty, s)
+		}
+	}
+	if checkpoint {
+		// Every stream whose newest state is only in tails entries is
+		// written whole, then every tails entry goes: after the metadata,
+		// so a split group never deletes a tail before its stream's
+		// metadata holds it. A closed stream is being dropped: its
+		// metadata is not written again (see above), and a tails entry
+		// naming it applies to nothing once its metadata is gone.
+		for _, s := range db.cm.dirty {
+			if s.cmInTails && !s.Closed() {
+				full(s)
+			}
+			s.cmListed = false
+		}
+		clear(db.cm.dirty)
+		db.cm.dirty = db.cm.dirty[:0]
+		for _, k := range db.cm.live {
+			out = append(out, engine.Entry{Key: k, Delete: true})
+		}
+		clear(db.cm.live)
+		db.cm.live = db.cm.live[:0]
+	} else {
+		out, db.cm.live = tw.entries(seq, out, db.cm.live)
 	}
 	clear(touched)
 	db.cm.touched, db.cm.entries = touched, out

@@ -66,6 +66,8 @@ type Options struct {
 
 	// hooks, when set (tests only), are the engine's.
 	hooks *engine.Hooks
+	// tailsCheckpointChunks overrides tailsCheckpointChunks (tests).
+	tailsCheckpointChunks int
 }
 
 // BootIDPath is where Linux publishes the id of the running boot.
@@ -90,10 +92,20 @@ type DB struct {
 	hooks *engine.Hooks
 	// onFail is Options.OnFail; tests set it after Open.
 	onFail func(error)
+	// tailsCheckpointChunks: tails chunks between checkpoints (tails.go).
+	tailsCheckpointChunks int
 	// cm is the committer's scratch for groupMeta.
 	cm struct {
 		touched []*Stream
 		entries []engine.Entry
+		// seq numbers the groups (tails.go); tails is the writer of a
+		// group's tails entries, live their keys since the last
+		// checkpoint, dirty the streams whose newest state is only in
+		// them (Stream.cmInTails).
+		seq   uint64
+		tails tailsWriter
+		live  [][]byte
+		dirty []*Stream
 	}
 
 	// closing: Close's guard (closeGuard).
@@ -174,6 +186,7 @@ func Open(opts Options) (*DB, error) {
 		streams:                 streamRegistry{byName: make(map[string]*Stream)},
 	}
 	db.hooks = opts.hooks
+	db.tailsCheckpointChunks = orDefault(opts.tailsCheckpointChunks, tailsCheckpointChunks)
 	db.onFail = opts.OnFail
 	if db.hooks == nil {
 		db.hooks = &engine.Hooks{}
@@ -207,6 +220,9 @@ func Open(opts Options) (*DB, error) {
 		close(db.compactDone)
 		_ = db.Close()
 		return nil, err
+	}
+	if err := db.foldTails(); err != nil {
+		return fail(err)
 	}
 	if err := db.finishDrops(); err != nil {
 		return fail(err)
@@ -259,6 +275,9 @@ func (db *DB) Close() error {
 	// every op queued before it stops, and this flush waits for room in
 	// the queue rather than leave one for a next flush that never comes.
 	db.flushWatermarks(true)
+	// A clean close leaves no tails entries (tails.go): the metadata is
+	// whole on disk. A DB already closed or failed refuses the op.
+	_ = db.do(context.Background(), &op{checkpoint: true})
 	db.closing.mu.Lock()
 	defer db.closing.mu.Unlock()
 	if db.closing.closed {

@@ -43,6 +43,10 @@
 //	p | len | name | gen | chunk
 //	                          producer table checkpoint chunk (producers.go:
 //	                          8-byte generation, 4-byte chunk, both big-endian)
+//	t | group | chunk         tails of the streams one group commit
+//	                          appended to (tails.go: 8-byte group, 2-byte
+//	                          chunk, both big-endian; below the value
+//	                          threshold), until the next checkpoint
 //	g                         never written (engine.ReservedKeyByte): the
 //	                          value log GC drops it to flush Badger's
 //	                          memtables (engine/vlog.go)
@@ -63,10 +67,11 @@
 // All writes are ops (commit.go) handed to the engine's one committer
 // goroutine (engine/commit.go). It drains every queued op, writes them in
 // one Badger transaction (split only at Badger's transaction bound) with
-// SyncWrites off, each stream's newest metadata after all of them
-// (groupMeta), and then fsyncs the memtable WAL and the value log. This is
-// the group commit: concurrent appends to any streams share one fsync. The
-// engine's durability contract is in engine/doc.go.
+// SyncWrites off, each stream's newest metadata (or, when only its tails
+// changed, its tails in the group's tails entry, tails.go) after all of
+// them (groupMeta), and then fsyncs the memtable WAL and the value log.
+// This is the group commit: concurrent appends to any streams share one
+// fsync. The engine's durability contract is in engine/doc.go.
 //
 //   - Append, AppendReplicated, Seal, AdvanceEpoch, ResetTo, Cut, Snapshot,
 //     InstallCursorSnapshot, Drop and retention return only after their
@@ -96,11 +101,13 @@
 //     metadata write, or within 500 ms by a write of its own (synced like
 //     every batch, so that only the newest transaction can be torn; nobody
 //     waits for it; a crash can only leave an older value).
-//   - A stream's meta is written in the same transaction as (or a later one
+//   - A stream's meta, or its tails entry when only its tails changed
+//     (tails.go), is written in the same transaction as (or a later one
 //     than) the entries it counts, so a durable tail never claims missing
 //     entries. Entries past a durable tail (a crash inside a split batch)
-//     are deleted when the stream is opened. Badger truncates a torn WAL
-//     tail on open.
+//     are deleted when the stream is opened. Open folds the tails entries
+//     into the metadata before any stream is loaded. Badger truncates a
+//     torn WAL tail on open.
 //   - Open opens from every state a power loss can leave Badger's log files
 //     in: a write-ahead log or value log file shorter than its header (one
 //     Badger created and nothing synced yet) holds no synced entry and is

@@ -17,6 +17,9 @@ const (
 	// p | len | name | generation | chunk -> producer table checkpoint
 	// chunk (checkpoint.go, producers.go)
 	kindProducers byte = 'p'
+	// t | seq | chunk -> the tails of the streams one group changed
+	// (tails.go): 8-byte group, 2-byte chunk, both big-endian
+	kindTails byte = 't'
 	// g: never written, the engine's (engine.ReservedKeyByte): its value
 	// log GC drops it to make Badger flush its rotated memtables.
 )

@@ -82,6 +82,9 @@ func appendMeta(b []byte, m *meta) []byte {
 	if m.UnsureEpoch != 0 {
 		b = appendUintField(b, `,"unsure_epoch":`, m.UnsureEpoch)
 	}
+	if m.TailsSeq != 0 {
+		b = appendUintField(b, `,"tails_seq":`, m.TailsSeq)
+	}
 	return append(b, '}')
 }
 

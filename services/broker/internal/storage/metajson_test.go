@@ -45,7 +45,7 @@ func TestAppendMetaIsJSONMarshal(t *testing.T) {
 			SealEpoch: num(), SealTransition: strs[rng.IntN(len(strs))], SealedLogEpochs: epochs(),
 			Head: num(), HeadChain: num(), Purged: num(), RecordTail: num(), Chain: num(),
 			CursorEventTail: num(), CursorEventsPurged: num(), Bytes: num(), ConfirmWatermark: num(),
-			Dropping: rng.IntN(2) == 0, ProducerGen: num(), UnsureEpoch: num(),
+			Dropping: rng.IntN(2) == 0, ProducerGen: num(), UnsureEpoch: num(), TailsSeq: num(),
 		}
 		if rng.IntN(2) == 0 {
 			m.Cut = &cutIntent{RecordTail: num(), CursorEventTail: num(), Chain: num(), Bytes: num(), ResetCursors: rng.IntN(2) == 0}
@@ -100,7 +100,7 @@ func TestAppendMetaKnowsEveryField(t *testing.T) {
 	known := map[string][]string{
 		"meta": {"Incarnation", "Epoch", "LogEpochs", "SealEpoch", "SealTransition", "SealedLogEpochs", "Head", "HeadChain",
 			"Purged", "RecordTail", "Chain", "CursorEventTail", "CursorEventsPurged", "Bytes", "ConfirmWatermark", "Cut",
-			"Dropping", "ProducerTables", "ProducerGen", "UnsureEpoch"},
+			"Dropping", "ProducerTables", "ProducerGen", "UnsureEpoch", "TailsSeq"},
 		"cutIntent":   {"RecordTail", "CursorEventTail", "Chain", "Bytes", "ResetCursors"},
 		"producerGen": {"Gen", "Boundary", "Chunks"},
 		"LogEpoch":    {"Epoch", "RecordStart", "CursorEventStart"},

@@ -97,10 +97,15 @@ type Stream struct {
 	// The durable and written views, under durable.dmu.
 	durable durableView
 
-	// Owned by the committer goroutine.
+	// Owned by the committer goroutine. cmFull is the newest metadata
+	// written whole; cmInTails: the stream's newest state since is in
+	// tails entries only, cmListed: it is in db.cm.dirty (tails.go).
 	cmMeta    *meta
 	cmVersion uint64
 	cmTouched bool
+	cmFull    *meta
+	cmInTails bool
+	cmListed  bool
 }
 
 // assignedView is a copy's assigned view (the metadata after every op
@@ -282,6 +287,9 @@ func (db *DB) loadStream(name string) (*Stream, error) {
 	}
 	s.assigned.m = m
 	s.cmMeta = &m
+	if found {
+		s.cmFull = s.cmMeta
+	}
 	s.durable.dTail, s.durable.dChain, s.durable.dEvTail = m.RecordTail, m.Chain, m.CursorEventTail
 	s.durable.wTail, s.durable.wChain = s.durable.dTail, s.durable.dChain
 	s.durable.watermark = min(m.ConfirmWatermark, m.RecordTail)

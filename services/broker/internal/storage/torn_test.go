@@ -57,13 +57,20 @@ func (h *crashHarness) open(dir string) *DB {
 // returns the crashed copy's dir.
 func (h *crashHarness) crashDuringAppend(db *DB, s *Stream, epoch uint64) string {
 	h.t.Helper()
+	return h.crashDuring(db, func() error {
+		_, err := s.Append(context.Background(), epoch, sizedRecs("torn", 8, 2048))
+		return err
+	})
+}
+
+// crashDuring is crashDuringAppend for any write: write runs while the
+// crash is played between its commit and its fsync.
+func (h *crashHarness) crashDuring(db *DB, write func() error) string {
+	h.t.Helper()
 	onDisk := h.valueLogs()
 	inSync, release := holdNextSync(db)
 	done := make(chan error, 1)
-	go func() {
-		_, err := s.Append(context.Background(), epoch, sizedRecs("torn", 8, 2048))
-		done <- err
-	}()
+	go func() { done <- write() }()
 	<-inSync
 	crashed := h.crashCopy(onDisk)
 	close(release)
@@ -213,21 +220,26 @@ func TestValueLogGCInterruptedWithoutTheOldFileCutsTheCopy(t *testing.T) {
 
 // The newest transaction's metadata may be torn as its segments are: a
 // meta with a few log epochs is above the value threshold, so in the value
-// log. The copy comes back with the metadata the last synced write left
-// (tails, chain and log epochs), every record readable; without the roll
-// back the store did not open.
+// log. Appends at the copy's epoch write only tails (tails.go), so the torn
+// write here is a seal, which writes the metadata whole. The copy comes
+// back with the metadata the last synced write left (tails, chain, log
+// epochs, unsealed), every record readable; without the roll back the
+// store did not open.
 func TestTornMetadataIsRolledBackAfterAMachineCrash(t *testing.T) {
 	h := newCrashHarness(t)
 	db := h.open(h.dir)
 	s, synced := bigMetaStream(t, db)
 	before := s.State()
-	crashed := h.crashDuringAppend(db, s, 12)
+	crashed := h.crashDuring(db, func() error {
+		_, err := s.Seal(context.Background(), 13, "test")
+		return err
+	})
 	db = h.open(crashed)
 	defer db.Close()
 	s = openStream(t, db, "s")
 	st := s.State()
-	if st.RecordTail != before.RecordTail || st.Chain != before.Chain || len(st.LogEpochs) != len(before.LogEpochs) {
-		t.Fatalf("after the crash: tail %d chain %#x %d log epochs, want %d %#x %d", st.RecordTail, st.Chain, len(st.LogEpochs), before.RecordTail, before.Chain, len(before.LogEpochs))
+	if st.RecordTail != before.RecordTail || st.Chain != before.Chain || len(st.LogEpochs) != len(before.LogEpochs) || st.SealEpoch != 0 {
+		t.Fatalf("after the crash: tail %d chain %#x %d log epochs sealed at %d, want %d %#x %d unsealed", st.RecordTail, st.Chain, len(st.LogEpochs), st.SealEpoch, before.RecordTail, before.Chain, len(before.LogEpochs))
 	}
 	sameRecords(t, "after the roll back", mustRead(t, s, 0, 0), synced)
 }

@@ -1,33 +1,18 @@
 package storage
 
 import (
-	"errors"
 	"fmt"
 	"testing"
 
 	"github.com/strandhq/strand/internal/clustertest"
-	"github.com/strandhq/strand/services/broker/internal/storage/engine"
 )
 
 // storedWatermark reads the confirm watermark in s's metadata as Badger
-// holds it (what a restart would find).
+// holds it, with the tails entries newer than it (what a restart would
+// find).
 func storedWatermark(t *testing.T, s *Stream) uint64 {
 	t.Helper()
-	var m meta
-	err := s.db.eng.View(func(txn *engine.Txn) error {
-		item, err := txn.Get(s.metaKey)
-		if err != nil {
-			return err
-		}
-		return item.Value(func(v []byte) (err error) {
-			m, err = decodeMeta(v)
-			return err
-		})
-	})
-	if err != nil && !errors.Is(err, engine.ErrNotFound) {
-		t.Fatal(err)
-	}
-	return m.ConfirmWatermark
+	return storedMeta(t, s).ConfirmWatermark
 }
 
 // A raised watermark reaches storage without any other write on the
