@@ -33,6 +33,10 @@ type op struct {
 	touchWM bool
 	// checkpoint asks for a tails checkpoint in the op's group (tails.go).
 	checkpoint bool
+	// whole is a stream being dropped, closed, whose newest state may be
+	// only in tails entries: its metadata is written whole in the op's
+	// group, before the drop writes its marker (DB.Drop).
+	whole *Stream
 	// written runs on the committer once Badger has taken the op, before
 	// the fsync, in queue order (Stream.WrittenTail).
 	written func()
@@ -134,6 +138,7 @@ func (db *DB) groupMeta(group []*engine.Batch) []engine.Entry {
 	db.cm.seq++
 	seq := db.cm.seq
 	checkpoint := len(db.cm.live) >= db.tailsCheckpointChunks
+	var wholeAfterClose []*Stream
 	touched := db.cm.touched[:0]
 	for _, b := range group {
 		o, ok := b.Tag.(*op)
@@ -141,6 +146,9 @@ func (db *DB) groupMeta(group []*engine.Batch) []engine.Entry {
 			continue
 		}
 		checkpoint = checkpoint || o.checkpoint
+		if w := o.whole; w != nil && w.cmInTails {
+			wholeAfterClose = append(wholeAfterClose, w)
+		}
 		s := o.s
 		// A closed stream's metadata is not written: the stream is being
 		// dropped (DB.Close stops the committer before it closes streams),
@@ -199,13 +207,19 @@ func (db *DB) groupMeta(group []*engine.Batch) []engine.Entry {
 			db.cm.dirty = append(db.cm.dirty, s)
 		}
 	}
+	for _, s := range wholeAfterClose {
+		if s.cmInTails {
+			full(s)
+		}
+	}
 	if checkpoint {
 		// Every stream whose newest state is only in tails entries is
 		// written whole, then every tails entry goes: after the metadata,
 		// so a split group never deletes a tail before its stream's
 		// metadata holds it. A closed stream is being dropped: its
-		// metadata is not written again (see above), and a tails entry
-		// naming it applies to nothing once its metadata is gone.
+		// metadata is not written again (see above; DB.Drop had it
+		// written whole before its marker), and a tails entry naming it
+		// applies to nothing once its metadata is gone.
 		for _, s := range db.cm.dirty {
 			if s.cmInTails && !s.Closed() {
 				full(s)

@@ -144,6 +144,9 @@ type DB struct {
 	// and the cursor event log cut; an error aborts the cut there, leaving
 	// the intent for the next open to complete.
 	afterRecordCut func() error
+	// beforeDropMarker, when set (tests only), runs in a drop before it
+	// writes its marker.
+	beforeDropMarker func()
 }
 
 // closeGuard is Close's lock and the flag it guards (doc.go, "Locks").
@@ -364,8 +367,12 @@ func (db *DB) Drop(name string) error {
 		// A new copy's first metadata may still be queued (loadStream
 		// does not wait for it): the drop reads what is stored, so it
 		// waits for everything queued before it, or that write would land
-		// after the drop and leave the dropped stream listed.
-		if err := db.do(context.Background(), &op{}); err != nil {
+		// after the drop and leave the dropped stream listed. The same op
+		// has the metadata written whole if the stream's newest tails are
+		// only in tails entries (tails.go): a checkpoint before the drop's
+		// marker would delete them, and a crash then would bring the copy
+		// back with older tails, cutting records it had made durable.
+		if err := db.do(context.Background(), &op{whole: s}); err != nil {
 			return fmt.Errorf("storage: drop %q: %w", name, err)
 		}
 	}
@@ -396,6 +403,9 @@ func (db *DB) drop(name string) error {
 	}
 	if !found {
 		return nil
+	}
+	if hook := db.beforeDropMarker; hook != nil {
+		hook()
 	}
 	if !m.Dropping {
 		m.Dropping = true

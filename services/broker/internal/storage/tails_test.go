@@ -213,6 +213,41 @@ func TestADroppedStreamsTailsDoNotApplyToItsSuccessor(t *testing.T) {
 	sameRecords(t, "the new stream", mustRead(t, s, 0, 0), want)
 }
 
+// A drop has the stream's tails written whole before its marker: a
+// checkpoint in between deletes the tails entries without writing a closed
+// stream whole, and a crash before the marker would bring the copy back
+// with older tails, cutting records it had made durable.
+func TestDropWritesTheTailsWholeBeforeItsMarker(t *testing.T) {
+	h := newCrashHarness(t)
+	db := h.open(h.dir)
+	s := ownerStream(t, db, "s", 1)
+	want := mustAppend(t, s, 1, recs("a", 1))
+	want = append(want, mustAppend(t, s, 1, recs("b", 2))...)
+	if raw := rawMeta(t, s); raw.RecordTail == 3 {
+		t.Fatal("the appends wrote the metadata whole: nothing to test")
+	}
+	var crashed string
+	db.beforeDropMarker = func() {
+		if err := db.do(context.Background(), &op{checkpoint: true}); err != nil {
+			t.Error(err)
+		}
+		crashed = h.crashCopy(h.valueLogs())
+	}
+	if err := db.Drop("s"); err != nil {
+		t.Fatal(err)
+	}
+	if err := db.Close(); err != nil {
+		t.Fatal(err)
+	}
+	db = h.open(crashed)
+	defer db.Close()
+	s = openStream(t, db, "s")
+	if st := s.State(); st.RecordTail != 3 {
+		t.Fatalf("the copy a crash in its drop left has tail %d, want 3", st.RecordTail)
+	}
+	sameRecords(t, "the copy a crash in its drop left", mustRead(t, s, 0, 0), want)
+}
+
 // Every tailsCheckpointChunks chunks the streams whose state is only in
 // tails entries are written whole and the tails entries go; a clean Close
 // does the same, so a store closed cleanly holds none (and a broker of an
