@@ -137,7 +137,10 @@ const metaEncodingGuess = 320
 func (db *DB) groupMeta(group []*engine.Batch) []engine.Entry {
 	db.cm.seq++
 	seq := db.cm.seq
-	checkpoint := len(db.cm.live) >= db.tailsCheckpointChunks
+	// A checkpoint writes the streams in dirty whole: waiting for as many
+	// chunks as there are such streams keeps its entries at most as many
+	// as the chunks it saved them from, however many streams there are.
+	checkpoint := len(db.cm.live) >= max(db.tailsCheckpointChunks, len(db.cm.dirty))
 	var wholeAfterClose []*Stream
 	touched := db.cm.touched[:0]
 	for _, b := range group {

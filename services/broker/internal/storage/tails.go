@@ -41,8 +41,11 @@ import (
 //   - A checkpoint writes the whole metadata of every stream whose newest
 //     state is only in tails entries and then deletes every tails entry (in
 //     that order, so a group that Badger's transaction bound splits never
-//     loses a tail): every tailsCheckpointChunks chunks, and at a clean
-//     Close, so a store closed cleanly holds no tails entries.
+//     loses a tail): every tailsCheckpointChunks chunks, or once there are
+//     as many chunks as such streams if there are more (so a checkpoint's
+//     whole metadata are never more entries than the chunks they replace),
+//     and at a clean Close, so a store closed cleanly holds no tails
+//     entries.
 //   - Open folds the tails entries into the metadata they are newer than and
 //     deletes them (foldTails) before any stream is loaded, so everything
 //     that reads metadata from Badger (loadStream, Streams, drops, the
@@ -53,9 +56,10 @@ import (
 // The group numbers only grow: Open starts them above every number in use,
 // in tails keys and in metadata.
 
-// tailsCheckpointChunks is how many tails chunks are written between two
-// checkpoints: about 450 KiB, the tails of some nine thousand appends, which
-// Open reads back after a crash.
+// tailsCheckpointChunks is how many tails chunks are written at least
+// between two checkpoints: about 450 KiB, the tails of some nine thousand
+// appends, which Open reads back after a crash (more, up to a chunk per
+// stream, on a broker with more streams whose tails are in them).
 const tailsCheckpointChunks = 1024
 
 // tailsChunkBytes bounds one chunk's value, below the engine's value
