@@ -17,8 +17,9 @@ import (
 // the cursor event tail, the bytes and the confirm watermark. Writing the
 // whole metadata for them cost an entry of a few hundred bytes per stream
 // and group on every copy, which with many streams each appending a record
-// or two is an entry per record (a quarter of a broker's CPU publishing
-// across 1,000 streams, measured with the entries left out). So:
+// or two is an entry per record (about a fifth of a broker's CPU
+// publishing across 1,000 streams, measured with the entries left out).
+// So:
 //
 //   - A stream whose newest metadata differs from the last one written in
 //     full only in its tails has its tails written in the group's tails
@@ -30,8 +31,8 @@ import (
 //
 //     Each chunk stays below the engine's value threshold (engine.go, 512
 //     bytes), so tails live in the LSM tree and its write-ahead log, as
-//     metadata does, and never in the value log, whose GC moves values
-//     (torn.go).
+//     small metadata does, and never in the value log, whose GC moves
+//     values (torn.go).
 //   - Any other change (an epoch, a seal, a log epoch, a cut, retention, the
 //     producer checkpoints, a stream's first write) writes the whole
 //     metadata, numbered with the group (meta.TailsSeq).
@@ -45,13 +46,17 @@ import (
 //     as many chunks as such streams if there are more (so a checkpoint's
 //     whole metadata are never more entries than the chunks they replace),
 //     and at a clean Close, so a store closed cleanly holds no tails
-//     entries.
+//     entries. A checkpoint skips a closed stream (one being dropped: its
+//     metadata written after the drop's marker would undo it), so DB.Drop
+//     has the stream written whole before its marker.
 //   - Open folds the tails entries into the metadata they are newer than and
 //     deletes them (foldTails) before any stream is loaded, so everything
-//     that reads metadata from Badger (loadStream, Streams, drops, the
-//     recovery's markUnsure) reads it whole. A fold that a crash
-//     interrupts is repeated: a folded metadata carries the entry's group,
-//     which then no longer applies to it.
+//     that reads metadata from Badger (loadStream, Streams, drops) reads
+//     it whole. The recovery's markUnsure runs before, in the engine's
+//     open, and reads only epochs and seals, which are never in tails
+//     entries. A fold that a crash interrupts is repeated: a folded
+//     metadata carries the entry's group, which then no longer applies to
+//     it.
 //
 // The group numbers only grow: Open starts them above every number in use,
 // in tails keys and in metadata.
