@@ -224,10 +224,11 @@ func Open(opts Options) (*DB, error) {
 		_ = db.Close()
 		return nil, err
 	}
-	if err := db.foldTails(); err != nil {
+	dropping, err := db.foldTails()
+	if err != nil {
 		return fail(err)
 	}
-	if err := db.finishDrops(); err != nil {
+	if err := db.finishDrops(dropping); err != nil {
 		return fail(err)
 	}
 	if err := db.settle(); err != nil {
@@ -278,17 +279,20 @@ func (db *DB) Close() error {
 	// every op queued before it stops, and this flush waits for room in
 	// the queue rather than leave one for a next flush that never comes.
 	db.flushWatermarks(true)
-	// A clean close leaves no tails entries (tails.go): the metadata is
-	// whole on disk. A DB already closed or failed refuses the op.
-	_ = db.do(context.Background(), &op{checkpoint: true})
 	db.closing.mu.Lock()
 	defer db.closing.mu.Unlock()
 	if db.closing.closed {
 		return nil
 	}
 	db.closing.closed = true
-	// The committer writes every op accepted before this.
-	db.eng.StopWrites()
+	// The committer writes every op accepted before this, then a tails
+	// checkpoint, last, so a clean close leaves no tails entries
+	// (tails.go): the metadata is whole on disk. Queued by the engine
+	// behind every other write, it cannot be overtaken by a write racing
+	// the close (a watermark flush, an append still in flight).
+	last := &op{checkpoint: true}
+	last.b.Tag = last
+	db.eng.StopWritesAfter(&last.b)
 	close(db.stop)
 	<-db.wmDone
 	<-db.compactDone
@@ -464,17 +468,9 @@ func eachMeta(v viewer, fn func(name string, key []byte, m meta)) error {
 	})
 }
 
-// finishDrops completes drops that a crash interrupted.
-func (db *DB) finishDrops() error {
-	var pending []string
-	err := eachMeta(db.eng, func(name string, _ []byte, m meta) {
-		if m.Dropping {
-			pending = append(pending, name)
-		}
-	})
-	if err != nil {
-		return fmt.Errorf("storage: scanning for pending drops: %w", err)
-	}
+// finishDrops completes the drops that a crash interrupted: the streams
+// whose metadata Open found marked (foldTails).
+func (db *DB) finishDrops(pending []string) error {
 	for _, name := range pending {
 		if err := db.drop(name); err != nil {
 			return err

@@ -261,35 +261,39 @@ func (lt latestTails) apply(name string, m *meta) bool {
 // into the metadata they are newer than, then deletes them, and starts the
 // group numbers above every one in use. A stream the entries name that has
 // no metadata was dropped; a stream being dropped keeps its metadata as it
-// is (the drop deletes it).
-func (db *DB) foldTails() error {
+// is (the drop deletes it), and is returned for Open to finish its drop:
+// this is Open's one scan of every stream's metadata.
+func (db *DB) foldTails() (dropping []string, err error) {
 	lt, err := readTails(db.eng)
 	if err != nil {
-		return fmt.Errorf("storage: reading tails entries: %w", err)
+		return nil, fmt.Errorf("storage: reading tails entries: %w", err)
 	}
 	seq := lt.maxSeq
 	o := &op{}
 	err = eachMeta(db.eng, func(name string, key []byte, m meta) {
 		seq = max(seq, m.TailsSeq)
+		if m.Dropping {
+			dropping = append(dropping, name)
+		}
 		if lt.apply(name, &m) {
 			o.add(bytes.Clone(key), encodeMeta(&m))
 		}
 	})
 	if err != nil {
-		return fmt.Errorf("storage: folding tails entries: %w", err)
+		return nil, fmt.Errorf("storage: scanning stream metadata: %w", err)
 	}
 	// The committer takes its first group after this (db.do below, or the
 	// first op of a stream): the channel send orders this write before it.
 	db.cm.seq = seq
 	if len(lt.keys) == 0 {
-		return nil
+		return dropping, nil
 	}
 	// Deleted after the metadata they were folded into, in queue order.
 	for _, k := range lt.keys {
 		o.del(k)
 	}
 	if err := db.do(context.Background(), o); err != nil {
-		return fmt.Errorf("storage: folding tails entries: %w", err)
+		return nil, fmt.Errorf("storage: folding tails entries: %w", err)
 	}
-	return nil
+	return dropping, nil
 }

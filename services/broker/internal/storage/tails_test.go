@@ -279,8 +279,26 @@ func TestTailsCheckpoints(t *testing.T) {
 	if raw := rawMeta(t, a); raw.RecordTail != uint64(7-left) {
 		t.Fatalf("a's metadata holds tail %d after the checkpoint with %d appends after it, want %d", raw.RecordTail, left, 7-left)
 	}
+	// The watermark is flushed by Close and, a tails-only change, lands in
+	// a tails entry unless the close's checkpoint comes after it.
+	a.SetConfirmWatermark(7)
 	if err := db.Close(); err != nil {
 		t.Fatal(err)
+	}
+	// What the store holds before any open folds it.
+	eng, err := engine.Open(engine.Options{Dir: dir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	lt, err := readTails(eng)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := eng.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if len(lt.keys) != 0 {
+		t.Fatalf("a clean close left %d tails entries", len(lt.keys))
 	}
 	db, err = Open(Options{Dir: dir})
 	if err != nil {
@@ -288,8 +306,8 @@ func TestTailsCheckpoints(t *testing.T) {
 	}
 	defer db.Close()
 	a = openStream(t, db, "a")
-	if raw := rawMeta(t, a); raw.RecordTail != 7 {
-		t.Fatalf("a's metadata holds tail %d after a clean close, want 7", raw.RecordTail)
+	if raw := rawMeta(t, a); raw.RecordTail != 7 || raw.ConfirmWatermark != 7 {
+		t.Fatalf("a's metadata holds tail %d watermark %d after a clean close, want 7 and 7", raw.RecordTail, raw.ConfirmWatermark)
 	}
 }
 

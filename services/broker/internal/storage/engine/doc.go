@@ -10,7 +10,8 @@
 //
 //   - Open opens the store in a directory, repairing and recovering what a
 //     stop left (below); Settle ends the open once the caller did its own;
-//     StopWrites and Close end it.
+//     StopWrites (or StopWritesAfter, with a batch written after every
+//     other) and Close end it.
 //   - Batch (Set, Delete) is a unit of writes; Enqueue, TryEnqueue and Do
 //     hand it to the committer. OnGroup, OnWritten and OnDone (Options)
 //     tell the caller, on the committer, when a group of batches is being
@@ -27,8 +28,9 @@
 // own, held as a named field (storage's TestOneLockPerType checks it):
 //
 //   - gate (enqueueGate): an RWMutex and closed; senders hold it shared
-//     while they send, StopWrites exclusively to set closed, so the
-//     committer sees every batch that was accepted.
+//     while they send, StopWrites exclusively to set closed (and queue
+//     StopWritesAfter's last batch), so the committer sees every batch
+//     that was accepted, and the last one after them.
 //   - stopping (stopGuard): writesStopped and gcStarted; it orders starting
 //     the value log GC (Settle) against StopWrites, and Close against
 //     itself.

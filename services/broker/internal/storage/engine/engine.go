@@ -416,13 +416,24 @@ func (e *Engine) Err() error {
 
 // StopWrites refuses every later batch, waits until the committer wrote
 // every accepted one, and stops the value log GC. Reads go on until Close.
-func (e *Engine) StopWrites() {
+func (e *Engine) StopWrites() { e.StopWritesAfter(nil) }
+
+// StopWritesAfter is StopWrites with last, when not nil, written after
+// every other accepted batch: the gate closes and last is queued under its
+// lock, which every Enqueue in flight holds shared, so nothing can be
+// queued behind it. Its outcome reaches OnDone as any batch's does.
+func (e *Engine) StopWritesAfter(last *Batch) {
 	e.gate.mu.Lock()
 	if e.gate.closed {
 		e.gate.mu.Unlock()
 		return
 	}
 	e.gate.closed = true
+	if last != nil {
+		// The committer takes batches without the gate's lock, so a
+		// full queue drains.
+		e.batches <- last
+	}
 	e.gate.mu.Unlock()
 	e.stopping.mu.Lock()
 	e.stopping.writesStopped = true
