@@ -33,16 +33,33 @@ func TestHeartbeatKeyRoundTrip(t *testing.T) {
 			t.Errorf("ParseHeartbeatKey(%q) = %q, %d, %v", key, node, got, err)
 		}
 	}
-	// Two digits, as brokers wrote them with 16 shards, are read too.
-	if node, got, err := s.ParseHeartbeatKey("/x/heartbeats/broker-1/15"); err != nil || node != "broker-1" || got != 15 {
-		t.Errorf("ParseHeartbeatKey of a two-digit shard = %q, %d, %v", node, got, err)
+	// Two digits, as brokers wrote them with 16 shards, are read too, in
+	// slots of their own past the shards.
+	seen := map[int]string{}
+	for _, key := range []string{"/x/heartbeats/broker-1/005", "/x/heartbeats/broker-1/05",
+		"/x/heartbeats/broker-1/127", "/x/heartbeats/broker-1/15"} {
+		node, slot, err := s.ParseHeartbeatKey(key)
+		if err != nil || node != "broker-1" || slot < 0 || slot >= HeartbeatSlots {
+			t.Errorf("ParseHeartbeatKey(%q) = %q, %d, %v", key, node, slot, err)
+			continue
+		}
+		if other, ok := seen[slot]; ok {
+			t.Errorf("%q and %q share slot %d", key, other, slot)
+		}
+		seen[slot] = key
+	}
+	if _, slot, _ := s.ParseHeartbeatKey("/x/heartbeats/broker-1/05"); slot < HeartbeatShards {
+		t.Errorf("a two-digit key in slot %d, among the three-digit shards", slot)
 	}
 	for _, key := range []string{
 		"/x/heartbeats/broker-1",       // the unsharded key of old brokers
 		"/x/heartbeats/broker-1/",      // no shard
-		"/x/heartbeats/broker-1/7",     // not three (or two) digits
+		"/x/heartbeats/broker-1/7",     // one digit
 		"/x/heartbeats/broker-1/0007",  // four digits
 		"/x/heartbeats/broker-1/128",   // past the last shard
+		"/x/heartbeats/broker-1/16",    // past the last shard of 16
+		"/x/heartbeats/broker-1/-1",    // a sign
+		"/x/heartbeats/broker-1/+12",   // a sign
 		"/x/heartbeats/broker-1/0a",    // not a number
 		"/x/heartbeats/broker-1/01/02", // deeper
 		"/x/heartbeats//01",            // no node

@@ -67,15 +67,22 @@ func (s Schema) DrainingKey(node string) string     { return s.DrainingDir() + n
 // over. A broker rewrites only the shards whose statuses changed, so one
 // change costs a value of about 1/HeartbeatShards of its copies, and a
 // broker's shards fit in one transaction (HeartbeatShards is at most
-// etcd's default --max-txn-ops of 128). Under publish load every shard
-// holding a busy copy is rewritten about once per tail step, so what etcd
-// keeps as history grows with the size of a shard: 128 shards keep a
+// etcd's default --max-txn-ops of 128; a pass past 1 MiB of values is
+// split, and its transactions sent together). Under publish load every
+// shard holding a busy copy is rewritten about once per tail step, so what
+// etcd keeps as history grows with the size of a shard: 128 shards keep a
 // shard at about 8 copies (under 1 KB) for 1,000 streams on three brokers,
 // where 16 shards made it 7 KB and the history of a 5-minute retention
-// about 150 MB (docs/etcd.md, "Sizing"). Changing it moves streams between
-// shards: readers take every shard key under a broker's directory, so a
-// broker restarted with another count is read correctly once its old
-// lease (and with it its old shards) is gone.
+// about 150 MB (docs/etcd.md, "Sizing"). 1,024 shards were measured too:
+// at 10,000 streams they halved the bytes a mass failover wrote to etcd
+// (10 against 20 MB in the 8 s after a kill) but multiplied the puts by
+// 3.6 (8,700 against 2,400), and the recording of the lost owner's
+// recoveries took longer, not shorter. Changing the count moves streams
+// between shards: readers take every shard key under a broker's
+// directory, and look a stream up in every shard while a broker's shards
+// hold streams that hash elsewhere, so a broker restarted with another
+// count is read correctly, before and after its old lease (and its old
+// shards) is gone.
 const HeartbeatShards = 128
 
 // HeartbeatShard is the shard of a broker's heartbeat that carries the
@@ -95,23 +102,43 @@ func (s Schema) HeartbeatKey(node string, shard int) string {
 	return s.HeartbeatDir(node) + fmt.Sprintf("%03d", shard)
 }
 
-// ParseHeartbeatKey returns the node and shard of a heartbeat shard key.
-func (s Schema) ParseHeartbeatKey(key string) (node string, shard int, err error) {
+// Heartbeat keys are read in two widths: three digits, the 128 shards
+// brokers write, and two, the 16 shards brokers wrote before, so a
+// controller reads a broker not yet upgraded. A broker restarted on the
+// new version may have shard 5 under "05" (its old lease, until that
+// ends) and "005" (its new one) at once, so each width is a slot range of
+// its own: the delete of one key never takes away what the other holds
+// (ParseHeartbeatKey).
+const (
+	heartbeatSlots16 = HeartbeatShards
+	// HeartbeatSlots counts the keys of one broker's heartbeat a reader
+	// tells apart.
+	HeartbeatSlots = heartbeatSlots16 + 16
+)
+
+// ParseHeartbeatKey returns the node and slot of a heartbeat shard key:
+// the shard, for a three-digit key; for a two-digit key, a slot past
+// HeartbeatShards, one per shard of that width (HeartbeatSlots). A reader
+// looks a stream up in the slot of its shard first, and takes a stream
+// named by another slot all the same (a broker with another shard count).
+func (s Schema) ParseHeartbeatKey(key string) (node string, slot int, err error) {
 	rest, ok := strings.CutPrefix(key, s.HeartbeatsDir())
 	if !ok {
 		return "", 0, fmt.Errorf("%w: %q under %q", ErrNotInDir, key, s.HeartbeatsDir())
 	}
 	node, num, ok := strings.Cut(rest, "/")
-	// Three digits; two are read as well, as brokers wrote them when there
-	// were 16 shards, so a controller reads a broker not yet upgraded.
 	if !ok || node == "" || (len(num) != 3 && len(num) != 2) {
 		return "", 0, fmt.Errorf("%w: %q is not <node>/<shard> under %q", ErrNotInDir, key, s.HeartbeatsDir())
 	}
-	shard, err = strconv.Atoi(num)
-	if err != nil || shard < 0 || shard >= HeartbeatShards {
-		return "", 0, fmt.Errorf("%w: %q: shard %q outside 000..%03d", ErrNotInDir, key, num, HeartbeatShards-1)
+	shard, err := strconv.Atoi(num)
+	base, shards := 0, HeartbeatShards
+	if len(num) == 2 {
+		base, shards = heartbeatSlots16, 16
 	}
-	return node, shard, nil
+	if err != nil || shard < 0 || shard >= shards || strings.ContainsAny(num, "+-") {
+		return "", 0, fmt.Errorf("%w: %q: shard %q outside 0..%d for %d digits", ErrNotInDir, key, num, shards-1, len(num))
+	}
+	return node, base + shard, nil
 }
 
 // Keys of client authentication and permissions (internal/auth,

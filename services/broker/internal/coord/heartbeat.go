@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"iter"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -19,6 +20,12 @@ import (
 // cluster.HeartbeatShards puts, and is split at this bound all the same,
 // so a larger shard count could never make every heartbeat fail.
 const maxTxnOps = 128
+
+// txnsInFlight bounds the transactions of one pass sent at once. A pass
+// is split only past maxTxnOps shards or cluster.MaxHeartbeatTxnBytes of
+// values: a broker of some 10,000 copies takes two transactions for every
+// shard, one of 80,000 about eight.
+const txnsInFlight = 8
 
 // promptDelay gathers the status changes of one burst (an assignment
 // listing applied, a recovery's seals) into one transaction: copies apply
@@ -57,9 +64,10 @@ const tailStep = cluster.InSyncSlack / 2
 // shard (cluster.HeartbeatShard), on change and never on a clock alone:
 // liveness is the lease, whose keep-alives write no revisions, so an idle
 // broker writes nothing and a busy one about one revision per heartbeat
-// interval, however many streams it holds. What it writes it remembers per
-// lease; a new lease (a new session) starts with nothing written, and the
-// first pass under it writes every shard.
+// interval (more only past cluster.MaxHeartbeatTxnBytes), however many
+// streams it holds. What it writes it remembers per lease; a new lease (a new session) starts with
+// nothing written, and the first pass under it writes every shard that
+// holds a copy, and shard 0.
 type heartbeats struct {
 	cli    *clientv3.Client
 	schema cluster.Schema
@@ -118,8 +126,8 @@ func (h *heartbeats) signal(streams []string) {
 }
 
 // publish writes the shards mode asks for under lease, in as few
-// transactions as the bounds allow (one, unless the values pass
-// maxTxn). It returns how many transactions it wrote. A failed write
+// transactions as the bounds allow (one, unless the values pass maxTxn),
+// sent together. It returns how many transactions it wrote. A failed write
 // leaves what it did not write to the next pass.
 func (h *heartbeats) publish(ctx context.Context, lease clientv3.LeaseID, mode publishMode) (int, error) {
 	if lease != h.lease {
@@ -172,35 +180,72 @@ func (h *heartbeats) publish(ctx context.Context, lease clientv3.LeaseID, mode p
 			h.signalled[i] = false
 			continue
 		}
+		if !h.written[i] && len(cur[i]) == 0 && i != 0 {
+			// An absent shard reads as an empty one, so a shard with no
+			// copies is written only once it had some under this lease:
+			// a broker of a few streams writes a few keys, not 128.
+			// Shard 0 is always written, so a registered broker with no
+			// copies has a heartbeat (liveness.ReplenishWith takes a
+			// broker without one for one still starting).
+			h.signalled[i], h.takenIn[i] = false, false
+			continue
+		}
 		v, left := cluster.BoundHeartbeat(cluster.Heartbeat{Node: h.node, Shard: i, Time: now, Streams: cur[i]}, h.maxValue)
 		h.noteOmitted(i, left)
 		batch = append(batch, put{shard: i, value: v})
 	}
-	txns := 0
+	// The batch in transactions within etcd's bounds, written together:
+	// one after another, the second half of a mass failover's pass (every
+	// shard of a broker of 10,000 copies, over 1 MiB) reached etcd a
+	// transaction's latency after the first on a loaded machine, and
+	// with it the suspicions the controller records recoveries from.
+	// Shards are independent keys, so their order does not matter; a
+	// transaction that fails leaves its shards to the next pass, as a
+	// failed pass did.
+	var txns [][]put
 	for len(batch) > 0 {
 		n, size := 0, 0
 		for n < len(batch) && n < h.maxOps && (n == 0 || size+len(batch[n].value) <= h.maxTxn) {
 			size += len(batch[n].value)
 			n++
 		}
-		ops := make([]clientv3.Op, 0, n)
-		for _, p := range batch[:n] {
-			ops = append(ops, clientv3.OpPut(h.schema.HeartbeatKey(h.node, p.shard), p.value, clientv3.WithLease(lease)))
+		txns = append(txns, batch[:n])
+		batch = batch[n:]
+	}
+	errs := make([]error, len(txns))
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, txnsInFlight)
+	for t, puts := range txns {
+		sem <- struct{}{}
+		wg.Go(func() {
+			defer func() { <-sem }()
+			ops := make([]clientv3.Op, 0, len(puts))
+			for _, p := range puts {
+				ops = append(ops, clientv3.OpPut(h.schema.HeartbeatKey(h.node, p.shard), p.value, clientv3.WithLease(lease)))
+			}
+			_, errs[t] = h.cli.Txn(ctx).Then(ops...).Commit()
+		})
+	}
+	wg.Wait()
+	wrote := 0
+	var firstErr error
+	for t, puts := range txns {
+		if errs[t] != nil {
+			if firstErr == nil {
+				firstErr = fmt.Errorf("coord: heartbeat: %w", errs[t])
+			}
+			continue
 		}
-		if _, err := h.cli.Txn(ctx).Then(ops...).Commit(); err != nil {
-			return txns, fmt.Errorf("coord: heartbeat: %w", err)
-		}
-		txns++
+		wrote++
 		h.txns.Add(1)
-		for _, p := range batch[:n] {
+		for _, p := range puts {
 			h.published[p.shard] = cur[p.shard]
 			h.written[p.shard] = true
 			h.takenIn[p.shard] = false
 			h.signalled[p.shard] = false
 		}
-		batch = batch[n:]
 	}
-	return txns, nil
+	return wrote, firstErr
 }
 
 // changed reports whether a shard's statuses moved from was (published)

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"iter"
 	"maps"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -106,6 +107,19 @@ func (f *hbFixture) rev() int64 {
 	return resp.Header.Revision
 }
 
+// shardsHolding is how many shards a pass under a new lease writes for
+// statuses: those holding a copy, and shard 0.
+func shardsHolding(statuses map[string]cluster.CopyTails) int {
+	held := map[int]bool{0: true}
+	for stream := range statuses {
+		held[cluster.HeartbeatShard(stream)] = true
+	}
+	return len(held)
+}
+
+// txnsFor is how many transactions of at most maxOps puts n shards take.
+func txnsFor(n, maxOps int) int { return (n + maxOps - 1) / maxOps }
+
 // shardKV is one heartbeat shard as stored.
 type shardKV struct {
 	hb     cluster.Heartbeat
@@ -133,7 +147,8 @@ func (f *hbFixture) shards() map[string]shardKV {
 	return out
 }
 
-// The first pass under a lease writes every shard, in one transaction; a
+// The first pass under a lease writes every shard holding a copy, and
+// shard 0, in one transaction (100 copies fit in one); a
 // pass with nothing changed writes nothing, whatever its mode; tails that
 // moved wait for the interval's pass, which writes only their shard.
 func TestHeartbeatWritesOnlyWhatChanged(t *testing.T) {
@@ -141,8 +156,8 @@ func TestHeartbeatWritesOnlyWhatChanged(t *testing.T) {
 	if txns, revs := f.publish(publishPrompt); txns != 1 || revs != 1 {
 		t.Fatalf("first pass: %d transactions, revision moved %d; want 1 and 1", txns, revs)
 	}
-	if got := len(f.shards()); got != cluster.HeartbeatShards {
-		t.Fatalf("%d shards written, want %d", got, cluster.HeartbeatShards)
+	if got, want := len(f.shards()), shardsHolding(f.st.get()); got != want {
+		t.Fatalf("%d shards written, want %d (those holding a copy, and shard 0)", got, want)
 	}
 	for _, mode := range []publishMode{publishPrompt, publishTails} {
 		if txns, revs := f.publish(mode); txns != 0 || revs != 0 {
@@ -227,47 +242,53 @@ func TestHeartbeatSealedTailsExact(t *testing.T) {
 	}
 }
 
-// Many shards with tails past the step on one interval are one revision,
-// not one per shard: what a loaded broker writes per interval is bounded
-// by the transaction count, not by its streams.
-func TestHeartbeatTailsPassOneRevision(t *testing.T) {
-	f := newHBFixture(t, 300)
+// Many shards with tails past the step on one interval are a revision per
+// maxTxnOps shards at most, not one per shard: what a loaded broker writes
+// per interval is bounded by the shard count, not by its streams.
+func TestHeartbeatTailsPassBoundedRevisions(t *testing.T) {
+	f := newHBFixture(t, 3000)
 	f.publish(publishTails)
+	start := f.rev()
 	for name, st := range f.st.get() {
 		st.RecordTail += 3 * tailStep
 		f.st.set(name, st)
 	}
-	if txns, revs := f.publish(publishTails); txns != 1 || revs != 1 {
-		t.Fatalf("300 copies past the step: %d transactions, revision moved %d; want 1 and 1", txns, revs)
+	held := shardsHolding(f.st.get()) - 1 // shard 0 may hold none
+	txns, revs := f.publish(publishTails)
+	if want := txnsFor(held, maxTxnOps); txns < want || txns > want+1 || revs != int64(txns) {
+		t.Fatalf("3000 copies past the step: %d transactions, revision moved %d; want %d or %d, one revision each", txns, revs, want, want+1)
 	}
-	rev := f.rev()
+	if txns > cluster.HeartbeatShards/maxTxnOps {
+		t.Fatalf("%d transactions for one pass, more than %d shards in transactions of %d", txns, cluster.HeartbeatShards, maxTxnOps)
+	}
 	for k, s := range f.shards() {
 		// (A shard no stream hashes to did not change: it stays as the
 		// new lease wrote it.)
-		if len(s.hb.Streams) > 0 && s.modRev != rev {
-			t.Errorf("shard %s at revision %d, want %d", k, s.modRev, rev)
+		if len(s.hb.Streams) > 0 && s.modRev <= start {
+			t.Errorf("shard %s at revision %d, not written by the pass after %d", k, s.modRev, start)
 		}
 	}
 }
 
 // Many copies changing role at once (an assignment listing applied) are
-// written in one transaction: one revision, not one per copy or shard.
-func TestHeartbeatBatchesChangesIntoOneRevision(t *testing.T) {
-	f := newHBFixture(t, 300)
+// written in as few transactions as the shards they touch take: one for
+// 100 copies, not one per copy or shard.
+func TestHeartbeatBatchesChangesIntoFewRevisions(t *testing.T) {
+	f := newHBFixture(t, 100)
 	f.publish(publishTails)
+	start := f.rev()
 	for name := range f.st.get() {
 		f.st.set(name, cluster.CopyTails{Epoch: 2, Role: cluster.RoleOwner})
 		f.hb.signal([]string{name})
 	}
 	if txns, revs := f.publish(publishPrompt); txns != 1 || revs != 1 {
-		t.Fatalf("300 role changes: %d transactions, revision moved %d; want 1 and 1", txns, revs)
+		t.Fatalf("100 role changes: %d transactions, revision moved %d; want 1 and 1", txns, revs)
 	}
-	rev := f.rev()
 	for k, s := range f.shards() {
 		// (A shard no stream hashes to did not change: it stays as the
 		// new lease wrote it.)
-		if len(s.hb.Streams) > 0 && s.modRev != rev {
-			t.Errorf("shard %s at revision %d, want %d", k, s.modRev, rev)
+		if len(s.hb.Streams) > 0 && s.modRev != start+1 {
+			t.Errorf("shard %s at revision %d, want %d", k, s.modRev, start+1)
 		}
 		for name, tails := range s.hb.Streams {
 			if tails.Role != cluster.RoleOwner || tails.Epoch != 2 {
@@ -278,19 +299,51 @@ func TestHeartbeatBatchesChangesIntoOneRevision(t *testing.T) {
 }
 
 // A pass never puts more than etcd's --max-txn-ops in one transaction:
-// with a bound below the shard count it splits, every shard written.
+// with a bound below the shards it writes it splits, every shard written.
 func TestHeartbeatTxnOpsBound(t *testing.T) {
-	if cluster.HeartbeatShards > maxTxnOps {
-		t.Fatalf("%d shards cannot go in one transaction of at most %d operations", cluster.HeartbeatShards, maxTxnOps)
-	}
 	f := newHBFixture(t, 100)
 	f.hb.maxOps = 5
-	want := (cluster.HeartbeatShards + 4) / 5
+	n := shardsHolding(f.st.get())
+	want := txnsFor(n, 5)
 	if txns, revs := f.publish(publishTails); txns != want || revs != int64(want) {
 		t.Fatalf("%d transactions, revision moved %d; want %d of at most 5 puts", txns, revs, want)
 	}
-	if got := len(f.shards()); got != cluster.HeartbeatShards {
-		t.Fatalf("%d shards written, want %d", got, cluster.HeartbeatShards)
+	if got := len(f.shards()); got != n {
+		t.Fatalf("%d shards written, want %d", got, n)
+	}
+}
+
+// A shard with no copy is not written under a new lease (absent reads as
+// empty), except shard 0, so a broker holding nothing still has a
+// heartbeat; a shard that held copies and lost them is written empty.
+func TestHeartbeatSkipsEmptyShards(t *testing.T) {
+	f := newHBFixture(t, 0)
+	if txns, _ := f.publish(publishTails); txns != 1 {
+		t.Fatalf("%d transactions for a broker holding nothing, want 1 (shard 0)", txns)
+	}
+	key0 := cluster.NewSchema("").HeartbeatKey("b1", 0)
+	got := f.shards()
+	if _, ok := got[key0]; !ok || len(got) != 1 {
+		t.Fatalf("shards %v, want shard 0 alone", slices.Collect(maps.Keys(got)))
+	}
+	f.st.set("s0001", cluster.CopyTails{Epoch: 1, Role: cluster.RoleFollower})
+	f.hb.signal([]string{"s0001"})
+	if txns, _ := f.publish(publishPrompt); txns != 1 {
+		t.Fatalf("%d transactions for a new copy, want 1", txns)
+	}
+	key := cluster.NewSchema("").HeartbeatKey("b1", cluster.HeartbeatShard("s0001"))
+	if s, ok := f.shards()[key]; !ok || len(s.hb.Streams) != 1 {
+		t.Fatalf("the new copy's shard %s: %+v (present %v)", key, s, ok)
+	}
+	f.st.mu.Lock()
+	delete(f.st.m, "s0001")
+	f.st.mu.Unlock()
+	f.hb.signal([]string{"s0001"})
+	if txns, _ := f.publish(publishPrompt); txns != 1 {
+		t.Fatalf("%d transactions for a copy gone, want 1", txns)
+	}
+	if s, ok := f.shards()[key]; !ok || len(s.hb.Streams) != 0 {
+		t.Fatalf("the gone copy's shard %s: %+v (present %v), want written empty", key, s, ok)
 	}
 }
 
@@ -317,8 +370,8 @@ func TestHeartbeatWritesTakenInShard(t *testing.T) {
 }
 
 // A new lease (a new session) has none of the old lease's keys: the first
-// pass under it writes every shard again, bound to it, even with nothing
-// changed.
+// pass under it writes every shard holding a copy again, bound to it,
+// even with nothing changed.
 func TestHeartbeatNewLeaseRewritesEveryShard(t *testing.T) {
 	f := newHBFixture(t, 40)
 	f.publish(publishTails)
@@ -328,8 +381,8 @@ func TestHeartbeatNewLeaseRewritesEveryShard(t *testing.T) {
 		t.Fatalf("%d transactions under the new lease, want 1", txns)
 	}
 	got := f.shards()
-	if len(got) != cluster.HeartbeatShards {
-		t.Fatalf("%d shards, want %d", len(got), cluster.HeartbeatShards)
+	if want := shardsHolding(f.st.get()); len(got) != want {
+		t.Fatalf("%d shards, want %d", len(got), want)
 	}
 	for k, s := range got {
 		if clientv3.LeaseID(s.lease) != f.lease {
@@ -342,7 +395,7 @@ func TestHeartbeatNewLeaseRewritesEveryShard(t *testing.T) {
 // the copies that fit, counts the rest in Omitted, and etcd takes it; the
 // values of one pass are split over transactions at their bound.
 func TestHeartbeatShardSizeBound(t *testing.T) {
-	const streams = 2000
+	const streams = 16 * cluster.HeartbeatShards
 	f := newHBFixture(t, streams)
 	// About 16 copies of ~110 B fall in each shard; a bound of 512 B keeps
 	// about four of them.
@@ -376,8 +429,8 @@ func TestHeartbeatShardSizeBound(t *testing.T) {
 }
 
 // A new session (here: the lease revoked under a running broker, as when
-// it expires during a partition) writes every heartbeat shard again under
-// its new lease.
+// it expires during a partition) writes its heartbeat again under its new
+// lease.
 func TestNewSessionRewritesEveryShard(t *testing.T) {
 	c, _ := newTestCoord(t)
 	// The session learns its lease is gone from a keep-alive, sent every
@@ -409,11 +462,12 @@ func TestNewSessionRewritesEveryShard(t *testing.T) {
 	if err != nil || len(first) != 1 {
 		t.Fatalf("shards on leases %v (%v), want one lease", first, err)
 	}
+	// The broker holds no copy: shard 0 alone.
 	var old int64
 	for l, n := range first {
 		old = l
-		if n != cluster.HeartbeatShards {
-			t.Fatalf("%d shards, want %d", n, cluster.HeartbeatShards)
+		if n != 1 {
+			t.Fatalf("%d shards, want 1 (shard 0)", n)
 		}
 	}
 	if _, err := c.cfg.Client.Revoke(context.Background(), clientv3.LeaseID(old)); err != nil {
@@ -425,11 +479,11 @@ func TestNewSessionRewritesEveryShard(t *testing.T) {
 			return err
 		}
 		for l, n := range got {
-			if l != old && n == cluster.HeartbeatShards && len(got) == 1 {
+			if l != old && n == 1 && len(got) == 1 {
 				return nil
 			}
 		}
-		return fmt.Errorf("shards on leases %v (old %x); want all %d on one new lease", got, old, cluster.HeartbeatShards)
+		return fmt.Errorf("shards on leases %v (old %x); want shard 0 on one new lease", got, old)
 	})
 }
 

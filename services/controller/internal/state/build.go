@@ -35,10 +35,12 @@ func (b *Builder) Zone(zone string, nodes ...string) *Builder {
 func (b *Builder) Tails(node, stream string, t cluster.CopyTails) *Builder {
 	hb := b.heartbeat(node)
 	shard := cluster.HeartbeatShard(stream)
-	if hb.shards[shard] == nil {
-		hb.shards[shard] = map[string]cluster.CopyTails{}
+	sh := hb.shard(shard)
+	if sh.streams == nil {
+		sh.streams = map[string]cluster.CopyTails{}
 	}
-	hb.shards[shard][stream] = t
+	sh.streams[stream] = t
+	hb.setShard(shard, sh)
 	return b
 }
 
@@ -62,8 +64,10 @@ func (b *Builder) heartbeat(node string) *Heartbeat {
 }
 
 func (b *Builder) setRevs(hb *Heartbeat, rev int64) {
-	for i := range hb.revs {
-		hb.revs[i] = rev
+	for i := range cluster.HeartbeatShards {
+		sh := hb.shard(i)
+		sh.rev = rev
+		hb.setShard(i, sh)
 	}
 }
 

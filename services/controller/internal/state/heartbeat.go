@@ -19,16 +19,76 @@ import (
 // holds is never changed: a change makes a new one that shares the
 // unchanged shards.
 type Heartbeat struct {
-	// shards is what each shard key holds (nil: absent, or a value that
-	// could not be decoded).
-	shards [cluster.HeartbeatShards]map[string]cluster.CopyTails
-	// revs is the mod revision of each shard key (0: absent).
-	revs [cluster.HeartbeatShards]int64
-	// foreign counts, per shard, the streams its value names that hash to
-	// another shard (a broker with another shard count); looking a stream
-	// up searches the other shards only while some are.
-	foreign    [cluster.HeartbeatShards]int32
+	// pages holds the slots (cluster.HeartbeatSlots: the shards, and the
+	// keys of brokers with the older shard count), shardPage to a page
+	// (nil: none of its slots present). A change copies the page pointers
+	// and the one page it touches, about 1 KB, not every slot.
+	pages [(cluster.HeartbeatSlots + shardPage - 1) / shardPage]*heartbeatPage
+	// present counts the shards whose key is present (rev not 0).
+	present int
+	// anyForeign counts the streams the shards name that hash to another
+	// shard (a broker with another shard count); looking a stream up
+	// searches the other shards only while some are.
 	anyForeign int
+}
+
+// shardPage is how many shards a page of a Heartbeat holds.
+const shardPage = 32
+
+type heartbeatPage [shardPage]heartbeatShard
+
+// heartbeatShard is one shard key of a broker's heartbeat.
+type heartbeatShard struct {
+	// streams is what the key holds (nil: absent, or a value that could
+	// not be decoded).
+	streams map[string]cluster.CopyTails
+	// rev is the key's mod revision (0: absent).
+	rev int64
+	// foreign counts the streams it names that hash to another shard.
+	foreign int32
+}
+
+// empty reports whether every shard of the page is absent.
+func (p *heartbeatPage) empty() bool {
+	for _, sh := range p {
+		if sh.streams != nil || sh.rev != 0 || sh.foreign != 0 {
+			return false
+		}
+	}
+	return true
+}
+
+// shard returns shard i.
+func (h *Heartbeat) shard(i int) heartbeatShard {
+	if p := h.pages[i/shardPage]; p != nil {
+		return p[i%shardPage]
+	}
+	return heartbeatShard{}
+}
+
+// setShard replaces shard i in a copy of its page: pages are shared with
+// the snapshots the Heartbeat was copied from, and never changed.
+func (h *Heartbeat) setShard(i int, sh heartbeatShard) {
+	np := new(heartbeatPage)
+	if p := h.pages[i/shardPage]; p != nil {
+		*np = *p
+	}
+	old := np[i%shardPage]
+	if (old.rev != 0) != (sh.rev != 0) {
+		if sh.rev != 0 {
+			h.present++
+		} else {
+			h.present--
+		}
+	}
+	h.anyForeign += int(sh.foreign - old.foreign)
+	np[i%shardPage] = sh
+	if np.empty() {
+		// A page of absent shards is no page, as in a Heartbeat that
+		// never had them: the view and a full load hold equal values.
+		np = nil
+	}
+	h.pages[i/shardPage] = np
 }
 
 // Tails returns the copy status the heartbeat names for stream. A stream is
@@ -38,24 +98,36 @@ type Heartbeat struct {
 // depends on what the shards hold, not on the order they were read in, so
 // the view and a full load agree.
 func (h *Heartbeat) Tails(stream string) (cluster.CopyTails, bool) {
+	t, _, ok := h.find(stream)
+	return t, ok
+}
+
+// find is Tails, with the shard the status was found in.
+func (h *Heartbeat) find(stream string) (cluster.CopyTails, int, bool) {
 	if h == nil {
-		return cluster.CopyTails{}, false
+		return cluster.CopyTails{}, 0, false
 	}
 	shard := cluster.HeartbeatShard(stream)
-	if t, ok := h.shards[shard][stream]; ok {
-		return t, true
+	if t, ok := h.shard(shard).streams[stream]; ok {
+		return t, shard, true
 	}
 	if h.anyForeign > 0 {
-		for i, m := range h.shards {
-			if i == shard || h.foreign[i] == 0 {
+		for pi, p := range h.pages {
+			if p == nil {
 				continue
 			}
-			if t, ok := m[stream]; ok {
-				return t, true
+			for j := range p {
+				i := pi*shardPage + j
+				if i == shard || p[j].foreign == 0 {
+					continue
+				}
+				if t, ok := p[j].streams[stream]; ok {
+					return t, i, true
+				}
 			}
 		}
 	}
-	return cluster.CopyTails{}, false
+	return cluster.CopyTails{}, 0, false
 }
 
 // Holds reports whether the heartbeat names stream.
@@ -70,7 +142,15 @@ func (h *Heartbeat) ShardRev(shard int) int64 {
 	if h == nil {
 		return 0
 	}
-	return h.revs[shard]
+	return h.shard(shard).rev
+}
+
+// heardSince reports whether the shard that names stream was written
+// after rev: the shard stream hashes to, or, for a broker with another
+// shard count, the one that holds it.
+func (h *Heartbeat) heardSince(stream string, rev int64) bool {
+	_, shard, ok := h.find(stream)
+	return ok && h.shard(shard).rev > rev
 }
 
 // applyHeartbeat is the heartbeat part of apply, and the one place a
@@ -84,7 +164,7 @@ func (h *Heartbeat) ShardRev(shard int) int64 {
 // The streams whose copy status on node the value changes (added, gone or
 // different) go to cs.
 func (snap *Snapshot) applyHeartbeat(s cluster.Schema, key string, kv *mvccpb.KeyValue, cs *changeSet) error {
-	node, shard, err := s.ParseHeartbeatKey(key)
+	node, shard, err := s.ParseHeartbeatKey(key) // a slot: see cluster.HeartbeatSlots
 	if err != nil {
 		return err
 	}
@@ -92,13 +172,12 @@ func (snap *Snapshot) applyHeartbeat(s cluster.Schema, key string, kv *mvccpb.Ke
 	if old := snap.Heartbeats[node]; old != nil {
 		*hb = *old
 	}
-	old := hb.shards[shard]
+	old := hb.shard(shard).streams
 	var streams map[string]cluster.CopyTails
 	var derr error
-	if kv == nil {
-		hb.revs[shard] = 0
-	} else {
-		hb.revs[shard] = kv.ModRevision
+	var rev int64
+	if kv != nil {
+		rev = kv.ModRevision
 		v, err := cluster.Decode[cluster.Heartbeat](kv.Value)
 		if err != nil {
 			derr = err
@@ -125,10 +204,8 @@ func (snap *Snapshot) applyHeartbeat(s cluster.Schema, key string, kv *mvccpb.Ke
 			}
 		}
 	}
-	hb.shards[shard] = streams
-	hb.anyForeign += int(foreign - hb.foreign[shard])
-	hb.foreign[shard] = foreign
-	if hb.revs == ([cluster.HeartbeatShards]int64{}) {
+	hb.setShard(shard, heartbeatShard{streams: streams, rev: rev, foreign: foreign})
+	if hb.present == 0 {
 		delete(snap.Heartbeats, node)
 		return derr
 	}

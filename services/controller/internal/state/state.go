@@ -277,8 +277,7 @@ func (s *Snapshot) Live(node string) bool {
 // a copy that is back. A broker that holds no copy of stream gives no such
 // evidence: HeardSince is false for it.
 func (s *Snapshot) HeardSince(node, stream string, rev int64) bool {
-	hb := s.Heartbeats[node]
-	return hb.Holds(stream) && hb.revs[cluster.HeartbeatShard(stream)] > rev
+	return s.Heartbeats[node].heardSince(stream, rev)
 }
 
 // Zones returns each live broker's zone, nil when no broker has one (a

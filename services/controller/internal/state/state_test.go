@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/rs/zerolog"
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
@@ -179,6 +180,83 @@ func TestTailsOfAnotherIncarnationAreNotTheStreams(t *testing.T) {
 		}
 		if !snap.Heartbeats[node].Holds("re") {
 			t.Errorf("%s holds no copy of re: a copy of another incarnation is still a copy on the broker", node)
+		}
+	}
+}
+
+// A broker not yet upgraded wrote 16 shards under two-digit keys; a
+// restarted one may hold both widths at once (its old lease's keys until
+// that lease ends). Each key is read apart: a stream is found in the
+// older key too, HeardSince follows the key that names it, and the old
+// key's delete leaves the new key's statuses in place.
+func TestHeartbeatKeysOfAnotherWidth(t *testing.T) {
+	cli, ctx, s := startEtcd(t)
+	// The view applies the keys' events in the order they were written,
+	// where a load reads them in key order: both must hold the same.
+	v := NewView(cli, s, zerolog.Nop())
+	vctx, stop := context.WithCancel(ctx)
+	viewDone := make(chan struct{})
+	go func() {
+		defer close(viewDone)
+		_ = v.Run(vctx)
+	}()
+	defer func() {
+		stop()
+		<-viewDone
+	}()
+	const stream = "orders" // shard 108 of 128, 12 of 16
+	old := s.HeartbeatDir("b1") + "12"
+	hb := cluster.Heartbeat{Node: "b1", Shard: 12, Streams: map[string]cluster.CopyTails{stream: {Epoch: 1, Role: cluster.RoleFollower, RecordTail: 5}}}
+	resp, err := cli.Put(ctx, old, cluster.Encode(hb))
+	if err != nil {
+		t.Fatal(err)
+	}
+	revOld := resp.Header.Revision
+	// Another stream's write moves the revision past the old key's.
+	if _, err := cli.Put(ctx, s.StreamKey("x"), cluster.Encode(cluster.StreamSpec{Name: "x", Copies: 1})); err != nil {
+		t.Fatal(err)
+	}
+	snap, err := Load(ctx, cli, s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if tl, ok := snap.Tails("b1", stream); !ok || tl.RecordTail != 5 {
+		t.Fatalf("%s from the two-digit key: %+v %v", stream, tl, ok)
+	}
+	if !snap.HeardSince("b1", stream, revOld-1) || snap.HeardSince("b1", stream, revOld) {
+		t.Fatalf("HeardSince does not follow the key that names %s (written at %d)", stream, revOld)
+	}
+	// The same broker, restarted on this version: shard 108 under "108",
+	// while "12" stays until its lease ends; and shard 12 under "012",
+	// which the old key's shard number shares.
+	shard := cluster.HeartbeatShard(stream)
+	hb = cluster.Heartbeat{Node: "b1", Shard: shard, Streams: map[string]cluster.CopyTails{stream: {Epoch: 2, Role: cluster.RoleOwner, RecordTail: 9}}}
+	if _, err := cli.Put(ctx, s.HeartbeatKey("b1", shard), cluster.Encode(hb)); err != nil {
+		t.Fatal(err)
+	}
+	const other = "s1" // shard 73 of 128: any stream not in shard 12
+	if _, err := cli.Put(ctx, s.HeartbeatKey("b1", 12), cluster.Encode(cluster.Heartbeat{Node: "b1", Shard: 12,
+		Streams: map[string]cluster.CopyTails{other: {Epoch: 1, Role: cluster.RoleFollower, RecordTail: 2}}})); err != nil {
+		t.Fatal(err)
+	}
+	del, err := cli.Delete(ctx, old)
+	if err != nil {
+		t.Fatal(err)
+	}
+	loaded, err := Load(ctx, cli, s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	viewed, err := v.WaitRev(ctx, del.Header.Revision)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for how, snap := range map[string]*Snapshot{"load": loaded, "view": viewed} {
+		if tl, ok := snap.Tails("b1", stream); !ok || tl.RecordTail != 9 || tl.Epoch != 2 {
+			t.Errorf("%s: %s after the old key's delete: %+v %v, want the new key's status", how, stream, tl, ok)
+		}
+		if tl, ok := snap.Tails("b1", other); !ok || tl.RecordTail != 2 {
+			t.Errorf("%s: %s, in \"012\", after \"12\" was deleted: %+v %v", how, other, tl, ok)
 		}
 	}
 }

@@ -116,6 +116,11 @@ func (w *writer) brokerKey() (string, string) {
 	if w.rng.IntN(3) == 0 {
 		tails[w.pick(streams)] = cluster.CopyTails{Epoch: w.n(), Role: cluster.RoleOwner, RecordTail: w.n()}
 	}
+	if w.rng.IntN(4) == 0 {
+		// A broker not yet upgraded: 16 shards, two-digit keys.
+		shard %= 16
+		return schema.HeartbeatDir(n) + fmt.Sprintf("%02d", shard), cluster.Encode(cluster.Heartbeat{Node: n, Shard: shard, Streams: tails})
+	}
 	return schema.HeartbeatKey(n, shard), cluster.Encode(cluster.Heartbeat{Node: n, Shard: shard, Streams: tails})
 }
 
