@@ -38,16 +38,19 @@ const (
 	DefaultBackoffMax  = 2 * time.Second
 	// DefaultMaxInFlight: a round seals every copy of the old assignment
 	// (three for a three-copy stream) and a broker serves 512 seals at once
-	// (its replica.Config.MaxConcurrentSeals), so 1024 streams in flight
-	// keep the seal slots of the two brokers holding a lost owner's other
-	// copies full while the next rounds read and commit. A round spends
-	// most of its time waiting (for its seals' group commits, its gathered
-	// read and commit), not working: at 128 the 3,334 streams of a killed
-	// broker of 10,000 were assigned over 8-9 s, at 1,024 over 4-5 s. It
-	// bounds what a mass failover asks of the recoverer at once:
-	// goroutines in a round, seals in a SealMany (1,024 at most), reads
-	// and commits in etcd (gathered, 31 streams a transaction).
-	DefaultMaxInFlight = 1024
+	// (its replica.Config.MaxConcurrentSeals); the seals past those slots
+	// wait for one within the round's seal timeout. A round spends most of
+	// its time waiting (for its seals' group commits, its gathered read
+	// and commit), not working, so every stream of a lost owner is best in
+	// flight at once: at 128 the 3,334 streams of a killed broker of
+	// 10,000 were assigned over 8-9 s, at 1,024 (in about three waves)
+	// over 4.6-7.6 s, at 4,096 (one) over 4.2-4.8 s, in four alternated
+	// pairs in which 4,096 was ahead each time (docs/limits.md). It bounds
+	// what a mass failover asks of the recoverer at once: goroutines in a
+	// round (a few KiB each), seals in SealMany calls (1,024 at most a
+	// call, 4 calls at once per broker), reads and commits in etcd
+	// (gathered, 31 streams a transaction).
+	DefaultMaxInFlight = 4096
 )
 
 // Config configures a Worker.
