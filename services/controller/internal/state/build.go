@@ -35,7 +35,7 @@ func (b *Builder) Zone(zone string, nodes ...string) *Builder {
 func (b *Builder) Tails(node, stream string, t cluster.CopyTails) *Builder {
 	hb := b.heartbeat(node)
 	shard := cluster.HeartbeatShard(stream)
-	sh := hb.shard(shard)
+	sh := hb.slots[shard]
 	if sh.streams == nil {
 		sh.streams = map[string]cluster.CopyTails{}
 	}
@@ -65,7 +65,7 @@ func (b *Builder) heartbeat(node string) *Heartbeat {
 
 func (b *Builder) setRevs(hb *Heartbeat, rev int64) {
 	for i := range cluster.HeartbeatShards {
-		sh := hb.shard(i)
+		sh := hb.slots[i]
 		sh.rev = rev
 		hb.setShard(i, sh)
 	}

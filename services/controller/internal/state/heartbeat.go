@@ -19,25 +19,19 @@ import (
 // holds is never changed: a change makes a new one that shares the
 // unchanged shards.
 type Heartbeat struct {
-	// pages holds the slots (cluster.HeartbeatSlots: the shards, and the
-	// keys of brokers with the older shard count), shardPage to a page
-	// (nil: none of its slots present). A change copies the page pointers
-	// and the one page it touches, about 1 KB, not every slot.
-	pages [(cluster.HeartbeatSlots + shardPage - 1) / shardPage]*heartbeatPage
-	// present counts the shards whose key is present (rev not 0).
+	// slots holds each heartbeat key of the broker, by its slot
+	// (cluster.HeartbeatSlots: the shards, and the keys brokers with the
+	// older shard count wrote).
+	slots [cluster.HeartbeatSlots]heartbeatShard
+	// present counts the slots whose key is present (rev not 0).
 	present int
-	// anyForeign counts the streams the shards name that hash to another
+	// anyForeign counts the streams the slots name that hash to another
 	// shard (a broker with another shard count); looking a stream up
-	// searches the other shards only while some are.
+	// searches the other slots only while some are.
 	anyForeign int
 }
 
-// shardPage is how many shards a page of a Heartbeat holds.
-const shardPage = 32
-
-type heartbeatPage [shardPage]heartbeatShard
-
-// heartbeatShard is one shard key of a broker's heartbeat.
+// heartbeatShard is one heartbeat key of a broker.
 type heartbeatShard struct {
 	// streams is what the key holds (nil: absent, or a value that could
 	// not be decoded).
@@ -48,32 +42,10 @@ type heartbeatShard struct {
 	foreign int32
 }
 
-// empty reports whether every shard of the page is absent.
-func (p *heartbeatPage) empty() bool {
-	for _, sh := range p {
-		if sh.streams != nil || sh.rev != 0 || sh.foreign != 0 {
-			return false
-		}
-	}
-	return true
-}
-
-// shard returns shard i.
-func (h *Heartbeat) shard(i int) heartbeatShard {
-	if p := h.pages[i/shardPage]; p != nil {
-		return p[i%shardPage]
-	}
-	return heartbeatShard{}
-}
-
-// setShard replaces shard i in a copy of its page: pages are shared with
-// the snapshots the Heartbeat was copied from, and never changed.
+// setShard replaces slot i, keeping the counts. h is a copy no snapshot
+// holds yet (applyHeartbeat, Builder).
 func (h *Heartbeat) setShard(i int, sh heartbeatShard) {
-	np := new(heartbeatPage)
-	if p := h.pages[i/shardPage]; p != nil {
-		*np = *p
-	}
-	old := np[i%shardPage]
+	old := h.slots[i]
 	if (old.rev != 0) != (sh.rev != 0) {
 		if sh.rev != 0 {
 			h.present++
@@ -82,13 +54,7 @@ func (h *Heartbeat) setShard(i int, sh heartbeatShard) {
 		}
 	}
 	h.anyForeign += int(sh.foreign - old.foreign)
-	np[i%shardPage] = sh
-	if np.empty() {
-		// A page of absent shards is no page, as in a Heartbeat that
-		// never had them: the view and a full load hold equal values.
-		np = nil
-	}
-	h.pages[i/shardPage] = np
+	h.slots[i] = sh
 }
 
 // Tails returns the copy status the heartbeat names for stream. A stream is
@@ -102,28 +68,22 @@ func (h *Heartbeat) Tails(stream string) (cluster.CopyTails, bool) {
 	return t, ok
 }
 
-// find is Tails, with the shard the status was found in.
+// find is Tails, with the slot the status was found in.
 func (h *Heartbeat) find(stream string) (cluster.CopyTails, int, bool) {
 	if h == nil {
 		return cluster.CopyTails{}, 0, false
 	}
 	shard := cluster.HeartbeatShard(stream)
-	if t, ok := h.shard(shard).streams[stream]; ok {
+	if t, ok := h.slots[shard].streams[stream]; ok {
 		return t, shard, true
 	}
 	if h.anyForeign > 0 {
-		for pi, p := range h.pages {
-			if p == nil {
+		for i, sh := range h.slots {
+			if i == shard || sh.foreign == 0 {
 				continue
 			}
-			for j := range p {
-				i := pi*shardPage + j
-				if i == shard || p[j].foreign == 0 {
-					continue
-				}
-				if t, ok := p[j].streams[stream]; ok {
-					return t, i, true
-				}
+			if t, ok := sh.streams[stream]; ok {
+				return t, i, true
 			}
 		}
 	}
@@ -142,7 +102,7 @@ func (h *Heartbeat) ShardRev(shard int) int64 {
 	if h == nil {
 		return 0
 	}
-	return h.shard(shard).rev
+	return h.slots[shard].rev
 }
 
 // heardSince reports whether the shard that names stream was written
@@ -150,7 +110,7 @@ func (h *Heartbeat) ShardRev(shard int) int64 {
 // shard count, the one that holds it.
 func (h *Heartbeat) heardSince(stream string, rev int64) bool {
 	_, shard, ok := h.find(stream)
-	return ok && h.shard(shard).rev > rev
+	return ok && h.slots[shard].rev > rev
 }
 
 // applyHeartbeat is the heartbeat part of apply, and the one place a
@@ -164,7 +124,7 @@ func (h *Heartbeat) heardSince(stream string, rev int64) bool {
 // The streams whose copy status on node the value changes (added, gone or
 // different) go to cs.
 func (snap *Snapshot) applyHeartbeat(s cluster.Schema, key string, kv *mvccpb.KeyValue, cs *changeSet) error {
-	node, shard, err := s.ParseHeartbeatKey(key) // a slot: see cluster.HeartbeatSlots
+	node, slot, err := s.ParseHeartbeatKey(key)
 	if err != nil {
 		return err
 	}
@@ -172,7 +132,7 @@ func (snap *Snapshot) applyHeartbeat(s cluster.Schema, key string, kv *mvccpb.Ke
 	if old := snap.Heartbeats[node]; old != nil {
 		*hb = *old
 	}
-	old := hb.shard(shard).streams
+	old := hb.slots[slot].streams
 	var streams map[string]cluster.CopyTails
 	var derr error
 	var rev int64
@@ -188,7 +148,7 @@ func (snap *Snapshot) applyHeartbeat(s cluster.Schema, key string, kv *mvccpb.Ke
 	}
 	var foreign int32
 	for stream, t := range streams {
-		if cluster.HeartbeatShard(stream) != shard {
+		if cluster.HeartbeatShard(stream) != slot {
 			foreign++
 		}
 		if cs != nil {
@@ -204,7 +164,7 @@ func (snap *Snapshot) applyHeartbeat(s cluster.Schema, key string, kv *mvccpb.Ke
 			}
 		}
 	}
-	hb.setShard(shard, heartbeatShard{streams: streams, rev: rev, foreign: foreign})
+	hb.setShard(slot, heartbeatShard{streams: streams, rev: rev, foreign: foreign})
 	if hb.present == 0 {
 		delete(snap.Heartbeats, node)
 		return derr
