@@ -2,6 +2,7 @@ package cluster
 
 import (
 	"fmt"
+	"reflect"
 	"strings"
 	"testing"
 )
@@ -153,5 +154,34 @@ func TestCopyTailsLeavesZeroHeadAndCursorTailOut(t *testing.T) {
 	}
 	if got != set {
 		t.Fatalf("round trip of %+v gave %+v", set, got)
+	}
+}
+
+// SameStatus ignores exactly a copy's progress: every other field of a
+// status, one added later included, is a status change.
+func TestSameStatusIgnoresOnlyProgress(t *testing.T) {
+	progress := map[string]bool{"Head": true, "RecordTail": true, "CursorEventTail": true, "ConfirmWatermark": true}
+	base := CopyTails{Epoch: 3, Role: RoleFollower, RecordTail: 5}
+	typ := reflect.TypeFor[CopyTails]()
+	for i := range typ.NumField() {
+		f := typ.Field(i)
+		o := base
+		v := reflect.ValueOf(&o).Elem().Field(i)
+		switch v.Kind() {
+		case reflect.Uint64:
+			v.SetUint(v.Uint() + 1)
+		case reflect.String:
+			v.SetString(v.String() + "x")
+		case reflect.Bool:
+			v.SetBool(!v.Bool())
+		default:
+			t.Fatalf("field %s of kind %v: extend the test", f.Name, v.Kind())
+		}
+		if got := base.SameStatus(o); got != progress[f.Name] {
+			t.Errorf("%s changed: SameStatus %v, want %v", f.Name, got, progress[f.Name])
+		}
+	}
+	if !base.SameStatus(base) {
+		t.Error("a status is not the same as itself")
 	}
 }

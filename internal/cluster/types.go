@@ -52,6 +52,18 @@ type CopyTails struct {
 	Incarnation string `json:"inc,omitempty"`
 }
 
+// SameStatus reports whether t and o differ at most in the copy's
+// progress: its head, record tail, cursor event tail and confirm
+// watermark. What the controller's liveness loop decides on, whether an
+// owner is lost, a copy sealed past its assignment, a member missing, is
+// read from the rest, and from progress only to rank copies when it
+// proposes a move; under publish load progress changes at every heartbeat
+// interval, the rest only with a role, an epoch, a seal or a suspicion.
+func (t CopyTails) SameStatus(o CopyTails) bool {
+	t.Head, t.RecordTail, t.CursorEventTail, t.ConfirmWatermark = o.Head, o.RecordTail, o.CursorEventTail, o.ConfirmWatermark
+	return t == o
+}
+
 // incarnationTagLen is how much of an incarnation a status carries: 8 of
 // the controller's 32 random hex digits. Two lives of one name share a tag
 // once in 2^32, and what that costs is one status read as the new

@@ -139,6 +139,42 @@ func (f *incFixture) rev() int64 {
 	return resp.Header.Revision
 }
 
+// passLog holds the streams each incremental pass of a loop looked at.
+type passLog struct {
+	mu     sync.Mutex
+	passes [][]string
+}
+
+// recordPasses makes l's incremental passes record their streams.
+func recordPasses(l *loop) *passLog {
+	pl := &passLog{}
+	l.incremental = func(streams []string) []string {
+		pl.mu.Lock()
+		defer pl.mu.Unlock()
+		pl.passes = append(pl.passes, slices.Clone(streams))
+		return streams
+	}
+	return pl
+}
+
+// check fails t unless an incremental pass looked at acted and none at
+// skipped (why names what happened to skipped).
+func (pl *passLog) check(t *testing.T, acted, skipped, why string) {
+	t.Helper()
+	pl.mu.Lock()
+	defer pl.mu.Unlock()
+	saw := false
+	for _, p := range pl.passes {
+		if slices.Contains(p, skipped) {
+			t.Errorf("an incremental pass looked at %s, %s: %v", skipped, why, p)
+		}
+		saw = saw || slices.Contains(p, acted)
+	}
+	if !saw {
+		t.Fatalf("no incremental pass looked at %s (passes %v): the recovery came from elsewhere", acted, pl.passes)
+	}
+}
+
 // An incremental pass looks at the streams whose keys changed, not at
 // every stream, and acts on what it finds there: the owner of a changed
 // stream standing down is a lost owner, and its pending recovery is
@@ -146,14 +182,7 @@ func (f *incFixture) rev() int64 {
 func TestIncrementalPassActsOnChangedStream(t *testing.T) {
 	f := newIncFixture(t)
 	l := f.loop(time.Hour)
-	var mu sync.Mutex
-	var passes [][]string
-	l.incremental = func(streams []string) []string {
-		mu.Lock()
-		defer mu.Unlock()
-		passes = append(passes, slices.Clone(streams))
-		return streams
-	}
+	passes := recordPasses(l)
 	full := make(chan struct{}, 1)
 	l.cfg.Pass = func(*state.Snapshot, []string, bool) {
 		select {
@@ -166,18 +195,83 @@ func TestIncrementalPassActsOnChangedStream(t *testing.T) {
 	from := f.rev() + 1
 	f.standDown("s")
 	f.waitRecovery("s", from)
-	mu.Lock()
-	defer mu.Unlock()
-	sawS := false
-	for _, p := range passes {
-		if slices.Contains(p, "t") {
-			t.Errorf("an incremental pass looked at t, whose keys never changed: %v", p)
+	passes.check(t, "s", "t", "whose keys never changed")
+}
+
+// A copy that only progressed (its tails moved, as every copy's do under
+// publish load) is no reason for a pass to look at its stream again: no
+// judgement of the loop reads progress. Its stream is left to the full
+// pass, while another stream's status change is acted on as before.
+func TestIncrementalPassSkipsProgress(t *testing.T) {
+	f := newIncFixture(t)
+	l := f.loop(time.Hour)
+	passes := recordPasses(l)
+	// t's owner reports its copy, and the view holds that before the
+	// loop's first (full) pass; then it only moves its tails. t and s
+	// hash to other shards, so s's heartbeat leaves t's status alone.
+	if cluster.HeartbeatShard("t") == cluster.HeartbeatShard("s") {
+		t.Fatal("s and t share a heartbeat shard; pick other names")
+	}
+	shard := cluster.HeartbeatShard("t")
+	status := func(tail uint64) int64 {
+		t.Helper()
+		hb := cluster.Heartbeat{Node: "b1", Shard: shard, Time: time.Now(), Streams: map[string]cluster.CopyTails{
+			"t": {Epoch: 1, Role: cluster.RoleOwner, RecordTail: tail, ConfirmWatermark: tail},
+		}}
+		resp, err := f.cli.Put(f.ctx, f.schema.HeartbeatKey("b1", shard), cluster.Encode(hb))
+		if err != nil {
+			t.Fatal(err)
 		}
-		sawS = sawS || slices.Contains(p, "s")
+		return resp.Header.Revision
 	}
-	if !sawS {
-		t.Fatalf("no incremental pass looked at s (passes %v): the recovery came from elsewhere", passes)
+	if _, err := f.view.WaitRev(f.ctx, status(0)); err != nil {
+		t.Fatal(err)
 	}
+	f.runPastFirstPass(l)
+	for tail := range uint64(3) {
+		status(tail + 1)
+	}
+	from := f.rev() + 1
+	f.standDown("s")
+	f.waitRecovery("s", from)
+	passes.check(t, "s", "t", "whose copy only progressed")
+}
+
+// A stream under watch for what is not a key of its own (here a member
+// whose broker is gone, judged again as time passes) is looked at once a
+// Resync, not by every pass a change of another stream brings: with a
+// broker gone, that was every stream it holds a copy of at every pass.
+func TestWatchedStreamsWaitForTheResync(t *testing.T) {
+	f := newIncFixture(t)
+	l := f.loop(time.Hour) // and a Resync of an hour
+	passes := recordPasses(l)
+	// The revisions of the passes over every stream, told as each begins
+	// (its snapshot taken).
+	allPasses := make(chan int64, 16)
+	l.cfg.Pass = func(snap *state.Snapshot, _ []string, all bool) {
+		if all {
+			allPasses <- snap.Rev
+		}
+	}
+	f.run(l)
+	// b3 goes: a pass over every stream, which leaves s and t under
+	// watch for their missing member. The stand-down below comes after
+	// that pass took its snapshot, so a later pass sees it.
+	del, err := f.cli.Delete(f.ctx, f.schema.BrokerKey("b3"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for rev := int64(0); rev < del.Header.Revision; {
+		select {
+		case rev = <-allPasses:
+		case <-f.ctx.Done():
+			t.Fatal("no pass over every stream after b3 went")
+		}
+	}
+	from := f.rev() + 1
+	f.standDown("s")
+	f.waitRecovery("s", from)
+	passes.check(t, "s", "t", "under watch with a Resync not due")
 }
 
 // A change the incremental passes miss is found by the full pass, the

@@ -134,7 +134,7 @@ func (l *loop) run(ctx context.Context) error {
 		// whole prefix. A stale snapshot is safe: every write the pass
 		// makes compares the mod revisions it read, and one that lost the
 		// race is made again from a newer snapshot at a later pass.
-		snap, changed, all, next := changes.Take()
+		snap, changed, status, all, next := changes.TakeSplit()
 		if snap != nil && cfg.Pass != nil {
 			cfg.Pass(snap, changed, all)
 		}
@@ -144,9 +144,25 @@ func (l *loop) run(ctx context.Context) error {
 			}
 			var streams []string
 			if all {
-				streams = slices.Sorted(maps.Keys(snap.Assignments))
+				streams, l.watchedAt = slices.Sorted(maps.Keys(snap.Assignments)), cfg.Now()
 			} else {
-				streams = l.pending(changed)
+				// Only the streams with a change other than a copy's
+				// progress: no judgement of the pass reads progress
+				// (cluster.CopyTails.SameStatus), and under publish load
+				// every stream progresses at every heartbeat interval,
+				// which made each pass one over every stream.
+				//
+				// The streams under watch go with it once a Resync: what
+				// they wait for that is not a key of theirs (time passing
+				// for a missing member, a probe to try again) is judged
+				// at that pace. With a broker gone every stream it holds
+				// a copy of is under watch until it returns, and looked
+				// at by every pass, each change-driven pass of a mass
+				// failover was one over thousands of streams.
+				streams = status
+				if now := cfg.Now(); now.Sub(l.watchedAt) >= cfg.Resync {
+					streams, l.watchedAt = l.pending(status), now
+				}
 				if l.incremental != nil {
 					streams = l.incremental(streams)
 				}
@@ -203,9 +219,13 @@ type loop struct {
 	// however many streams it is picked for: after a mass failover
 	// hundreds of streams want a copy placed at once.
 	placeProbed map[string]bool
-	// watching holds the streams a pass left something to do on: the next
-	// pass looks at them again whether or not their keys changed (watch).
+	// watching holds the streams a pass left something to do on: a pass
+	// looks at them again whether or not their keys changed (watch), the
+	// first pass at least a Resync after watchedAt.
 	watching map[string]struct{}
+	// watchedAt is when a pass last looked at every stream under watch
+	// (or at every stream).
+	watchedAt time.Time
 	// awaitFresh waits, until ctx ends, for the view to hold every write
 	// made before the call (View.Fresh; tests stand in for it).
 	awaitFresh func(ctx context.Context)
@@ -277,8 +297,8 @@ func (l *loop) pending(changed []string) []string {
 	return slices.Sorted(maps.Keys(set))
 }
 
-// watch keeps stream under watch: the next pass looks at it again even if
-// none of its keys changed. A pass keeps a stream watched while it has
+// watch keeps stream under watch: a pass looks at it again even if none of
+// its keys changed, within a Resync. A pass keeps a stream watched while it has
 // something to do on it that may need another try or a later look (an
 // owner suspected or lost, copies sealed past the assignment, copies to
 // add, a member whose broker is not registered); a judgement that depends

@@ -7,23 +7,37 @@ import "slices"
 // refusals), a copy status a heartbeat shard added, changed or dropped, or,
 // for a broker key or a full load, every stream (all). A nil changeSet
 // takes nothing, which is what Load uses.
+//
+// Each stream is marked with whether any of its changes was more than a
+// copy's progress (cluster.CopyTails.SameStatus): under publish load every
+// copy's tails move, and each tails pass of its broker rewrites its
+// status, so nearly every stream changes at every heartbeat interval while
+// nothing the liveness loop decides on does (Changes.TakeSplit).
 type changeSet struct {
-	all     bool
-	streams map[string]struct{}
+	all bool
+	// streams maps each stream changed to whether a change of it was
+	// more than progress.
+	streams map[string]bool
 }
 
 // maxChangedStreams bounds a change set: past it, the set is taken for
 // every stream, which a reader passes over anyway at that size.
 const maxChangedStreams = 1 << 16
 
-func (cs *changeSet) add(stream string) {
+// add adds a change of stream that may be more than progress.
+func (cs *changeSet) add(stream string) { cs.note(stream, true) }
+
+// addProgress adds a change of stream that only moved a copy's progress.
+func (cs *changeSet) addProgress(stream string) { cs.note(stream, false) }
+
+func (cs *changeSet) note(stream string, status bool) {
 	if cs == nil || cs.all {
 		return
 	}
 	if cs.streams == nil {
-		cs.streams = map[string]struct{}{}
+		cs.streams = map[string]bool{}
 	}
-	cs.streams[stream] = struct{}{}
+	cs.streams[stream] = cs.streams[stream] || status
 	if len(cs.streams) > maxChangedStreams {
 		cs.addAll()
 	}
@@ -35,8 +49,8 @@ func (cs *changeSet) merge(o *changeSet) {
 		cs.addAll()
 		return
 	}
-	for s := range o.streams {
-		cs.add(s)
+	for s, status := range o.streams {
+		cs.note(s, status)
 	}
 }
 
@@ -75,21 +89,36 @@ func (v *View) Track() *Changes {
 // newer snapshot. The snapshot and the changes are taken together: every
 // change the snapshot holds and no earlier Take reported is in changed.
 func (c *Changes) Take() (snap *Snapshot, changed []string, all bool, next <-chan struct{}) {
+	snap, changed, _, all, next = c.TakeSplit()
+	return snap, changed, all, next
+}
+
+// TakeSplit is Take, and also returns the streams of changed with a change
+// that was more than a copy's progress (status): a key of the stream's
+// own, or a copy status that came, went, or changed other than in its
+// progress (cluster.CopyTails.SameStatus). A reader whose judgement of a
+// stream reads no copy's progress (the liveness loop's) need only look
+// again at those.
+func (c *Changes) TakeSplit() (snap *Snapshot, changed, status []string, all bool, next <-chan struct{}) {
 	v := c.v
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	snap = v.snapshotLocked()
 	if snap == nil {
-		return nil, nil, true, v.changed
+		return nil, nil, nil, true, v.changed
 	}
 	all = c.pending.all
 	if !all {
 		changed = make([]string, 0, len(c.pending.streams))
-		for s := range c.pending.streams {
+		for s, st := range c.pending.streams {
 			changed = append(changed, s)
+			if st {
+				status = append(status, s)
+			}
 		}
 		slices.Sort(changed)
+		slices.Sort(status)
 	}
 	c.pending = changeSet{}
-	return snap, changed, all, v.changed
+	return snap, changed, status, all, v.changed
 }

@@ -122,7 +122,7 @@ func (h *Heartbeat) heardSince(stream string, rev int64) bool {
 // shares the Heartbeat, so a new one is made.
 //
 // The streams whose copy status on node the value changes (added, gone or
-// different) go to cs.
+// different) go to cs, those whose copy only progressed as such.
 func (snap *Snapshot) applyHeartbeat(s cluster.Schema, key string, kv *mvccpb.KeyValue, cs *changeSet) error {
 	node, slot, err := s.ParseHeartbeatKey(key)
 	if err != nil {
@@ -152,8 +152,11 @@ func (snap *Snapshot) applyHeartbeat(s cluster.Schema, key string, kv *mvccpb.Ke
 			foreign++
 		}
 		if cs != nil {
-			if w, ok := old[stream]; !ok || w != t {
+			switch w, ok := old[stream]; {
+			case !ok || !w.SameStatus(t):
 				cs.add(stream)
+			case w != t:
+				cs.addProgress(stream)
 			}
 		}
 	}

@@ -384,7 +384,8 @@ func TestViewSeesBrokerLostWhileCutOff(t *testing.T) {
 // A tracker of the view's changes is told the streams each change
 // concerns: a key named by a stream, a copy status a heartbeat shard
 // changes (not one it rewrites as it was), and every stream for a broker
-// coming or going; its first Take reports every stream.
+// coming or going; its first Take reports every stream. TakeSplit also
+// names those of them with a change other than a copy's progress.
 func TestViewChangesNameTheStreams(t *testing.T) {
 	e := etcdtest.Start(t)
 	cli := e.Client(t)
@@ -443,6 +444,29 @@ func TestViewChangesNameTheStreams(t *testing.T) {
 	rev = put(key, hb(map[string]cluster.CopyTails{names[0]: {Epoch: 1}, names[2]: {Epoch: 1}}))
 	if changed, all := take(rev, "heartbeat as it was"); all || len(changed) != 0 {
 		t.Fatalf("heartbeat rewritten as it was: got %v (all %v), want nothing", changed, all)
+	}
+	// Progress alone (names[0]'s tails and watermark) is a change, but no
+	// status change; names[2] suspecting its owner is both. TakeSplit
+	// tells them apart, and one status change among progress counts.
+	takeSplit := func(rev int64, step string) (changed, status []string) {
+		t.Helper()
+		if _, err := v.WaitRev(ctx, rev); err != nil {
+			t.Fatal(err)
+		}
+		snap, changed, status, all, _ := c.TakeSplit()
+		if snap == nil || snap.Rev < rev || all {
+			t.Fatalf("%s: snapshot %v (all %v), want one at revision %d or later", step, snap, all, rev)
+		}
+		return changed, status
+	}
+	rev = put(key, hb(map[string]cluster.CopyTails{names[0]: {Epoch: 1, Head: 2, RecordTail: 9, CursorEventTail: 1, ConfirmWatermark: 7}, names[2]: {Epoch: 1, Suspect: "b2"}}))
+	if changed, status := takeSplit(rev, "progress"); !slices.Equal(changed, slices.Sorted(slices.Values([]string{names[0], names[2]}))) || !slices.Equal(status, names[2:3]) {
+		t.Fatalf("progress of %s, suspicion of %s: changed %v, status %v", names[0], names[2], changed, status)
+	}
+	put(key, hb(map[string]cluster.CopyTails{names[0]: {Epoch: 1, RecordTail: 10}, names[2]: {Epoch: 1, Suspect: "b2", RecordTail: 1}}))
+	rev = put(key, hb(map[string]cluster.CopyTails{names[0]: {Epoch: 2, RecordTail: 10}, names[2]: {Epoch: 1, Suspect: "b2", RecordTail: 2}}))
+	if changed, status := takeSplit(rev, "progress, then an epoch"); !slices.Equal(changed, slices.Sorted(slices.Values([]string{names[0], names[2]}))) || !slices.Equal(status, names[:1]) {
+		t.Fatalf("%s progressed then changed epoch, %s progressed twice: changed %v, status %v", names[0], names[2], changed, status)
 	}
 	rev = put(schema.BrokerKey("b9"), cluster.Encode(cluster.BrokerInfo{Node: "b9"}))
 	if _, all := take(rev, "broker"); !all {
