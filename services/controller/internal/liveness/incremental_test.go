@@ -109,6 +109,15 @@ func (f *incFixture) standDown(stream string) {
 	}
 }
 
+// standDownRecovered stands stream's owner down and waits for the pending
+// recovery that replaces it.
+func (f *incFixture) standDownRecovered(stream string) {
+	f.t.Helper()
+	from := f.rev() + 1
+	f.standDown(stream)
+	f.waitRecovery(stream, from)
+}
+
 // waitRecovery waits for stream's pending recovery and checks it replaces b1.
 func (f *incFixture) waitRecovery(stream string, from int64) {
 	f.t.Helper()
@@ -192,9 +201,7 @@ func TestIncrementalPassActsOnChangedStream(t *testing.T) {
 	}
 	f.run(l)
 	<-full // the first pass, a full one: nothing to do
-	from := f.rev() + 1
-	f.standDown("s")
-	f.waitRecovery("s", from)
+	f.standDownRecovered("s")
 	passes.check(t, "s", "t", "whose keys never changed")
 }
 
@@ -231,9 +238,7 @@ func TestIncrementalPassSkipsProgress(t *testing.T) {
 	for tail := range uint64(3) {
 		status(tail + 1)
 	}
-	from := f.rev() + 1
-	f.standDown("s")
-	f.waitRecovery("s", from)
+	f.standDownRecovered("s")
 	passes.check(t, "s", "t", "whose copy only progressed")
 }
 
@@ -268,9 +273,7 @@ func TestWatchedStreamsWaitForTheResync(t *testing.T) {
 			t.Fatal("no pass over every stream after b3 went")
 		}
 	}
-	from := f.rev() + 1
-	f.standDown("s")
-	f.waitRecovery("s", from)
+	f.standDownRecovered("s")
 	passes.check(t, "s", "t", "under watch with a Resync not due")
 }
 
@@ -284,9 +287,7 @@ func TestFullPassFindsWhatIncrementalMissed(t *testing.T) {
 		return slices.DeleteFunc(streams, func(s string) bool { return s == "s" })
 	}
 	f.runPastFirstPass(l)
-	from := f.rev() + 1
-	f.standDown("s")
-	f.waitRecovery("s", from)
+	f.standDownRecovered("s")
 }
 
 // A pass that recorded pending recoveries does not wait for the view to
@@ -309,12 +310,8 @@ func TestRecordedRecoveriesDoNotWaitForTheView(t *testing.T) {
 		<-ctx.Done()
 	}
 	f.runPastFirstPass(l)
-	from := f.rev() + 1
-	f.standDown("s")
-	f.waitRecovery("s", from)
-	from = f.rev() + 1
-	f.standDown("t")
-	f.waitRecovery("t", from)
+	f.standDownRecovered("s")
+	f.standDownRecovered("t")
 	select {
 	case <-waited:
 		t.Fatal("the loop waited for a fresh view after recording recoveries")
