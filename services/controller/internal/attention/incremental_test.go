@@ -115,7 +115,7 @@ func TestObserveChangedMatchesObserve(t *testing.T) {
 		if _, err := v.WaitRev(ctx, rev); err != nil {
 			t.Fatal(err)
 		}
-		snap, changed, all, _ := changes.Take()
+		snap, changed, _, all, _ := changes.Take()
 		if !all {
 			incrementals++
 		}

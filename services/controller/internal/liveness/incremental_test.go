@@ -4,6 +4,7 @@ import (
 	"context"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -11,6 +12,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/strandhq/strand/internal/cluster"
+	"github.com/strandhq/strand/internal/clustertest"
 	"github.com/strandhq/strand/internal/etcdtest"
 	"github.com/strandhq/strand/services/controller/internal/leader"
 	"github.com/strandhq/strand/services/controller/internal/state"
@@ -250,12 +252,13 @@ func TestWatchedStreamsWaitForTheResync(t *testing.T) {
 	f := newIncFixture(t)
 	l := f.loop(time.Hour) // and a Resync of an hour
 	passes := recordPasses(l)
-	// The revisions of the passes over every stream, told as each begins
-	// (its snapshot taken).
-	allPasses := make(chan int64, 16)
+	// The revision of the latest pass over every stream, set as each
+	// begins (its snapshot taken). Never a blocking send: the hook runs
+	// on the loop, which must not wait for the test.
+	var allRev atomic.Int64
 	l.cfg.Pass = func(snap *state.Snapshot, _ []string, all bool) {
 		if all {
-			allPasses <- snap.Rev
+			allRev.Store(snap.Rev)
 		}
 	}
 	f.run(l)
@@ -266,13 +269,9 @@ func TestWatchedStreamsWaitForTheResync(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for rev := int64(0); rev < del.Header.Revision; {
-		select {
-		case rev = <-allPasses:
-		case <-f.ctx.Done():
-			t.Fatal("no pass over every stream after b3 went")
-		}
-	}
+	clustertest.Eventually(t, 30*time.Second, "a pass over every stream after b3 went", func() bool {
+		return allRev.Load() >= del.Header.Revision
+	})
 	f.standDownRecovered("s")
 	passes.check(t, "s", "t", "under watch with a Resync not due")
 }

@@ -134,7 +134,7 @@ func (l *loop) run(ctx context.Context) error {
 		// whole prefix. A stale snapshot is safe: every write the pass
 		// makes compares the mod revisions it read, and one that lost the
 		// race is made again from a newer snapshot at a later pass.
-		snap, changed, status, all, next := changes.TakeSplit()
+		snap, changed, status, all, next := changes.Take()
 		if snap != nil && cfg.Pass != nil {
 			cfg.Pass(snap, changed, all)
 		}
@@ -144,7 +144,7 @@ func (l *loop) run(ctx context.Context) error {
 			}
 			var streams []string
 			if all {
-				streams, l.watchedAt = slices.Sorted(maps.Keys(snap.Assignments)), cfg.Now()
+				streams, l.watchedAt = slices.Sorted(maps.Keys(snap.Assignments)), time.Now()
 			} else {
 				// Only the streams with a change other than a copy's
 				// progress: no judgement of the pass reads progress
@@ -159,8 +159,10 @@ func (l *loop) run(ctx context.Context) error {
 				// a copy of is under watch until it returns, and looked
 				// at by every pass, each change-driven pass of a mass
 				// failover was one over thousands of streams.
+				// Paced by the wall clock, as the Resync ticker is, not
+				// by cfg.Now, the clock of the judgements themselves.
 				streams = status
-				if now := cfg.Now(); now.Sub(l.watchedAt) >= cfg.Resync {
+				if now := time.Now(); now.Sub(l.watchedAt) >= cfg.Resync {
 					streams, l.watchedAt = l.pending(status), now
 				}
 				if l.incremental != nil {

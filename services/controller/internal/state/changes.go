@@ -12,7 +12,7 @@ import "slices"
 // copy's progress (cluster.CopyTails.SameStatus): under publish load every
 // copy's tails move, and each tails pass of its broker rewrites its
 // status, so nearly every stream changes at every heartbeat interval while
-// nothing the liveness loop decides on does (Changes.TakeSplit).
+// nothing the liveness loop decides on does (Changes.Take's status).
 type changeSet struct {
 	all bool
 	// streams maps each stream changed to whether a change of it was
@@ -88,18 +88,13 @@ func (v *View) Track() *Changes {
 // or this is the first Take), and a channel closed once the view holds a
 // newer snapshot. The snapshot and the changes are taken together: every
 // change the snapshot holds and no earlier Take reported is in changed.
-func (c *Changes) Take() (snap *Snapshot, changed []string, all bool, next <-chan struct{}) {
-	snap, changed, _, all, next = c.TakeSplit()
-	return snap, changed, all, next
-}
-
-// TakeSplit is Take, and also returns the streams of changed with a change
-// that was more than a copy's progress (status): a key of the stream's
-// own, or a copy status that came, went, or changed other than in its
-// progress (cluster.CopyTails.SameStatus). A reader whose judgement of a
-// stream reads no copy's progress (the liveness loop's) need only look
-// again at those.
-func (c *Changes) TakeSplit() (snap *Snapshot, changed, status []string, all bool, next <-chan struct{}) {
+//
+// status is the part of changed with a change that was more than a copy's
+// progress: a key of the stream's own, or a copy status that came, went,
+// or changed other than in its progress (cluster.CopyTails.SameStatus). A
+// reader whose judgement of a stream reads no copy's progress (the
+// liveness loop's) need only look again at those.
+func (c *Changes) Take() (snap *Snapshot, changed, status []string, all bool, next <-chan struct{}) {
 	v := c.v
 	v.mu.Lock()
 	defer v.mu.Unlock()

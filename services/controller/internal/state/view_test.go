@@ -384,8 +384,8 @@ func TestViewSeesBrokerLostWhileCutOff(t *testing.T) {
 // A tracker of the view's changes is told the streams each change
 // concerns: a key named by a stream, a copy status a heartbeat shard
 // changes (not one it rewrites as it was), and every stream for a broker
-// coming or going; its first Take reports every stream. TakeSplit also
-// names those of them with a change other than a copy's progress.
+// coming or going; its first Take reports every stream, and also names
+// those of them with a change other than a copy's progress (status).
 func TestViewChangesNameTheStreams(t *testing.T) {
 	e := etcdtest.Start(t)
 	cli := e.Client(t)
@@ -405,7 +405,7 @@ func TestViewChangesNameTheStreams(t *testing.T) {
 		if _, err := v.WaitRev(ctx, rev); err != nil {
 			t.Fatal(err)
 		}
-		snap, changed, all, _ := c.Take()
+		snap, changed, _, all, _ := c.Take()
 		if snap == nil || snap.Rev < rev {
 			t.Fatalf("%s: snapshot %v, want one at revision %d or later", step, snap, rev)
 		}
@@ -446,14 +446,14 @@ func TestViewChangesNameTheStreams(t *testing.T) {
 		t.Fatalf("heartbeat rewritten as it was: got %v (all %v), want nothing", changed, all)
 	}
 	// Progress alone (names[0]'s tails and watermark) is a change, but no
-	// status change; names[2] suspecting its owner is both. TakeSplit
-	// tells them apart, and one status change among progress counts.
+	// status change; names[2] suspecting its owner is both. Take tells
+	// them apart, and one status change among progress counts.
 	takeSplit := func(rev int64, step string) (changed, status []string) {
 		t.Helper()
 		if _, err := v.WaitRev(ctx, rev); err != nil {
 			t.Fatal(err)
 		}
-		snap, changed, status, all, _ := c.TakeSplit()
+		snap, changed, status, all, _ := c.Take()
 		if snap == nil || snap.Rev < rev || all {
 			t.Fatalf("%s: snapshot %v (all %v), want one at revision %d or later", step, snap, all, rev)
 		}
