@@ -17,6 +17,10 @@ import (
 // until Resume. A client through it loses its watches for real, as it
 // would in a network partition or an etcd restart, while the server goes
 // on taking writes from other clients.
+//
+// HoldReplies delays what the server sends until ReleaseReplies, while
+// what the client sends still arrives: a server whose answers are late
+// (a saturated machine) rather than one that is gone.
 type Forwarder struct {
 	ln     net.Listener
 	target string
@@ -24,6 +28,8 @@ type Forwarder struct {
 	mu    sync.Mutex
 	open  bool
 	conns []net.Conn
+	// held is closed by ReleaseReplies (or Cut); nil while replies flow.
+	held chan struct{}
 }
 
 // Forward starts a forwarder to the server's first endpoint; it stops at
@@ -81,8 +87,8 @@ func (f *Forwarder) serve() {
 		}
 		f.conns = append(f.conns, c, up)
 		f.mu.Unlock()
-		go pipe(c, up)
 		go pipe(up, c)
+		go f.replies(c, up)
 	}
 }
 
@@ -92,10 +98,62 @@ func pipe(dst, src net.Conn) {
 	_ = src.Close()
 }
 
-// Cut closes every connection and refuses new ones until Resume.
+// replies copies the server's bytes to the client, each read waiting while
+// replies are held: delayed, never dropped.
+func (f *Forwarder) replies(dst, src net.Conn) {
+	defer func() {
+		_ = dst.Close()
+		_ = src.Close()
+	}()
+	buf := make([]byte, 32<<10)
+	for {
+		n, err := src.Read(buf)
+		if n > 0 {
+			f.mu.Lock()
+			held := f.held
+			f.mu.Unlock()
+			if held != nil {
+				<-held
+			}
+			if _, err := dst.Write(buf[:n]); err != nil {
+				return
+			}
+		}
+		if err != nil {
+			return
+		}
+	}
+}
+
+// HoldReplies holds what the server sends on every connection until
+// ReleaseReplies.
+func (f *Forwarder) HoldReplies() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.held == nil {
+		f.held = make(chan struct{})
+	}
+}
+
+// ReleaseReplies sends what was held, and lets replies flow again.
+func (f *Forwarder) ReleaseReplies() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.held != nil {
+		close(f.held)
+		f.held = nil
+	}
+}
+
+// Cut closes every connection and refuses new ones until Resume. Held
+// replies are released, to connections now closed.
 func (f *Forwarder) Cut() {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	if f.held != nil {
+		close(f.held)
+		f.held = nil
+	}
 	f.open = false
 	for _, c := range f.conns {
 		_ = c.Close()

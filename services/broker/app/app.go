@@ -264,6 +264,7 @@ func Start(ctx context.Context, cfg Config) (*App, error) {
 	})
 	a.coord = co
 	met.Heartbeats(co.HeartbeatTicks, co.HeartbeatTxns, co.HeartbeatOmitted)
+	met.Sessions(co.SessionsLapsed, co.LeasesResumed)
 
 	mux, _ := rpcserver.Mux(strandv1connect.StreamServiceName, strandv1connect.ReplicationServiceName)
 	// Responses are not compressed: records are already as small as their

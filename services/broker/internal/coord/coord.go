@@ -9,9 +9,11 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/rs/zerolog"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/client/v3/concurrency"
 
@@ -40,15 +42,21 @@ type Coord struct {
 	log   zerolog.Logger
 	start time.Time
 
-	// mu orders a new session against Revoke: a session made after
-	// Revoke has read the current one is ended by its maker (runSession),
-	// so a broker that is closing never leaves a registration behind to
-	// wait out its TTL.
+	// mu orders a new lease against Revoke: a lease granted after Revoke
+	// has read the current one is revoked by its granter (runSession), so
+	// a broker that is closing never leaves a registration behind to wait
+	// out its TTL. lease is the lease the broker is registered under, 0
+	// for none; it outlives a session whose keep-alive lapsed, so that
+	// the next session can resume it (Run).
 	mu      sync.Mutex
-	session *concurrency.Session
+	lease   clientv3.LeaseID
 	closing bool
 	ready   chan struct{}
 	errc    chan error
+
+	// lapsed counts sessions that ended without Run ending; resumed, the
+	// sessions that went on under the lease of the one before.
+	lapsed, resumed atomic.Int64
 
 	hb      *heartbeats
 	history *gather.Gatherer[string, cluster.HistoryStarts]
@@ -127,61 +135,118 @@ func (c *Coord) ReadStream(ctx context.Context, stream string) (replica.StreamKe
 // Run registers and serves until ctx ends. A lost session (partition, lease
 // expiry) is replaced by a new one: the broker's copies are fenced by seals,
 // not by this process's belief about its lease.
+//
+// A session ends on the client's side when no keep-alive answer came
+// within the lease TTL, which on a saturated machine can happen while etcd
+// still holds the lease (the keep-alives reached it; their answers were
+// late). Such a lease is resumed, not revoked: revoking it would remove the
+// broker's registration and fail over every stream it owns although the
+// broker never stopped (docs/architecture.md, "Coordination only through
+// etcd"). Only a lease that etcd no longer holds is replaced by a new one.
 func (c *Coord) Run(ctx context.Context) error {
 	readyOnce := false
+	var held clientv3.LeaseID
 	for {
-		err := c.runSession(ctx, &readyOnce)
+		var err error
+		held, err = c.runSession(ctx, &readyOnce, held)
 		if ctx.Err() != nil || c.isClosing() {
 			return nil
 		}
-		c.log.Warn().Err(err).Msg("etcd session lost; registering again")
+		c.lapsed.Add(1)
+		c.log.Warn().Err(err).Int64("lease", int64(held)).Msg("etcd session lost; registering again")
 		t := time.NewTimer(200 * time.Millisecond)
 		select {
 		case <-ctx.Done():
 			t.Stop()
+			c.revokeHeld()
 			return nil
 		case <-t.C:
 		}
 	}
 }
 
-func (c *Coord) runSession(ctx context.Context, readyOnce *bool) error {
-	if c.isClosing() {
-		// No lease to grant only to revoke it.
-		return errors.New("coord: closing")
+// SessionsLapsed counts the broker's etcd sessions that ended while it
+// ran: a keep-alive answer later than the lease TTL, etcd unreachable, a
+// registration write that failed.
+func (c *Coord) SessionsLapsed() int64 { return c.lapsed.Load() }
+
+// LeasesResumed counts sessions that went on under the lease of the
+// session before, because etcd still held it.
+func (c *Coord) LeasesResumed() int64 { return c.resumed.Load() }
+
+// newSession starts a session on held if etcd still holds that lease, and
+// on a new lease otherwise. An error reading held returns held again, to
+// be tried once more: whether it lives is not known yet, and a new lease
+// beside a live one would register the broker twice over.
+func (c *Coord) newSession(ctx context.Context, held clientv3.LeaseID) (*concurrency.Session, clientv3.LeaseID, error) {
+	if held != clientv3.NoLease {
+		tctx, cancel := context.WithTimeout(ctx, c.cfg.LeaseTTL)
+		resp, err := c.cfg.Client.TimeToLive(tctx, held)
+		cancel()
+		if err != nil {
+			return nil, held, fmt.Errorf("coord: lease %x: %w", int64(held), err)
+		}
+		if resp.TTL > 0 {
+			sess, err := concurrency.NewSession(c.cfg.Client, concurrency.WithLease(held), concurrency.WithContext(ctx))
+			if err != nil {
+				return nil, held, fmt.Errorf("coord: resume lease %x: %w", int64(held), err)
+			}
+			c.resumed.Add(1)
+			return sess, held, nil
+		}
+		// Expired: its keys are gone with it, and the controller has seen
+		// the broker go. A new lease registers it again.
 	}
 	ttl := int((c.cfg.LeaseTTL + time.Second - 1) / time.Second)
 	sess, err := concurrency.NewSession(c.cfg.Client, concurrency.WithTTL(max(ttl, 1)), concurrency.WithContext(ctx))
 	if err != nil {
-		return fmt.Errorf("coord: session: %w", err)
+		return nil, clientv3.NoLease, fmt.Errorf("coord: session: %w", err)
 	}
-	// Ending the session revokes its lease, so the controller sees this
-	// broker gone at once (eager failover) instead of after the TTL: with
-	// a context of its own, because ctx is usually what ended (Session.Close
-	// would revoke with it, and fail at once).
-	defer c.end(sess)
+	return sess, sess.Lease(), nil
+}
+
+// runSession registers on a session and serves until the session or ctx
+// ends. It returns the lease to resume (Run): the session's, unless the
+// broker is closing, when the lease is revoked.
+func (c *Coord) runSession(ctx context.Context, readyOnce *bool, held clientv3.LeaseID) (clientv3.LeaseID, error) {
+	if c.isClosing() {
+		// No lease to grant only to revoke it.
+		return clientv3.NoLease, errors.New("coord: closing")
+	}
+	sess, held, err := c.newSession(ctx, held)
+	if err != nil {
+		return held, err
+	}
 	c.mu.Lock()
 	closing := c.closing
 	if !closing {
-		c.session = sess
+		c.lease = sess.Lease()
 	}
 	c.mu.Unlock()
 	if closing {
 		// Revoke ran while this session was being made: it is not to
 		// register.
-		return errors.New("coord: closing")
+		c.end(sess, true)
+		return clientv3.NoLease, errors.New("coord: closing")
 	}
+	// Ending the session revokes its lease when the broker stops, so the
+	// controller sees this broker gone at once (eager failover) instead of
+	// after the TTL. Otherwise the lease stays, for the next session to
+	// resume if etcd still holds it.
+	defer func() { c.end(sess, ctx.Err() != nil || c.isClosing()) }()
+	lease := sess.Lease()
 	info := cluster.BrokerInfo{Node: c.cfg.Node, Address: c.cfg.Address, StartTime: c.start, Zone: c.cfg.Zone}
 	if _, err := c.cfg.Client.Put(ctx, c.cfg.Schema.BrokerKey(c.cfg.Node), cluster.Encode(info), clientv3.WithLease(sess.Lease())); err != nil {
-		return fmt.Errorf("coord: register: %w", err)
+		return lease, fmt.Errorf("coord: register: %w", err)
 	}
-	// Every shard again, under the new lease: the old lease's keys went
+	// Every shard again under a new lease, since the old lease's keys went
 	// with it (heartbeats.publish starts afresh on a lease it has not
-	// written under).
+	// written under); under a resumed one, what the last session did not
+	// write.
 	c.hb.tookIn(c.cfg.Manager.TakeTakenIn())
 	c.hb.signal(c.cfg.Manager.TakeSignalled())
 	if _, err := c.hb.publish(ctx, sess.Lease(), publishTails); err != nil {
-		return err
+		return lease, err
 	}
 	wctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -193,11 +258,11 @@ func (c *Coord) runSession(ctx context.Context, readyOnce *bool) error {
 		select {
 		case <-synced:
 		case err := <-watchErr:
-			return err
+			return lease, err
 		case <-sess.Done():
-			return errors.New("coord: lease expired")
+			return lease, errors.New("coord: lease expired")
 		case <-ctx.Done():
-			return ctx.Err()
+			return lease, ctx.Err()
 		}
 	}
 	if !*readyOnce {
@@ -225,11 +290,11 @@ func (c *Coord) runSession(ctx context.Context, readyOnce *bool) error {
 	for {
 		select {
 		case <-ctx.Done():
-			return ctx.Err()
+			return lease, ctx.Err()
 		case <-sess.Done():
-			return errors.New("coord: lease expired")
+			return lease, errors.New("coord: lease expired")
 		case err := <-watchErr:
-			return err
+			return lease, err
 		case <-urgent:
 			// Until the gathered pass has run, further signals wait in
 			// the channel (its buffer of one) for the pass after it.
@@ -250,12 +315,17 @@ func (c *Coord) runSession(ctx context.Context, readyOnce *bool) error {
 func (c *Coord) Revoke(ctx context.Context) error {
 	c.mu.Lock()
 	c.closing = true
-	sess := c.session
+	lease := c.lease
 	c.mu.Unlock()
-	if sess == nil {
+	if lease == clientv3.NoLease {
 		return nil
 	}
-	_, err := c.cfg.Client.Revoke(ctx, sess.Lease())
+	_, err := c.cfg.Client.Revoke(ctx, lease)
+	if errors.Is(err, rpctypes.ErrLeaseNotFound) {
+		// A lease held for resuming (Run) that expired meanwhile: its
+		// registration is already gone.
+		return nil
+	}
 	return err
 }
 
@@ -268,19 +338,38 @@ func (c *Coord) isClosing() bool {
 // revokeTimeout bounds the revoke of a session's lease when it ends.
 const revokeTimeout = 2 * time.Second
 
-// end ends sess and revokes its lease (a lease already gone, expired or
-// revoked by Revoke, is not an error worth a line), and forgets it, so a
-// Revoke after it does not revoke a lease that is over.
-func (c *Coord) end(sess *concurrency.Session) {
+// end ends sess, and with revoke revokes its lease (a lease already gone,
+// expired or revoked by Revoke, is not an error worth a line) and forgets
+// it, so a Revoke after it does not revoke a lease that is over. The
+// revoke has a context of its own, because ctx is usually what ended
+// (Session.Close would revoke with it, and fail at once).
+func (c *Coord) end(sess *concurrency.Session, revoke bool) {
+	sess.Orphan()
+	if revoke {
+		c.revoke(sess.Lease())
+	}
+}
+
+// revokeHeld revokes the lease the broker is registered under, if any:
+// Run ending between two sessions.
+func (c *Coord) revokeHeld() {
 	c.mu.Lock()
-	if c.session == sess {
-		c.session = nil
+	lease := c.lease
+	c.mu.Unlock()
+	if lease != clientv3.NoLease {
+		c.revoke(lease)
+	}
+}
+
+func (c *Coord) revoke(lease clientv3.LeaseID) {
+	c.mu.Lock()
+	if c.lease == lease {
+		c.lease = clientv3.NoLease
 	}
 	c.mu.Unlock()
-	sess.Orphan()
 	ctx, cancel := context.WithTimeout(context.Background(), revokeTimeout)
 	defer cancel()
-	_, _ = c.cfg.Client.Revoke(ctx, sess.Lease())
+	_, _ = c.cfg.Client.Revoke(ctx, lease)
 }
 
 // keepWatching runs watch (a listing, then a watch from it) until ctx

@@ -117,6 +117,18 @@ func New() *Broker {
 	return b
 }
 
+// gaugeOf is a broker gauge read from f at each scrape.
+func gaugeOf(name, help string, f func() int64) prometheus.GaugeFunc {
+	return prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "strand", Subsystem: "broker", Name: name, Help: help},
+		func() float64 { return float64(f()) })
+}
+
+// counterOf is a broker counter read from f at each scrape.
+func counterOf(name, help string, f func() int64) prometheus.CounterFunc {
+	return prometheus.NewCounterFunc(prometheus.CounterOpts{Namespace: "strand", Subsystem: "broker", Name: name, Help: help},
+		func() float64 { return float64(f()) })
+}
+
 // PublishGate registers the series of the publish bytes bound: publishes
 // waiting for room, the bytes those admitted hold, and publishes refused
 // for want of room.
@@ -124,16 +136,10 @@ func (b *Broker) PublishGate(waiting, held, refused func() int64) {
 	if b == nil {
 		return
 	}
-	gauge := func(name, help string, f func() int64) prometheus.GaugeFunc {
-		return prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "strand", Subsystem: "broker", Name: name, Help: help},
-			func() float64 { return float64(f()) })
-	}
 	b.registry.MustRegister(
-		gauge("publishes_waiting", "Publishes waiting, before they are read, for room among the publish request bytes in flight (--max-publish-inflight-bytes).", waiting),
-		gauge("publish_inflight_bytes", "Request bytes of the publishes being read and handled (at most --max-publish-inflight-bytes).", held),
-		prometheus.NewCounterFunc(prometheus.CounterOpts{Namespace: "strand", Subsystem: "broker", Name: "publishes_refused_total",
-			Help: "Publishes answered Unavailable, unread, because they did not fit among the publish bytes in flight (--max-publish-inflight-bytes) in time."},
-			func() float64 { return float64(refused()) }),
+		gaugeOf("publishes_waiting", "Publishes waiting, before they are read, for room among the publish request bytes in flight (--max-publish-inflight-bytes).", waiting),
+		gaugeOf("publish_inflight_bytes", "Request bytes of the publishes being read and handled (at most --max-publish-inflight-bytes).", held),
+		counterOf("publishes_refused_total", "Publishes answered Unavailable, unread, because they did not fit among the publish bytes in flight (--max-publish-inflight-bytes) in time.", refused),
 	)
 }
 
@@ -144,9 +150,7 @@ func (b *Broker) PublishesAwaitingRecovery(held func() int64) {
 	if b == nil {
 		return
 	}
-	b.registry.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "strand", Subsystem: "broker", Name: "publishes_awaiting_recovery",
-		Help: "Publishes held, each up to a second, for their copy sealed for a recovery to take in the recovery's assignment; then served as its owner or refused Unavailable."},
-		func() float64 { return float64(held()) }))
+	b.registry.MustRegister(gaugeOf("publishes_awaiting_recovery", "Publishes held, each up to a second, for their copy sealed for a recovery to take in the recovery's assignment; then served as its owner or refused Unavailable.", held))
 }
 
 // Heartbeats registers the series of the broker's heartbeat: the
@@ -157,16 +161,22 @@ func (b *Broker) Heartbeats(ticks, txns, omitted func() int64) {
 	if b == nil {
 		return
 	}
-	counter := func(name, help string, f func() int64) prometheus.CounterFunc {
-		return prometheus.NewCounterFunc(prometheus.CounterOpts{Namespace: "strand", Subsystem: "broker", Name: name, Help: help},
-			func() float64 { return float64(f()) })
+	b.registry.MustRegister(
+		counterOf("heartbeat_ticks_total", "Heartbeat intervals the broker went through while registered, whether or not it wrote anything in them.", ticks),
+		counterOf("heartbeat_txns_total", "Heartbeat transactions the broker wrote to etcd, each one revision: written when a copy's status changes, never on a clock alone.", txns),
+		gaugeOf("heartbeat_omitted_copies", "Copies left out of the broker's heartbeat shards because a shard would pass its size bound; the controller sees no status for them.", omitted),
+	)
+}
+
+// Sessions registers the series of the broker's etcd sessions: those that
+// ended while it ran, and those that went on under the lease before.
+func (b *Broker) Sessions(lapsed, resumed func() int64) {
+	if b == nil {
+		return
 	}
 	b.registry.MustRegister(
-		counter("heartbeat_ticks_total", "Heartbeat intervals the broker went through while registered, whether or not it wrote anything in them.", ticks),
-		counter("heartbeat_txns_total", "Heartbeat transactions the broker wrote to etcd, each one revision: written when a copy's status changes, never on a clock alone.", txns),
-		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "strand", Subsystem: "broker", Name: "heartbeat_omitted_copies",
-			Help: "Copies left out of the broker's heartbeat shards because a shard would pass its size bound; the controller sees no status for them."},
-			func() float64 { return float64(omitted()) }),
+		counterOf("etcd_sessions_lapsed_total", "etcd sessions of the broker that ended while it ran (no keep-alive answer within the lease TTL, etcd unreachable, a registration write that failed).", lapsed),
+		counterOf("etcd_leases_resumed_total", "Sessions that went on under the lease of the session before because etcd still held it: the broker's registration and streams stayed put.", resumed),
 	)
 }
 
@@ -178,12 +188,8 @@ func (b *Broker) Orphans(waiting, held func() int64) {
 		return
 	}
 	b.registry.MustRegister(
-		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "strand", Subsystem: "broker", Name: "orphan_copies",
-			Help: "Copies whose stream's assignment leaves this broker out, kept while the orphan grace (--orphan-grace) runs."},
-			func() float64 { return float64(waiting()) }),
-		prometheus.NewCounterFunc(prometheus.CounterOpts{Namespace: "strand", Subsystem: "broker", Name: "orphan_checks_held_total",
-			Help: "Orphan checks past the grace that kept the copy: a pending recovery names this broker, etcd's assignment includes it after all, or etcd could not be read."},
-			func() float64 { return float64(held()) }),
+		gaugeOf("orphan_copies", "Copies whose stream's assignment leaves this broker out, kept while the orphan grace (--orphan-grace) runs.", waiting),
+		counterOf("orphan_checks_held_total", "Orphan checks past the grace that kept the copy: a pending recovery names this broker, etcd's assignment includes it after all, or etcd could not be read.", held),
 	)
 }
 
