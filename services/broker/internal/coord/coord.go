@@ -150,9 +150,11 @@ func (c *Coord) Run(ctx context.Context) error {
 		var err error
 		held, err = c.runSession(ctx, &readyOnce, held)
 		if ctx.Err() != nil || c.isClosing() {
+			// A lease held for resuming when Run ends between sessions is
+			// revoked too: eager failover, as at a session's end.
+			c.revokeHeld()
 			return nil
 		}
-		c.lapsed.Add(1)
 		c.log.Warn().Err(err).Int64("lease", int64(held)).Msg("etcd session lost; registering again")
 		t := time.NewTimer(200 * time.Millisecond)
 		select {
@@ -166,8 +168,8 @@ func (c *Coord) Run(ctx context.Context) error {
 }
 
 // SessionsLapsed counts the broker's etcd sessions that ended while it
-// ran: a keep-alive answer later than the lease TTL, etcd unreachable, a
-// registration write that failed.
+// ran on: no keep-alive answer within the lease TTL (etcd unreachable, or
+// its answers late), a registration write that failed.
 func (c *Coord) SessionsLapsed() int64 { return c.lapsed.Load() }
 
 // LeasesResumed counts sessions that went on under the lease of the
@@ -233,7 +235,13 @@ func (c *Coord) runSession(ctx context.Context, readyOnce *bool, held clientv3.L
 	// controller sees this broker gone at once (eager failover) instead of
 	// after the TTL. Otherwise the lease stays, for the next session to
 	// resume if etcd still holds it.
-	defer func() { c.end(sess, ctx.Err() != nil || c.isClosing()) }()
+	defer func() {
+		stopping := ctx.Err() != nil || c.isClosing()
+		if !stopping {
+			c.lapsed.Add(1)
+		}
+		c.end(sess, stopping)
+	}()
 	lease := sess.Lease()
 	info := cluster.BrokerInfo{Node: c.cfg.Node, Address: c.cfg.Address, StartTime: c.start, Zone: c.cfg.Zone}
 	if _, err := c.cfg.Client.Put(ctx, c.cfg.Schema.BrokerKey(c.cfg.Node), cluster.Encode(info), clientv3.WithLease(sess.Lease())); err != nil {

@@ -113,7 +113,7 @@ func New() *Broker {
 	}
 	b.registry.MustRegister(b.commitWrite, b.commitSync, b.publishDurable, b.publishConfirm, b.confirmTimeout, b.followAck, b.followApply, b.followStored,
 		b.followCalls, b.followCallsNow, b.followsNow, b.orphanDeleted, b.orphanBytes,
-		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+		collectors.NewGoCollector(collectors.WithGoCollectorRuntimeMetrics(collectors.MetricsScheduler)), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return b
 }
 

@@ -111,6 +111,10 @@ type DB struct {
 	// closing: Close's guard (closeGuard).
 	closing closeGuard
 
+	// logReads bounds the log reads that go to the engine at once
+	// (readLog).
+	logReads chan struct{}
+
 	// Tail cache bounds (Options) and the bytes all streams' caches hold.
 	tailCacheBytes int
 	tailCacheLimit int64
@@ -182,6 +186,7 @@ func Open(opts Options) (*DB, error) {
 		tailCacheBytes:          cacheBound(opts.TailCacheBytes, DefaultTailCacheBytes),
 		tailCacheLimit:          cacheBound(opts.TailCacheTotalBytes, DefaultTailCacheTotalBytes),
 		stop:                    make(chan struct{}),
+		logReads:                make(chan struct{}, logReadSlots),
 		wmDone:                  make(chan struct{}),
 		compact:                 compactQueue{q: make(map[*Stream]struct{})},
 		compactWake:             make(chan struct{}, 1),

@@ -124,6 +124,15 @@
 // has been queued) runs ahead of the durable one only while ops are in
 // flight.
 //
+// # Reads
+//
+// A read the tail cache answers (tailcache.go) begins no engine
+// transaction. One it cannot answer, and the read of a record's chain,
+// runs in one of logReadSlots read slots (readLog): the follows of a
+// rejoining broker start together, and thousands of read transactions
+// begun at once would keep the broker's goroutines waiting to run for
+// seconds (docs/limits.md, "A rejoin is paced").
+//
 // # Locks
 //
 // No type keeps more than one lock's worth of state: each lock and exactly

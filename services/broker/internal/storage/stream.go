@@ -1008,7 +1008,7 @@ func (s *Stream) read(from uint64, maxRecords, maxBytes int, written bool) ([]Re
 		out   []Record
 		bytes int
 	)
-	err := s.db.eng.View(func(txn *engine.Txn) error {
+	err := s.db.readLog(func(txn *engine.Txn) error {
 		return s.scanRecords(txn, from, end, true, ErrOutOfRange, func(rec Record, size int) bool {
 			if maxBytes > 0 && len(out) > 0 && bytes+size > maxBytes {
 				return false
@@ -1035,10 +1035,32 @@ func (s *Stream) read(from uint64, maxRecords, maxBytes int, written bool) ([]Re
 	return out, nil
 }
 
+// logReadSlots bounds the log reads (records past the tail cache, a
+// record's chain) that go to the engine at once. When a broker rejoins,
+// every stream it follows starts at once, and each owner reads, for each
+// of them, what the broker missed: thousands of read transactions begun
+// together queue on the engine's one read timestamp lock and keep the
+// owner's goroutines waiting to run for seconds, long enough to starve its
+// own etcd keep-alives, so its lease ends as though it had stopped and
+// every stream it owns fails over (docs/limits.md, "A rejoin is paced").
+// A read holds its slot only while it reads and waits on nothing else, so
+// a few more slots than cores keep the engine busy; a read the tail cache
+// answers takes none, so the follows a failover starts, which read near
+// the tail, do not queue here.
+const logReadSlots = 8
+
+// readLog runs fn in a read view of the engine, in one of the log read
+// slots.
+func (db *DB) readLog(fn func(*engine.Txn) error) error {
+	db.logReads <- struct{}{}
+	defer func() { <-db.logReads }()
+	return db.eng.View(fn)
+}
+
 // recordChain reads the chain value stored with record off.
 func (s *Stream) recordChain(off uint64) (uint64, error) {
 	var chain uint64
-	err := s.db.eng.View(func(txn *engine.Txn) error {
+	err := s.db.readLog(func(txn *engine.Txn) error {
 		return s.scanRecords(txn, off, off+1, false, ErrCorrupt, func(r Record, _ int) bool {
 			chain = r.Chain
 			return true
