@@ -146,14 +146,25 @@ func (c *Coord) ReadStream(ctx context.Context, stream string) (replica.StreamKe
 func (c *Coord) Run(ctx context.Context) error {
 	readyOnce := false
 	var held clientv3.LeaseID
+	var heldSince time.Time
 	for {
 		var err error
+		lapsed := c.lapsed.Load()
 		held, err = c.runSession(ctx, &readyOnce, held)
 		if ctx.Err() != nil || c.isClosing() {
 			// A lease held for resuming when Run ends between sessions is
 			// revoked too: eager failover, as at a session's end.
 			c.revokeHeld()
 			return nil
+		}
+		if c.lapsed.Load() != lapsed {
+			heldSince = time.Now()
+		} else if held != clientv3.NoLease && time.Since(heldSince) > c.cfg.LeaseTTL {
+			// etcd has not said whether the lease lives for a whole TTL
+			// since nothing kept it alive: it has expired by now, and a
+			// read that keeps failing must not keep the broker from
+			// registering again.
+			held = clientv3.NoLease
 		}
 		c.log.Warn().Err(err).Int64("lease", int64(held)).Msg("etcd session lost; registering again")
 		t := time.NewTimer(200 * time.Millisecond)
