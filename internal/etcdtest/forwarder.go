@@ -1,7 +1,6 @@
 package etcdtest
 
 import (
-	"io"
 	"net"
 	"strings"
 	"sync"
@@ -87,20 +86,14 @@ func (f *Forwarder) serve() {
 		}
 		f.conns = append(f.conns, c, up)
 		f.mu.Unlock()
-		go pipe(up, c)
-		go f.replies(c, up)
+		go f.pipe(up, c, false)
+		go f.pipe(c, up, true)
 	}
 }
 
-func pipe(dst, src net.Conn) {
-	_, _ = io.Copy(dst, src)
-	_ = dst.Close()
-	_ = src.Close()
-}
-
-// replies copies the server's bytes to the client, each read waiting while
-// replies are held: delayed, never dropped.
-func (f *Forwarder) replies(dst, src net.Conn) {
+// pipe copies src to dst until either ends; with replies set (the server's
+// side), each read waits while replies are held: delayed, never dropped.
+func (f *Forwarder) pipe(dst, src net.Conn, replies bool) {
 	defer func() {
 		_ = dst.Close()
 		_ = src.Close()
@@ -109,11 +102,8 @@ func (f *Forwarder) replies(dst, src net.Conn) {
 	for {
 		n, err := src.Read(buf)
 		if n > 0 {
-			f.mu.Lock()
-			held := f.held
-			f.mu.Unlock()
-			if held != nil {
-				<-held
+			if replies {
+				f.waitReplies()
 			}
 			if _, err := dst.Write(buf[:n]); err != nil {
 				return
@@ -122,6 +112,16 @@ func (f *Forwarder) replies(dst, src net.Conn) {
 		if err != nil {
 			return
 		}
+	}
+}
+
+// waitReplies returns once replies are not held.
+func (f *Forwarder) waitReplies() {
+	f.mu.Lock()
+	held := f.held
+	f.mu.Unlock()
+	if held != nil {
+		<-held
 	}
 }
 
