@@ -377,11 +377,9 @@ func (a *App) Close() error {
 			a.manager.StopPublishes()
 		}
 		if a.coord != nil {
-			rctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-			if err := a.coord.Revoke(rctx); err != nil {
+			if err := a.coord.Revoke(); err != nil {
 				a.log.Warn().Err(err).Msg("lease revoke failed; the controller will wait for the lease TTL")
 			}
-			cancel()
 		}
 		if a.coordCancel != nil {
 			a.coordCancel()

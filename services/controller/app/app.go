@@ -26,6 +26,7 @@ import (
 	"github.com/strandhq/strand/internal/auth"
 	"github.com/strandhq/strand/internal/cluster"
 	"github.com/strandhq/strand/internal/etcdcfg"
+	"github.com/strandhq/strand/internal/lease"
 	"github.com/strandhq/strand/internal/logging"
 	"github.com/strandhq/strand/internal/rpcserver"
 	"github.com/strandhq/strand/internal/tlsconfig"
@@ -150,6 +151,8 @@ type App struct {
 	// the admin service; met is the controller's metrics.
 	mem *attention.Memory
 	met *metrics.Controller
+	// leases counts the election leases' lapsed and resumed sessions.
+	leases lease.Counters
 	// mover makes handovers for the admin service and the rebalance loop.
 	mover *rebalance.Mover
 
@@ -227,6 +230,7 @@ func Start(ctx context.Context, cfg Config) (*App, error) {
 		met:      metrics.New(),
 	}
 	a.met.Follow()
+	a.met.Sessions(a.leases.Lapsed.Load, a.leases.Resumed.Load)
 	a.mem.SetReplaceAfter(cfg.ReplaceAfter)
 	a.mover = &rebalance.Mover{Schema: schema, Call: handoverCaller(rpcserver.Dialer{TLS: certs}, cfg.PeerToken), CatchUp: cfg.HandoverCatchUp, Log: log}
 	svc := admin.New(admin.Config{View: a.view, Schema: schema, Gate: a.gate, DefaultPolicy: cfg.DefaultPolicy, Log: log, Memory: a.mem, Mover: a.mover, KV: cli})
@@ -354,31 +358,30 @@ func (a *App) campaignLoop(ctx context.Context) {
 // lead runs one session: campaign, then lead until the session, the
 // election key or ctx ends.
 func (a *App) lead(ctx context.Context) error {
-	sess, err := concurrency.NewSession(a.cli, concurrency.WithTTL(a.cfg.SessionTTL), concurrency.WithContext(ctx))
+	// The election lease outlives a session whose keep-alive answers came
+	// late while etcd still held it (package lease): ending the term then
+	// would start a new one from nothing, on a machine already short of
+	// time. The term's writes compare the election key's create revision,
+	// so a term that goes on under a lease since expired writes nothing.
+	held, err := lease.Grant(ctx, a.cli, time.Duration(a.cfg.SessionTTL)*time.Second, &a.leases)
 	if err != nil {
-		return fmt.Errorf("controller: election session: %w", err)
+		return fmt.Errorf("controller: election lease: %w", err)
 	}
-	// Revoking the session's lease deletes the election key, so another
-	// controller takes over at once. The session's own Close would revoke
-	// with ctx, which is already cancelled when the controller closes.
-	defer func() {
-		sess.Orphan()
-		rctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-		defer cancel()
-		_, _ = a.cli.Revoke(rctx, sess.Lease())
-	}()
+	// Revoking the lease deletes the election key, so another controller
+	// takes over at once.
+	defer func() { _ = held.Revoke() }()
 	a.readyOnce.Do(func() { close(a.ready) })
 
 	cctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	go func() {
 		select {
-		case <-sess.Done():
+		case <-held.Done():
 			cancel()
 		case <-cctx.Done():
 		}
 	}()
-	el := concurrency.NewElection(sess, a.schema.ControllerElection())
+	el := concurrency.NewElection(held.Session(), a.schema.ControllerElection())
 	if err := a.campaignOn(cctx, el); err != nil {
 		return fmt.Errorf("controller: campaign: %w", err)
 	}

@@ -50,8 +50,14 @@ func ctxT(t *testing.T) context.Context {
 // election.
 func (h *harness) controller(cfg Config) *App {
 	h.t.Helper()
+	return h.controllerOn(cfg, h.etcd.Endpoints)
+}
+
+// controllerOn is controller reaching etcd at endpoints.
+func (h *harness) controllerOn(cfg Config, endpoints []string) *App {
+	h.t.Helper()
 	cfg.Listen = "127.0.0.1:0"
-	cfg.Etcd = h.etcd.Endpoints
+	cfg.Etcd = endpoints
 	if cfg.Name == "" {
 		cfg.Name = "test"
 	}
@@ -598,5 +604,45 @@ func TestStandbyLeadsAfterHistoryCompacted(t *testing.T) {
 	if k, c := keyOf(second.Addr()); k != key || c != created || !second.Leading() {
 		t.Fatalf("second controller leads %v under key %s created at %d, want the key %s created at %d it campaigned with (it gave up its term)",
 			second.Leading(), k, c, key, created)
+	}
+}
+
+// A leader whose election keep-alives still reach etcd while their answers
+// come late (a saturated machine) keeps its term: its client gives the
+// session up, the lease lives on in etcd and is resumed, so the election
+// key is never deleted and the standby never leads. Ending the term
+// instead would hand the cluster to a controller starting from nothing.
+func TestLeaderKeepsTermThroughLateKeepAliveAnswers(t *testing.T) {
+	h := newHarness(t)
+	h.broker("b1")
+	fwd := h.etcd.Forward(t)
+	first := h.controllerOn(Config{Name: "c1", SessionTTL: 2}, []string{"http://" + fwd.Addr()})
+	clustertest.Eventually(t, 15*time.Second, "controller leads", first.Leading)
+	second := h.controller(Config{Name: "c2"})
+	leaderKey := func() (int64, string) {
+		t.Helper()
+		resp, err := h.cli.Get(ctxT(t), schema.ControllerElection()+"/", clientv3.WithFirstCreate()...)
+		if err != nil || len(resp.Kvs) != 1 {
+			t.Fatalf("election leader: %v %v", resp, err)
+		}
+		return resp.Kvs[0].CreateRevision, string(resp.Kvs[0].Value)
+	}
+	created, addr := leaderKey()
+	if addr != first.Addr() {
+		t.Fatalf("leader %s, want %s", addr, first.Addr())
+	}
+
+	fwd.HoldReplies()
+	clustertest.Eventually(t, 30*time.Second, "the election session lapsed", func() bool { return first.leases.Lapsed.Load() >= 1 })
+	fwd.ReleaseReplies()
+	clustertest.Eventually(t, 15*time.Second, "the election lease resumed", func() bool { return first.leases.Resumed.Load() >= 1 })
+	if got, addr := leaderKey(); got != created || addr != first.Addr() {
+		t.Fatalf("leader key created at %d by %s, want %d by %s: the term ended", got, addr, created, first.Addr())
+	}
+	if !first.Leading() || second.Leading() {
+		t.Fatalf("first leads %v, second leads %v; want true, false", first.Leading(), second.Leading())
+	}
+	if _, err := adminClient(first.Addr()).ListStreams(ctxT(t), connect.NewRequest(&strandv1.ListStreamsRequest{})); err != nil {
+		t.Fatalf("leader after the resume: %v", err)
 	}
 }

@@ -224,6 +224,14 @@ func (a *App) Err() <-chan error { return a.errc }
 // Leading reports whether this recoverer currently leads.
 func (a *App) Leading() bool { return a.worker.Leading() }
 
+// SessionsLapsed counts the election sessions that lapsed: no keep-alive
+// answer within the lease TTL.
+func (a *App) SessionsLapsed() int64 { return a.worker.SessionsLapsed() }
+
+// LeasesResumed counts the lapsed election sessions whose lease etcd still
+// held: kept alive again, a term it held went on.
+func (a *App) LeasesResumed() int64 { return a.worker.LeasesResumed() }
+
 // Close shuts down in order: report NOT_SERVING, stop the worker (cancelling
 // in-flight seals and revoking its election lease so a successor takes over
 // at once), stop serving, close the etcd client.

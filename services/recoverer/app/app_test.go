@@ -616,15 +616,23 @@ func TestHangingCopyLeftOutAfterQuorum(t *testing.T) {
 	}
 }
 
-// Deleting the leader key deposes the leader; it campaigns again and keeps
-// recovering.
-func TestCampaignsAgainAfterLosingLeadership(t *testing.T) {
+// newEnvAwaitingRecovery is an env holding the stream's old assignment, with
+// b2 and b3 registered and answering seals at record tails 5 and 4: a
+// recovery put into it can be committed.
+func newEnvAwaitingRecovery(t *testing.T) *env {
+	t.Helper()
 	e := newEnv(t)
-	old := oldAssignment(majority)
-	e.put(t, e.schema.AssignmentKey(stream), old)
+	e.put(t, e.schema.AssignmentKey(stream), oldAssignment(majority))
 	for _, b := range []*fakeBroker{startFakeBroker(t, "b2", answer, 5, 0), startFakeBroker(t, "b3", answer, 4, 0)} {
 		b.register(t, e)
 	}
+	return e
+}
+
+// Deleting the leader key deposes the leader; it campaigns again and keeps
+// recovering.
+func TestCampaignsAgainAfterLosingLeadership(t *testing.T) {
+	e := newEnvAwaitingRecovery(t)
 	r1, logs := e.startRecoverer(t, "r1", nil)
 	clustertest.Eventually(t, 10*time.Second, "r1 leads", r1.Leading)
 
@@ -699,4 +707,37 @@ func TestCloseWithEtcdDown(t *testing.T) {
 	case <-time.After(20 * time.Second):
 		t.Fatal("Close hangs while etcd is down")
 	}
+}
+
+// A leader whose election keep-alives still reach etcd while their answers
+// come late keeps its term: the lease lives on in etcd and is resumed, the
+// leader key is never deleted, and the term goes on committing.
+func TestLeaderKeepsTermThroughLateKeepAliveAnswers(t *testing.T) {
+	e := newEnvAwaitingRecovery(t)
+	fwd := e.etcd.Forward(t)
+	r1, logs := e.startRecoverer(t, "r1", func(c *app.Config) { c.Etcd = []string{"http://" + fwd.Addr()} })
+	clustertest.Eventually(t, 10*time.Second, "r1 leads", r1.Leading)
+	ctx := context.Background()
+	leaderKey := func() int64 {
+		t.Helper()
+		resp, err := e.cli.Get(ctx, e.schema.RecovererElection()+"/", clientv3.WithPrefix())
+		if err != nil || len(resp.Kvs) != 1 {
+			t.Fatalf("election keys: %v %v", resp, err)
+		}
+		return resp.Kvs[0].CreateRevision
+	}
+	created := leaderKey()
+
+	fwd.HoldReplies()
+	clustertest.Eventually(t, 30*time.Second, "the election session lapsed", func() bool { return r1.SessionsLapsed() >= 1 })
+	fwd.ReleaseReplies()
+	clustertest.Eventually(t, 15*time.Second, "the election lease resumed", func() bool { return r1.LeasesResumed() >= 1 })
+	if got := leaderKey(); got != created {
+		t.Fatalf("leader key created at %d, want %d: the term ended", got, created)
+	}
+	if !r1.Leading() || logs.contains("no longer leading") {
+		t.Fatalf("the term ended (leading %v):\n%s", r1.Leading(), logs)
+	}
+	e.put(t, e.schema.RecoveryKey(stream), recovery("t-1"))
+	clustertest.Eventually(t, 10*time.Second, "the recovery is committed", e.committed(t))
 }

@@ -9,16 +9,14 @@ import (
 	"errors"
 	"fmt"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/rs/zerolog"
-	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
-	"go.etcd.io/etcd/client/v3/concurrency"
 
 	"github.com/strandhq/strand/internal/cluster"
 	"github.com/strandhq/strand/internal/gather"
+	"github.com/strandhq/strand/internal/lease"
 	"github.com/strandhq/strand/internal/logging"
 	"github.com/strandhq/strand/services/broker/internal/replica"
 )
@@ -45,18 +43,18 @@ type Coord struct {
 	// mu orders a new lease against Revoke: a lease granted after Revoke
 	// has read the current one is revoked by its granter (runSession), so
 	// a broker that is closing never leaves a registration behind to wait
-	// out its TTL. lease is the lease the broker is registered under, 0
-	// for none; it outlives a session whose keep-alive lapsed, so that
-	// the next session can resume it (Run).
+	// out its TTL. held is the lease the broker is registered under, nil
+	// for none; it outlives a session that ended on an error while etcd
+	// still held it, so that the next session registers under it again.
 	mu      sync.Mutex
-	lease   clientv3.LeaseID
+	held    *lease.Held
 	closing bool
 	ready   chan struct{}
 	errc    chan error
 
-	// lapsed counts sessions that ended without Run ending; resumed, the
-	// sessions that went on under the lease of the one before.
-	lapsed, resumed atomic.Int64
+	// leases counts the lease's sessions that lapsed, and those resumed
+	// because etcd still held the lease (package lease).
+	leases lease.Counters
 
 	hb      *heartbeats
 	history *gather.Gatherer[string, cluster.HistoryStarts]
@@ -132,41 +130,29 @@ func (c *Coord) ReadStream(ctx context.Context, stream string) (replica.StreamKe
 	return out, nil
 }
 
-// Run registers and serves until ctx ends. A lost session (partition, lease
-// expiry) is replaced by a new one: the broker's copies are fenced by seals,
-// not by this process's belief about its lease.
+// Run registers and serves until ctx ends. A lost lease (partition,
+// expiry) is replaced by a new one: the broker's copies are fenced by
+// seals, not by this process's belief about its lease.
 //
-// A session ends on the client's side when no keep-alive answer came
-// within the lease TTL, which on a saturated machine can happen while etcd
-// still holds the lease (the keep-alives reached it; their answers were
-// late). Such a lease is resumed, not revoked: revoking it would remove the
-// broker's registration and fail over every stream it owns although the
-// broker never stopped (docs/architecture.md, "Coordination only through
-// etcd"). Only a lease that etcd no longer holds is replaced by a new one.
+// A lease is lost only when etcd no longer holds it. A session whose
+// keep-alive answers came late while etcd held the lease goes on under it
+// (package lease): giving it up would remove the broker's registration and
+// fail over every stream it owns although the broker never stopped
+// (docs/architecture.md, "Coordination only through etcd").
 func (c *Coord) Run(ctx context.Context) error {
 	readyOnce := false
-	var held clientv3.LeaseID
-	var heldSince time.Time
+	var held *lease.Held
 	for {
 		var err error
-		lapsed := c.lapsed.Load()
 		held, err = c.runSession(ctx, &readyOnce, held)
 		if ctx.Err() != nil || c.isClosing() {
-			// A lease held for resuming when Run ends between sessions is
-			// revoked too: eager failover, as at a session's end.
+			// A lease kept for the next session when Run ends between
+			// sessions is revoked too: eager failover, as at a session's
+			// end.
 			c.revokeHeld()
 			return nil
 		}
-		if c.lapsed.Load() != lapsed {
-			heldSince = time.Now()
-		} else if held != clientv3.NoLease && time.Since(heldSince) > c.cfg.LeaseTTL {
-			// etcd has not said whether the lease lives for a whole TTL
-			// since nothing kept it alive: it has expired by now, and a
-			// read that keeps failing must not keep the broker from
-			// registering again.
-			held = clientv3.NoLease
-		}
-		c.log.Warn().Err(err).Int64("lease", int64(held)).Msg("etcd session lost; registering again")
+		c.log.Warn().Err(err).Bool("same_lease", held != nil).Msg("etcd session lost; registering again")
 		t := time.NewTimer(200 * time.Millisecond)
 		select {
 		case <-ctx.Done():
@@ -178,85 +164,71 @@ func (c *Coord) Run(ctx context.Context) error {
 	}
 }
 
-// SessionsLapsed counts the broker's etcd sessions that ended while it
-// ran on: no keep-alive answer within the lease TTL (etcd unreachable, or
-// its answers late), a registration write that failed.
-func (c *Coord) SessionsLapsed() int64 { return c.lapsed.Load() }
+// SessionsLapsed counts the broker's etcd sessions that lapsed while it
+// ran: no keep-alive answer within the lease TTL (etcd unreachable, or its
+// answers late).
+func (c *Coord) SessionsLapsed() int64 { return c.leases.Lapsed.Load() }
 
-// LeasesResumed counts sessions that went on under the lease of the
-// session before, because etcd still held it.
-func (c *Coord) LeasesResumed() int64 { return c.resumed.Load() }
+// LeasesResumed counts lapsed sessions whose lease etcd still held: kept
+// alive again, the registration untouched.
+func (c *Coord) LeasesResumed() int64 { return c.leases.Resumed.Load() }
 
-// newSession starts a session on held if etcd still holds that lease, and
-// on a new lease otherwise. An error reading held returns held again, to
-// be tried once more: whether it lives is not known yet, and a new lease
-// beside a live one would register the broker twice over.
-func (c *Coord) newSession(ctx context.Context, held clientv3.LeaseID) (*concurrency.Session, clientv3.LeaseID, error) {
-	if held != clientv3.NoLease {
-		tctx, cancel := context.WithTimeout(ctx, c.cfg.LeaseTTL)
-		resp, err := c.cfg.Client.TimeToLive(tctx, held)
-		cancel()
-		if err != nil {
-			return nil, held, fmt.Errorf("coord: lease %x: %w", int64(held), err)
+// errClosing ends a session that starts while the broker closes.
+var errClosing = errors.New("coord: closing")
+
+// leaseFor returns held while it is kept alive, else a new lease.
+func (c *Coord) leaseFor(ctx context.Context, held *lease.Held) (*lease.Held, error) {
+	if held != nil {
+		select {
+		case <-held.Done():
+			// Lost: its keys are gone with it, and the controller has
+			// seen the broker go. A new lease registers it again.
+			c.revoke(held)
+		default:
+			return held, nil
 		}
-		if resp.TTL > 0 {
-			sess, err := concurrency.NewSession(c.cfg.Client, concurrency.WithLease(held), concurrency.WithContext(ctx))
-			if err != nil {
-				return nil, held, fmt.Errorf("coord: resume lease %x: %w", int64(held), err)
-			}
-			c.resumed.Add(1)
-			return sess, held, nil
-		}
-		// Expired: its keys are gone with it, and the controller has seen
-		// the broker go. A new lease registers it again.
 	}
-	ttl := int((c.cfg.LeaseTTL + time.Second - 1) / time.Second)
-	sess, err := concurrency.NewSession(c.cfg.Client, concurrency.WithTTL(max(ttl, 1)), concurrency.WithContext(ctx))
-	if err != nil {
-		return nil, clientv3.NoLease, fmt.Errorf("coord: session: %w", err)
-	}
-	return sess, sess.Lease(), nil
+	return lease.Grant(ctx, c.cfg.Client, c.cfg.LeaseTTL, &c.leases)
 }
 
-// runSession registers on a session and serves until the session or ctx
-// ends. It returns the lease to resume (Run): the session's, unless the
-// broker is closing, when the lease is revoked.
-func (c *Coord) runSession(ctx context.Context, readyOnce *bool, held clientv3.LeaseID) (clientv3.LeaseID, error) {
+// runSession registers under a lease (held if it is still kept alive, else
+// a new one) and serves until the lease is lost, an etcd write fails, or
+// ctx ends. It returns the lease for the next session: nil when it was
+// lost, or revoked because the broker is stopping.
+func (c *Coord) runSession(ctx context.Context, readyOnce *bool, held *lease.Held) (*lease.Held, error) {
 	if c.isClosing() {
 		// No lease to grant only to revoke it.
-		return clientv3.NoLease, errors.New("coord: closing")
+		return nil, errClosing
 	}
-	sess, held, err := c.newSession(ctx, held)
+	held, err := c.leaseFor(ctx, held)
 	if err != nil {
-		return held, err
+		return nil, err
 	}
 	c.mu.Lock()
 	closing := c.closing
 	if !closing {
-		c.lease = sess.Lease()
+		c.held = held
 	}
 	c.mu.Unlock()
 	if closing {
-		// Revoke ran while this session was being made: it is not to
+		// Revoke ran while this lease was being granted: it is not to
 		// register.
-		c.end(sess, true)
-		return clientv3.NoLease, errors.New("coord: closing")
+		c.revoke(held)
+		return nil, errClosing
 	}
-	// Ending the session revokes its lease when the broker stops, so the
-	// controller sees this broker gone at once (eager failover) instead of
-	// after the TTL. Otherwise the lease stays, for the next session to
-	// resume if etcd still holds it.
+	// The lease is revoked when the broker stops, so the controller sees
+	// this broker gone at once (eager failover) instead of after the TTL;
+	// a lost lease is revoked too (etcd has let it go; the revoke only
+	// tidies). Otherwise it stays, for the next session to register under.
 	defer func() {
-		stopping := ctx.Err() != nil || c.isClosing()
-		if !stopping {
-			c.lapsed.Add(1)
+		if ctx.Err() != nil || c.isClosing() || held.Err() != nil {
+			c.revoke(held)
 		}
-		c.end(sess, stopping)
 	}()
-	lease := sess.Lease()
+	id := held.ID()
 	info := cluster.BrokerInfo{Node: c.cfg.Node, Address: c.cfg.Address, StartTime: c.start, Zone: c.cfg.Zone}
-	if _, err := c.cfg.Client.Put(ctx, c.cfg.Schema.BrokerKey(c.cfg.Node), cluster.Encode(info), clientv3.WithLease(sess.Lease())); err != nil {
-		return lease, fmt.Errorf("coord: register: %w", err)
+	if _, err := c.cfg.Client.Put(ctx, c.cfg.Schema.BrokerKey(c.cfg.Node), cluster.Encode(info), clientv3.WithLease(id)); err != nil {
+		return held, fmt.Errorf("coord: register: %w", err)
 	}
 	// Every shard again under a new lease, since the old lease's keys went
 	// with it (heartbeats.publish starts afresh on a lease it has not
@@ -264,8 +236,8 @@ func (c *Coord) runSession(ctx context.Context, readyOnce *bool, held clientv3.L
 	// write.
 	c.hb.tookIn(c.cfg.Manager.TakeTakenIn())
 	c.hb.signal(c.cfg.Manager.TakeSignalled())
-	if _, err := c.hb.publish(ctx, sess.Lease(), publishTails); err != nil {
-		return lease, err
+	if _, err := c.hb.publish(ctx, id, publishTails); err != nil {
+		return held, err
 	}
 	wctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -277,18 +249,18 @@ func (c *Coord) runSession(ctx context.Context, readyOnce *bool, held clientv3.L
 		select {
 		case <-synced:
 		case err := <-watchErr:
-			return lease, err
-		case <-sess.Done():
-			return lease, errors.New("coord: lease expired")
+			return held, err
+		case <-held.Done():
+			return nil, fmt.Errorf("coord: %w", held.Err())
 		case <-ctx.Done():
-			return lease, ctx.Err()
+			return held, ctx.Err()
 		}
 	}
 	if !*readyOnce {
 		*readyOnce = true
 		close(c.ready)
 	}
-	c.log.Info().Str(logging.Node, c.cfg.Node).Str(logging.Addr, c.cfg.Address).Int64("lease", int64(sess.Lease())).Msg("broker registered")
+	c.log.Info().Str(logging.Node, c.cfg.Node).Str(logging.Addr, c.cfg.Address).Int64("lease", int64(id)).Msg("broker registered")
 	// Tails alone are written at most once per heartbeat interval (t);
 	// a change the controller acts on goes out promptDelay after it is
 	// signalled (prompt), gathered with the others of its burst.
@@ -302,18 +274,18 @@ func (c *Coord) runSession(ctx context.Context, readyOnce *bool, held clientv3.L
 		c.hb.signal(c.cfg.Manager.TakeSignalled())
 		pctx, cancel := context.WithTimeout(ctx, c.cfg.Heartbeat+time.Second)
 		defer cancel()
-		if _, err := c.hb.publish(pctx, sess.Lease(), mode); err != nil && ctx.Err() == nil {
+		if _, err := c.hb.publish(pctx, id, mode); err != nil && ctx.Err() == nil {
 			c.log.Warn().Err(err).Msg("heartbeat failed; what it did not write goes out with the next one")
 		}
 	}
 	for {
 		select {
 		case <-ctx.Done():
-			return lease, ctx.Err()
-		case <-sess.Done():
-			return lease, errors.New("coord: lease expired")
+			return held, ctx.Err()
+		case <-held.Done():
+			return nil, fmt.Errorf("coord: %w", held.Err())
 		case err := <-watchErr:
-			return lease, err
+			return held, err
 		case <-urgent:
 			// Until the gathered pass has run, further signals wait in
 			// the channel (its buffer of one) for the pass after it.
@@ -329,23 +301,21 @@ func (c *Coord) runSession(ctx context.Context, readyOnce *bool, held clientv3.L
 	}
 }
 
-// Revoke ends the lease at once and stops registering again: clean shutdown is eager failover, the
-// controller sees the broker gone without waiting for the TTL.
-func (c *Coord) Revoke(ctx context.Context) error {
+// Revoke ends the lease at once and stops registering again: clean
+// shutdown is eager failover, the controller sees the broker gone without
+// waiting for the TTL. The revoke is bounded by a timeout of its own
+// (package lease).
+func (c *Coord) Revoke() error {
 	c.mu.Lock()
 	c.closing = true
-	lease := c.lease
+	held := c.held
 	c.mu.Unlock()
-	if lease == clientv3.NoLease {
+	if held == nil {
 		return nil
 	}
-	_, err := c.cfg.Client.Revoke(ctx, lease)
-	if errors.Is(err, rpctypes.ErrLeaseNotFound) {
-		// A lease held for resuming (Run) that expired meanwhile: its
-		// registration is already gone.
-		return nil
-	}
-	return err
+	// A lease that expired meanwhile is not an error: its registration is
+	// already gone.
+	return held.Revoke()
 }
 
 func (c *Coord) isClosing() bool {
@@ -354,41 +324,26 @@ func (c *Coord) isClosing() bool {
 	return c.closing
 }
 
-// revokeTimeout bounds the revoke of a session's lease when it ends.
-const revokeTimeout = 2 * time.Second
-
-// end ends sess, and with revoke revokes its lease (a lease already gone,
-// expired or revoked by Revoke, is not an error worth a line) and forgets
-// it, so a Revoke after it does not revoke a lease that is over. The
-// revoke has a context of its own, because ctx is usually what ended
-// (Session.Close would revoke with it, and fail at once).
-func (c *Coord) end(sess *concurrency.Session, revoke bool) {
-	sess.Orphan()
-	if revoke {
-		c.revoke(sess.Lease())
-	}
-}
-
 // revokeHeld revokes the lease the broker is registered under, if any:
 // Run ending between two sessions.
 func (c *Coord) revokeHeld() {
 	c.mu.Lock()
-	lease := c.lease
+	held := c.held
 	c.mu.Unlock()
-	if lease != clientv3.NoLease {
-		c.revoke(lease)
+	if held != nil {
+		c.revoke(held)
 	}
 }
 
-func (c *Coord) revoke(lease clientv3.LeaseID) {
+// revoke revokes held and forgets it, so a Revoke after it does not
+// revoke a lease that is over.
+func (c *Coord) revoke(held *lease.Held) {
 	c.mu.Lock()
-	if c.lease == lease {
-		c.lease = clientv3.NoLease
+	if c.held == held {
+		c.held = nil
 	}
 	c.mu.Unlock()
-	ctx, cancel := context.WithTimeout(context.Background(), revokeTimeout)
-	defer cancel()
-	_, _ = c.cfg.Client.Revoke(ctx, lease)
+	_ = held.Revoke()
 }
 
 // keepWatching runs watch (a listing, then a watch from it) until ctx

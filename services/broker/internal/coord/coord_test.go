@@ -87,7 +87,7 @@ func waitRun(t *testing.T, done <-chan error) {
 // broker's streams by the lease TTL.
 func TestRevokeBeforeRegistrationLeavesNoRegistration(t *testing.T) {
 	c, _ := newTestCoord(t)
-	if err := c.Revoke(context.Background()); err != nil {
+	if err := c.Revoke(); err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
@@ -155,10 +155,7 @@ func TestLateKeepAliveAnswersResumeTheLease(t *testing.T) {
 	fwd.HoldReplies()
 	clustertest.Eventually(t, 30*time.Second, "the session lapsed", func() bool { return c.SessionsLapsed() >= 1 })
 	fwd.ReleaseReplies()
-	clustertest.Eventually(t, 15*time.Second, "registered again", func() bool {
-		resp, err := direct.Get(ctx, c.cfg.Schema.BrokerKey("b1"))
-		return err == nil && len(resp.Kvs) == 1 && resp.Kvs[0].ModRevision > before.ModRevision
-	})
+	clustertest.Eventually(t, 15*time.Second, "the lease resumed", func() bool { return c.LeasesResumed() >= 1 })
 	// A registration deleted and written again would have been created
 	// anew: the controller would have seen the broker go.
 	after := brokerKey()
@@ -169,7 +166,6 @@ func TestLateKeepAliveAnswersResumeTheLease(t *testing.T) {
 	if n := c.LeasesResumed(); n != 1 {
 		t.Fatalf("%d leases resumed, want 1", n)
 	}
-
 	// Stopping still revokes the resumed lease at once.
 	cancel()
 	waitRun(t, done)

@@ -169,13 +169,13 @@ func (b *Broker) Heartbeats(ticks, txns, omitted func() int64) {
 }
 
 // Sessions registers the series of the broker's etcd sessions: those that
-// ended while it ran, and those that went on under the lease before.
+// lapsed while it ran, and those that went on under the same lease.
 func (b *Broker) Sessions(lapsed, resumed func() int64) {
 	if b == nil {
 		return
 	}
 	b.registry.MustRegister(
-		counterOf("etcd_sessions_lapsed_total", "etcd sessions of the broker that ended while it ran (no keep-alive answer within the lease TTL, etcd unreachable, a registration write that failed).", lapsed),
+		counterOf("etcd_sessions_lapsed_total", "etcd sessions of the broker's lease that lapsed while it ran: no keep-alive answer within the lease TTL (etcd unreachable, or its answers late).", lapsed),
 		counterOf("etcd_leases_resumed_total", "Sessions that went on under the lease of the session before because etcd still held it: the broker's registration and streams stayed put.", resumed),
 	)
 }

@@ -10,6 +10,14 @@
 //	                                            copies than their copies E
 //	strand_controller_pending_recoveries        pending recoveries
 //	strand_controller_live_brokers              registered brokers
+//	strand_controller_election_sessions_lapsed_total
+//	                                            election sessions that lapsed
+//	                                            (no keep-alive answer within
+//	                                            the lease TTL)
+//	strand_controller_election_leases_resumed_total
+//	                                            of those, the ones whose lease
+//	                                            etcd still held: kept alive
+//	                                            again, the term went on
 //
 // Every controller has a registry of its own, so controllers running in one
 // process (tests, strandctl dev) do not share series.
@@ -62,6 +70,20 @@ func New() *Controller {
 	c.registry.MustRegister(c.leader, c.streams, c.underReplicated, c.recoveries, c.liveBrokers,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return c
+}
+
+// Sessions registers the series of the election lease's sessions: those
+// that lapsed, and those that went on under the same lease because etcd
+// still held it.
+func (c *Controller) Sessions(lapsed, resumed func() int64) {
+	counter := func(name, help string, f func() int64) prometheus.CounterFunc {
+		return prometheus.NewCounterFunc(prometheus.CounterOpts{Namespace: "strand", Subsystem: "controller", Name: name, Help: help},
+			func() float64 { return float64(f()) })
+	}
+	c.registry.MustRegister(
+		counter("election_sessions_lapsed_total", "Election sessions of this controller that lapsed: no keep-alive answer within the lease TTL.", lapsed),
+		counter("election_leases_resumed_total", "Lapsed election sessions whose lease etcd still held: kept alive again, and a term it held went on.", resumed),
+	)
 }
 
 // Handler serves the registry in the Prometheus exposition format.

@@ -26,6 +26,7 @@ import (
 	"go.etcd.io/etcd/client/v3/concurrency"
 
 	"github.com/strandhq/strand/internal/cluster"
+	"github.com/strandhq/strand/internal/lease"
 	"github.com/strandhq/strand/internal/rpcserver"
 )
 
@@ -124,6 +125,8 @@ type Worker struct {
 	campaigning chan struct{}
 	once        sync.Once
 	leading     atomic.Bool
+	// leases counts the election leases' lapsed and resumed sessions.
+	leases lease.Counters
 }
 
 // New returns a worker; Run starts it.
@@ -138,6 +141,14 @@ func New(cfg Config) (*Worker, error) {
 // Campaigning is closed once the worker has joined the election for the
 // first time.
 func (w *Worker) Campaigning() <-chan struct{} { return w.campaigning }
+
+// SessionsLapsed counts the election sessions that lapsed: no keep-alive
+// answer within the lease TTL.
+func (w *Worker) SessionsLapsed() int64 { return w.leases.Lapsed.Load() }
+
+// LeasesResumed counts the lapsed election sessions whose lease etcd still
+// held: kept alive again, a term it held went on.
+func (w *Worker) LeasesResumed() int64 { return w.leases.Resumed.Load() }
 
 // Leading reports whether the worker currently leads.
 func (w *Worker) Leading() bool { return w.leading.Load() }
@@ -183,38 +194,33 @@ func sleepCtx(ctx context.Context, d time.Duration) bool {
 // leadership or ctx is lost. It returns nil when the session ended in the
 // ordinary way (its lease lost, or ctx).
 func (w *Worker) campaignAndLead(ctx context.Context) error {
-	ttl := int((w.cfg.SessionTTL + time.Second - 1) / time.Second)
-	// The lease is granted under ctx so that stopping the worker while etcd
-	// is unreachable does not block here; the session keeps it alive on the
-	// client's context and revokes it on Close.
-	lease, err := w.cfg.Client.Grant(ctx, int64(ttl))
+	// The election lease outlives a session whose keep-alive answers came
+	// late while etcd still held it (package lease): ending the term then
+	// would stop every recovery in flight on a machine already short of
+	// time. Every commit compares the election key's create revision
+	// (Leader.guard), so a term that goes on under a lease since expired
+	// commits nothing.
+	held, err := lease.Grant(ctx, w.cfg.Client, w.cfg.SessionTTL, &w.leases)
 	if err != nil {
 		return fmt.Errorf("worker: election lease: %w", err)
 	}
-	session, err := concurrency.NewSession(w.cfg.Client, concurrency.WithLease(lease.ID), concurrency.WithTTL(ttl))
-	if err != nil {
-		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), w.cfg.SessionTTL)
-		defer cancel()
-		_, _ = w.cfg.Client.Revoke(rctx, lease.ID)
-		return fmt.Errorf("worker: election session: %w", err)
-	}
-	// Closing the session revokes its lease, which deletes the leader key,
-	// so a successor takes over without waiting for the TTL.
-	defer func() { _ = session.Close() }()
+	// Revoking the lease deletes the leader key, so a successor takes over
+	// without waiting for the TTL.
+	defer func() { _ = held.Revoke() }()
 
-	// Everything below ends when the session does: a campaign or a term
+	// Everything below ends when the lease does: a campaign or a term
 	// outliving its lease would act for a leadership it no longer holds.
 	sctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	go func() {
 		select {
-		case <-session.Done():
+		case <-held.Done():
 			cancel()
 		case <-sctx.Done():
 		}
 	}()
 
-	election := concurrency.NewElection(session, w.cfg.Schema.RecovererElection())
+	election := concurrency.NewElection(held.Session(), w.cfg.Schema.RecovererElection())
 	w.once.Do(func() { close(w.campaigning) })
 	if err := election.Campaign(sctx, w.cfg.Name); err != nil {
 		if sctx.Err() != nil {
