@@ -1083,9 +1083,28 @@ func (vlog *valueLog) readValueBytes(vp valuePointer) ([]byte, *logFile, error) 
 	}
 
 	buf, err := lf.read(vp)
+	if err == nil {
+		// Strand: the entry is read with pread into a buffer of its own,
+		// not through the file's mapping. lf.read only checked the bounds
+		// and sliced the mapping, which touches no page.
+		buf, err = lf.readAt(vp.Offset, len(buf))
+	}
 	y.NumReadsVlogAdd(vlog.db.opt.MetricsEnabled, 1)
 	y.NumBytesReadsVlogAdd(vlog.db.opt.MetricsEnabled, int64(len(buf)))
 	return buf, lf, err
+}
+
+// Strand: readAt reads n bytes of the file at off with pread. A read
+// through the mapping faults its pages into the process, one at a time
+// under the broker's MADV_RANDOM advice, and they stay mapped, counted in
+// its resident set, until the broker pages them out, which takes them
+// out of the page cache too, so the next read of them goes to the disk.
+func (lf *logFile) readAt(off uint32, n int) ([]byte, error) {
+	buf := make([]byte, n)
+	if _, err := lf.Fd.ReadAt(buf, int64(off)); err != nil {
+		return nil, y.Wrapf(err, "while reading value log %s at %d", lf.path, off)
+	}
+	return buf, nil
 }
 
 func (vlog *valueLog) pickLog(discardRatio float64) *logFile {

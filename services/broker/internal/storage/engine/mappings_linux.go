@@ -15,12 +15,16 @@ import (
 
 // Badger maps its write-ahead logs (.mem), value log (.vlog) and tables
 // (.sst) into memory. It writes the write-ahead logs through the mapping;
-// the value log it writes with pwrite (the patch in third_party/badger, which
+// the value log it writes with pwrite (a patch in third_party/badger, which
 // took page faults and per-page TLB shootdowns at every fsync off the append
-// path) and reads through the mapping. Two kernel behaviours make mappings
-// costly for a store that appends and fsyncs small batches, and the advisor
-// below, run by the committer, counters both on the mappings of this store's
-// files:
+// path) and, for a reader, reads with pread (another: pages a reader
+// faulted in stayed mapped until paged out below, out of the page cache
+// too, so a rejoin reading what a follower missed went to the disk a page
+// at a time); only Badger's own walks over a value log file, the open's
+// replay and the value log GC, read through the mapping. Two kernel
+// behaviours make mappings costly for a store that appends and fsyncs small
+// batches, and the advisor below, run by the committer, counters both on
+// the mappings of this store's files:
 //
 //   - A fault on a file mapping reads around the faulting page, by the
 //     device's readahead window, and the page cache may hold the file in
@@ -43,8 +47,9 @@ import (
 //     dropped at every look too, not only once Badger moves on from it:
 //     dropping a whole 64 MiB file's pages at once took the committer
 //     3-15 ms (page table teardown), a stall every publish felt; a few MiB
-//     at a time costs a fraction of a millisecond. Appends map nothing
-//     (pwrite); what the drop clears is what readers faulted in.
+//     at a time costs a fraction of a millisecond. Appends and readers map
+//     nothing (pwrite, pread); what the drop clears is what the value log
+//     GC's walk faulted in.
 //
 // Both are advice: they change no data and no durability. MADV_DONTNEED on
 // a shared file mapping never discards data; dirty pages stay in the page
