@@ -152,7 +152,7 @@ func (c *Coord) Run(ctx context.Context) error {
 			c.revokeHeld()
 			return nil
 		}
-		c.log.Warn().Err(err).Bool("same_lease", held != nil).Msg("etcd session lost; registering again")
+		c.log.Warn().Err(err).Bool("same_lease", held != nil && held.Err() == nil).Msg("etcd session lost; registering again")
 		t := time.NewTimer(200 * time.Millisecond)
 		select {
 		case <-ctx.Done():
