@@ -115,6 +115,21 @@ func (h *Held) Err() error {
 	}
 }
 
+// Context returns a context derived from parent that is also cancelled
+// once the lease is no longer kept alive: what a leader does under its
+// election lease runs under it, and stops when the lease is lost.
+func (h *Held) Context(parent context.Context) (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithCancel(parent)
+	go func() {
+		select {
+		case <-h.done:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	return ctx, cancel
+}
+
 // keep runs the lease's sessions: when one lapses while ctx lives, the
 // lease is resumed under a new one if etcd still holds it.
 func (h *Held) keep(ctx context.Context, sess *concurrency.Session) {
@@ -131,6 +146,11 @@ func (h *Held) keep(ctx context.Context, sess *concurrency.Session) {
 			return
 		}
 		h.counters.Lapsed.Add(1)
+		// The lapsed session's keep-alive has stopped; orphaning it (at
+		// once, then) releases its context, which would otherwise stay
+		// among ctx's children until the lease ends: one per lapse, for
+		// months.
+		sess.Orphan()
 		next, err := h.resume(ctx, time.Now())
 		if err != nil {
 			h.err = err

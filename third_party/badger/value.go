@@ -958,7 +958,7 @@ func (vlog *valueLog) write(reqs []*request) error {
 			// dropped, and the next request allocated and cleared a new
 			// one: a rejoining broker, writing requests near the
 			// transaction bound, spent a fifth of its CPU there.
-			*buf = *bytes.NewBuffer(make([]byte, 0, min(max(need, 2*buf.Cap()), max(need, vlog.writeBufKept()))))
+			*buf = *bytes.NewBuffer(make([]byte, 0, max(need, min(2*buf.Cap(), vlog.writeBufKept()))))
 		}
 		base := vlog.woffset()
 		for j := range b.Entries {

@@ -372,15 +372,8 @@ func (a *App) lead(ctx context.Context) error {
 	defer func() { _ = held.Revoke() }()
 	a.readyOnce.Do(func() { close(a.ready) })
 
-	cctx, cancel := context.WithCancel(ctx)
+	cctx, cancel := held.Context(ctx)
 	defer cancel()
-	go func() {
-		select {
-		case <-held.Done():
-			cancel()
-		case <-cctx.Done():
-		}
-	}()
 	el := concurrency.NewElection(held.Session(), a.schema.ControllerElection())
 	if err := a.campaignOn(cctx, el); err != nil {
 		return fmt.Errorf("controller: campaign: %w", err)

@@ -232,8 +232,8 @@ func (c *Coord) runSession(ctx context.Context, readyOnce *bool, held *lease.Hel
 	}
 	// Every shard again under a new lease, since the old lease's keys went
 	// with it (heartbeats.publish starts afresh on a lease it has not
-	// written under); under a resumed one, what the last session did not
-	// write.
+	// written under); under the same lease (kept after a failed write),
+	// what the last session did not write.
 	c.hb.tookIn(c.cfg.Manager.TakeTakenIn())
 	c.hb.signal(c.cfg.Manager.TakeSignalled())
 	if _, err := c.hb.publish(ctx, id, publishTails); err != nil {

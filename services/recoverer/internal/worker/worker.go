@@ -210,15 +210,8 @@ func (w *Worker) campaignAndLead(ctx context.Context) error {
 
 	// Everything below ends when the lease does: a campaign or a term
 	// outliving its lease would act for a leadership it no longer holds.
-	sctx, cancel := context.WithCancel(ctx)
+	sctx, cancel := held.Context(ctx)
 	defer cancel()
-	go func() {
-		select {
-		case <-held.Done():
-			cancel()
-		case <-sctx.Done():
-		}
-	}()
 
 	election := concurrency.NewElection(held.Session(), w.cfg.Schema.RecovererElection())
 	w.once.Do(func() { close(w.campaigning) })
