@@ -3,8 +3,6 @@ package replica
 import (
 	"context"
 	"errors"
-	"runtime"
-	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -197,7 +195,7 @@ func TestFollowAtAnEpochNotAppliedYetWaitsForIt(t *testing.T) {
 	// Epoch 2 is applied only once the waiter is parked in its wait, so
 	// the wait itself is what the assignment must end (not a check that
 	// found epoch 2 already there).
-	waitParked(t, "replica.(*Copy).awaitApplied")
+	clustertest.WaitParked(t, "select", "replica.(*Copy).awaitApplied")
 	m.SetAssignment(cluster.Assignment{Stream: stream, Epoch: 2, Owner: "b1"})
 	select {
 	case got := <-appliedAtReturn:
@@ -207,26 +205,4 @@ func TestFollowAtAnEpochNotAppliedYetWaitsForIt(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("the wait did not end once epoch 2 was applied")
 	}
-}
-
-// waitParked waits until a goroutine is blocked in a select inside fn
-// (its name as a goroutine dump gives it), read from the runtime's
-// goroutine dump. A dump that fills the buffer may have been cut short,
-// so the buffer grows until the whole dump fits.
-func waitParked(t *testing.T, fn string) {
-	t.Helper()
-	buf := make([]byte, 1<<20)
-	clustertest.Eventually(t, 10*time.Second, "a goroutine parked in "+fn, func() bool {
-		n := runtime.Stack(buf, true)
-		for n == len(buf) {
-			buf = make([]byte, 2*len(buf))
-			n = runtime.Stack(buf, true)
-		}
-		for g := range strings.SplitSeq(string(buf[:n]), "\n\n") {
-			if strings.Contains(g, "[select") && strings.Contains(g, fn+"(") {
-				return true
-			}
-		}
-		return false
-	})
 }

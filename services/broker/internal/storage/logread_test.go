@@ -69,10 +69,16 @@ func TestLogReadsAreBounded(t *testing.T) {
 		c, err := s.WrittenChainAt(5)
 		chained <- chainRead{c, err}
 	}()
+	// Parked on the slots' channel (readLog, under the chain read): it
+	// has not run, and must not until a slot frees.
+	clustertest.WaitParked(t, "chan send", "storage.(*Stream).recordChain")
 	select {
 	case r := <-chained:
 		t.Fatalf("a chain read ran with every log read slot taken: %+v", r)
 	default:
+	}
+	if n := running.Load(); n != logReadSlots {
+		t.Fatalf("%d log reads running with every slot taken, want %d", n, logReadSlots)
 	}
 	close(release)
 	wg.Wait()
