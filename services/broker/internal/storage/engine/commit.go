@@ -115,17 +115,16 @@ func (e *Engine) Do(ctx context.Context, b *Batch) error {
 func (e *Engine) commitLoop() {
 	defer close(e.stopped)
 	group := make([]*Batch, 0, 256)
-	// The mapping advice also runs while nothing is written (readers
-	// fault value log pages in too).
+	// The mapping advice also runs while nothing is written (the value
+	// log GC and compactions fault pages in too).
 	tick := time.NewTicker(lookEvery)
 	defer tick.Stop()
-	unadvised := 0
 	for {
 		var first *Batch
 		select {
 		case first = <-e.batches:
 		case <-tick.C:
-			unadvised = e.advise(unadvised)
+			e.advise(0)
 			continue
 		case <-e.stop:
 			// Close let every accepted sender finish; write what is queued.
@@ -152,33 +151,24 @@ func (e *Engine) commitLoop() {
 		}
 		e.commit(group)
 		clear(group)
-		unadvised = e.advise(unadvised + size)
+		e.advise(size)
 	}
 }
 
 // The mapping advice (mappings_linux.go) looks at Badger's mappings at
-// least every lookEvery, writes or not, and drops value log pages from the
-// resident set each time: a reader catching up faults them in at disk or
-// page cache speed, and the resident set is bounded by what it can fault in
-// between two looks. Table pages are paged out every trimEvery.
+// least every lookEvery, writes or not, so a new file is advised
+// MADV_RANDOM soon after Badger maps it; table pages and older value log
+// files' pages are paged out every trimEvery.
 const (
 	lookEvery = 500 * time.Millisecond
 	trimEvery = 2 * time.Second
 )
 
 // advise gives the mapping advice (mappings_linux.go) for written bytes
-// committed since the last advice. It runs on the committer between its
-// writes, so Badger is not rotating a value log file under it, after the
-// group's waiters are released. While the value log GC runs (it holds
-// vlog.mu, for seconds when it rewrites a file) it skips its turn rather
-// than hold writes up, and returns the bytes still unadvised.
-func (e *Engine) advise(written int) int {
-	if !e.vlog.mu.TryLock() {
-		return written
-	}
-	defer e.vlog.mu.Unlock()
-	e.vlog.advisor.wrote(written)
-	return 0
+// committed since the last advice. It runs on the committer, after the
+// group's waiters are released.
+func (e *Engine) advise(written int) {
+	e.advisor.wrote(written)
 }
 
 // commit writes a group durably, then reports each batch's outcome.

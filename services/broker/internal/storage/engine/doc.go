@@ -36,13 +36,10 @@
 //     itself.
 //   - failure (failureLatch): the first write error, after which every
 //     batch is refused.
-//   - vlog (vlogState): the committer's mapping advisor; the value log GC
-//     holds its lock while it deletes and maps files, the committer only
-//     tries it (mappings_linux.go).
 //   - writeMu guards no state: it keeps Badger's two writers, the committer
 //     (commit through fsync) and the value log GC (rewrite through its
 //     flush), from interleaving (vlog.go). Lock order: writeMu, then
-//     vlog's, then gate's or failure's; stopping's before failure's; gate's
+//     gate's or failure's; stopping's before failure's; gate's
 //     and failure's are leaves.
 //
 // # Durability contract

@@ -175,12 +175,15 @@ type Engine struct {
 	// fsync, and by the value log GC from its rewrite through the flush
 	// that makes the rewrite durable (vlog.go): Badger's two writers never
 	// interleave. It guards no state, only serialises those two writers,
-	// so it stays a lone field. Lock order: writeMu, then vlog.mu, then
-	// gate.mu or failure.mu (Err); stopping.mu before failure.mu (Close);
-	// gate.mu and failure.mu are leaves.
+	// so it stays a lone field. Lock order: writeMu, then gate.mu or
+	// failure.mu (Err); stopping.mu before failure.mu (Close); gate.mu and
+	// failure.mu are leaves.
 	writeMu sync.Mutex
 
-	vlog vlogState
+	// advisor is the committer's alone (commit.go, advise): it gives only
+	// advice that is harmless whatever holds a range by then
+	// (mappings_linux.go), so nothing orders it against the value log GC.
+	advisor *mapAdvisor
 
 	onCommit   func(write, sync time.Duration, synced bool)
 	onFail     func(error)
@@ -232,16 +235,6 @@ func (f *failureLatch) set(err error) (first bool) {
 		f.err = err
 	}
 	return first
-}
-
-// vlogState is the committer's mapping advisor with the lock that orders
-// the value log GC against it (doc.go, "Locks"): the committer advises
-// only while it holds mu (TryLock, skipping a turn rather than waiting),
-// the GC holds mu while it deletes and maps value log files
-// (mappings_linux.go).
-type vlogState struct {
-	mu      sync.Mutex
-	advisor *mapAdvisor
 }
 
 // Open opens (or creates) the engine in opts.Dir: it repairs what a power
@@ -350,7 +343,7 @@ func Open(opts Options) (*Engine, error) {
 	if lost {
 		e.pin = bdb.NewTransaction(false)
 	}
-	e.vlog.advisor = newMapAdvisor(opts.Dir)
+	e.advisor = newMapAdvisor(opts.Dir)
 	go e.commitLoop()
 	if !lost && fileExists(opts.Dir, gcMarkerFile) {
 		// A GC marker without a reboot: the page cache kept every write

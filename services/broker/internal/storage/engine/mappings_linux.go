@@ -35,41 +35,32 @@ import (
 //     faults bring in single pages and an fsync writes what changed.
 //   - Pages of a file mapping stay mapped, and counted in the broker's
 //     resident memory, until the kernel needs them back: a broker that has
-//     written a few GiB of value log shows GiBs of RSS although only
-//     Badger's caches and memtables are its own. MADV_DONTNEED on the
-//     value log mappings drops them from the broker's page tables (the
-//     page cache keeps them, so a later read faults them back cheaply),
-//     which keeps the resident set flat as streams grow: what stays is the
-//     memtables, what was appended or read since the last look (every
-//     adviseEveryBytes written, at least every lookEvery), and the table
-//     pages read since the last trim (tables hold keys and value pointers
-//     only, and are paged out, see scan). The file Badger appends to is
-//     dropped at every look too, not only once Badger moves on from it:
-//     dropping a whole 64 MiB file's pages at once took the committer
-//     3-15 ms (page table teardown), a stall every publish felt; a few MiB
-//     at a time costs a fraction of a millisecond. Appends and readers map
-//     nothing (pwrite, pread); what the drop clears is what the value log
-//     GC's walk faulted in.
+//     read a few GiB through Badger's mappings shows GiBs of RSS although
+//     only Badger's caches and memtables are its own. Appends and readers
+//     of the value log map nothing (pwrite, pread), so what is left to
+//     clear is what Badger's own walks fault in: the value log GC's and the
+//     open's over older value log files, and compactions' over tables
+//     (tables hold keys and value pointers only). Every trimEvery those
+//     get MADV_PAGEOUT (see scan), which keeps the resident set flat as
+//     streams grow.
 //
-// Both are advice: they change no data and no durability. MADV_DONTNEED on
-// a shared file mapping never discards data; dirty pages stay in the page
-// cache for writeback. It would discard data on anonymous memory, though,
-// so it is only given where no other mapping can have taken the range
-// since /proc/self/maps was read: on the value log file Badger appends to
-// (the newest), which Badger moves only while writing (rotation), and the
-// advisor runs on the committer, between its writes, holding vlog.mu, which
-// the value log GC, the other writer, also holds; the GC never rewrites,
-// so never deletes, the newest file. Older value log files are unmapped by
-// the GC's deletions, which Badger defers to whichever reader closes the
-// last iterator, at any time; they, tables and memtables only get advice
-// that is harmless whatever the range holds: MADV_RANDOM, and MADV_PAGEOUT
-// for tables and older value log files (see scan).
+// Both are advice: they change no data and no durability, and both are
+// harmless whatever holds a range by the time it is given. That matters:
+// Badger unmaps files at any time (the value log GC's deletions are
+// deferred to whichever reader closes the last iterator, tables go with
+// compactions), so a range read from /proc/self/maps may hold another
+// mapping, or anonymous memory, by the time the advice reaches it.
+// MADV_RANDOM only turns read-around off, and MADV_PAGEOUT reclaims pages
+// without discarding data (file pages are written back or read back
+// later, anonymous ones swapped out or kept). MADV_DONTNEED is never
+// given: on anonymous memory it discards the data. It used to drop the
+// value log file Badger appends to, when appends copied into the mapping;
+// since they are written with pwrite nothing maps that file's pages.
 
 const (
 	// adviseEveryBytes: how much may be committed before the mappings are
 	// looked at again (a new .mem file appears every memtable's worth of
-	// writes, a new .vlog every value log file) and the active value log
-	// file is dropped from the resident set. Each look reads
+	// writes, a new .vlog every value log file). Each look reads
 	// /proc/self/maps.
 	adviseEveryBytes = 4 << 20
 )
@@ -124,8 +115,8 @@ func (a *mapAdvisor) scan(now time.Time) {
 	}
 	defer func() { _ = f.Close() }()
 	var (
-		active     mapping
-		activeName string
+		newest     mapping
+		newestName string
 	)
 	seen := make(map[mapping]bool, len(a.advised))
 	sc := bufio.NewScanner(f)
@@ -160,22 +151,18 @@ func (a *mapAdvisor) scan(now time.Time) {
 		if ext != ".vlog" {
 			continue
 		}
-		if name := filepath.Base(path); newerValueLog(name, activeName) {
-			if activeName != "" && trim {
-				a.advise(active, unix.MADV_PAGEOUT)
+		// Older files get MADV_PAGEOUT: what the GC's or the open's walk
+		// faulted in (they were synced when Badger moved on from them, so
+		// their pages are clean). The file Badger appends to (the newest)
+		// needs none: nothing maps its pages but its header's.
+		if name := filepath.Base(path); newerValueLog(name, newestName) {
+			if newestName != "" && trim {
+				a.advise(newest, unix.MADV_PAGEOUT)
 			}
-			active, activeName = m, name
+			newest, newestName = m, name
 		} else if trim {
-			// An older file: only what readers faulted back in is
-			// resident (it was synced when Badger moved on from it, so
-			// its pages are clean), and it may be unmapped at any time.
 			a.advise(m, unix.MADV_PAGEOUT)
 		}
-	}
-	// The file Badger appends to is dropped at every look, so little is
-	// mapped when Badger moves on from it.
-	if activeName != "" {
-		a.advise(active, unix.MADV_DONTNEED)
 	}
 	for m := range a.advised {
 		if !seen[m] {

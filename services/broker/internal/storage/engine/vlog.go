@@ -104,9 +104,6 @@ func (e *Engine) rewriteValueLogFileMarked() error {
 		e.fail(fmt.Errorf("storage: the value log GC has held every write for %s", limit))
 	})
 	defer stall.Stop()
-	// vlog.mu: the GC deletes and maps value log files (mappings_linux.go).
-	e.vlog.mu.Lock()
-	defer e.vlog.mu.Unlock()
 	if err := e.Err(); err != nil {
 		return err
 	}
