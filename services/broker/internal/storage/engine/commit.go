@@ -124,7 +124,7 @@ func (e *Engine) commitLoop() {
 		select {
 		case first = <-e.batches:
 		case <-tick.C:
-			e.advise(0)
+			e.advisor.wrote(0)
 			continue
 		case <-e.stop:
 			// Close let every accepted sender finish; write what is queued.
@@ -151,7 +151,9 @@ func (e *Engine) commitLoop() {
 		}
 		e.commit(group)
 		clear(group)
-		e.advise(size)
+		// After the group's waiters are released: the advice is no part
+		// of a commit.
+		e.advisor.wrote(size)
 	}
 }
 
@@ -163,13 +165,6 @@ const (
 	lookEvery = 500 * time.Millisecond
 	trimEvery = 2 * time.Second
 )
-
-// advise gives the mapping advice (mappings_linux.go) for written bytes
-// committed since the last advice. It runs on the committer, after the
-// group's waiters are released.
-func (e *Engine) advise(written int) {
-	e.advisor.wrote(written)
-}
 
 // commit writes a group durably, then reports each batch's outcome.
 func (e *Engine) commit(group []*Batch) {

@@ -180,7 +180,7 @@ type Engine struct {
 	// failure.mu are leaves.
 	writeMu sync.Mutex
 
-	// advisor is the committer's alone (commit.go, advise): it gives only
+	// advisor is the committer's alone (commitLoop): it gives only
 	// advice that is harmless whatever holds a range by then
 	// (mappings_linux.go), so nothing orders it against the value log GC.
 	advisor *mapAdvisor

@@ -53,9 +53,9 @@ import (
 // MADV_RANDOM only turns read-around off, and MADV_PAGEOUT reclaims pages
 // without discarding data (file pages are written back or read back
 // later, anonymous ones swapped out or kept). MADV_DONTNEED is never
-// given: on anonymous memory it discards the data. It used to drop the
-// value log file Badger appends to, when appends copied into the mapping;
-// since they are written with pwrite nothing maps that file's pages.
+// given: on anonymous memory it discards the data, and nothing here needs
+// it (the file Badger appends to is written with pwrite, so nothing maps
+// its pages to drop).
 
 const (
 	// adviseEveryBytes: how much may be committed before the mappings are
