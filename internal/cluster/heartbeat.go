@@ -1,9 +1,11 @@
 package cluster
 
 import (
-	"encoding/json"
+	"fmt"
 	"maps"
 	"slices"
+
+	"github.com/segmentio/encoding/json"
 )
 
 // MaxHeartbeatBytes bounds one heartbeat shard's value. etcd refuses a
@@ -19,6 +21,35 @@ const MaxHeartbeatBytes = 512 << 10
 // each request under etcd's --max-request-bytes with room for the keys.
 const MaxHeartbeatTxnBytes = 1 << 20
 
+// Heartbeat shards are the one value type written and read in bulk: a
+// mass failover rewrites every shard holding a changed copy several times,
+// and the controller decodes each value a broker writes (docs/limits.md,
+// "A mass failover"). They are encoded and decoded with segmentio's
+// encoding/json, which reads and writes them as the standard library does
+// (TestHeartbeatCodecMatchesStandardLibrary, and its fuzz target for any
+// bytes a key may hold) at about a quarter of its CPU. Not every value
+// type: it writes a time.Duration as text where the standard library
+// writes nanoseconds (a stream's retention), so the others keep Encode.
+
+// EncodeHeartbeat is Encode for a heartbeat shard.
+func EncodeHeartbeat(hb Heartbeat) string {
+	b, err := json.Marshal(hb)
+	if err != nil {
+		// Plain data; a failure is a programming error.
+		panic(fmt.Sprintf("cluster: encode heartbeat: %v", err))
+	}
+	return string(b)
+}
+
+// DecodeHeartbeat is Decode for a heartbeat shard.
+func DecodeHeartbeat(raw []byte) (Heartbeat, error) {
+	var hb Heartbeat
+	if err := json.Unmarshal(raw, &hb); err != nil {
+		return hb, fmt.Errorf("%w: %T: %v", ErrCorrupt, hb, err)
+	}
+	return hb, nil
+}
+
 // BoundHeartbeat encodes hb within limit bytes. A value that fits is hb
 // itself. One that does not keeps the copies in name order while the
 // value fits and leaves the rest out, counting them in Omitted: a value
@@ -27,7 +58,7 @@ const MaxHeartbeatTxnBytes = 1 << 20
 // streams left out. limit must leave room for a shard with no copies (a
 // few hundred bytes); MaxHeartbeatBytes does, by far.
 func BoundHeartbeat(hb Heartbeat, limit int) (string, []string) {
-	v := Encode(hb)
+	v := EncodeHeartbeat(hb)
 	if len(v) <= limit {
 		return v, nil
 	}
@@ -38,7 +69,7 @@ func BoundHeartbeat(hb Heartbeat, limit int) (string, []string) {
 	empty.Omitted = len(names)
 	// The envelope with every copy omitted, plus per copy its name, its
 	// status and two bytes of separators: a bound on the value's size.
-	size := len(Encode(empty))
+	size := len(EncodeHeartbeat(empty))
 	n := 0
 	for _, name := range names {
 		k, _ := json.Marshal(name)
@@ -53,5 +84,5 @@ func BoundHeartbeat(hb Heartbeat, limit int) (string, []string) {
 	out := hb
 	out.Streams = kept
 	out.Omitted = len(names) - n
-	return Encode(out), names[n:]
+	return EncodeHeartbeat(out), names[n:]
 }

@@ -138,7 +138,7 @@ func (snap *Snapshot) applyHeartbeat(s cluster.Schema, key string, kv *mvccpb.Ke
 	var rev int64
 	if kv != nil {
 		rev = kv.ModRevision
-		v, err := cluster.Decode[cluster.Heartbeat](kv.Value)
+		v, err := cluster.DecodeHeartbeat(kv.Value)
 		if err != nil {
 			derr = err
 		} else if len(v.Streams) > 0 {
