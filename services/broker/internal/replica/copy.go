@@ -38,6 +38,9 @@ type Copy struct {
 	roleCancel context.CancelFunc
 	roleWG     sync.WaitGroup
 	tracker    *confirmTracker
+	// untrackDurable stops storage telling an owner role's tracker the
+	// copy's durable tail (startRole); endRole calls it.
+	untrackDurable func()
 	// follower side: the owner's watermark as last received, capped at the
 	// copy's own tail, and a channel closed when it moves.
 	followerWM    uint64
@@ -536,12 +539,13 @@ func (c *Copy) startRole(a cluster.Assignment, role string) {
 		// after a crash only delays retention and reads.
 		tracker.onAdvance = c.st.SetConfirmWatermark
 		c.tracker = tracker
-		ctx := c.roleCtx
-		c.roleWG.Add(1)
-		go func() {
-			defer c.roleWG.Done()
-			c.trackOwnerDurable(ctx, tracker)
-		}()
+		// The owner's own copy counts toward W as storage makes records
+		// durable, whoever waited for them: a publish whose caller went
+		// away before its fsync ended reports nothing, and its records,
+		// durable here and maybe on every follower, would stay above the
+		// confirm watermark (hidden from readers, never confirmed to a
+		// retry) until the next publish.
+		c.untrackDurable = c.st.OnDurable(tracker.ownerDurable)
 		log.Int("w", rule.W).Msg("owner at its own tails")
 	case cluster.RoleFollower:
 		c.tracker = nil
@@ -555,36 +559,17 @@ func (c *Copy) startRole(a cluster.Assignment, role string) {
 	}
 }
 
-// trackOwnerDurable counts the owner's own copy toward W as storage makes
-// records durable, whoever waited for them. Publish reports its records
-// too, at once, but a publish whose caller went away before its fsync
-// ended reports nothing: its records, durable here and maybe on every
-// follower, would stay above the confirm watermark (hidden from readers,
-// never confirmed to a retry) until the next publish.
-func (c *Copy) trackOwnerDurable(ctx context.Context, tracker *confirmTracker) {
-	for {
-		tail := c.st.Tails().Record
-		tracker.ownerDurable(tail)
-		select {
-		case <-ctx.Done():
-			return
-		case <-c.st.WaitTail(tail):
-		}
-		if c.st.Closed() {
-			// Its waits return at once from now on; the role ends with
-			// the copy (roles end before their stream is closed).
-			<-ctx.Done()
-			return
-		}
-	}
-}
-
 // endRole stops the current role's workers and wakes its waiters; newRole
 // is what the copy is afterwards ("" or sealed).
 func (c *Copy) endRole(newRole string) {
 	c.mu.Lock()
 	c.roleCancel()
+	untrack := c.untrackDurable
+	c.untrackDurable = nil
 	c.mu.Unlock()
+	if untrack != nil {
+		untrack()
+	}
 	c.roleWG.Wait()
 	c.mu.Lock()
 	c.role = newRole

@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -379,5 +381,35 @@ func TestIdleCopiesKeepNoReconcileRun(t *testing.T) {
 		c.mu.Lock()
 		defer c.mu.Unlock()
 		return c.applied.Epoch == epochs+1 && c.runDone == nil
+	})
+}
+
+// An owner role runs no goroutine of its own per stream: its copy counts
+// toward W through storage (Stream.OnDurable), so a broker owning
+// thousands of idle streams parks nothing for them.
+func TestOwnerRolesRunNoGoroutinePerStream(t *testing.T) {
+	m := newTestManager(t, "b1", func() cluster.HistoryStarts { return nil })
+	const streams = 50
+	for i := range streams {
+		m.SetAssignment(cluster.Assignment{Stream: fmt.Sprintf("own-%02d", i), Epoch: 1, Owner: "b1"})
+	}
+	for i := range streams {
+		waitOwnerRole(t, m, fmt.Sprintf("own-%02d", i), "the owner role")
+	}
+	// A goroutine a copy starts to apply an assignment ends once it has;
+	// what stays is the role's.
+	clustertest.Eventually(t, 10*time.Second, "no goroutine left in a copy's code", func() error {
+		buf := make([]byte, 1<<22)
+		dump := string(buf[:runtime.Stack(buf, true)])
+		n := 0
+		for g := range strings.SplitSeq(dump, "\n\n") {
+			if strings.Contains(g, "replica.(*Copy)") {
+				n++
+			}
+		}
+		if n > 0 {
+			return fmt.Errorf("%d goroutines in a copy's code with %d owned streams", n, streams)
+		}
+		return nil
 	})
 }

@@ -86,9 +86,9 @@ func (m *Manager) publish(ctx context.Context, stream string, recs []storage.Rec
 	}
 	// AppendIdempotent returned once everything it reports is durable
 	// here: the stored records, or the originals of a batch of duplicates.
+	// Storage told the tracker so before it returned (Stream.OnDurable).
 	tail := slices.Max(res.Offsets) + 1
 	m.cfg.Metrics.PublishDurable(start)
-	tracker.ownerDurable(tail)
 	if err := waitConfirmed(ctx, roleCtx, tracker, tail, m.cfg.ConfirmTimeout); err != nil {
 		if errors.Is(err, ErrConfirmTimeout) {
 			m.cfg.Metrics.PublishConfirmTimedOut()

@@ -149,8 +149,11 @@
 //     assigned.mu before durable.dmu; the committer takes only durable.dmu.
 //     prodGarbage (checkpointGarbage) has its own leaf lock. admin only
 //     serialises Cut, ResetTo and retention against each other and guards
-//     no state; it is taken before assigned.mu. Lock order: admin,
-//     assigned.mu, durable.dmu; checkpointGarbage.mu is a leaf.
+//     no state; it is taken before assigned.mu. onDurable (durableHook:
+//     the function OnDurable registered) holds its lock while the function
+//     runs, on the committer after durable.dmu is released, so the
+//     function may take durable.dmu. Lock order: admin, assigned.mu,
+//     onDurable.mu, durable.dmu; checkpointGarbage.mu is a leaf.
 //   - DB: streams (streamRegistry: the open streams by name, held while a
 //     stream loads and so before any stream's locks), wm (watermarkQueue:
 //     streams whose raised watermark waits for the flush, added to under

@@ -96,6 +96,8 @@ type Stream struct {
 
 	// The durable and written views, under durable.dmu.
 	durable durableView
+	// onDurable is told each new durable record tail (OnDurable).
+	onDurable durableHook
 
 	// Owned by the committer goroutine. cmFull is the newest metadata
 	// written whole; cmInTails: the stream's newest state since is in
@@ -623,7 +625,7 @@ func (s *Stream) AppendIdempotent(ctx context.Context, epoch uint64, recs []Reco
 	o.done = make(chan error, 1)
 	tail := s.assigned.m.RecordTail
 	o.written = func() { s.durable.advanceWritten(tail, chain, fresh) }
-	o.apply = func() { s.durable.advanceDurable(tail, chain) }
+	o.apply = func() { s.advanceDurable(tail, chain) }
 	if err := s.enqueueLocked(ctx, o, prev); err != nil {
 		s.assigned.mu.Unlock()
 		return AppendResult{}, err
@@ -818,7 +820,7 @@ func (s *Stream) enqueueReplicated(ctx context.Context, recs []Record, evs []Cur
 	tail, evTail := s.assigned.m.RecordTail, s.assigned.m.CursorEventTail
 	o.written = func() { s.durable.advanceWritten(tail, chain, recs) }
 	o.apply = func() {
-		s.durable.advanceDurable(tail, chain)
+		s.advanceDurable(tail, chain)
 		s.durable.advanceDurableEvents(evTail)
 	}
 	if err := s.enqueueLocked(ctx, o, prev); err != nil {
@@ -904,15 +906,72 @@ func (d *durableView) advanceWritten(tail, chain uint64, recs []Record) {
 	}
 }
 
-// advanceDurable moves the durable record tail (committer, after sync).
-// The written step of the same op (advanceWritten) ran before it, so the
-// written view is already at or past tail.
-func (d *durableView) advanceDurable(tail, chain uint64) {
+// advanceDurable moves the durable record tail (committer, after sync)
+// and reports whether it moved. The written step of the same op
+// (advanceWritten) ran before it, so the written view is already at or
+// past tail.
+func (d *durableView) advanceDurable(tail, chain uint64) bool {
 	d.dmu.Lock()
 	defer d.dmu.Unlock()
-	if tail > d.dTail {
-		d.dTail, d.dChain = tail, chain
-		d.wakeLocked()
+	if tail <= d.dTail {
+		return false
+	}
+	d.dTail, d.dChain = tail, chain
+	d.wakeLocked()
+	return true
+}
+
+// advanceDurable moves the copy's durable record tail (committer, after
+// sync) and tells the OnDurable function, outside durable.dmu.
+func (s *Stream) advanceDurable(tail, chain uint64) {
+	if s.durable.advanceDurable(tail, chain) {
+		s.onDurable.call(tail)
+	}
+}
+
+// OnDurable has fn told the durable record tail: once now, then each time
+// the committer moves it up, after the sync (a Cut or ResetTo, which lower
+// it, tell nothing). One function at a time; a later call replaces it.
+// Once stop returns fn is not running and is never called again. fn runs
+// on the committer: it must not wait for a write of this DB, and it may
+// take durable.dmu (SetConfirmWatermark), which the committer does not
+// hold while calling it. The owner's confirm tracker counts its own copy
+// toward W with it, whoever waited for the records (a publish whose caller
+// went away reports nothing), without a goroutine per owned stream.
+func (s *Stream) OnDurable(fn func(tail uint64)) (stop func()) {
+	h := &s.onDurable
+	h.mu.Lock()
+	h.fn = fn
+	h.gen++
+	gen := h.gen
+	s.durable.dmu.Lock()
+	tail := s.durable.dTail
+	s.durable.dmu.Unlock()
+	fn(tail)
+	h.mu.Unlock()
+	return func() {
+		h.mu.Lock()
+		defer h.mu.Unlock()
+		if h.gen == gen {
+			h.fn = nil
+		}
+	}
+}
+
+// durableHook is the function OnDurable registered, with the lock that
+// guards it and is held while it runs, so stop waits out a call under way.
+// Lock order: mu before whatever fn takes (durable.dmu included).
+type durableHook struct {
+	mu  sync.Mutex
+	fn  func(tail uint64)
+	gen uint64
+}
+
+func (h *durableHook) call(tail uint64) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.fn != nil {
+		h.fn(tail)
 	}
 }
 
