@@ -24,10 +24,10 @@ const MaxHeartbeatTxnBytes = 1 << 20
 // Heartbeat shards are the one value type written and read in bulk: a
 // mass failover rewrites every shard holding a changed copy several times,
 // and the controller decodes each value a broker writes (docs/limits.md,
-// "A mass failover"). They are encoded and decoded with segmentio's
-// encoding/json, which reads and writes them as the standard library does
-// (TestHeartbeatCodecMatchesStandardLibrary, and its fuzz target for any
-// bytes a key may hold) at about a quarter of its CPU. Not every value
+// "A mass failover takes seconds"). They are encoded and decoded with
+// segmentio's encoding/json, which reads and writes them as the standard
+// library does (TestHeartbeatCodecMatchesStandardLibrary, and its fuzz
+// target for any bytes a key may hold) at about a third of its CPU. Not every value
 // type: it writes a time.Duration as text where the standard library
 // writes nanoseconds (a stream's retention), so the others keep Encode.
 
