@@ -215,8 +215,18 @@ func ValidateZone(zone string) error {
 }
 
 // Encode marshals a value stored in etcd.
-func Encode(v any) string {
-	b, err := json.Marshal(v)
+func Encode(v any) string { return encodeWith(json.Marshal, v) }
+
+// ErrCorrupt is returned when a stored value cannot be decoded.
+var ErrCorrupt = errors.New("cluster: corrupt value")
+
+// Decode unmarshals a value stored in etcd.
+func Decode[T any](raw []byte) (T, error) { return decodeWith[T](json.Unmarshal, raw) }
+
+// encodeWith and decodeWith are Encode and Decode with the JSON codec
+// given: the standard library's, or the heartbeat's (EncodeHeartbeat).
+func encodeWith(marshal func(any) ([]byte, error), v any) string {
+	b, err := marshal(v)
 	if err != nil {
 		// Every value type here is plain data; a failure is a programming error.
 		panic(fmt.Sprintf("cluster: encode %T: %v", v, err))
@@ -224,13 +234,9 @@ func Encode(v any) string {
 	return string(b)
 }
 
-// ErrCorrupt is returned when a stored value cannot be decoded.
-var ErrCorrupt = errors.New("cluster: corrupt value")
-
-// Decode unmarshals a value stored in etcd.
-func Decode[T any](raw []byte) (T, error) {
+func decodeWith[T any](unmarshal func([]byte, any) error, raw []byte) (T, error) {
 	var v T
-	if err := json.Unmarshal(raw, &v); err != nil {
+	if err := unmarshal(raw, &v); err != nil {
 		return v, fmt.Errorf("%w: %T: %v", ErrCorrupt, v, err)
 	}
 	return v, nil
