@@ -263,7 +263,7 @@ func Start(ctx context.Context, cfg Config) (*App, error) {
 		Heartbeat: cfg.Heartbeat, LeaseTTL: cfg.LeaseTTL, Logger: log, Manager: a.manager,
 	})
 	a.coord = co
-	met.Heartbeats(co.HeartbeatTicks, co.HeartbeatTxns, co.HeartbeatOmitted)
+	met.Heartbeats(co.HeartbeatTicks, co.HeartbeatTxns, co.HeartbeatTailsSkipped, co.HeartbeatOmitted)
 	met.Sessions(co.SessionsLapsed, co.LeasesResumed)
 
 	mux, _ := rpcserver.Mux(strandv1connect.StreamServiceName, strandv1connect.ReplicationServiceName)

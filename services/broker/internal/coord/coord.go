@@ -69,7 +69,7 @@ func New(cfg Config) *Coord {
 		cfg.LeaseTTL = 3 * time.Second
 	}
 	c := &Coord{cfg: cfg, log: cfg.Logger, start: time.Now(), ready: make(chan struct{}), errc: make(chan error, 1)}
-	c.hb = newHeartbeats(cfg.Client, cfg.Schema, cfg.Node, cfg.Logger, cfg.Manager.AllTails)
+	c.hb = newHeartbeats(cfg.Client, cfg.Schema, cfg.Node, cfg.Logger, cfg.Manager.AllTails, cfg.Manager.StatusGeneration)
 	c.history = newHistoryReader(cfg.Client, cfg.Schema)
 	return c
 }
@@ -81,6 +81,10 @@ func (c *Coord) HeartbeatTicks() int64 { return c.hb.ticks.Load() }
 // HeartbeatTxns counts the heartbeat transactions this broker wrote: each
 // one etcd revision.
 func (c *Coord) HeartbeatTxns() int64 { return c.hb.txns.Load() }
+
+// HeartbeatTailsSkipped counts the tails passes that read no copy's status
+// because none changed since everything was published.
+func (c *Coord) HeartbeatTailsSkipped() int64 { return c.hb.skips.Load() }
 
 // HeartbeatOmitted is how many copies the broker's heartbeat shards leave
 // out for want of room (cluster.BoundHeartbeat).

@@ -24,6 +24,21 @@ type statuses struct {
 	m  map[string]cluster.CopyTails
 	// read counts the statuses all yielded.
 	read int
+	// gen moves with every set (heartbeats.gen).
+	gen uint64
+}
+
+func (s *statuses) generation() uint64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.gen
+}
+
+// reads is how many statuses all has yielded.
+func (s *statuses) reads() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.read
 }
 
 func (s *statuses) all(want func(string) bool) iter.Seq2[string, cluster.CopyTails] {
@@ -52,6 +67,15 @@ func (s *statuses) set(stream string, t cluster.CopyTails) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.m[stream] = t
+	s.gen++
+}
+
+// setUncounted changes a status without moving the generation: a change
+// some path failed to count.
+func (s *statuses) setUncounted(stream string, t cluster.CopyTails) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.m[stream] = t
 }
 
 type hbFixture struct {
@@ -72,7 +96,7 @@ func newHBFixture(t *testing.T, n int) *hbFixture {
 	for i := range n {
 		st.m[fmt.Sprintf("s%04d", i)] = cluster.CopyTails{Epoch: 1, Role: cluster.RoleFollower, RecordTail: uint64(i)}
 	}
-	f := &hbFixture{t: t, cli: cli, st: st, hb: newHeartbeats(cli, cluster.NewSchema(""), "b1", zerolog.Nop(), st.all)}
+	f := &hbFixture{t: t, cli: cli, st: st, hb: newHeartbeats(cli, cluster.NewSchema(""), "b1", zerolog.Nop(), st.all, st.generation)}
 	f.lease = f.grant()
 	return f
 }
@@ -530,5 +554,85 @@ func TestPromptPassReadsOnlySignalledShards(t *testing.T) {
 	key = cluster.NewSchema("").HeartbeatKey("b1", cluster.HeartbeatShard("s0077"))
 	if got := f.shards()[key].hb.Streams["s0077"]; got.Epoch != 2 {
 		t.Fatalf("published %+v after the tails pass, want epoch 2", got)
+	}
+}
+
+// An idle broker's tails pass reads no status while nothing changed since
+// everything read was published (heartbeats.gen), yet reads every status
+// once per maxTailsSkips+1 intervals all the same, so a change no path
+// counted is still published; a counted change, a copy moving within the
+// slack, and a shard asked for are read and written at once.
+func TestHeartbeatIdleTailsPassReadsNothing(t *testing.T) {
+	const n = 50
+	f := newHBFixture(t, n)
+	f.publish(publishTails) // everything, under the new lease
+	readsAfter := func(mode publishMode) (reads, txns int) {
+		t.Helper()
+		before := f.st.reads()
+		txns, _ = f.publish(mode)
+		return f.st.reads() - before, txns
+	}
+	// The pass after the first reads (the first ended settled), then
+	// maxTailsSkips passes read nothing, then one reads every status.
+	for i := range maxTailsSkips {
+		if reads, txns := readsAfter(publishTails); reads != 0 || txns != 0 {
+			t.Fatalf("idle pass %d: %d statuses read, %d transactions; want none", i, reads, txns)
+		}
+	}
+	if reads, txns := readsAfter(publishTails); reads != n || txns != 0 {
+		t.Fatalf("pass after %d skipped: %d statuses read, %d transactions; want %d and none", maxTailsSkips, reads, txns, n)
+	}
+
+	// A change no path counted: published within maxTailsSkips+1 passes.
+	key := cluster.NewSchema("").HeartbeatKey("b1", cluster.HeartbeatShard("s0003"))
+	f.st.setUncounted("s0003", cluster.CopyTails{Epoch: 1, Role: cluster.RoleSealed, SealEpoch: 2, RecordTail: 3})
+	for range maxTailsSkips + 1 {
+		f.publish(publishTails)
+	}
+	if got := f.shards()[key].hb.Streams["s0003"]; got.Role != cluster.RoleSealed {
+		t.Fatalf("uncounted change not published within %d passes: %+v", maxTailsSkips+1, got)
+	}
+
+	// A counted change is read by the very next pass, and written.
+	if reads, _ := readsAfter(publishTails); reads != 0 {
+		t.Fatalf("settled: %d statuses read, want none", reads)
+	}
+	f.st.set("s0003", cluster.CopyTails{Epoch: 1, Role: cluster.RoleSealed, SealEpoch: 2, RecordTail: 4})
+	if reads, txns := readsAfter(publishTails); reads != n || txns != 1 {
+		t.Fatalf("counted change: %d statuses read, %d transactions; want %d and 1", reads, txns, n)
+	}
+
+	// A copy moving by less than tailStep is not written; the pass after
+	// it, with nothing changed since, still reads and writes its exact
+	// tails (it went quiet), and only then do passes read nothing.
+	key = cluster.NewSchema("").HeartbeatKey("b1", cluster.HeartbeatShard("s0007"))
+	f.st.set("s0007", cluster.CopyTails{Epoch: 1, Role: cluster.RoleFollower, RecordTail: 7 + 1})
+	if reads, txns := readsAfter(publishTails); reads != n || txns != 0 {
+		t.Fatalf("move within the slack: %d statuses read, %d transactions; want %d and none", reads, txns, n)
+	}
+	if reads, txns := readsAfter(publishTails); reads != n || txns != 1 {
+		t.Fatalf("quiet after a move: %d statuses read, %d transactions; want %d and 1", reads, txns, n)
+	}
+	if got := f.shards()[key].hb.Streams["s0007"].RecordTail; got != 8 {
+		t.Fatalf("published record tail %d once quiet, want 8", got)
+	}
+	if reads, _ := readsAfter(publishTails); reads != 0 {
+		t.Fatalf("quiet and published: %d statuses read, want none", reads)
+	}
+
+	// A shard asked for (a copy took in an assignment) is written though
+	// nothing counted changed.
+	f.hb.tookIn([]string{"s0001"})
+	if reads, txns := readsAfter(publishTails); reads != n || txns != 1 {
+		t.Fatalf("shard taken in: %d statuses read, %d transactions; want %d and 1", reads, txns, n)
+	}
+
+	// A new lease writes every shard again, whatever the generation.
+	f.lease = f.grant()
+	if _, txns := readsAfter(publishTails); txns != 1 {
+		t.Fatalf("new lease: %d transactions, want 1", txns)
+	}
+	if n := f.hb.skips.Load(); n == 0 {
+		t.Fatal("skips counter never moved")
 	}
 }

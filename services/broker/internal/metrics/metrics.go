@@ -26,6 +26,8 @@
 //	strand_broker_publishes_refused_total    publishes answered Unavailable for want of room
 //	strand_broker_heartbeat_ticks_total      heartbeat intervals gone through while registered
 //	strand_broker_heartbeat_txns_total       heartbeat transactions written (one etcd revision each)
+//	strand_broker_heartbeat_tails_skipped_total
+//	                                         tails passes that read no status: none changed
 //	strand_broker_heartbeat_omitted_copies   copies left out of the heartbeat for want of room
 //	strand_broker_orphan_copies              copies their stream's assignment leaves out,
 //	                                         kept while the orphan grace runs (--orphan-grace)
@@ -157,13 +159,14 @@ func (b *Broker) PublishesAwaitingRecovery(held func() int64) {
 // intervals it went through, the transactions it wrote (on change only, so
 // an idle broker's stays flat while its ticks grow), and the copies its
 // shards leave out for want of room.
-func (b *Broker) Heartbeats(ticks, txns, omitted func() int64) {
+func (b *Broker) Heartbeats(ticks, txns, skipped, omitted func() int64) {
 	if b == nil {
 		return
 	}
 	b.registry.MustRegister(
 		counterOf("heartbeat_ticks_total", "Heartbeat intervals the broker went through while registered, whether or not it wrote anything in them.", ticks),
 		counterOf("heartbeat_txns_total", "Heartbeat transactions the broker wrote to etcd, each one revision: written when a copy's status changes, never on a clock alone.", txns),
+		counterOf("heartbeat_tails_skipped_total", "Heartbeat tails passes that read no copy's status because none changed since everything was published (every tenth interval reads all the same).", skipped),
 		gaugeOf("heartbeat_omitted_copies", "Copies left out of the broker's heartbeat shards because a shard would pass its size bound; the controller sees no status for them.", omitted),
 	)
 }

@@ -483,6 +483,7 @@ func (c *Copy) bringOntoHistory(ctx context.Context, state storage.State, target
 	// are shown again once fetched back from the owner.
 	c.mu.Lock()
 	c.followerWM = min(c.followerWM, c.st.State().ConfirmWatermark)
+	c.m.statusChanged()
 	c.mu.Unlock()
 	c.m.log.Warn().Str(logging.Stream, c.name).Uint64(logging.Epoch, target).
 		Uint64("from_record_tail", state.RecordTail).Uint64(logging.RecordTail, cut.RecordTail).
@@ -537,7 +538,11 @@ func (c *Copy) startRole(a cluster.Assignment, role string) {
 		tracker := newConfirmTracker(rule, a.Followers, state.RecordTail, state.ConfirmWatermark)
 		// Storage persists it lazily, without an fsync: a lower value
 		// after a crash only delays retention and reads.
-		tracker.onAdvance = c.st.SetConfirmWatermark
+		tracker.onAdvance = func(wm uint64) {
+			c.st.SetConfirmWatermark(wm)
+			// The heartbeat publishes the owner's watermark (Copy.tails).
+			c.m.statusChanged()
+		}
 		c.tracker = tracker
 		// The owner's own copy counts toward W as storage makes records
 		// durable, whoever waited for them: a publish whose caller went
@@ -620,6 +625,7 @@ func (c *Copy) setFollowerWatermark(wm uint64) {
 	defer c.mu.Unlock()
 	if wm > c.followerWM {
 		c.followerWM = wm
+		c.m.statusChanged()
 		close(c.followerWMCh)
 		c.followerWMCh = make(chan struct{})
 	}

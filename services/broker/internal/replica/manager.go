@@ -72,6 +72,11 @@ type Manager struct {
 
 	stopping atomic.Bool
 	seals    chan struct{}
+	// statusGen moves after every change of a copy's status that storage's
+	// StatusGeneration does not count: a copy opened or dropped, a role,
+	// suspect or chain mismatch (heartbeatNow), a follower's or owner's
+	// confirm watermark (StatusGeneration).
+	statusGen atomic.Uint64
 	// urgent asks coordination for a heartbeat now: a copy changed in
 	// what the controller acts on (a role, an epoch, a seal; a follower
 	// that lost its owner reports the suspect at once, so the controller
@@ -207,6 +212,7 @@ func (m *Manager) openCopy(name string) (*Copy, error) {
 	}
 	c := newCopy(m, name, st)
 	m.copies[name] = c
+	m.statusChanged()
 	return c, nil
 }
 
@@ -342,6 +348,7 @@ func (m *Manager) dropCopy(c *Copy) error {
 	m.mu.Lock()
 	if m.copies[c.name] == c {
 		delete(m.copies, c.name)
+		m.statusChanged()
 	}
 	a, ok := m.assignments[c.name]
 	m.mu.Unlock()
@@ -467,6 +474,7 @@ func (m *Manager) TakeSignalled() []string {
 // heartbeatNow asks for a heartbeat now for stream's copy; takenIn says
 // the copy took in an assignment.
 func (m *Manager) heartbeatNow(stream string, takenIn bool) {
+	m.statusChanged()
 	m.takenInMu.Lock()
 	m.signalled[stream] = struct{}{}
 	if takenIn {
@@ -477,6 +485,22 @@ func (m *Manager) heartbeatNow(stream string, takenIn bool) {
 	case m.urgent <- struct{}{}:
 	default:
 	}
+}
+
+// statusChanged says a copy's status may read differently: called after
+// the change is made (under the lock the status is read under, or after
+// it is released), never before, so a StatusGeneration read before a
+// status read that missed the change differs from one read after it.
+func (m *Manager) statusChanged() { m.statusGen.Add(1) }
+
+// StatusGeneration moves after every change of what AllTails yields: a
+// copy's status (storage's Status, role, suspect, chain mismatch, confirm
+// watermark) or the set of copies. Read before AllTails and again later
+// unchanged, nothing AllTails yielded has changed since: the heartbeat's
+// tails pass on an idle broker reads nothing (docs/etcd-schema.md,
+// "Heartbeat shards").
+func (m *Manager) StatusGeneration() uint64 {
+	return m.statusGen.Load() + m.cfg.Storage.StatusGeneration()
 }
 
 // Tails reports every copy's status, by stream.

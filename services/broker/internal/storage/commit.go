@@ -117,6 +117,10 @@ func opDone(b *engine.Batch, err error) {
 	if o.onDurable != nil {
 		o.onDurable(err)
 	}
+	if o.s != nil {
+		// After apply: a Status read after this sees what the op did.
+		o.s.db.statusGen.Add(1)
+	}
 	if o.done != nil {
 		o.done <- err
 	}

@@ -115,6 +115,13 @@ type DB struct {
 	// (readLog).
 	logReads chan struct{}
 
+	// statusGen moves after every change a Stream.Status may show: each op
+	// the committer finished (its apply ran: durable tails, cuts, heads)
+	// and each change of assigned metadata taken back because its op could
+	// not be queued. A reader that saw it unchanged across two reads of
+	// every Status knows none changed between them (StatusGeneration).
+	statusGen atomic.Uint64
+
 	// Tail cache bounds (Options) and the bytes all streams' caches hold.
 	tailCacheBytes int
 	tailCacheLimit int64
@@ -339,6 +346,13 @@ func (db *DB) Open(name string) (*Stream, error) {
 	db.streams.byName[name] = s
 	return s, nil
 }
+
+// StatusGeneration moves after every change of any open stream's Status,
+// never before it: a caller that reads it, then reads Status, and later
+// reads it unchanged, has seen every stream's current Status. The broker's
+// heartbeat skips its read of every copy's status on an idle broker with
+// it (docs/etcd-schema.md, "Heartbeat shards").
+func (db *DB) StatusGeneration() uint64 { return db.statusGen.Load() }
 
 // Streams lists the streams stored (opened or not), sorted.
 func (db *DB) Streams() ([]string, error) {

@@ -443,6 +443,8 @@ func (s *Stream) commitOp(ctx context.Context, change func(m *meta) error, build
 func (s *Stream) enqueueLocked(ctx context.Context, o *op, prev meta) error {
 	if err := s.db.enqueue(ctx, o); err != nil {
 		s.assigned.m = prev
+		// Status may have shown the change between the two assignments.
+		s.db.statusGen.Add(1)
 		return err
 	}
 	return nil
