@@ -245,6 +245,9 @@ func Start(ctx context.Context, cfg Config) (*App, error) {
 		History: func(ctx context.Context, stream string) (cluster.HistoryStarts, error) {
 			return co.History(ctx, stream)
 		},
+		HistoryAt: func(ctx context.Context, stream string, rev int64) (cluster.HistoryStarts, error) {
+			return co.HistoryAt(ctx, stream, rev)
+		},
 		Dial: func(addr string) strandv1connect.ReplicationServiceClient {
 			return strandv1connect.NewReplicationServiceClient(httpClient, dial.BaseURL(addr), rpcserver.WithPeerToken(sendToken))
 		},

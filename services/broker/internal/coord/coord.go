@@ -57,7 +57,7 @@ type Coord struct {
 	leases lease.Counters
 
 	hb      *heartbeats
-	history *gather.Gatherer[string, cluster.HistoryStarts]
+	history *gather.Gatherer[historyRead, cluster.HistoryStarts]
 }
 
 // New returns a Coord; Run starts it.
@@ -100,7 +100,16 @@ func (c *Coord) Ready() <-chan struct{} { return c.ready }
 // together share a transaction (newHistoryReader); each is still a
 // linearizable read made after its call began.
 func (c *Coord) History(ctx context.Context, stream string) (cluster.HistoryStarts, error) {
-	return c.history.Do(ctx, stream)
+	return c.history.Do(ctx, historyRead{stream: stream})
+}
+
+// HistoryAt is History at a revision at or past rev: the mod revision of
+// the assignment a copy applies, which was written in one transaction
+// with its epoch's history start, so the answer holds that start. It
+// needs no linearizable read when the etcd member that answers has
+// applied rev already (readHistories).
+func (c *Coord) HistoryAt(ctx context.Context, stream string, rev int64) (cluster.HistoryStarts, error) {
+	return c.history.Do(ctx, historyRead{stream: stream, atLeast: rev})
 }
 
 // ReadStream reads a stream's assignment and pending recovery in one
@@ -443,7 +452,7 @@ func (c *Coord) watchAssignments(ctx context.Context, synced func()) error {
 		}
 		all[a.Stream] = a
 	}
-	c.cfg.Manager.SyncAssignments(all, unreadable)
+	c.cfg.Manager.SyncAssignmentsAt(all, unreadable, resp.Header.Revision)
 	synced()
 	wch := c.cfg.Client.Watch(clientv3.WithRequireLeader(ctx), dir, clientv3.WithPrefix(), clientv3.WithRev(resp.Header.Revision+1))
 	for wr := range wch {
@@ -464,7 +473,7 @@ func (c *Coord) watchAssignments(ctx context.Context, synced func()) error {
 				c.log.Error().Err(err).Str(logging.Stream, stream).Msg("unreadable assignment skipped")
 				continue
 			}
-			c.cfg.Manager.SetAssignment(a)
+			c.cfg.Manager.SetAssignmentAt(a, ev.Kv.ModRevision)
 		}
 	}
 	return ctx.Err()

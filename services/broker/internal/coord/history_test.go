@@ -73,7 +73,7 @@ func TestHistoryGatheredAnswersAsEachGet(t *testing.T) {
 	var wg sync.WaitGroup
 	for i, s := range asks {
 		wg.Go(func() {
-			h, err := r.Do(context.Background(), s)
+			h, err := r.Do(context.Background(), historyRead{stream: s})
 			answers[i] = answer{h, err}
 		})
 	}
@@ -104,6 +104,17 @@ func TestHistoryReadsAfterItsCall(t *testing.T) {
 	cli := e.Client(t)
 	schema := cluster.NewSchema("")
 	r := newHistoryReader(cli, schema)
+	writeThenRead(t, cli, schema, func(ctx context.Context, s string, _ int64) (cluster.HistoryStarts, error) {
+		return r.Do(ctx, historyRead{stream: s})
+	})
+}
+
+// writeThenRead has several callers per stream each write the stream's
+// next epoch (writes of one stream in order) and then read with read,
+// given the write's revision: the read must show that epoch or a later
+// one.
+func writeThenRead(t *testing.T, cli *clientv3.Client, schema cluster.Schema, read func(ctx context.Context, stream string, rev int64) (cluster.HistoryStarts, error)) {
+	t.Helper()
 	const streams, perStream, rounds = 8, 4, 20
 	var wg sync.WaitGroup
 	errs := make(chan error, streams*perStream)
@@ -117,13 +128,13 @@ func TestHistoryReadsAfterItsCall(t *testing.T) {
 					mu.Lock()
 					epoch++
 					wrote := epoch
-					_, err := cli.Put(context.Background(), schema.HistoryKey(s), cluster.Encode(cluster.HistoryStarts{{Epoch: wrote, Node: s}}))
+					resp, err := cli.Put(context.Background(), schema.HistoryKey(s), cluster.Encode(cluster.HistoryStarts{{Epoch: wrote, Node: s}}))
 					mu.Unlock()
 					if err != nil {
 						errs <- err
 						return
 					}
-					got, err := r.Do(context.Background(), s)
+					got, err := read(context.Background(), s, resp.Header.Revision)
 					if err != nil || len(got) != 1 || got[0].Epoch < wrote {
 						errs <- fmt.Errorf("%s: read %v, %v after writing epoch %d", s, got, err, wrote)
 						return
@@ -156,7 +167,7 @@ func TestHistoryCallerThatLeaves(t *testing.T) {
 		if i%3 == 1 {
 			ctx = cancelled
 		}
-		wg.Go(func() { _, errs[i] = r.Do(ctx, s) })
+		wg.Go(func() { _, errs[i] = r.Do(ctx, historyRead{stream: s}) })
 	}
 	wg.Wait()
 	for i, s := range streams {
@@ -183,12 +194,12 @@ func TestReadHistoriesFailedReadFailsEveryStream(t *testing.T) {
 	cli := e.Client(t)
 	schema := cluster.NewSchema("")
 	streams := storeHistories(t, cli, schema, 129)
-	for i, r := range readHistories(context.Background(), cli, schema, streams[:maxHistoryBatch]) {
+	for i, r := range readHistories(context.Background(), cli, schema, reads(streams[:maxHistoryBatch], 0)) {
 		if r.Err != nil && !errors.Is(r.Err, cluster.ErrCorrupt) {
 			t.Fatalf("%s: %v", streams[i], r.Err)
 		}
 	}
-	for i, r := range readHistories(context.Background(), cli, schema, streams) {
+	for i, r := range readHistories(context.Background(), cli, schema, reads(streams, 0)) {
 		if r.Err == nil || !strings.Contains(r.Err.Error(), "too many operations") || r.Value != nil {
 			t.Fatalf("%s: %v, %v, want etcd's too many operations", streams[i], r.Value, r.Err)
 		}
@@ -224,7 +235,7 @@ func BenchmarkHistoryReads(b *testing.B) {
 			if mode == "gathered" {
 				g := gather.New(maxHistoryBatch, historyReadsInFlight, func(ctx context.Context, batch []string) []gather.Result[cluster.HistoryStarts] {
 					txns.Add(1)
-					return readHistories(ctx, cli, schema, batch)
+					return readHistories(ctx, cli, schema, reads(batch, 0))
 				})
 				read = g.Do
 			}
@@ -235,5 +246,70 @@ func BenchmarkHistoryReads(b *testing.B) {
 				return nil
 			})
 		})
+	}
+}
+
+// reads is a historyRead of each stream, at or past rev.
+func reads(streams []string, rev int64) []historyRead {
+	out := make([]historyRead, len(streams))
+	for i, s := range streams {
+		out[i] = historyRead{stream: s, atLeast: rev}
+	}
+	return out
+}
+
+// txnCounter counts the transactions sent through a client's KV.
+type txnCounter struct {
+	clientv3.KV
+	n atomic.Int64
+}
+
+func (c *txnCounter) Txn(ctx context.Context) clientv3.Txn {
+	c.n.Add(1)
+	return c.KV.Txn(ctx)
+}
+
+// A read that names a revision is answered by one serializable read when
+// the member has applied that revision, and read again linearizably when
+// the answer is older; either way it holds every write up to the
+// revision. Several callers per stream each write the stream's next epoch
+// and then read at or past that write's revision: the read must show that
+// epoch or a later one.
+func TestHistoryAtReadsAtOrPastItsRevision(t *testing.T) {
+	e := etcdtest.Start(t)
+	cli := e.Client(t)
+	counter := &txnCounter{KV: cli.KV}
+	cli.KV = counter
+	schema := cluster.NewSchema("")
+	r := newHistoryReader(cli, schema)
+	writeThenRead(t, cli, schema, func(ctx context.Context, s string, rev int64) (cluster.HistoryStarts, error) {
+		return r.Do(ctx, historyRead{stream: s, atLeast: rev})
+	})
+
+	// One member, which has applied every write: one transaction each.
+	names := storeHistories(t, cli, schema, 10)
+	head, err := cli.Get(context.Background(), "/nothing")
+	if err != nil {
+		t.Fatal(err)
+	}
+	before := counter.n.Load()
+	for i, res := range readHistories(context.Background(), cli, schema, reads(names, head.Header.Revision)) {
+		if want, wantErr := historyAlone(context.Background(), cli, schema, names[i]); (wantErr == nil) != (res.Err == nil) || !reflect.DeepEqual(res.Value, want) {
+			t.Fatalf("%s: %v, %v; its Get: %v, %v", names[i], res.Value, res.Err, want, wantErr)
+		}
+	}
+	if n := counter.n.Load() - before; n != 1 {
+		t.Fatalf("%d transactions for a read at an applied revision, want 1", n)
+	}
+	// A revision the member has not reached: the serializable answer is
+	// older, so the batch is read again, linearizably.
+	before = counter.n.Load()
+	for i, res := range readHistories(context.Background(), cli, schema, reads(names, head.Header.Revision+1000)) {
+		if want, wantErr := historyAlone(context.Background(), cli, schema, names[i]); (wantErr == nil) != (res.Err == nil) || !reflect.DeepEqual(res.Value, want) {
+			t.Fatalf("%s: %v, %v; its Get: %v, %v", names[i], res.Value, res.Err, want, wantErr)
+		}
+	}
+	if n := counter.n.Load() - before; n != 2 {
+		t.Fatalf("%d transactions for a read past the member's revision, want 2 (serializable, then linearizable)", n)
 	}
 }

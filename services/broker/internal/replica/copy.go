@@ -29,7 +29,10 @@ type Copy struct {
 
 	mu      sync.Mutex
 	desired *cluster.Assignment
-	deleted bool
+	// desiredRev is the etcd revision desired was read at (0: not known):
+	// its history starts are read at or past it (bringOntoHistory).
+	desiredRev int64
+	deleted    bool
 	// applied is the last assignment whose role this copy took.
 	applied cluster.Assignment
 	role    string
@@ -108,13 +111,13 @@ func newCopy(m *Manager, name string, st *storage.Stream) *Copy {
 	return c
 }
 
-func (c *Copy) setDesired(a *cluster.Assignment) {
+func (c *Copy) setDesired(a *cluster.Assignment, rev int64) {
 	c.mu.Lock()
 	if a == nil {
 		c.deleted = true
 	} else {
 		cp := *a
-		c.desired = &cp
+		c.desired, c.desiredRev = &cp, rev
 	}
 	c.desiredSet = true
 	c.wakeLocked()
@@ -236,7 +239,7 @@ func (c *Copy) reconcileRun(ctx context.Context) {
 
 func (c *Copy) reconcile(ctx context.Context) (dropped bool, err error) {
 	c.mu.Lock()
-	deleted, desired := c.deleted, c.desired
+	deleted, desired, rev := c.deleted, c.desired, c.desiredRev
 	c.mu.Unlock()
 	if deleted {
 		c.endRole("")
@@ -316,7 +319,7 @@ func (c *Copy) reconcile(ctx context.Context) (dropped bool, err error) {
 			return false, fmt.Errorf("sync before the cut: %w", err)
 		}
 		state = c.st.State()
-		if history, err = c.bringOntoHistory(ctx, state, a.Epoch); err != nil {
+		if history, err = c.bringOntoHistory(ctx, state, a.Epoch, rev); err != nil {
 			return false, err
 		}
 		if err := c.st.AdvanceEpoch(ctx, a.Epoch); err != nil {
@@ -451,7 +454,7 @@ func (c *Copy) replaceWithEmpty(a cluster.Assignment, why error) error {
 // role change (docs/protocol.md, "Copies with a longer tail"). A sealed copy judges by
 // the epochs its seal replaced, since the seal advanced them without data.
 // It returns the history starts it read (nil if it read none).
-func (c *Copy) bringOntoHistory(ctx context.Context, state storage.State, target uint64) (cluster.HistoryStarts, error) {
+func (c *Copy) bringOntoHistory(ctx context.Context, state storage.State, target uint64, rev int64) (cluster.HistoryStarts, error) {
 	own := state.LogEpochs
 	if state.SealEpoch != 0 {
 		own = state.SealedLogEpochs
@@ -461,7 +464,17 @@ func (c *Copy) bringOntoHistory(ctx context.Context, state storage.State, target
 	}
 	hctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	history, err := c.m.cfg.History(hctx, c.name)
+	// An assignment at a new epoch is written in one transaction with
+	// that epoch's history start (cluster.RecoveryCommit), so starts read
+	// at or past the assignment's revision hold it: what the cut needs
+	// (docs/protocol.md, "Copies with a longer tail").
+	var history cluster.HistoryStarts
+	var err error
+	if rev > 0 && c.m.cfg.HistoryAt != nil {
+		history, err = c.m.cfg.HistoryAt(hctx, c.name, rev)
+	} else {
+		history, err = c.m.cfg.History(hctx, c.name)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("read history starts: %w", err)
 	}

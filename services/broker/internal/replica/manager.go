@@ -45,6 +45,9 @@ type Config struct {
 	RetentionInterval time.Duration
 	// History reads a stream's history starts from etcd.
 	History func(ctx context.Context, stream string) (cluster.HistoryStarts, error)
+	// HistoryAt, when set, reads them at or past an etcd revision, for
+	// an assignment read at that revision (SetAssignmentAt); nil: History.
+	HistoryAt func(ctx context.Context, stream string, rev int64) (cluster.HistoryStarts, error)
 	// Dial returns a replication client for a peer address.
 	Dial func(addr string) strandv1connect.ReplicationServiceClient
 	// Metrics records where publishes and follow batches wait; nil
@@ -257,7 +260,12 @@ func (m *Manager) BrokerAddr(node string) string {
 
 // SetAssignment records an assignment and, when it names this broker or this
 // broker holds a copy, hands it to the copy to apply.
-func (m *Manager) SetAssignment(a cluster.Assignment) {
+func (m *Manager) SetAssignment(a cluster.Assignment) { m.SetAssignmentAt(a, 0) }
+
+// SetAssignmentAt is SetAssignment of an assignment read at etcd revision
+// rev (its mod revision, or a listing's): the copy reads its history
+// starts at or past rev (Config.HistoryAt).
+func (m *Manager) SetAssignmentAt(a cluster.Assignment, rev int64) {
 	m.mu.Lock()
 	m.assignments[a.Stream] = a
 	c := m.copies[a.Stream]
@@ -270,7 +278,7 @@ func (m *Manager) SetAssignment(a cluster.Assignment) {
 		}
 	}
 	if c != nil {
-		c.setDesired(&a)
+		c.setDesired(&a, rev)
 	}
 }
 
@@ -281,7 +289,7 @@ func (m *Manager) DeleteAssignment(stream string) {
 	c := m.copies[stream]
 	m.mu.Unlock()
 	if c != nil {
-		c.setDesired(nil)
+		c.setDesired(nil, 0)
 	}
 }
 
@@ -291,6 +299,12 @@ func (m *Manager) DeleteAssignment(stream string) {
 // assignment could not be decoded (unreadable) are left exactly as they
 // are: an unreadable value withholds action, it never deletes a copy.
 func (m *Manager) SyncAssignments(all map[string]cluster.Assignment, unreadable []string) {
+	m.SyncAssignmentsAt(all, unreadable, 0)
+}
+
+// SyncAssignmentsAt is SyncAssignments of a listing read at etcd revision
+// rev (SetAssignmentAt).
+func (m *Manager) SyncAssignmentsAt(all map[string]cluster.Assignment, unreadable []string, rev int64) {
 	m.mu.Lock()
 	kept := make(map[string]cluster.Assignment, len(all)+len(unreadable))
 	for _, name := range unreadable {
@@ -309,10 +323,10 @@ func (m *Manager) SyncAssignments(all map[string]cluster.Assignment, unreadable 
 	}
 	m.mu.Unlock()
 	for _, c := range gone {
-		c.setDesired(nil)
+		c.setDesired(nil, 0)
 	}
 	for _, a := range all {
-		m.SetAssignment(a)
+		m.SetAssignmentAt(a, rev)
 	}
 }
 

@@ -410,3 +410,57 @@ func TestOwnerRolesRunNoGoroutinePerStream(t *testing.T) {
 		return nil
 	})
 }
+
+// A copy taking a role at a new epoch reads its history starts at or past
+// the revision its assignment was read at (Config.HistoryAt): the epoch's
+// start was written in the same transaction, so that read holds it and
+// needs no linearizable read (docs/protocol.md, "Stream failover"). An
+// assignment of unknown revision reads them through History.
+func TestNewEpochReadsHistoryAtItsAssignmentRevision(t *testing.T) {
+	db, err := storage.Open(storage.Options{Dir: t.TempDir(), Logger: zerolog.Nop()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = db.Close() })
+	var mu sync.Mutex
+	var atRevs []int64
+	plain := 0
+	// The copy's own epochs, each started at its tail: nothing to cut.
+	starts := cluster.HistoryStarts{{Epoch: 1, Node: "b1"}, {Epoch: 2, RecordTail: 10, Node: "b1"}, {Epoch: 3, RecordTail: 10, Node: "b1"}}
+	m, err := NewManager(Config{Node: "b1", Storage: db, Logger: zerolog.Nop(), ConfirmTimeout: time.Second,
+		History: func(context.Context, string) (cluster.HistoryStarts, error) {
+			mu.Lock()
+			defer mu.Unlock()
+			plain++
+			return starts, nil
+		},
+		HistoryAt: func(_ context.Context, _ string, rev int64) (cluster.HistoryStarts, error) {
+			mu.Lock()
+			defer mu.Unlock()
+			atRevs = append(atRevs, rev)
+			return starts, nil
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(m.Close)
+	const stream = "at-rev"
+	ownTenRecords(t, m, stream)
+	mu.Lock()
+	atRevs, plain = nil, 0
+	mu.Unlock()
+	m.SetAssignmentAt(cluster.Assignment{Stream: stream, Epoch: 2, Owner: "b1"}, 42)
+	clustertest.Eventually(t, 10*time.Second, "the copy at epoch 2", func() bool {
+		return m.copy(stream).st.State().Epoch == 2
+	})
+	m.SetAssignment(cluster.Assignment{Stream: stream, Epoch: 3, Owner: "b1"})
+	clustertest.Eventually(t, 10*time.Second, "the copy at epoch 3", func() bool {
+		return m.copy(stream).st.State().Epoch == 3
+	})
+	mu.Lock()
+	defer mu.Unlock()
+	if !slices.Equal(atRevs, []int64{42}) || plain != 1 {
+		t.Fatalf("history read at revisions %v and %d times through History; want [42] and once", atRevs, plain)
+	}
+}
