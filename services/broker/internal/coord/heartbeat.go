@@ -174,7 +174,9 @@ func (h *heartbeats) publish(ctx context.Context, lease clientv3.LeaseID, mode p
 		}
 		h.skipped = 0
 	}
-	// A prompt pass changes what is published: the next tails pass reads.
+	// Settled again only by a tails pass that ends with everything it read
+	// published; a prompt pass changes what is published, so the tails
+	// pass after it reads.
 	h.settled = false
 	// The shards this pass reads: a tails pass reads them all; a prompt
 	// pass only those where something it writes may have changed (a copy
