@@ -65,7 +65,10 @@ func newHistoryReader(cli *clientv3.Client, schema cluster.Schema) *gather.Gathe
 // of the time from a recovery's commit to its new role). That answer
 // stands only if its revision is at or past every named one: a member
 // behind (another member of the cluster served the watch) is read again
-// linearizably.
+// linearizably. A serializable read that fails is not sent again as a
+// linearizable one: that would double the wait of every caller when etcd
+// is slow or away, and each caller retries on its own (the copy's apply
+// with its backoff).
 func readHistories(ctx context.Context, cli *clientv3.Client, schema cluster.Schema, reads []historyRead) []gather.Result[cluster.HistoryStarts] {
 	out := make([]gather.Result[cluster.HistoryStarts], len(reads))
 	var atLeast int64
@@ -80,11 +83,11 @@ func readHistories(ctx context.Context, cli *clientv3.Client, schema cluster.Sch
 	var err error
 	if atLeast > 0 {
 		resp, err = historyTxn(ctx, cli, schema, reads, clientv3.WithSerializable())
-		if err != nil || resp.Header.GetRevision() < atLeast {
+		if err == nil && resp.Header.GetRevision() < atLeast {
 			resp = nil
 		}
 	}
-	if resp == nil {
+	if resp == nil && err == nil {
 		resp, err = historyTxn(ctx, cli, schema, reads)
 	}
 	if err != nil {

@@ -347,7 +347,7 @@ func (c *Copy) reconcile(ctx context.Context) (dropped bool, err error) {
 	c.mu.Unlock()
 	c.endRole("")
 	if newEpoch && wantRole == cluster.RoleOwner {
-		c.warnBelowConfirmedPrefix(ctx, a.Epoch, history)
+		c.warnBelowConfirmedPrefix(ctx, a.Epoch, history, rev)
 	}
 	c.startRole(a, wantRole)
 	return false, nil
@@ -412,13 +412,14 @@ func (c *Copy) standingDown() bool {
 // records above its tail (docs/limits.md).
 //
 // history is the starts as the cut read them, if it did: read again
-// otherwise. The warning only tells an operator; it decides nothing.
-func (c *Copy) warnBelowConfirmedPrefix(ctx context.Context, epoch uint64, history cluster.HistoryStarts) {
+// otherwise, at or past rev. The warning only tells an operator; it
+// decides nothing.
+func (c *Copy) warnBelowConfirmedPrefix(ctx context.Context, epoch uint64, history cluster.HistoryStarts, rev int64) {
 	if history == nil {
 		hctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 		defer cancel()
 		var err error
-		if history, err = c.m.cfg.History(hctx, c.name); err != nil {
+		if history, err = c.readHistory(hctx, rev); err != nil {
 			return
 		}
 	}
@@ -464,17 +465,7 @@ func (c *Copy) bringOntoHistory(ctx context.Context, state storage.State, target
 	}
 	hctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	// An assignment at a new epoch is written in one transaction with
-	// that epoch's history start (cluster.RecoveryCommit), so starts read
-	// at or past the assignment's revision hold it: what the cut needs
-	// (docs/protocol.md, "Copies with a longer tail").
-	var history cluster.HistoryStarts
-	var err error
-	if rev > 0 && c.m.cfg.HistoryAt != nil {
-		history, err = c.m.cfg.HistoryAt(hctx, c.name, rev)
-	} else {
-		history, err = c.m.cfg.History(hctx, c.name)
-	}
+	history, err := c.readHistory(hctx, rev)
 	if err != nil {
 		return nil, fmt.Errorf("read history starts: %w", err)
 	}
@@ -503,6 +494,19 @@ func (c *Copy) bringOntoHistory(ctx context.Context, state storage.State, target
 		Uint64(logging.CursorEventTail, cut.CursorEventTail).Str("start_node", cut.Node).
 		Msg("copy held records past the new history start; cut them (none was confirmed)")
 	return history, nil
+}
+
+// readHistory reads the stream's history starts for an assignment read at
+// etcd revision rev (0: not known). An assignment at a new epoch is
+// written in one transaction with that epoch's history start
+// (cluster.RecoveryCommit), so starts read at or past its revision hold
+// it: what the cut needs (docs/protocol.md, "Copies with a longer tail").
+// Without a revision the read is linearizable.
+func (c *Copy) readHistory(ctx context.Context, rev int64) (cluster.HistoryStarts, error) {
+	if rev > 0 && c.m.cfg.HistoryAt != nil {
+		return c.m.cfg.HistoryAt(ctx, c.name, rev)
+	}
+	return c.m.cfg.History(ctx, c.name)
 }
 
 // awaitApplied returns once the copy has applied an assignment at epoch

@@ -459,8 +459,24 @@ func TestNewEpochReadsHistoryAtItsAssignmentRevision(t *testing.T) {
 		return m.copy(stream).st.State().Epoch == 3
 	})
 	mu.Lock()
-	defer mu.Unlock()
 	if !slices.Equal(atRevs, []int64{42}) || plain != 1 {
 		t.Fatalf("history read at revisions %v and %d times through History; want [42] and once", atRevs, plain)
+	}
+	atRevs, plain = nil, 0
+	mu.Unlock()
+	// A new, empty copy owning a later epoch has nothing to cut; the
+	// warning's read of the starts is made at the assignment's revision
+	// too.
+	const empty = "at-rev-empty"
+	m.SetAssignmentAt(cluster.Assignment{Stream: empty, Epoch: 2, Owner: "b1"}, 43)
+	// The role starts after the warning's read.
+	clustertest.Eventually(t, 10*time.Second, "the empty copy owning epoch 2", func() bool {
+		a, _, _, ok := m.copy(empty).ownerRole()
+		return ok && a.Epoch == 2
+	})
+	mu.Lock()
+	defer mu.Unlock()
+	if !slices.Equal(atRevs, []int64{43}) || plain != 0 {
+		t.Fatalf("empty copy: history read at revisions %v and %d times through History; want [43] and never", atRevs, plain)
 	}
 }
