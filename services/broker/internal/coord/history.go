@@ -53,43 +53,23 @@ func newHistoryReader(cli *clientv3.Client, schema cluster.Schema) *gather.Gathe
 }
 
 // readHistories reads the history starts of reads in one read-only
-// transaction. A missing key is an empty list; an unreadable one fails its
-// stream alone, so that copy withholds its role change; a failed read
-// fails every stream with its error.
-//
-// When every read names a revision, the transaction is first sent
-// serializable: the etcd member answers from what it has applied, without
-// the read index a linearizable read waits for, which after a mass
-// failover queued each read behind the raft log's backlog of heartbeats
-// and commits (a median copy waited 0.56 s for its history starts, most
-// of the time from a recovery's commit to its new role). That answer
-// stands only if its revision is at or past every named one: a member
-// behind (another member of the cluster served the watch) is read again
-// linearizably. A serializable read that fails is not sent again as a
-// linearizable one: that would double the wait of every caller when etcd
-// is slow or away, and each caller retries on its own (the copy's apply
-// with its backoff).
+// transaction, at or past the revision every read names when all name one
+// (cluster.ReadAtLeast: serializable first, so a copy taking its role
+// after a mass failover does not wait for a read index behind the raft
+// log's backlog, which was most of the time from a recovery's commit to
+// the new role), linearizably otherwise. A missing key is an empty list;
+// an unreadable one fails its stream alone, so that copy withholds its
+// role change; a failed read fails every stream with its error.
 func readHistories(ctx context.Context, cli *clientv3.Client, schema cluster.Schema, reads []historyRead) []gather.Result[cluster.HistoryStarts] {
 	out := make([]gather.Result[cluster.HistoryStarts], len(reads))
-	var atLeast int64
-	for _, r := range reads {
-		if r.atLeast <= 0 {
-			atLeast = 0
-			break
+	atLeast := cluster.AtLeastAll(reads, func(r historyRead) int64 { return r.atLeast })
+	resp, err := cluster.ReadAtLeast(ctx, cli, atLeast, func(opts ...clientv3.OpOption) []clientv3.Op {
+		ops := make([]clientv3.Op, len(reads))
+		for i, r := range reads {
+			ops[i] = clientv3.OpGet(schema.HistoryKey(r.stream), opts...)
 		}
-		atLeast = max(atLeast, r.atLeast)
-	}
-	var resp *clientv3.TxnResponse
-	var err error
-	if atLeast > 0 {
-		resp, err = historyTxn(ctx, cli, schema, reads, clientv3.WithSerializable())
-		if err == nil && resp.Header.GetRevision() < atLeast {
-			resp = nil
-		}
-	}
-	if resp == nil && err == nil {
-		resp, err = historyTxn(ctx, cli, schema, reads)
-	}
+		return ops
+	})
 	if err != nil {
 		for i, r := range reads {
 			out[i].Err = fmt.Errorf("coord: history starts of %s: %w", r.stream, err)
@@ -107,19 +87,4 @@ func readHistories(ctx context.Context, cli *clientv3.Client, schema cluster.Sch
 		}
 	}
 	return out
-}
-
-// historyTxn is one read-only transaction of a get per read, each with
-// opts; etcd serves it without a read index when every get is
-// serializable.
-func historyTxn(ctx context.Context, cli *clientv3.Client, schema cluster.Schema, reads []historyRead, opts ...clientv3.OpOption) (*clientv3.TxnResponse, error) {
-	ops := make([]clientv3.Op, len(reads))
-	for i, r := range reads {
-		ops[i] = clientv3.OpGet(schema.HistoryKey(r.stream), opts...)
-	}
-	resp, err := cli.Txn(ctx).Then(ops...).Commit()
-	if err == nil && len(resp.Responses) != len(ops) {
-		err = fmt.Errorf("%d responses for %d gets", len(resp.Responses), len(ops))
-	}
-	return resp, err
 }

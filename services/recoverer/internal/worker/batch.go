@@ -43,7 +43,9 @@ type commitReq struct {
 
 type commitResult struct {
 	committed bool
-	err       error
+	// rev is the revision of the commit when committed.
+	rev int64
+	err error
 }
 
 // size is what the stream's part of a batch costs in values and keys.
@@ -59,19 +61,19 @@ func (r commitReq) size(schema cluster.Schema) int {
 // its answer. The answer is the one commit would give for this stream
 // alone: batching changes how many streams share a transaction, never
 // which compares a stream's commit makes.
-func (t *term) commitBatched(snap snapshot, next cluster.Assignment, starts cluster.HistoryStarts) (bool, error) {
+func (t *term) commitBatched(snap snapshot, next cluster.Assignment, starts cluster.HistoryStarts) (committed bool, rev int64, err error) {
 	req := commitReq{snap: snap, next: next, starts: starts, done: make(chan commitResult, 1)}
 	select {
 	case t.commits <- req:
 	case <-t.ctx.Done():
-		return false, t.ctx.Err()
+		return false, 0, t.ctx.Err()
 	}
 	select {
 	case res := <-req.done:
-		return res.committed, res.err
+		return res.committed, res.rev, res.err
 	case <-t.ctx.Done():
 		// The batch may still commit; the next term reads the outcome.
-		return false, t.ctx.Err()
+		return false, 0, t.ctx.Err()
 	}
 }
 
@@ -143,7 +145,7 @@ func commitBatch(ctx context.Context, cli *clientv3.Client, schema cluster.Schem
 	out := make([]commitResult, len(batch))
 	if len(batch) == 1 {
 		r := batch[0]
-		out[0].committed, out[0].err = commit(ctx, cli, schema, r.snap, leader, r.next, r.starts)
+		out[0].committed, out[0].rev, out[0].err = commit(ctx, cli, schema, r.snap, leader, r.next, r.starts)
 		return out
 	}
 	cmps := []clientv3.Cmp{leader.guard()}
@@ -157,7 +159,7 @@ func commitBatch(ctx context.Context, cli *clientv3.Client, schema cluster.Schem
 	switch {
 	case err == nil && resp.Succeeded:
 		for i := range out {
-			out[i].committed = true
+			out[i].committed, out[i].rev = true, resp.Header.GetRevision()
 		}
 		return out
 	case err == nil:
@@ -174,7 +176,7 @@ func commitBatch(ctx context.Context, cli *clientv3.Client, schema cluster.Schem
 		return out
 	}
 	for i, r := range batch {
-		out[i].committed, out[i].err = commit(ctx, cli, schema, r.snap, leader, r.next, r.starts)
+		out[i].committed, out[i].rev, out[i].err = commit(ctx, cli, schema, r.snap, leader, r.next, r.starts)
 		if errors.Is(out[i].err, errDeposed) {
 			for j := i + 1; j < len(out); j++ {
 				out[j].err = errDeposed

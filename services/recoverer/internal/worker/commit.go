@@ -23,21 +23,22 @@ import (
 // makes it fail, and the loser reads again; a deposed leader cannot commit.
 //
 // committed is false when a compare failed; err is errDeposed when the
-// failed compare was the leader key's.
-func commit(ctx context.Context, cli *clientv3.Client, schema cluster.Schema, snap snapshot, leader Leader, next cluster.Assignment, starts cluster.HistoryStarts) (committed bool, err error) {
+// failed compare was the leader key's. rev is the commit's revision when
+// committed.
+func commit(ctx context.Context, cli *clientv3.Client, schema cluster.Schema, snap snapshot, leader Leader, next cluster.Assignment, starts cluster.HistoryStarts) (committed bool, rev int64, err error) {
 	cmps, ops := cluster.RecoveryCommit(schema, guardsOf(snap, []clientv3.Cmp{leader.guard()}), next, starts)
 	resp, err := cli.Txn(ctx).If(cmps...).Then(ops...).Else(
 		clientv3.OpGet(leader.Key),
 	).Commit()
 	if err != nil {
-		return false, fmt.Errorf("worker: commit %s: %w", snap.stream, err)
+		return false, 0, fmt.Errorf("worker: commit %s: %w", snap.stream, err)
 	}
 	if resp.Succeeded {
-		return true, nil
+		return true, resp.Header.GetRevision(), nil
 	}
 	kvs := resp.Responses[0].GetResponseRange().GetKvs()
 	if len(kvs) == 0 || kvs[0].CreateRevision != leader.Rev {
-		return false, errDeposed
+		return false, 0, errDeposed
 	}
-	return false, nil
+	return false, 0, nil
 }

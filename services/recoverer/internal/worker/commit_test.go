@@ -126,7 +126,7 @@ func TestDeposedLeaderCannotCommit(t *testing.T) {
 		t.Fatalf("the new term reused the old leader key %+v", old)
 	}
 	next, starts := f.promotion()
-	ok, err := commit(ctx, f.cli, schema, snap, old, next, starts)
+	ok, _, err := commit(ctx, f.cli, schema, snap, old, next, starts)
 	if ok || !errors.Is(err, errDeposed) {
 		t.Fatalf("deposed commit: committed %v err %v, want errDeposed", ok, err)
 	}
@@ -138,7 +138,7 @@ func TestDeposedLeaderCannotCommit(t *testing.T) {
 		t.Fatalf("a deposed leader changed the state: %+v", after)
 	}
 	// The current leader, with the same snapshot, commits.
-	if ok, err := commit(ctx, f.cli, schema, snap, current, next, starts); !ok || err != nil {
+	if ok, _, err := commit(ctx, f.cli, schema, snap, current, next, starts); !ok || err != nil {
 		t.Fatalf("current leader: committed %v err %v", ok, err)
 	}
 }

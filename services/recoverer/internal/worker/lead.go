@@ -33,11 +33,16 @@ type term struct {
 	commits chan commitReq
 	// reads gathers the snapshot reads of the attempts in flight into
 	// read-only transactions of many streams (snapshots.go).
-	reads *gather.Gatherer[string, snapshot]
+	reads *gather.Gatherer[snapshotRead, snapshot]
 
 	mu    sync.Mutex
 	tasks map[string]*task
-	wg    sync.WaitGroup
+	// committed maps a stream whose task ended with its own commit to the
+	// commit's revision, until the watch brings back that commit's delete
+	// of the recovery key (or a later change): that event is the task's
+	// own write, not a change to read (ensure). A listing clears it.
+	committed map[string]int64
+	wg        sync.WaitGroup
 
 	// senders gathers the seals of the rounds in flight per broker
 	// address into SealMany calls (sealsend.go).
@@ -52,7 +57,7 @@ type term struct {
 // task, since a copy that was missing may now answer its seal.
 func (w *Worker) lead(ctx context.Context, leader Leader) error {
 	ctx, depose := context.WithCancelCause(ctx)
-	t := &term{w: w, leader: leader, ctx: ctx, depose: depose, tasks: map[string]*task{}, slots: make(chan struct{}, w.cfg.MaxInFlight), commits: make(chan commitReq),
+	t := &term{w: w, leader: leader, ctx: ctx, depose: depose, tasks: map[string]*task{}, committed: map[string]int64{}, slots: make(chan struct{}, w.cfg.MaxInFlight), commits: make(chan commitReq),
 		reads: newSnapshotReader(w.cfg.Client, w.cfg.Schema)}
 	// Every task, watch and read stops before the term ends: nothing of a
 	// term runs on into the next one. The reads are waited for last, once
@@ -87,8 +92,11 @@ func (t *term) syncRecoveries() error {
 	if err != nil {
 		return fmt.Errorf("worker: list recoveries: %w", err)
 	}
+	t.mu.Lock()
+	clear(t.committed) // the watch these awaited events of is gone
+	t.mu.Unlock()
 	for _, kv := range resp.Kvs {
-		t.ensure(string(kv.Key))
+		t.ensure(string(kv.Key), resp.Header.Revision)
 	}
 	wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(t.ctx))
 	defer cancel()
@@ -98,7 +106,9 @@ func (t *term) syncRecoveries() error {
 			return fmt.Errorf("worker: watch recoveries: %w", err)
 		}
 		for _, ev := range wresp.Events {
-			t.ensure(string(ev.Kv.Key))
+			// A delete's Kv carries the deleting revision as its mod
+			// revision.
+			t.ensure(string(ev.Kv.Key), ev.Kv.ModRevision)
 		}
 	}
 	if t.ctx.Err() != nil {
@@ -177,6 +187,24 @@ type task struct {
 	// exits; it holds at most one pending wake.
 	kick chan struct{}
 	log  zerolog.Logger
+	// wakeRev, under term.mu, is the newest revision of the recovery key's
+	// events (the listing's revision for a key listed) that woke the task
+	// since it last took it (takeWake), 0 when none did. The task's next
+	// read is at or past it, and a task that found nothing left to do reads
+	// again only for such a wake past what it read or wrote (finish).
+	wakeRev int64
+	// brokersChanged, under term.mu, is set when a broker registered or
+	// went away since the task last read: its next read is linearizable,
+	// to see the registrations. It alone never makes a finished task read
+	// again: the recovery key did not change.
+	brokersChanged bool
+}
+
+// wake notes a change of the task's recovery key at rev and wakes the
+// task. Callers hold term.mu.
+func (k *task) wake(rev int64) {
+	k.wakeRev = max(k.wakeRev, rev)
+	k.poke()
 }
 
 func (k *task) poke() {
@@ -186,9 +214,9 @@ func (k *task) poke() {
 	}
 }
 
-// ensure wakes the task of the stream whose recovery key changed, starting
-// one if none runs.
-func (t *term) ensure(key string) {
+// ensure wakes the task of the stream whose recovery key changed at rev,
+// starting one if none runs.
+func (t *term) ensure(key string, rev int64) {
 	stream, err := cluster.NameIn(t.w.cfg.Schema.RecoveriesDir(), key)
 	if err != nil {
 		t.w.cfg.Logger.Warn().Err(err).Msg("ignoring a key under recoveries that names no stream")
@@ -197,16 +225,27 @@ func (t *term) ensure(key string) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if k, ok := t.tasks[stream]; ok {
-		k.poke()
+		k.wake(rev)
 		return
+	}
+	if at, ok := t.committed[stream]; ok {
+		// The watch is in revision order: once an event at or past the
+		// commit came, no older one will.
+		if rev >= at {
+			delete(t.committed, stream)
+		}
+		if rev <= at {
+			return // the ended task's own commit, or older
+		}
 	}
 	if t.ctx.Err() != nil {
 		return
 	}
 	k := &task{
-		stream: stream,
-		kick:   make(chan struct{}, 1),
-		log:    t.w.cfg.Logger.With().Str(logging.Stream, stream).Logger(),
+		stream:  stream,
+		kick:    make(chan struct{}, 1),
+		log:     t.w.cfg.Logger.With().Str(logging.Stream, stream).Logger(),
+		wakeRev: rev,
 	}
 	t.tasks[stream] = k
 	t.wg.Add(1)
@@ -220,22 +259,51 @@ func (t *term) kickAll() {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	for _, k := range t.tasks {
+		k.brokersChanged = true
 		k.poke()
 	}
 }
 
+// takeWake returns the revision the task's next read must be at or past
+// (0: linearizable) and clears the wakes it covers. After a change of the
+// brokers, or with no wake since the last read (a retry after a wait), the
+// read is linearizable, as every read of a task was before reads named
+// revisions.
+func (t *term) takeWake(k *task) int64 {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	rev := k.wakeRev
+	if k.brokersChanged {
+		rev = 0
+	}
+	k.wakeRev, k.brokersChanged = 0, false
+	return rev
+}
+
 // finish removes a task that found nothing left to do, unless a wake came
-// in since it read: then the recovery key may have changed after its read
-// and it must read again. Checking under the lock that ensure takes means a
-// change is seen either by this task or by a new one.
-func (t *term) finish(k *task) bool {
+// in since it read, past covered (the revision it read at, or that of its
+// own commit when committed): then the recovery key may have changed after
+// its read and it must read again. A wake at or below covered is already
+// in what the task read or wrote: the delete of the recovery key by its
+// own commit, which the watch brings back after every commit, before the
+// task ends or after (term.committed), is one. Checking under
+// the lock that ensure takes means a change is seen either by this task or
+// by a new one.
+func (t *term) finish(k *task, covered int64, committed bool) bool {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	select {
 	case <-k.kick:
-		return false
 	default:
 	}
+	if k.wakeRev > covered {
+		return false
+	}
 	delete(t.tasks, k.stream)
+	if committed {
+		// Its delete of the recovery key may not have come back yet:
+		// ensure must not start a task to read it.
+		t.committed[k.stream] = covered
+	}
 	return true
 }

@@ -51,7 +51,7 @@ func (t *term) run(k *task) {
 		}
 		switch next {
 		case stepDone:
-			if t.finish(k) {
+			if t.finish(k, st.covered, st.committed) {
 				return
 			}
 			bo.reset()
@@ -94,6 +94,11 @@ type taskState struct {
 	started    int64
 	waitKey    string
 	waitLogged time.Time
+	// covered is the revision the attempt that returned stepDone read at
+	// (no recovery pending) or, committed set, committed at: the wakes it
+	// makes redundant (term.finish).
+	covered   int64
+	committed bool
 	// refusalsWarned is when a failure to record seal refusals was logged.
 	refusalsWarned time.Time
 }
@@ -113,9 +118,11 @@ func (s *taskState) noteWait(key string) bool {
 // decides and, when it may promote, commits (docs/protocol.md, "Stream failover").
 func (t *term) attempt(k *task, st *taskState, bo *backoff) step {
 	// The read is gathered with the other attempts' (snapshots.go) and
-	// sent after this call: it sees every write before the attempt began,
-	// as finish needs.
-	snap, err := t.reads.Do(t.ctx, k.stream)
+	// sent after this call, at or past the revision of the change that
+	// woke the task (linearizable when none named one): a change it misses
+	// wakes the task again at a revision past the read's, which finish
+	// reads again for.
+	snap, err := t.reads.Do(t.ctx, snapshotRead{stream: k.stream, atLeast: t.takeWake(k)})
 	if err != nil {
 		if t.ctx.Err() == nil && st.noteWait("read:"+err.Error()) {
 			k.log.Warn().Err(err).Msg("cannot read the recovery state; retrying")
@@ -123,6 +130,7 @@ func (t *term) attempt(k *task, st *taskState, bo *backoff) step {
 		return stepWait
 	}
 	if !snap.hasRecovery() {
+		st.covered, st.committed = snap.rev, false
 		return stepDone
 	}
 	rec := snap.recovery
@@ -198,7 +206,7 @@ func (t *term) attempt(k *task, st *taskState, bo *backoff) step {
 	}
 
 	next, starts := pick.Commit(snap.assignment, rec, snap.history, d)
-	committed, err := t.commitBatched(snap, next, starts)
+	committed, rev, err := t.commitBatched(snap, next, starts)
 	switch {
 	case errors.Is(err, errDeposed):
 		log.Warn().Msg("commit refused: no longer the recoverer leader; stopping recovery work")
@@ -222,6 +230,7 @@ func (t *term) attempt(k *task, st *taskState, bo *backoff) step {
 		Uint64(logging.CursorEventTail, d.Pick.CursorEventTail).
 		Strs(fieldMissing, d.Missing).
 		Msg("recovery committed")
+	st.covered, st.committed = rev, true
 	return stepDone
 }
 

@@ -219,7 +219,7 @@ func TestWriteRefusalsGuarded(t *testing.T) {
 	// The commit deletes them with the recovery.
 	snap = read()
 	next, starts := f.promotion()
-	if ok, err := commit(ctx, f.cli, schema, snap, leader, next, starts); !ok || err != nil {
+	if ok, _, err := commit(ctx, f.cli, schema, snap, leader, next, starts); !ok || err != nil {
 		t.Fatalf("commit: %v %v", ok, err)
 	}
 	if after := read(); after.refusalsRev != 0 || after.hasRecovery() {

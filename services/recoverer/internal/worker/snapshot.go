@@ -49,12 +49,12 @@ const snapshotOpsPerStream = 4
 // snapshotOps are the gets of one stream's own keys, in the order
 // snapshotOf decodes them: the assignment, the pending recovery, the
 // history starts and the seal refusals.
-func snapshotOps(schema cluster.Schema, stream string) []clientv3.Op {
+func snapshotOps(schema cluster.Schema, stream string, opts ...clientv3.OpOption) []clientv3.Op {
 	return []clientv3.Op{
-		clientv3.OpGet(schema.AssignmentKey(stream)),
-		clientv3.OpGet(schema.RecoveryKey(stream)),
-		clientv3.OpGet(schema.HistoryKey(stream)),
-		clientv3.OpGet(schema.RefusalsKey(stream)),
+		clientv3.OpGet(schema.AssignmentKey(stream), opts...),
+		clientv3.OpGet(schema.RecoveryKey(stream), opts...),
+		clientv3.OpGet(schema.HistoryKey(stream), opts...),
+		clientv3.OpGet(schema.RefusalsKey(stream), opts...),
 	}
 }
 

@@ -36,45 +36,57 @@ const (
 	snapshotReadsInFlight = 16
 )
 
+// snapshotRead is one snapshot read: a stream, and the revision the answer
+// must be at or past (0: a linearizable read made after the call began).
+type snapshotRead struct {
+	stream  string
+	atLeast int64
+}
+
 // newSnapshotReader is a term's gatherer of snapshot reads.
-func newSnapshotReader(cli *clientv3.Client, schema cluster.Schema) *gather.Gatherer[string, snapshot] {
-	return gather.New(maxSnapshotBatch, snapshotReadsInFlight, func(ctx context.Context, streams []string) []gather.Result[snapshot] {
-		return readSnapshots(ctx, cli, schema, streams)
+func newSnapshotReader(cli *clientv3.Client, schema cluster.Schema) *gather.Gatherer[snapshotRead, snapshot] {
+	return gather.New(maxSnapshotBatch, snapshotReadsInFlight, func(ctx context.Context, reads []snapshotRead) []gather.Result[snapshot] {
+		return readSnapshots(ctx, cli, schema, reads)
 	})
 }
 
-// readSnapshots reads the recovery state of every stream of streams in one
+// readSnapshots reads the recovery state of every stream of reads in one
 // read-only transaction: each stream's own keys, and the brokers prefix
 // once for all. Everything is read at the transaction's one revision, so
 // each stream's snapshot is of one revision, as the guarded commit's mod
 // revision compares need (docs/protocol.md, "The guarded commit", "The
 // confirmed prefix"), and each is the snapshot readSnapshot would have
-// read at that revision. A failed read fails every stream with its error,
-// never as "no recovery pending": the attempt waits and reads again. An
-// undecodable value fails its own stream only.
-func readSnapshots(ctx context.Context, cli *clientv3.Client, schema cluster.Schema, streams []string) []gather.Result[snapshot] {
-	out := make([]gather.Result[snapshot], len(streams))
-	ops := make([]clientv3.Op, 0, 1+snapshotOpsPerStream*len(streams))
-	ops = append(ops, clientv3.OpGet(schema.BrokersDir(), clientv3.WithPrefix()))
-	for _, s := range streams {
-		ops = append(ops, snapshotOps(schema, s)...)
-	}
-	resp, err := cli.Txn(ctx).Then(ops...).Commit()
-	if err == nil && len(resp.Responses) != len(ops) {
-		err = fmt.Errorf("%d responses for %d gets", len(resp.Responses), len(ops))
-	}
+// read at that revision. When every read names a revision (that of the
+// watch event that woke its attempt) the answer is at or past the newest
+// of them, read serializable first (cluster.ReadAtLeast); otherwise it is
+// linearizable. Either way the commit compares what was read, so a read
+// that missed a later change only loses its commit and reads again. A
+// failed read fails every stream with its error, never as "no recovery
+// pending": the attempt waits and reads again. An undecodable value fails
+// its own stream only.
+func readSnapshots(ctx context.Context, cli *clientv3.Client, schema cluster.Schema, reads []snapshotRead) []gather.Result[snapshot] {
+	out := make([]gather.Result[snapshot], len(reads))
+	atLeast := cluster.AtLeastAll(reads, func(r snapshotRead) int64 { return r.atLeast })
+	resp, err := cluster.ReadAtLeast(ctx, cli, atLeast, func(opts ...clientv3.OpOption) []clientv3.Op {
+		ops := make([]clientv3.Op, 0, 1+snapshotOpsPerStream*len(reads))
+		ops = append(ops, clientv3.OpGet(schema.BrokersDir(), append([]clientv3.OpOption{clientv3.WithPrefix()}, opts...)...))
+		for _, r := range reads {
+			ops = append(ops, snapshotOps(schema, r.stream, opts...)...)
+		}
+		return ops
+	})
 	if err != nil {
 		// The text is the stream's read alone would give, whatever the
 		// batch: an attempt logs a wait again only when its text changes.
-		for i, s := range streams {
-			out[i].Err = fmt.Errorf("worker: read %s: %w", s, err)
+		for i, r := range reads {
+			out[i].Err = fmt.Errorf("worker: read %s: %w", r.stream, err)
 		}
 		return out
 	}
 	brokers := brokersOf(schema, resp.Responses[0].GetResponseRange().GetKvs())
-	for i, s := range streams {
+	for i, r := range reads {
 		lo := 1 + snapshotOpsPerStream*i
-		out[i].Value, out[i].Err = snapshotOf(s, resp.Header.Revision, brokers, resp.Responses[lo:lo+snapshotOpsPerStream])
+		out[i].Value, out[i].Err = snapshotOf(r.stream, resp.Header.Revision, brokers, resp.Responses[lo:lo+snapshotOpsPerStream])
 	}
 	return out
 }

@@ -146,7 +146,7 @@ func TestReadSnapshotsAnswersEachStreamAsAlone(t *testing.T) {
 	streams, states := storeSnapshotStreams(t, cli, 3*maxSnapshotBatch, rng)
 	for lo := 0; lo < len(streams); lo += maxSnapshotBatch {
 		batch := streams[lo:min(lo+maxSnapshotBatch, len(streams))]
-		res := readSnapshots(context.Background(), cli, schema, batch)
+		res := readSnapshots(context.Background(), cli, schema, linearizably(batch))
 		if len(res) != len(batch) {
 			t.Fatalf("%d answers for %d streams", len(res), len(batch))
 		}
@@ -196,7 +196,7 @@ func TestReadSnapshotsIsOneRevisionUnderWrites(t *testing.T) {
 		}
 	})
 	for range 20 {
-		res := readSnapshots(context.Background(), cli, schema, f.streams)
+		res := readSnapshots(context.Background(), cli, schema, linearizably(f.streams))
 		rev := res[0].Value.rev
 		for i, s := range f.streams {
 			snap := res[i].Value
@@ -226,12 +226,12 @@ func TestReadSnapshotsIsOneRevisionUnderWrites(t *testing.T) {
 func TestReadSnapshotsBoundAndFailedRead(t *testing.T) {
 	cli := etcdtest.Start(t).Client(t)
 	f := newBatchFixture(t, cli, maxSnapshotBatch+1)
-	for i, r := range readSnapshots(context.Background(), cli, schema, f.streams[:maxSnapshotBatch]) {
+	for i, r := range readSnapshots(context.Background(), cli, schema, linearizably(f.streams[:maxSnapshotBatch])) {
 		if r.Err != nil || !r.Value.hasRecovery() {
 			t.Fatalf("%s: err %v, recovery %v", f.streams[i], r.Err, r.Value.hasRecovery())
 		}
 	}
-	for i, r := range readSnapshots(context.Background(), cli, schema, f.streams) {
+	for i, r := range readSnapshots(context.Background(), cli, schema, linearizably(f.streams)) {
 		if r.Err == nil || !strings.Contains(r.Err.Error(), "too many operations") {
 			t.Fatalf("%s: err %v, want etcd's too many operations", f.streams[i], r.Err)
 		}
@@ -248,7 +248,7 @@ func TestSnapshotReaderConcurrentAttempts(t *testing.T) {
 	streams, states := storeSnapshotStreams(t, cli, 4*maxSnapshotBatch+5, rng)
 	var mu sync.Mutex
 	var sizes []int
-	reads := gather.New(maxSnapshotBatch, snapshotReadsInFlight, func(ctx context.Context, batch []string) []gather.Result[snapshot] {
+	reads := gather.New(maxSnapshotBatch, snapshotReadsInFlight, func(ctx context.Context, batch []snapshotRead) []gather.Result[snapshot] {
 		mu.Lock()
 		sizes = append(sizes, len(batch))
 		mu.Unlock()
@@ -268,7 +268,7 @@ func TestSnapshotReaderConcurrentAttempts(t *testing.T) {
 			ctx = cancelled
 		}
 		wg.Go(func() {
-			snap, err := reads.Do(ctx, s)
+			snap, err := reads.Do(ctx, snapshotRead{stream: s})
 			answers[i] = answer{snap, err}
 		})
 	}
@@ -312,11 +312,11 @@ func BenchmarkSnapshotReads(b *testing.B) {
 				return readSnapshot(ctx, cli, schema, s)
 			}
 			if mode == "gathered" {
-				g := gather.New(maxSnapshotBatch, snapshotReadsInFlight, func(ctx context.Context, batch []string) []gather.Result[snapshot] {
+				g := gather.New(maxSnapshotBatch, snapshotReadsInFlight, func(ctx context.Context, batch []snapshotRead) []gather.Result[snapshot] {
 					txns.Add(1)
 					return readSnapshots(ctx, cli, schema, batch)
 				})
-				read = g.Do
+				read = func(ctx context.Context, s string) (snapshot, error) { return g.Do(ctx, snapshotRead{stream: s}) }
 			}
 			clustertest.ReadEach(b, f.streams, attempts, &txns, func(ctx context.Context, s string) error {
 				if snap, err := read(ctx, s); err != nil || !snap.hasRecovery() {
@@ -341,4 +341,60 @@ func readSnapshot(ctx context.Context, cli *clientv3.Client, schema cluster.Sche
 	}
 	brokers := brokersOf(schema, resp.Responses[snapshotOpsPerStream].GetResponseRange().GetKvs())
 	return snapshotOf(stream, resp.Header.Revision, brokers, resp.Responses[:snapshotOpsPerStream])
+}
+
+// linearizably are linearizable reads of streams.
+func linearizably(streams []string) []snapshotRead {
+	reads := make([]snapshotRead, len(streams))
+	for i, s := range streams {
+		reads[i] = snapshotRead{stream: s}
+	}
+	return reads
+}
+
+// Reads that name a revision (that of the watch event that woke their
+// attempt) are answered by one serializable transaction when the member
+// has applied the newest of them, and read again linearizably when the
+// answer is older; a batch with a read naming none is linearizable. Each
+// stream's snapshot is what it reads alone.
+func TestReadSnapshotsAtOrPastTheirRevision(t *testing.T) {
+	cli := etcdtest.Start(t).Client(t)
+	rng := rand.New(rand.NewPCG(5, 6))
+	streams, states := storeSnapshotStreams(t, cli, maxSnapshotBatch, rng)
+	head, err := cli.Get(context.Background(), "/nothing")
+	if err != nil {
+		t.Fatal(err)
+	}
+	kinds := &clustertest.TxnKinds{KV: cli.KV}
+	cli.KV = kinds
+	at := func(rev int64) []snapshotRead {
+		reads := linearizably(streams)
+		for i := range reads {
+			reads[i].atLeast = rev - int64(i%3) // the batch reads at or past the newest
+		}
+		return reads
+	}
+	oneUnnamed := at(head.Header.Revision)
+	oneUnnamed[len(oneUnnamed)/2].atLeast = 0
+	for _, tc := range []struct {
+		name  string
+		reads []snapshotRead
+		want  string
+	}{
+		{"at an applied revision", at(head.Header.Revision), "serializable"},
+		{"past the member's revision", at(head.Header.Revision + 1000), "serializable,linearizable"},
+		{"one read naming no revision", oneUnnamed, "linearizable"},
+	} {
+		res := readSnapshots(context.Background(), cli, schema, tc.reads)
+		if got := kinds.Kinds(); got != tc.want {
+			t.Errorf("%s: transactions %q, want %q", tc.name, got, tc.want)
+		}
+		for i, s := range streams {
+			if res[i].Err == nil && res[i].Value.rev < head.Header.Revision {
+				t.Fatalf("%s: %s read at %d, before %d", tc.name, s, res[i].Value.rev, head.Header.Revision)
+			}
+			sameAsAlone(t, cli, s, states[s], res[i].Value, res[i].Err)
+		}
+		kinds.Kinds() // sameAsAlone's own reads
+	}
 }
