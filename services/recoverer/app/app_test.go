@@ -467,6 +467,44 @@ func TestCommitRacingAnotherWriterReadsAgain(t *testing.T) {
 	}
 }
 
+// A recovery recorded for the stream again right after a commit (its new
+// owner lost in turn) is recovered too: the watch brings the commit's own
+// delete of the recovery key, which starts no read, and then the new
+// recovery, which does, whether the first task has ended by then or not.
+func TestRecoveryRecordedAgainAfterCommitIsRecovered(t *testing.T) {
+	e := newEnv(t)
+	old := oldAssignment(majority)
+	e.put(t, e.schema.AssignmentKey(stream), old)
+	b2 := startFakeBroker(t, "b2", answer, 8, 0)
+	b3 := startFakeBroker(t, "b3", answer, 6, 0)
+	b2.register(t, e)
+	b3.register(t, e)
+	e.startRecoverer(t, "r1", nil)
+
+	for round := range 3 {
+		from := old.Epoch + uint64(round)
+		rec := recovery("t-0") // of oldAssignment: b1 owns it, and is left out
+		if round > 0 {
+			// Of the assignment the last round committed: b2 owns it.
+			rec = cluster.Recovery{
+				Stream: stream, FromEpoch: from, FenceEpoch: from + 1, TransitionID: fmt.Sprintf("t-%d", round),
+				OldOwner: "b2", OldFollowers: []string{"b3"}, ProposedOwner: "b2",
+				Reason: "owner lease expired", Created: time.Now(),
+			}
+		}
+		e.put(t, e.schema.RecoveryKey(stream), rec)
+		clustertest.Eventually(t, 10*time.Second, fmt.Sprintf("recovery %d is committed", round), func() bool {
+			a, _ := e.assignment(t)
+			return a.Epoch == from+1 && !e.recoveryPending(t)
+		})
+	}
+	got, _ := e.assignment(t)
+	assertAssignment(t, got, cluster.Assignment{
+		Stream: stream, Epoch: 6, Owner: "b2", Followers: []string{"b3"},
+		Policy: majority, Retention: old.Retention,
+	})
+}
+
 // The leader is closed while its seals hang: its in-flight work stops at
 // once (well before the seal timeout), and the second recoverer takes over
 // and finishes the recovery exactly once.
