@@ -300,9 +300,10 @@ func (t *term) finish(k *task, covered int64, committed bool) bool {
 		return false
 	}
 	delete(t.tasks, k.stream)
-	if committed {
-		// Its delete of the recovery key may not have come back yet:
-		// ensure must not start a task to read it.
+	if committed && k.wakeRev < covered {
+		// Its delete of the recovery key has not come back yet (the watch
+		// is in revision order, and that delete is the key's only event at
+		// covered): ensure must not start a task to read it.
 		t.committed[k.stream] = covered
 	}
 	return true

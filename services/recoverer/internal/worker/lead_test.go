@@ -48,6 +48,9 @@ func TestTaskWakesByRevision(t *testing.T) {
 	if _, ok := tm.tasks["orders"]; ok {
 		t.Fatal("finished task still listed")
 	}
+	if _, ok := tm.committed["orders"]; ok {
+		t.Fatal("the commit's own event came before the task ended, and is still awaited")
+	}
 
 	// A change after the commit (a new recovery recorded at 46) is read.
 	k = fresh(0)
