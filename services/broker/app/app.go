@@ -242,11 +242,9 @@ func Start(ctx context.Context, cfg Config) (*App, error) {
 		ConfirmTimeout:   cfg.ConfirmTimeout,
 		PublishApplyWait: cfg.PublishApplyWait,
 		MaxInflightBytes: cfg.MaxInflightBytes,
-		History: func(ctx context.Context, stream string) (cluster.HistoryStarts, error) {
-			return co.History(ctx, stream)
-		},
-		HistoryAt: func(ctx context.Context, stream string, rev int64) (cluster.HistoryStarts, error) {
-			return co.HistoryAt(ctx, stream, rev)
+		// co is made after the manager, so the hook reads it when called.
+		History: func(ctx context.Context, stream string, atLeast int64) (cluster.HistoryStarts, error) {
+			return co.History(ctx, stream, atLeast)
 		},
 		Dial: func(addr string) strandv1connect.ReplicationServiceClient {
 			return strandv1connect.NewReplicationServiceClient(httpClient, dial.BaseURL(addr), rpcserver.WithPeerToken(sendToken))

@@ -214,6 +214,20 @@ func assertAssignment(t *testing.T, got, want cluster.Assignment) {
 	}
 }
 
+// liveFollowers stores oldAssignment and starts its followers b2 (record
+// tail 8) and b3 (6), registered and answering their seals; b1 is not.
+func liveFollowers(t *testing.T) (e *env, old cluster.Assignment, b2, b3 *fakeBroker) {
+	t.Helper()
+	e = newEnv(t)
+	old = oldAssignment(majority)
+	e.put(t, e.schema.AssignmentKey(stream), old)
+	b2 = startFakeBroker(t, "b2", answer, 8, 0)
+	b3 = startFakeBroker(t, "b3", answer, 6, 0)
+	b2.register(t, e)
+	b3.register(t, e)
+	return e, old, b2, b3
+}
+
 // A pending recovery is committed exactly once: the furthest sealed copy
 // owns the new epoch, the other sealed copy and the added member follow, the
 // copy that failed its seal is left out, the recovery is cleared and the
@@ -429,13 +443,7 @@ func TestRacingRecoverersCommitOnce(t *testing.T) {
 // against the new state (docs/protocol.md, "Stream failover": the
 // loser reads again).
 func TestCommitRacingAnotherWriterReadsAgain(t *testing.T) {
-	e := newEnv(t)
-	old := oldAssignment(majority)
-	e.put(t, e.schema.AssignmentKey(stream), old)
-	b2 := startFakeBroker(t, "b2", answer, 8, 0)
-	b3 := startFakeBroker(t, "b3", answer, 6, 0)
-	b2.register(t, e)
-	b3.register(t, e)
+	e, old, b2, _ := liveFollowers(t)
 	// While the first round of seals runs, another writer rewrites the
 	// assignment (same value, new mod revision).
 	b2.setHook(func(n int) {
@@ -472,13 +480,7 @@ func TestCommitRacingAnotherWriterReadsAgain(t *testing.T) {
 // delete of the recovery key, which starts no read, and then the new
 // recovery, which does, whether the first task has ended by then or not.
 func TestRecoveryRecordedAgainAfterCommitIsRecovered(t *testing.T) {
-	e := newEnv(t)
-	old := oldAssignment(majority)
-	e.put(t, e.schema.AssignmentKey(stream), old)
-	b2 := startFakeBroker(t, "b2", answer, 8, 0)
-	b3 := startFakeBroker(t, "b3", answer, 6, 0)
-	b2.register(t, e)
-	b3.register(t, e)
+	e, old, _, _ := liveFollowers(t)
 	e.startRecoverer(t, "r1", nil)
 
 	for round := range 3 {

@@ -86,7 +86,7 @@ func serveTestBroker(tb testing.TB) (*replica.Manager, string) {
 		tb.Fatal(err)
 	}
 	m, err := replica.NewManager(replica.Config{Node: fuzzNode, Storage: db, Logger: zerolog.Nop(), ConfirmTimeout: 5 * time.Second,
-		History: func(context.Context, string) (cluster.HistoryStarts, error) { return nil, nil },
+		History: func(context.Context, string, int64) (cluster.HistoryStarts, error) { return nil, nil },
 	})
 	if err != nil {
 		tb.Fatal(err)

@@ -29,7 +29,7 @@ func startService(t *testing.T, dir string) (*replica.Manager, strandv1connect.S
 		t.Fatal(err)
 	}
 	m, err := replica.NewManager(replica.Config{Node: "b1", Storage: db, Logger: zerolog.Nop(), ConfirmTimeout: time.Second,
-		History: func(context.Context, string) (cluster.HistoryStarts, error) { return nil, nil },
+		History: func(context.Context, string, int64) (cluster.HistoryStarts, error) { return nil, nil },
 	})
 	if err != nil {
 		t.Fatal(err)

@@ -94,22 +94,15 @@ func (c *Coord) HeartbeatOmitted() int64 { return c.hb.omittedTotal.Load() }
 // assignment listing.
 func (c *Coord) Ready() <-chan struct{} { return c.ready }
 
-// History reads a stream's history starts. A missing key is an empty list;
-// an unreadable one is an error, so the caller withholds the assignment
+// History reads a stream's history starts, at or past etcd revision
+// atLeast: an assignment's mod revision, written in one transaction with
+// its epoch's history start, so the answer holds that start; 0 reads
+// linearizably, after the call began. A missing key is an empty list; an
+// unreadable one is an error, so the caller withholds the assignment
 // (docs/protocol.md, "Copies with a longer tail"). Reads asked for
-// together share a transaction (newHistoryReader); each is still a
-// linearizable read made after its call began.
-func (c *Coord) History(ctx context.Context, stream string) (cluster.HistoryStarts, error) {
-	return c.history.Do(ctx, historyRead{stream: stream})
-}
-
-// HistoryAt is History at a revision at or past rev: the mod revision of
-// the assignment a copy applies, which was written in one transaction
-// with its epoch's history start, so the answer holds that start. It
-// needs no linearizable read when the etcd member that answers has
-// applied rev already (readHistories).
-func (c *Coord) HistoryAt(ctx context.Context, stream string, rev int64) (cluster.HistoryStarts, error) {
-	return c.history.Do(ctx, historyRead{stream: stream, atLeast: rev})
+// together share a transaction (newHistoryReader).
+func (c *Coord) History(ctx context.Context, stream string, atLeast int64) (cluster.HistoryStarts, error) {
+	return c.history.Do(ctx, historyRead{stream: stream, atLeast: atLeast})
 }
 
 // ReadStream reads a stream's assignment and pending recovery in one

@@ -37,7 +37,7 @@ func newTestCoordOn(t *testing.T, cli *clientv3.Client, ttl time.Duration) *Coor
 	// The manager reads a stream's keys through the Coord, as the broker
 	// app wires it (unknown streams, orphans).
 	m, err := replica.NewManager(replica.Config{Node: "b1", Storage: db, Logger: zerolog.Nop(),
-		History:    func(context.Context, string) (cluster.HistoryStarts, error) { return nil, nil },
+		History:    func(context.Context, string, int64) (cluster.HistoryStarts, error) { return nil, nil },
 		ReadStream: func(ctx context.Context, stream string) (replica.StreamKeys, error) { return c.ReadStream(ctx, stream) },
 	})
 	if err != nil {

@@ -419,7 +419,7 @@ func (c *Copy) warnBelowConfirmedPrefix(ctx context.Context, epoch uint64, histo
 		hctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 		defer cancel()
 		var err error
-		if history, err = c.readHistory(hctx, rev); err != nil {
+		if history, err = c.m.cfg.History(hctx, c.name, rev); err != nil {
 			return
 		}
 	}
@@ -465,7 +465,7 @@ func (c *Copy) bringOntoHistory(ctx context.Context, state storage.State, target
 	}
 	hctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	history, err := c.readHistory(hctx, rev)
+	history, err := c.m.cfg.History(hctx, c.name, rev)
 	if err != nil {
 		return nil, fmt.Errorf("read history starts: %w", err)
 	}
@@ -494,19 +494,6 @@ func (c *Copy) bringOntoHistory(ctx context.Context, state storage.State, target
 		Uint64(logging.CursorEventTail, cut.CursorEventTail).Str("start_node", cut.Node).
 		Msg("copy held records past the new history start; cut them (none was confirmed)")
 	return history, nil
-}
-
-// readHistory reads the stream's history starts for an assignment read at
-// etcd revision rev (0: not known). An assignment at a new epoch is
-// written in one transaction with that epoch's history start
-// (cluster.RecoveryCommit), so starts read at or past its revision hold
-// it: what the cut needs (docs/protocol.md, "Copies with a longer tail").
-// Without a revision the read is linearizable.
-func (c *Copy) readHistory(ctx context.Context, rev int64) (cluster.HistoryStarts, error) {
-	if rev > 0 && c.m.cfg.HistoryAt != nil {
-		return c.m.cfg.HistoryAt(ctx, c.name, rev)
-	}
-	return c.m.cfg.History(ctx, c.name)
 }
 
 // awaitApplied returns once the copy has applied an assignment at epoch

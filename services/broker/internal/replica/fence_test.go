@@ -50,7 +50,7 @@ func TestAdmittedWriteOfTheOldRoleIsCut(t *testing.T) {
 	unblock := func() { once.Do(func() { armed.Store(false); close(release) }) }
 	history := &historyBox{}
 	m, err := NewManager(Config{Node: "b1", Storage: db, Logger: zerolog.Nop(), ConfirmTimeout: 2 * time.Second,
-		History: func(context.Context, string) (cluster.HistoryStarts, error) { return history.read(), nil },
+		History: func(context.Context, string, int64) (cluster.HistoryStarts, error) { return history.read(), nil },
 	})
 	if err != nil {
 		t.Fatal(err)

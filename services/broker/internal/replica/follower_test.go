@@ -49,7 +49,7 @@ func TestFollowRetriesSyncOnlyAfterAQueuedBatch(t *testing.T) {
 		t.Fatal(err)
 	}
 	m, err := NewManager(Config{Node: "b1", Storage: db, Logger: zerolog.Nop(),
-		History: func(context.Context, string) (cluster.HistoryStarts, error) { return nil, nil }})
+		History: func(context.Context, string, int64) (cluster.HistoryStarts, error) { return nil, nil }})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -43,11 +43,10 @@ type Config struct {
 	MaxConcurrentSeals int
 	// RetentionInterval is how often retention runs on every copy.
 	RetentionInterval time.Duration
-	// History reads a stream's history starts from etcd.
-	History func(ctx context.Context, stream string) (cluster.HistoryStarts, error)
-	// HistoryAt, when set, reads them at or past an etcd revision, for
-	// an assignment read at that revision (SetAssignmentAt); nil: History.
-	HistoryAt func(ctx context.Context, stream string, rev int64) (cluster.HistoryStarts, error)
+	// History reads a stream's history starts from etcd at or past
+	// revision atLeast (that of the assignment applied, SetAssignmentAt),
+	// linearizably when atLeast is 0.
+	History func(ctx context.Context, stream string, atLeast int64) (cluster.HistoryStarts, error)
 	// Dial returns a replication client for a peer address.
 	Dial func(addr string) strandv1connect.ReplicationServiceClient
 	// Metrics records where publishes and follow batches wait; nil
@@ -264,7 +263,7 @@ func (m *Manager) SetAssignment(a cluster.Assignment) { m.SetAssignmentAt(a, 0) 
 
 // SetAssignmentAt is SetAssignment of an assignment read at etcd revision
 // rev (its mod revision, or a listing's): the copy reads its history
-// starts at or past rev (Config.HistoryAt).
+// starts at or past rev (Config.History).
 func (m *Manager) SetAssignmentAt(a cluster.Assignment, rev int64) {
 	m.mu.Lock()
 	m.assignments[a.Stream] = a

@@ -70,7 +70,7 @@ func openTestManager(t *testing.T, dir, node string, history func() cluster.Hist
 		t.Fatal(err)
 	}
 	m, err := NewManager(Config{Node: node, Storage: db, Logger: zerolog.Nop(), ConfirmTimeout: time.Second,
-		History: func(context.Context, string) (cluster.HistoryStarts, error) { return history(), nil },
+		History: func(context.Context, string, int64) (cluster.HistoryStarts, error) { return history(), nil },
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -412,7 +412,7 @@ func TestOwnerRolesRunNoGoroutinePerStream(t *testing.T) {
 }
 
 // A copy taking a role at a new epoch reads its history starts at or past
-// the revision its assignment was read at (Config.HistoryAt): the epoch's
+// the revision its assignment was read at (Config.History): the epoch's
 // start was written in the same transaction, so that read holds it and
 // needs no linearizable read (docs/protocol.md, "Stream failover"). An
 // assignment of unknown revision reads them through History.
@@ -423,21 +423,21 @@ func TestNewEpochReadsHistoryAtItsAssignmentRevision(t *testing.T) {
 	}
 	t.Cleanup(func() { _ = db.Close() })
 	var mu sync.Mutex
+	// atRevs are the revisions the reads named; plain counts those that
+	// named none (linearizable).
 	var atRevs []int64
 	plain := 0
 	// The copy's own epochs, each started at its tail: nothing to cut.
 	starts := cluster.HistoryStarts{{Epoch: 1, Node: "b1"}, {Epoch: 2, RecordTail: 10, Node: "b1"}, {Epoch: 3, RecordTail: 10, Node: "b1"}}
 	m, err := NewManager(Config{Node: "b1", Storage: db, Logger: zerolog.Nop(), ConfirmTimeout: time.Second,
-		History: func(context.Context, string) (cluster.HistoryStarts, error) {
+		History: func(_ context.Context, _ string, rev int64) (cluster.HistoryStarts, error) {
 			mu.Lock()
 			defer mu.Unlock()
-			plain++
-			return starts, nil
-		},
-		HistoryAt: func(_ context.Context, _ string, rev int64) (cluster.HistoryStarts, error) {
-			mu.Lock()
-			defer mu.Unlock()
-			atRevs = append(atRevs, rev)
+			if rev == 0 {
+				plain++
+			} else {
+				atRevs = append(atRevs, rev)
+			}
 			return starts, nil
 		},
 	})

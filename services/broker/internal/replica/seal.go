@@ -101,7 +101,7 @@ func (c *Copy) effectiveTails(ctx context.Context, s storage.State, fenceEpoch u
 	}
 	hctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
-	history, err := c.m.cfg.History(hctx, c.name)
+	history, err := c.m.cfg.History(hctx, c.name, 0)
 	if err != nil {
 		return storage.State{}, fmt.Errorf("%w: history starts unreadable: %v", ErrUnavailable, err)
 	}

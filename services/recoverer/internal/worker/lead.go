@@ -42,6 +42,9 @@ type term struct {
 	// of the recovery key (or a later change): that event is the task's
 	// own write, not a change to read (ensure). A listing clears it.
 	committed map[string]int64
+	// watchFrom is the revision of the listing the recoveries watch runs
+	// from: it brings only events past it.
+	watchFrom int64
 	wg        sync.WaitGroup
 
 	// senders gathers the seals of the rounds in flight per broker
@@ -94,6 +97,7 @@ func (t *term) syncRecoveries() error {
 	}
 	t.mu.Lock()
 	clear(t.committed) // the watch these awaited events of is gone
+	t.watchFrom = resp.Header.Revision
 	t.mu.Unlock()
 	for _, kv := range resp.Kvs {
 		t.ensure(string(kv.Key), resp.Header.Revision)
@@ -300,10 +304,11 @@ func (t *term) finish(k *task, covered int64, committed bool) bool {
 		return false
 	}
 	delete(t.tasks, k.stream)
-	if committed && k.wakeRev < covered {
+	if committed && k.wakeRev < covered && covered > t.watchFrom {
 		// Its delete of the recovery key has not come back yet (the watch
 		// is in revision order, and that delete is the key's only event at
-		// covered): ensure must not start a task to read it.
+		// covered) and the running watch will bring it (a watch started
+		// after it never will): ensure must not start a task to read it.
 		t.committed[k.stream] = covered
 	}
 	return true

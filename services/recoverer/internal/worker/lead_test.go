@@ -75,38 +75,48 @@ func TestTaskWakesByRevision(t *testing.T) {
 	}
 	k = fresh(0)
 
+	// awaited reports whether an ended task's commit event is awaited.
+	awaited := func() bool { _, ok := tm.committed["orders"]; return ok }
+	mustFinish := func(k *task, covered int64, committed bool) {
+		t.Helper()
+		if !tm.finish(k, covered, committed) {
+			t.Fatalf("the task at %d did not finish", covered)
+		}
+	}
+
 	// A task that read no recovery at 50 finishes unless woken past 50.
 	tm.ensure(key, 50)
-	if !tm.finish(k, 50, false) {
-		t.Fatal("the task read again for a change its read held")
-	}
-	if _, ok := tm.committed["orders"]; ok {
+	mustFinish(k, 50, false)
+	if awaited() {
 		t.Fatal("a task that committed nothing awaits its commit's event")
 	}
 
 	// A task that committed at 60 ended before the watch brought its
 	// delete back: that event starts no task, and the next one does.
-	k = fresh(0)
-	if !tm.finish(k, 60, true) {
-		t.Fatal("the task did not finish")
-	}
+	mustFinish(fresh(0), 60, true)
 	tm.ensure(key, 59)
 	tm.ensure(key, 60)
 	if _, ok := tm.tasks["orders"]; ok {
 		t.Fatal("the watch's events up to the ended task's own commit started a task")
 	}
-	if _, ok := tm.committed["orders"]; ok {
+	if awaited() {
 		t.Fatal("the commit's own event came, and is still awaited")
 	}
-	k = fresh(0)
-	if !tm.finish(k, 70, true) {
-		t.Fatal("the task did not finish")
+
+	// A commit at or below the revision the running watch started from:
+	// its event will never come, so nothing awaits it.
+	tm.watchFrom = 65
+	mustFinish(fresh(0), 65, true)
+	if awaited() {
+		t.Fatal("an ended task awaits an event the running watch will never bring")
 	}
+
+	mustFinish(fresh(0), 70, true)
 	ended, end := context.WithCancel(ctx)
 	end()
 	tm.ctx = ended // ensure stops before starting the task's goroutine
 	tm.ensure(key, 71)
-	if _, ok := tm.committed["orders"]; ok {
+	if awaited() {
 		t.Fatal("a change past the ended task's commit did not reach the start of a task")
 	}
 }
