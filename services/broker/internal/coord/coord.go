@@ -58,6 +58,9 @@ type Coord struct {
 
 	hb      *heartbeats
 	history *gather.Gatherer[historyRead, cluster.HistoryStarts]
+	// historyWatch answers History at a revision from the watch of the
+	// history directory (historywatch.go).
+	historyWatch *historyWatch
 }
 
 // New returns a Coord; Run starts it.
@@ -71,6 +74,7 @@ func New(cfg Config) *Coord {
 	c := &Coord{cfg: cfg, log: cfg.Logger, start: time.Now(), ready: make(chan struct{}), errc: make(chan error, 1)}
 	c.hb = newHeartbeats(cfg.Client, cfg.Schema, cfg.Node, cfg.Logger, cfg.Manager.AllTails, cfg.Manager.StatusGeneration)
 	c.history = newHistoryReader(cfg.Client, cfg.Schema)
+	c.historyWatch = newHistoryWatch()
 	return c
 }
 
@@ -99,9 +103,19 @@ func (c *Coord) Ready() <-chan struct{} { return c.ready }
 // its epoch's history start, so the answer holds that start; 0 reads
 // linearizably, after the call began. A missing key is an empty list; an
 // unreadable one is an error, so the caller withholds the assignment
-// (docs/protocol.md, "Copies with a longer tail"). Reads asked for
-// together share a transaction (newHistoryReader).
+// (docs/protocol.md, "Copies with a longer tail"). A read at a revision is
+// answered from the watch of the history directory once it has reached
+// that revision (historyWatch); otherwise, and for a linearizable read,
+// etcd is read, and reads asked for together share a transaction
+// (newHistoryReader).
 func (c *Coord) History(ctx context.Context, stream string, atLeast int64) (cluster.HistoryStarts, error) {
+	if atLeast > 0 {
+		progress := func() { c.historyWatch.askProgress(c.cfg.Client) }
+		h, ok, err := c.historyWatch.at(ctx, stream, atLeast, historyWatchWait, progress)
+		if ok || err != nil {
+			return h, err
+		}
+	}
 	return c.history.Do(ctx, historyRead{stream: stream, atLeast: atLeast})
 }
 
@@ -247,10 +261,12 @@ func (c *Coord) runSession(ctx context.Context, readyOnce *bool, held *lease.Hel
 	}
 	wctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	watchErr := make(chan error, 2)
+	watchErr := make(chan error, 3)
 	synced := make(chan struct{}, 2)
 	go func() { watchErr <- c.keepWatching(wctx, "brokers", synced, c.watchBrokers) }()
 	go func() { watchErr <- c.keepWatching(wctx, "assignments", synced, c.watchAssignments) }()
+	// Not awaited: until it has listed, History reads etcd.
+	go func() { watchErr <- c.keepWatching(wctx, "history", make(chan struct{}, 1), c.watchHistory) }()
 	for range 2 {
 		select {
 		case <-synced:
@@ -468,6 +484,35 @@ func (c *Coord) watchAssignments(ctx context.Context, synced func()) error {
 			}
 			c.cfg.Manager.SetAssignmentAt(a, ev.Kv.ModRevision)
 		}
+	}
+	return ctx.Err()
+}
+
+// watchHistory lists the history directory and watches it from the
+// listing, keeping historyWatch; the values are stale from the moment the
+// watch ends until the next listing, and nothing is answered from them.
+func (c *Coord) watchHistory(ctx context.Context, synced func()) error {
+	defer c.historyWatch.stop()
+	dir := c.cfg.Schema.HistoryDir()
+	resp, err := c.cfg.Client.Get(ctx, dir, clientv3.WithPrefix())
+	if err != nil {
+		return err
+	}
+	values := make(map[string][]byte, len(resp.Kvs))
+	for _, kv := range resp.Kvs {
+		if stream, err := cluster.NameIn(dir, string(kv.Key)); err == nil {
+			values[stream] = kv.Value
+		}
+	}
+	wctx := clientv3.WithRequireLeader(ctx)
+	c.historyWatch.list(wctx, values, resp.Header.Revision)
+	synced()
+	wch := c.cfg.Client.Watch(wctx, dir, clientv3.WithPrefix(), clientv3.WithRev(resp.Header.Revision+1))
+	for wr := range wch {
+		if err := wr.Err(); err != nil {
+			return fmt.Errorf("coord: watch history: %w", err)
+		}
+		c.historyWatch.apply(dir, wr)
 	}
 	return ctx.Err()
 }

@@ -11,7 +11,8 @@ import (
 
 // TxnLimit is what one etcd transaction may carry.
 type TxnLimit struct {
-	// Ops bounds its compares and operations, counted together.
+	// Ops bounds its compares, and its operations: etcd's --max-txn-ops
+	// counts the larger of a transaction's compares and either branch.
 	Ops int
 	// Bytes bounds the keys and values it writes.
 	Bytes int
@@ -19,35 +20,37 @@ type TxnLimit struct {
 
 // DefaultTxnLimit fits etcd's defaults: --max-txn-ops 128, and a quarter of
 // --max-request-bytes (1.5 MiB), leaving room for the request's framing.
-//
-// etcd itself counts the larger of a transaction's compares and either
-// branch, at each level of nesting; counting them together, as Batches
-// does, stays within that under any reading of the limit.
 var DefaultTxnLimit = TxnLimit{Ops: 128, Bytes: 384 << 10}
 
-// termTxnOps is what a term's Txn adds around the compares and operations
-// it is given: the leader guard and the nested transaction.
-const termTxnOps = 2
+// termTxnOps is what a term's Txn takes of the limit around the compares
+// and operations it is given: the outer transaction's leader guard and
+// nested transaction count 1, and etcd checks a nested transaction against
+// --max-txn-ops less its parent's count.
+const termTxnOps = 1
 
-// TxnSize is what one stream's part of a batched transaction costs.
+// TxnSize is what one stream's part of a batched transaction costs: its
+// compares, its operations and the bytes of its keys and values.
 type TxnSize struct {
+	Cmps  int
 	Ops   int
 	Bytes int
 }
 
 // Batches splits parts, in their order, into runs that each fit one of a
 // term's transactions under limit, and returns where each run ends: run i
-// is parts[ends[i-1]:ends[i]]. A run's ops plus the term's own stay within
-// limit.Ops, and its bytes within limit.Bytes. A part over the limit on its
-// own still forms a run of one: written alone it fails as it would have
-// without batching, and no other stream's write goes with it.
+// is parts[ends[i-1]:ends[i]]. A run's compares, and its operations, plus
+// the term's own stay within limit.Ops, and its bytes within limit.Bytes.
+// A part over the limit on its own still forms a run of one: written alone
+// it fails as it would have without batching, and no other stream's write
+// goes with it.
 func Batches(parts []TxnSize, limit TxnLimit) (ends []int) {
-	ops, bytes := termTxnOps, 0
+	var cmps, ops, bytes int
 	for i, p := range parts {
-		if i > 0 && (ops+p.Ops > limit.Ops || bytes+p.Bytes > limit.Bytes) {
+		if i > 0 && (termTxnOps+max(cmps+p.Cmps, ops+p.Ops) > limit.Ops || bytes+p.Bytes > limit.Bytes) {
 			ends = append(ends, i)
-			ops, bytes = termTxnOps, 0
+			cmps, ops, bytes = 0, 0, 0
 		}
+		cmps += p.Cmps
 		ops += p.Ops
 		bytes += p.Bytes
 	}
@@ -77,7 +80,7 @@ func (c Committer) recoveryTxn(w RecoveryWrite, extra ...clientv3.Op) ([]clientv
 		clientv3.OpPut(recKey, value),
 		clientv3.OpDelete(refKey),
 	}, extra...)
-	size := TxnSize{Ops: len(cmps) + len(ops), Bytes: len(c.Schema.AssignmentKey(w.Rec.Stream)) + 2*len(recKey) + len(value) + len(refKey)}
+	size := TxnSize{Cmps: len(cmps), Ops: len(ops), Bytes: len(c.Schema.AssignmentKey(w.Rec.Stream)) + 2*len(recKey) + len(value) + len(refKey)}
 	return cmps, ops, size
 }
 

@@ -14,7 +14,8 @@ import (
 )
 
 func TestBatches(t *testing.T) {
-	four := func(n int) []TxnSize { return slices.Repeat([]TxnSize{{Ops: 4, Bytes: 100}}, n) }
+	// A recovery write: two compares, two operations.
+	rec := func(n int) []TxnSize { return slices.Repeat([]TxnSize{{Cmps: 2, Ops: 2, Bytes: 100}}, n) }
 	limit := TxnLimit{Ops: 128, Bytes: 1 << 20}
 	cases := []struct {
 		name  string
@@ -23,23 +24,25 @@ func TestBatches(t *testing.T) {
 		want  []int
 	}{
 		{name: "nothing to write", parts: nil, limit: limit, want: nil},
-		{name: "one stream", parts: four(1), limit: limit, want: []int{1}},
-		// 2 (the term's guard and nested txn) + 31*4 = 126 <= 128; a 32nd
-		// would make 130.
-		{name: "31 four-op writes fill a transaction", parts: four(31), limit: limit, want: []int{31}},
-		{name: "the 32nd starts the next", parts: four(32), limit: limit, want: []int{31, 32}},
-		{name: "many streams", parts: four(100), limit: limit, want: []int{31, 62, 93, 100}},
-		{name: "exactly at the op limit", parts: four(3), limit: TxnLimit{Ops: 14, Bytes: 1 << 20}, want: []int{3}},
-		{name: "one op over the limit", parts: four(3), limit: TxnLimit{Ops: 13, Bytes: 1 << 20}, want: []int{2, 3}},
-		{name: "bytes bound a batch too", parts: four(10), limit: TxnLimit{Ops: 128, Bytes: 350}, want: []int{3, 6, 9, 10}},
+		{name: "one stream", parts: rec(1), limit: limit, want: []int{1}},
+		// 1 (the term's guard and nested txn) + 63*2 = 127 <= 128; a 64th
+		// would make 129.
+		{name: "63 two-compare writes fill a transaction", parts: rec(63), limit: limit, want: []int{63}},
+		{name: "the 64th starts the next", parts: rec(64), limit: limit, want: []int{63, 64}},
+		{name: "many streams", parts: rec(150), limit: limit, want: []int{63, 126, 150}},
+		{name: "exactly at the op limit", parts: rec(3), limit: TxnLimit{Ops: 7, Bytes: 1 << 20}, want: []int{3}},
+		{name: "one op over the limit", parts: rec(3), limit: TxnLimit{Ops: 6, Bytes: 1 << 20}, want: []int{2, 3}},
+		{name: "bytes bound a batch too", parts: rec(10), limit: TxnLimit{Ops: 128, Bytes: 350}, want: []int{3, 6, 9, 10}},
 		{
-			name:  "parts of other sizes",
-			parts: []TxnSize{{Ops: 5}, {Ops: 4}, {Ops: 6}, {Ops: 4}},
-			limit: TxnLimit{Ops: 13, Bytes: 1 << 20}, want: []int{2, 4},
+			// Compares and operations are bounded each, not together:
+			// 1+max(2+6, 5+1) = 9 fits 9, then 1+max(8+1, 6+4) = 11 does not.
+			name:  "the larger of compares and operations counts",
+			parts: []TxnSize{{Cmps: 2, Ops: 5}, {Cmps: 6, Ops: 1}, {Cmps: 1, Ops: 4}, {Cmps: 3}},
+			limit: TxnLimit{Ops: 9, Bytes: 1 << 20}, want: []int{2, 4},
 		},
 		{
 			name:  "a part over the limit alone goes alone",
-			parts: []TxnSize{{Ops: 4}, {Ops: 200}, {Ops: 4}},
+			parts: []TxnSize{{Cmps: 2, Ops: 2}, {Cmps: 200, Ops: 2}, {Cmps: 2, Ops: 2}},
 			limit: limit, want: []int{1, 2, 3},
 		},
 	}
@@ -51,12 +54,12 @@ func TestBatches(t *testing.T) {
 		}
 		start := 0
 		for _, end := range got {
-			ops, bytes := termTxnOps, 0
+			cmps, ops, bytes := 0, 0, 0
 			for _, p := range c.parts[start:end] {
-				ops, bytes = ops+p.Ops, bytes+p.Bytes
+				cmps, ops, bytes = cmps+p.Cmps, ops+p.Ops, bytes+p.Bytes
 			}
-			if end-start > 1 && (ops > c.limit.Ops || bytes > c.limit.Bytes) {
-				t.Errorf("%s: batch %d:%d carries %d ops, %d bytes over %+v", c.name, start, end, ops, bytes, c.limit)
+			if end-start > 1 && (termTxnOps+max(cmps, ops) > c.limit.Ops || bytes > c.limit.Bytes) {
+				t.Errorf("%s: batch %d:%d carries %d compares, %d ops, %d bytes over %+v", c.name, start, end, cmps, ops, bytes, c.limit)
 			}
 			start = end
 		}
@@ -105,6 +108,11 @@ func TestWriteRecoveriesBatch(t *testing.T) {
 	ends := Batches(sizes, DefaultTxnLimit)
 	if len(ends) < 2 {
 		t.Fatalf("batches %v: %d streams in one", ends, n)
+	}
+	// The batches are as large as etcd takes: one stream more than the
+	// first is refused for too many operations.
+	if _, err := c.WriteRecoveries(ctx, writes[:ends[0]+1]); err == nil || errors.Is(err, ErrConflict) {
+		t.Fatalf("%d streams, one past the first batch: %v, want etcd's refusal of too many operations", ends[0]+1, err)
 	}
 
 	// The first batch, with one stream's assignment moved since it was read.
