@@ -575,10 +575,12 @@ func (l *loop) proposeRecovery(ctx context.Context, s *state.Snapshot, stream st
 // commits proposals that arrive together in one raft entry with one WAL
 // sync, so batches in flight record a lost owner's streams in about the
 // time of one. A batch carries 63 streams at etcd's default --max-txn-ops
-// (two compares and two operations each), so 16 record about 1,000
-// streams per WAL sync: with 4 batches of 31, a broker owning 3,300
-// streams took 27 rounds of etcd's sync, over 2.5 s on a slow disk.
-const batchesInFlight = 16
+// (two compares and two operations each), so 64 record a broker of 4,000
+// streams in one round: with 4 batches of 31, a broker owning 3,300
+// streams took 27 rounds of etcd's sync, over 2.5 s on a slow disk, and
+// with 16 of 63 its recordings still spread over one to three seconds
+// under load (docs/limits.md).
+const batchesInFlight = 64
 
 // recordRecoveries writes the proposed recoveries in batches that fit one
 // transaction each (transition.Batches), each stream guarded as it would be

@@ -33,7 +33,8 @@ const (
 	// one each. etcd answers the linearizable reads waiting together with
 	// one read index; with 4 in flight, the 3,300 streams of a killed
 	// broker waited up to 5 s from their recording to their first read.
-	snapshotReadsInFlight = 16
+	// 32 carry about 1,000 streams at once (docs/limits.md).
+	snapshotReadsInFlight = 32
 )
 
 // snapshotRead is one snapshot read: a stream, and the revision the answer
