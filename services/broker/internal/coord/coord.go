@@ -266,7 +266,7 @@ func (c *Coord) runSession(ctx context.Context, readyOnce *bool, held *lease.Hel
 	go func() { watchErr <- c.keepWatching(wctx, "brokers", synced, c.watchBrokers) }()
 	go func() { watchErr <- c.keepWatching(wctx, "assignments", synced, c.watchAssignments) }()
 	// Not awaited: until it has listed, History reads etcd.
-	go func() { watchErr <- c.keepWatching(wctx, "history", make(chan struct{}, 1), c.watchHistory) }()
+	go func() { watchErr <- c.keepWatching(wctx, "history", nil, c.watchHistory) }()
 	for range 2 {
 		select {
 		case <-synced:
@@ -369,7 +369,7 @@ func (c *Coord) revoke(held *lease.Held) {
 }
 
 // keepWatching runs watch (a listing, then a watch from it) until ctx
-// ends, signalling synced after its first listing. A watch that fails (its
+// ends, signalling synced after its first listing (nil: nobody waits). A watch that fails (its
 // revision compacted while the connection was down, or etcd without a
 // leader for a moment) lists and watches again in the same session: a
 // broken watch says nothing about this broker's lease, and closing the
@@ -379,7 +379,7 @@ func (c *Coord) revoke(held *lease.Held) {
 func (c *Coord) keepWatching(ctx context.Context, what string, synced chan<- struct{}, watch func(context.Context, func()) error) error {
 	first := true
 	onSynced := func() {
-		if first {
+		if first && synced != nil {
 			first = false
 			synced <- struct{}{}
 		}

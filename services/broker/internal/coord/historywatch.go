@@ -109,11 +109,14 @@ func (h *historyWatch) apply(dir string, wr clientv3.WatchResponse) {
 }
 
 // stop marks the values stale: the watch ended, so later writes may be
-// missing until the next listing.
+// missing until the next listing. Calls waiting for the watch are woken,
+// to read etcd now rather than at the end of their wait.
 func (h *historyWatch) stop() {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.values, h.rev, h.watching = nil, 0, nil
+	close(h.moved)
+	h.moved = make(chan struct{})
 }
 
 // askProgress asks etcd, on the running watch's stream, to say how far the

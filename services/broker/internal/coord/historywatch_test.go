@@ -146,4 +146,25 @@ func TestHistoryWatchAdvancesOnEventsAndProgressOnly(t *testing.T) {
 	if _, ok, _ := h.at(context.Background(), "s", 1, time.Second, nil); ok {
 		t.Fatal("answered after the watch stopped")
 	}
+
+	// A call waiting when the watch stops is woken to read etcd, not left
+	// to the end of its wait (30 s here). Its progress request, made a
+	// tenth into the wait, shows it is waiting.
+	h.list(context.Background(), map[string][]byte{}, 10)
+	waiting := make(chan struct{}, 1)
+	woken := make(chan bool, 1)
+	go func() {
+		_, ok, _ := h.at(context.Background(), "s", 20, 30*time.Second, func() { waiting <- struct{}{} })
+		woken <- ok
+	}()
+	<-waiting
+	h.stop()
+	select {
+	case ok := <-woken:
+		if ok {
+			t.Fatal("answered from a stopped watch")
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("a call waiting for the watch was not woken when it stopped")
+	}
 }
