@@ -369,13 +369,13 @@ func (c *Coord) revoke(held *lease.Held) {
 }
 
 // keepWatching runs watch (a listing, then a watch from it) until ctx
-// ends, signalling synced after its first listing (nil: nobody waits). A watch that fails (its
-// revision compacted while the connection was down, or etcd without a
-// leader for a moment) lists and watches again in the same session: a
-// broken watch says nothing about this broker's lease, and closing the
-// session would revoke it, failing over every stream the broker owns
-// (docs/protocol.md, "Stream failover": a lease that expires or is
-// revoked).
+// ends, signalling synced after its first listing (nil: nobody waits). A
+// watch that fails (its revision compacted while the connection was down,
+// or etcd without a leader for a moment) lists and watches again in the
+// same session: a broken watch says nothing about this broker's lease,
+// and closing the session would revoke it, failing over every stream the
+// broker owns (docs/protocol.md, "Stream failover": a lease that expires
+// or is revoked).
 func (c *Coord) keepWatching(ctx context.Context, what string, synced chan<- struct{}, watch func(context.Context, func()) error) error {
 	first := true
 	onSynced := func() {

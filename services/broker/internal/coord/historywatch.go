@@ -45,7 +45,8 @@ type historyWatch struct {
 	// answered from here.
 	rev    int64
 	values map[string][]byte
-	// moved is closed and replaced whenever rev advances.
+	// moved is closed and replaced whenever rev advances or the watch
+	// stops (wake).
 	moved chan struct{}
 	// watching is the running watch's context, nil when none: a progress
 	// request goes on the watch's own stream. askedAt is when the last
@@ -64,6 +65,11 @@ func (h *historyWatch) advance(r int64) {
 		return
 	}
 	h.rev = r
+	h.wake()
+}
+
+// wake wakes every call waiting in at, to look again. The caller holds h.mu.
+func (h *historyWatch) wake() {
 	close(h.moved)
 	h.moved = make(chan struct{})
 }
@@ -115,8 +121,7 @@ func (h *historyWatch) stop() {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.values, h.rev, h.watching = nil, 0, nil
-	close(h.moved)
-	h.moved = make(chan struct{})
+	h.wake()
 }
 
 // askProgress asks etcd, on the running watch's stream, to say how far the

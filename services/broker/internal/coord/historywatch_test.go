@@ -157,7 +157,11 @@ func TestHistoryWatchAdvancesOnEventsAndProgressOnly(t *testing.T) {
 		_, ok, _ := h.at(context.Background(), "s", 20, 30*time.Second, func() { waiting <- struct{}{} })
 		woken <- ok
 	}()
-	<-waiting
+	select {
+	case <-waiting:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the waiting call asked for no progress within 10 s (its ask is due after 3 s)")
+	}
 	h.stop()
 	select {
 	case ok := <-woken:
